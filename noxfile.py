@@ -1,0 +1,103 @@
+"""nox sessions: one test session per package (installing only that package and its declared
+dependencies, which proves "pip install only the plugins you need"), plus lint, integration,
+bench, and the optional xla session.
+
+Run everything the README's test command runs:  bash scripts/test.sh
+One package:                                     bash scripts/test.sh -s tests-nxd-ckpt
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CONSTRAINTS = str(ROOT / "constraints.txt")
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+
+os.environ.setdefault("UV_FIND_LINKS", os.environ.get("PIP_FIND_LINKS", ""))
+os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
+
+
+def _package_dirs() -> dict[str, Path]:
+    dirs = {"nxd": ROOT / "registry"}
+    for pyproject in sorted((ROOT / "packages").glob("*/pyproject.toml")):
+        dirs[tomllib.loads(pyproject.read_text())["project"]["name"]] = pyproject.parent
+    return dirs
+
+
+PACKAGES = _package_dirs()
+
+
+def _requirement_name(req: str) -> str:
+    return re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0].lower()
+
+
+def _local_deps(dist: str, extras: tuple[str, ...] = ()) -> set[str]:
+    """The nxd distributions ``dist`` needs (with ``extras``), transitively."""
+    project = tomllib.loads((PACKAGES[dist] / "pyproject.toml").read_text())["project"]
+    reqs = list(project.get("dependencies", []))
+    for extra in extras:
+        reqs += project.get("optional-dependencies", {}).get(extra, [])
+    found: set[str] = set()
+    for name in map(_requirement_name, reqs):
+        if name in PACKAGES and name not in found:
+            found |= {name} | _local_deps(name)
+    return found
+
+
+def install_packages(session: nox.Session, dist: str, extras: tuple[str, ...] = ("test",)) -> None:
+    """Install ``dist`` (with ``extras``) and the local nxd packages it declares, from their folders."""
+    suffix = f"[{','.join(extras)}]" if extras else ""
+    targets = [str(PACKAGES[name]) for name in sorted(_local_deps(dist, extras) - {dist})]
+    session.install("-c", CONSTRAINTS, f"{PACKAGES[dist]}{suffix}", *targets)
+
+
+def _make_test_session(dist: str) -> None:
+    @nox.session(name=f"tests-{dist}")
+    def tests(session: nox.Session) -> None:
+        install_packages(session, dist)
+        tests_dir = PACKAGES[dist] / "tests"
+        session.run("pytest", str(tests_dir), *session.posargs, success_codes=[0, 5] if not any(tests_dir.glob("test_*.py")) else [0])
+
+    tests.__doc__ = f"Tests of {dist}, in a venv holding only {dist} and its declared dependencies."
+
+
+for _dist in PACKAGES:
+    _make_test_session(_dist)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the whole repository."""
+    session.install("-c", CONSTRAINTS, "ruff")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """Cross-package tests: wheels into fresh venvs, discovery of subsets, a third-party plugin."""
+    install_packages(session, "nxd-testing", extras=())
+    session.install("-c", CONSTRAINTS, "pytest", "pytest-timeout")
+    session.run("pytest", str(ROOT / "integration_tests"), *session.posargs)
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Side-by-side benchmarks against torch-native peers (prints ratio tables)."""
+    for dist in PACKAGES:
+        install_packages(session, dist, extras=())
+    session.install("-c", CONSTRAINTS, "transformers", "peft")
+    scripts = session.posargs or sorted(str(p) for p in (ROOT / "benchmarks").glob("bench_*.py"))
+    for script in scripts:
+        session.run("python", script)
+
+
+nox.options.sessions = ["lint", *(f"tests-{d}" for d in PACKAGES), "integration"]

@@ -1,0 +1,35 @@
+"""The core's own plugin: the ``nxd plugins`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from nxd.components import Command
+from nxd.hookspecs import hookimpl
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from nxd.plugins import plugin_infos
+
+    infos = list(plugin_infos())
+    if args.json:
+        print(json.dumps([info.__dict__ for info in infos], indent=2))
+        return 0
+    for info in infos:
+        line = f"{info.name:<16} {info.distribution} {info.version}  [{info.status}]"
+        if info.reason:
+            line += f"  {info.reason}"
+        print(line)
+        for kind, names in info.components.items():
+            print(f"    {kind}: {', '.join(names)}")
+    return 0
+
+
+@hookimpl
+def nxd_register_commands(registry) -> None:
+    registry.add("plugins", Command(help="list installed nxd plugins and what each registers", add_arguments=_add_arguments, run=_run))

@@ -1,0 +1,53 @@
+"""Which distribution provides which component: the hint behind every "pip install ..." message.
+
+Lists first-party plugins and known third-party ones. Add a third-party plugin here by pull
+request; a component missing from the catalog still works once installed, the miss message is
+just less specific.
+"""
+
+from __future__ import annotations
+
+#: kind -> {component name -> distribution that provides it}
+CATALOG: dict[str, dict[str, str]] = {
+    "backend": {"cpu": "nxd-core-parallel", "cuda": "nxd-core-parallel", "xla": "nxd-core-parallel"},
+    "model": {"llama": "nxd-models-llama"},
+    "pipeline_schedule": {
+        "gpipe": "nxd-pipeline",
+        "1f1b": "nxd-pipeline",
+        "interleaved_1f1b": "nxd-pipeline",
+        "zero_bubble": "nxd-pipeline",
+    },
+    "optimizer": {"default": "nxd-core-parallel", "zero1": "nxd-zero1"},
+    "adapter": {"lora": "nxd-lora"},
+    "checkpoint_format": {"torch": "nxd-ckpt", "safetensors": "nxd-ckpt"},
+    "storage": {"file": "nxd-ckpt", "s3": "nxd-ckpt"},
+    "checkpointer": {"default": "nxd-ckpt"},
+    "data_module": {"indexed": "nxd-data", "sft": "nxd-data", "hf": "nxd-data"},
+    "command": {
+        "train": "nxd-training",
+        "plot": "nxd-training",
+        "data": "nxd-data",
+        "ckpt": "nxd-ckpt",
+        "migrate": "nxd-training",
+        "plugins": "nxd",
+    },
+}
+
+#: Human words for each kind, used in messages ("pipeline schedule '1f1b'").
+KIND_WORDS: dict[str, str] = {
+    "backend": "device backend",
+    "model": "model",
+    "pipeline_schedule": "pipeline schedule",
+    "optimizer": "optimizer",
+    "adapter": "adapter",
+    "checkpoint_format": "checkpoint format",
+    "storage": "checkpoint storage",
+    "checkpointer": "checkpoint engine",
+    "data_module": "data module",
+    "command": "command",
+}
+
+
+def provider_of(kind: str, name: str) -> str | None:
+    """The distribution known to provide ``name`` of ``kind``, or ``None``."""
+    return CATALOG.get(kind, {}).get(name)

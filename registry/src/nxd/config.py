@@ -1,0 +1,167 @@
+"""``neuronx_distributed_config``: NxD's global training config, validated before anything runs."""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+from typing import Any
+
+import torch
+
+from nxd.errors import ComponentNotFound, ConfigError
+from nxd.lookup import get_component
+from nxd.plugins import state
+
+DEFAULT_OPTIMIZER_CONFIG: dict[str, Any] = {"zero_one_enabled": False, "grad_clipping": True, "max_grad_norm": 1.0}
+DEFAULT_MODEL_INIT_CONFIG: dict[str, Any] = {
+    "sequential_move_factor": 11,
+    "meta_device_init": False,
+    "param_init_fn": None,
+}
+DEFAULT_PIPELINE_SCHEDULE = "1f1b"
+CONFIG_MARKER = "_nxd_config_version"
+
+
+def _suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _merge(field: str, given: dict | None, defaults: dict[str, Any], extra_keys: tuple[str, ...] = ()) -> dict:
+    if given is None:
+        return dict(defaults)
+    if not isinstance(given, dict):
+        raise ConfigError(f"{field} must be a dict, got {type(given).__name__}")
+    valid = list(defaults) + list(extra_keys)
+    for key in given:
+        if key not in valid:
+            raise ConfigError(f"{field} has unknown key {key!r}{_suggest(key, valid)}; valid keys: {', '.join(valid)}")
+    return {**defaults, **given}
+
+
+def _positive_int(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError(f"{field} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _bool(field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{field} must be True or False, got {value!r}")
+    return value
+
+
+def _activation_checkpoint(value: Any) -> Any:
+    if value is None or value == "full":
+        return value
+    classes = value if isinstance(value, (list, tuple)) else [value]
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            raise ConfigError(
+                "activation_checkpoint_config must be None, 'full', or an nn.Module class (or a list of them), "
+                f"got {value!r}"
+            )
+    return value
+
+
+def neuronx_distributed_config(
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    pipeline_config: dict | None = None,
+    optimizer_config: dict | None = None,
+    activation_checkpoint_config: Any = None,
+    pad_model: bool = False,
+    sequence_parallel: bool = False,
+    model_init_config: dict | None = None,
+    lora_config: Any = None,
+    mixed_precision_config: dict | None = None,
+    expert_parallel_size: int = 1,
+    context_parallel_size: int = 1,
+    lnc_size: int = 1,
+) -> dict:
+    """Validate NxD's training config, initialise model parallelism when ``torch.distributed`` is
+    up, and return the config as a plain dict (as NxD does).
+
+    Every feature resolves its plugin here, so a missing one fails now with the distribution to
+    install, not later inside a training step.
+    """
+    tp = _positive_int("tensor_parallel_size", tensor_parallel_size)
+    pp = _positive_int("pipeline_parallel_size", pipeline_parallel_size)
+    for field, value in (("expert_parallel_size", expert_parallel_size), ("context_parallel_size", context_parallel_size)):
+        if _positive_int(field, value) != 1:
+            raise ConfigError(f"{field}={value} is not supported by nxd yet; use 1")
+    _positive_int("lnc_size", lnc_size)
+    optimizer = _merge("optimizer_config", optimizer_config, DEFAULT_OPTIMIZER_CONFIG)
+    _bool("optimizer_config.zero_one_enabled", optimizer["zero_one_enabled"])
+    _bool("optimizer_config.grad_clipping", optimizer["grad_clipping"])
+    max_norm = optimizer["max_grad_norm"]
+    if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or max_norm <= 0:
+        raise ConfigError(f"optimizer_config.max_grad_norm must be a positive number, got {max_norm!r}")
+    model_init = _merge("model_init_config", model_init_config, DEFAULT_MODEL_INIT_CONFIG)
+    factor = model_init["sequential_move_factor"]
+    if isinstance(factor, bool) or not isinstance(factor, int) or not 1 <= factor <= 32:
+        raise ConfigError(f"model_init_config.sequential_move_factor must be an integer in 1..32, got {factor!r}")
+    _bool("model_init_config.meta_device_init", model_init["meta_device_init"])
+    if model_init["meta_device_init"] and not callable(model_init["param_init_fn"]):
+        raise ConfigError("model_init_config.param_init_fn must be a callable when meta_device_init is True")
+    if pipeline_config is not None and not isinstance(pipeline_config, dict):
+        raise ConfigError(f"pipeline_config must be a dict, got {type(pipeline_config).__name__}")
+    if mixed_precision_config is not None:
+        if not isinstance(mixed_precision_config, dict):
+            raise ConfigError(f"mixed_precision_config must be a dict, got {type(mixed_precision_config).__name__}")
+        if not optimizer["zero_one_enabled"]:
+            raise ConfigError("mixed_precision_config is only valid with optimizer_config.zero_one_enabled=True (as in NxD)")
+
+    config: dict[str, Any] = {
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+        "pipeline_config": dict(pipeline_config or {}),
+        "optimizer_config": optimizer,
+        "activation_checkpoint_config": _activation_checkpoint(activation_checkpoint_config),
+        "pad_model": _bool("pad_model", pad_model),
+        "sequence_parallel": _bool("sequence_parallel", sequence_parallel),
+        "model_init_config": model_init,
+        "lora_config": lora_config,
+        "mixed_precision_config": dict(mixed_precision_config) if mixed_precision_config else None,
+        "expert_parallel_size": 1,
+        "context_parallel_size": 1,
+        "lnc_size": lnc_size,
+        CONFIG_MARKER: 1,
+    }
+    _require_plugins(config)
+    state().pm.hook.nxd_validate_config(nxd_config=config)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        initialize_parallel(config)
+    return config
+
+
+def _require_plugins(config: dict) -> None:
+    pp = config["pipeline_parallel_size"]
+    if pp > 1:
+        schedule = config["pipeline_config"].get("schedule", DEFAULT_PIPELINE_SCHEDULE)
+        get_component("pipeline_schedule", schedule, need=f"pipeline_parallel_size={pp}")
+    if config["optimizer_config"]["zero_one_enabled"]:
+        get_component("optimizer", "zero1", need="optimizer_config.zero_one_enabled=True")
+    lora = config["lora_config"]
+    if lora is not None and getattr(lora, "enable_lora", True):
+        get_component("adapter", "lora", need="lora_config")
+
+
+def initialize_parallel(config: dict) -> None:
+    """Set up process groups for ``config`` through the ``nxd_initialize_parallel`` hook."""
+    handled = state().pm.hook.nxd_initialize_parallel(nxd_config=config)
+    if not handled:
+        raise ComponentNotFound(
+            "setting up tensor/pipeline/data parallel groups needs a parallel runtime plugin: "
+            "pip install nxd-core-parallel"
+        )
+
+
+def check_config(nxd_config: Any) -> dict:
+    """Reject anything that did not come from :func:`neuronx_distributed_config`."""
+    if not isinstance(nxd_config, dict) or CONFIG_MARKER not in nxd_config:
+        raise ConfigError(
+            "nxd_config must be the dict returned by nxd.neuronx_distributed_config(...), "
+            f"got {type(nxd_config).__name__}"
+        )
+    return nxd_config

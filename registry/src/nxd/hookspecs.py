@@ -1,0 +1,125 @@
+"""The hook contracts between the nxd core and its plugins (pluggy project ``"nxd"``).
+
+Two families:
+
+* **Registration hooks** (``nxd_register_*``) receive a :class:`nxd.components.Registrar` bound to
+  one kind of component and to the calling plugin's distribution, and call
+  ``registrar.add(name, component, **metadata)``. The core calls each plugin's implementation
+  separately so a duplicate name is reported with both distributions.
+* **Lifecycle hooks** run while the NxD facade sets up parallel state, models and optimizers.
+
+Compatibility rule: adding a parameter to a hook is compatible (pluggy passes only the arguments an
+implementation names); renaming or removing a hook or parameter is a major plugin-API change.
+Every hook is documented in docs/hooks.md; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+PROJECT_NAME = "nxd"
+#: The plugin-API version this core speaks. Plugins declare ``NXD_PLUGIN_API = (min, max)``.
+PLUGIN_API_VERSION = 1
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# --------------------------------------------------------------------------- registration hooks
+@hookspec
+def nxd_register_backends(registry: Any) -> None:
+    """Register device backends (``cpu``, ``cuda``, ``xla``, ...).
+
+    A backend object provides ``name``, ``is_available() -> bool``, ``device()``,
+    ``process_group_backend`` (e.g. ``"gloo"``) and ``synchronize()``.
+    """
+
+
+@hookspec
+def nxd_register_models(registry: Any) -> None:
+    """Register model specs (``llama``, ...): how to build one from a config, its transformer
+    layer classes, core-attention classes, Hugging Face key mapping and default LoRA targets.
+    The contract is documented in docs/plugins/models.md."""
+
+
+@hookspec
+def nxd_register_pipeline_schedules(registry: Any) -> None:
+    """Register pipeline schedules by name (``gpipe``, ``1f1b``, ``interleaved_1f1b``, ...)."""
+
+
+@hookspec
+def nxd_register_optimizers(registry: Any) -> None:
+    """Register optimizer wrapper factories: ``default`` (data-parallel all-reduce + clipping)
+    and ``zero1``. A factory is called as ``factory(nxd_config, optimizer_class, parameters,
+    **defaults)`` and returns a ``torch.optim.Optimizer``."""
+
+
+@hookspec
+def nxd_register_adapters(registry: Any) -> None:
+    """Register parameter-efficient adapters (``lora``). An adapter is called as
+    ``adapter(model, adapter_config) -> nn.Module``."""
+
+
+@hookspec
+def nxd_register_checkpoint_formats(registry: Any) -> None:
+    """Register checkpoint file formats (``torch``, ``safetensors``, ...)."""
+
+
+@hookspec
+def nxd_register_storages(registry: Any) -> None:
+    """Register checkpoint storages by URL scheme (``file``, ``s3``, ...)."""
+
+
+@hookspec
+def nxd_register_checkpointers(registry: Any) -> None:
+    """Register the engine behind ``nxd.save_checkpoint``/``load_checkpoint`` (name ``default``):
+    an object with ``save``, ``load``, ``has_checkpoint`` and ``finalize`` methods."""
+
+
+@hookspec
+def nxd_register_data_modules(registry: Any) -> None:
+    """Register data modules selected by name from the YAML config (``indexed``, ``sft``, ...)."""
+
+
+@hookspec
+def nxd_register_commands(registry: Any) -> None:
+    """Register verbs of the ``nxd`` command. A command is a :class:`nxd.components.Command`."""
+
+
+# --------------------------------------------------------------------------- lifecycle hooks
+@hookspec(firstresult=True)
+def nxd_initialize_parallel(nxd_config: dict) -> Any:
+    """Set up process groups and parallel state for ``nxd_config`` (called by
+    ``neuronx_distributed_config`` when ``torch.distributed`` is initialized). Return a truthy
+    value when handled."""
+
+
+@hookspec(firstresult=True)
+def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kwargs: dict) -> Any:
+    """Build the user's model for ``initialize_parallel_model`` (meta-device init, bounded
+    concurrent materialisation, device placement). Return the ``nn.Module`` or ``None``."""
+
+
+@hookspec
+def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
+    """Transform the model during ``initialize_parallel_model``.
+
+    The core calls this hook once per phase, in the order of :data:`nxd.trainer.WRAP_PHASES`
+    (``adapter`` → ``checkpointing`` → ``pipeline`` → ``wrapper``). Within a phase the
+    implementations run as a chain: each receives the model returned by the previous one and
+    returns a replacement, or ``None`` to leave it unchanged.
+    """
+
+
+@hookspec
+def nxd_wrap_optimizer(nxd_config: dict, optimizer: Any) -> Any:
+    """Transform the optimizer returned by the registered optimizer factory (chained like
+    ``nxd_wrap_model``; return a replacement or ``None``)."""
+
+
+@hookspec
+def nxd_validate_config(nxd_config: dict) -> None:
+    """Check a plugin's part of an NxD config; raise :class:`nxd.errors.ConfigError` naming the
+    field and the valid values."""

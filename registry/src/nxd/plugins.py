@@ -1,0 +1,193 @@
+"""Plugin discovery: entry points in the ``nxd.plugins`` group, loaded on first use.
+
+Environment controls (comma-separated entry-point or distribution names):
+
+* ``NXD_LOAD_PLUGINS`` — load only these plugins;
+* ``NXD_DISABLE_PLUGINS`` — never load these;
+* ``NXD_STRICT_PLUGINS=1`` — a plugin that fails to import, declares an unsupported plugin-API
+  version, or implements an unknown hook raises instead of being skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+import threading
+import warnings
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Iterator
+
+import pluggy
+
+from nxd import hookspecs
+from nxd.components import REGISTRATION_HOOKS, Components, Registrar
+from nxd.errors import PluginError
+
+ENTRY_POINT_GROUP = "nxd.plugins"
+CORE_DISTRIBUTION = "nxd"
+
+
+class PluginWarning(UserWarning):
+    """A plugin was skipped; the message says which and why."""
+
+
+@dataclass
+class PluginInfo:
+    """What ``nxd plugins`` reports about one plugin."""
+
+    name: str
+    distribution: str
+    version: str
+    module: str
+    status: str = "loaded"  # loaded | skipped | disabled
+    reason: str = ""
+    components: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _env_names(var: str) -> set[str] | None:
+    raw = os.environ.get(var)
+    if raw is None:
+        return None
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def strict_mode() -> bool:
+    return os.environ.get("NXD_STRICT_PLUGINS", "").lower() in {"1", "true", "yes", "on"}
+
+
+class PluginState:
+    """The plugin manager, what it loaded, and the components the plugins registered."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.infos: list[PluginInfo] = []
+        self._distribution_of: dict[str, str] = {}
+        self.components = Components()
+
+    # ------------------------------------------------------------------ loading
+    def load_entry_points(self) -> None:
+        from nxd import builtin
+
+        self.register(builtin, name="nxd", distribution=CORE_DISTRIBUTION, version=_version(CORE_DISTRIBUTION))
+        only, disabled = _env_names("NXD_LOAD_PLUGINS"), _env_names("NXD_DISABLE_PLUGINS") or set()
+        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = ep.dist.name if ep.dist is not None else "<unknown distribution>"
+            version = ep.dist.version if ep.dist is not None else "?"
+            if (only is not None and not ({ep.name, dist} & only)) or ({ep.name, dist} & disabled):
+                self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled", "by environment"))
+                continue
+            try:
+                module = ep.load()
+            except Exception as exc:  # noqa: BLE001 - any import failure makes the plugin unusable
+                self._skip(PluginInfo(ep.name, dist, version, ep.value), f"failed to import: {exc!r}", exc)
+                continue
+            self.register(module, name=ep.name, distribution=dist, version=version)
+
+    def register(self, plugin: Any, *, name: str, distribution: str, version: str = "0") -> bool:
+        """Register one plugin object (module or instance). Returns whether it was accepted."""
+        info = PluginInfo(name, distribution, version, getattr(plugin, "__name__", type(plugin).__name__))
+        problem = _api_problem(plugin)
+        if problem:
+            return self._skip(info, problem)
+        if self.pm.has_plugin(name):
+            other = self._distribution_of.get(name, "?")
+            raise PluginError(f"two plugins are named {name!r}: one from {other}, one from {distribution}")
+        self.pm.register(plugin, name=name)
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self.pm.unregister(name=name)
+            return self._skip(info, f"implements a hook nxd does not define (misspelled?): {exc}", exc)
+        self._distribution_of[name] = distribution
+        self.infos.append(info)
+        self._collect(name, plugin, info)
+        return True
+
+    def _skip(self, info: PluginInfo, reason: str, cause: BaseException | None = None) -> bool:
+        message = f"nxd plugin {info.name!r} from {info.distribution} was skipped: {reason}"
+        if strict_mode():
+            raise PluginError(message + " (NXD_STRICT_PLUGINS is set)") from cause
+        warnings.warn(message, PluginWarning, stacklevel=3)
+        info.status, info.reason = "skipped", reason
+        self.infos.append(info)
+        return False
+
+    def _collect(self, name: str, plugin: Any, info: PluginInfo) -> None:
+        for hook_name, kind in REGISTRATION_HOOKS.items():
+            impl = getattr(plugin, hook_name, None)
+            if impl is None or not hasattr(impl, hookspecs.PROJECT_NAME + "_impl"):
+                continue
+            registrar = Registrar(self.components, kind, info.distribution)
+            before = set(self.components.names(kind))
+            impl(registry=registrar)
+            added = sorted(set(self.components.names(kind)) - before)
+            if added:
+                info.components[kind] = added
+
+    # ------------------------------------------------------------------ calling hooks
+    def call_chain(self, hook_name: str, value_name: str, value: Any, **kwargs: Any) -> Any:
+        """Run every implementation of ``hook_name`` in pluggy's order, threading ``value``
+        through: each gets the latest value and may return a replacement (``None`` keeps it)."""
+        hook = getattr(self.pm.hook, hook_name)
+        for impl in reversed(hook.get_hookimpls()):
+            args = {value_name: value, **kwargs}
+            result = impl.function(**{k: args[k] for k in impl.argnames})
+            if result is not None:
+                value = result
+        return value
+
+
+def _api_problem(plugin: Any) -> str:
+    declared = getattr(plugin, "NXD_PLUGIN_API", None)
+    if declared is None:
+        return ""  # undeclared plugins are assumed to speak the current API
+    try:
+        low, high = declared
+    except (TypeError, ValueError):
+        return f"NXD_PLUGIN_API must be a (min, max) pair of ints, got {declared!r}"
+    if not low <= hookspecs.PLUGIN_API_VERSION <= high:
+        return (
+            f"it supports plugin-API versions {low}..{high}, but this nxd core speaks version "
+            f"{hookspecs.PLUGIN_API_VERSION}; install a release of the plugin built for it"
+        )
+    return ""
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+_state: PluginState | None = None
+_lock = threading.RLock()
+
+
+def state() -> PluginState:
+    """The process-wide plugin state, discovering entry points on first use."""
+    global _state
+    with _lock:
+        if _state is None:
+            fresh = PluginState()
+            fresh.load_entry_points()
+            _state = fresh
+        return _state
+
+
+def reset() -> None:
+    """Forget loaded plugins; the next use rediscovers them (tests and long-lived tools)."""
+    global _state
+    with _lock:
+        _state = None
+
+
+def register_plugin(plugin: Any | ModuleType, *, name: str, distribution: str = "<in-process>") -> None:
+    """Register a plugin object in this process without an entry point (tests, notebooks)."""
+    state().register(plugin, name=name, distribution=distribution)
+
+
+def plugin_infos() -> Iterator[PluginInfo]:
+    return iter(state().infos)

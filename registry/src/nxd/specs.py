@@ -1,0 +1,82 @@
+"""Shapes of the components that several plugins exchange (duck-typed contracts).
+
+A model plugin registers a :class:`ModelSpec`; a data plugin registers a :class:`DataModuleFactory`.
+The trainer, pipeline, LoRA and checkpoint plugins rely only on what is written here, so a third
+party's model or data plugin works with all of them. See docs/plugins/*.md for the long form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class ModelSpec:
+    """What a model plugin tells the rest of nxd about one model family.
+
+    The model returned by ``build`` is an ``nn.Module`` built from nxd-core-parallel layers for
+    the current parallel state. Its ``forward(input_ids, labels=None, position_ids=None,
+    attention_mask=None, loss_mask=None)`` returns an object with ``.loss`` (mean over tokens whose
+    ``loss_mask`` is 1, computed with vocab-parallel cross-entropy; ``None`` without labels) and
+    ``.logits`` (vocab-sharded on TP ranks unless gathered).
+    """
+
+    name: str
+    #: config dict (nxd or Hugging Face ``config.json`` keys) -> model config object
+    config_from_dict: Callable[[dict], Any]
+    #: (model config, nxd_config or None) -> nn.Module for this rank
+    build: Callable[[Any, dict | None], torch.nn.Module]
+    #: classes of the repeated transformer blocks: full activation checkpointing and pipeline cuts
+    transformer_layer_classes: tuple[type, ...]
+    #: classes recomputed by selective activation checkpointing ("core attention")
+    core_attention_classes: tuple[type, ...] = ()
+    #: default LoRA target module names (Hugging Face / PEFT names, e.g. "q_proj")
+    lora_target_modules: tuple[str, ...] = ()
+    #: (model, hf_dir) -> None: load a Hugging Face checkpoint directory into the built model
+    load_hf: Callable[[torch.nn.Module, str], None] | None = None
+    #: (model, out_dir) -> None: write config.json + safetensors loadable by transformers
+    save_hf: Callable[[torch.nn.Module, str], None] | None = None
+    #: (model config) -> training FLOPs per token (for MFU estimates)
+    flops_per_token: Callable[[Any], float] | None = None
+    #: named config presets (e.g. "llama3-8b") -> config dict
+    presets: dict[str, dict] = field(default_factory=dict)
+    #: anything else a plugin wants to publish (HF key mapping, ...)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class DataModule(Protocol):
+    """Yields this data-parallel rank's micro-batches and remembers its position exactly."""
+
+    def train_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Endless micro-batches ``{"input_ids", "labels", optional "loss_mask", "position_ids",
+        "attention_mask"}`` of shape ``[micro_batch_size, seq_length]``, continuing from the
+        current position."""
+
+    def valid_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """A finite pass over the validation split (same keys)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (consumed samples, epoch, seed): part of every checkpoint."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where ``state`` was taken."""
+
+
+class DataModuleFactory(Protocol):
+    """Registered under a name (``indexed``, ``sft``, ...) via ``nxd_register_data_modules``."""
+
+    def __call__(
+        self,
+        config: dict[str, Any],
+        *,
+        seq_length: int,
+        micro_batch_size: int,
+        global_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        seed: int,
+    ) -> DataModule: ...

@@ -1,0 +1,102 @@
+"""NxD's model, optimizer and checkpoint entry points, dispatched to plugins through hooks."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from nxd.config import check_config
+from nxd.errors import ComponentNotFound, ConfigError
+from nxd.lookup import get_component
+from nxd.plugins import state
+
+#: The order in which ``nxd_wrap_model`` phases run: adapters see the plain model, activation
+#: checkpointing sees adapted layers, the pipeline cuts the result, the wrapper comes last.
+WRAP_PHASES: tuple[str, ...] = ("adapter", "checkpointing", "pipeline", "wrapper")
+
+
+def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn.Module], *model_args: Any, **model_kwargs: Any):
+    """Build ``model_fn(*model_args, **model_kwargs)`` with every optimisation in ``nxd_config``
+    applied, and return a model usable as a regular ``nn.Module`` (NxD's ``NxDModel``)."""
+    config = check_config(nxd_config)
+    if not callable(model_fn):
+        raise ConfigError(f"model_fn must be a callable that returns an nn.Module, got {model_fn!r}")
+    plugins = state()
+    model = plugins.pm.hook.nxd_build_model(
+        nxd_config=config, model_fn=model_fn, model_args=model_args, model_kwargs=model_kwargs
+    )
+    if model is None:
+        raise ComponentNotFound("initialize_parallel_model needs a parallel runtime plugin: pip install nxd-core-parallel")
+    for phase in WRAP_PHASES:
+        model = plugins.call_chain("nxd_wrap_model", "model", model, nxd_config=config, phase=phase)
+    return model
+
+
+def initialize_parallel_optimizer(nxd_config: dict, optimizer_class: type, parameters: Any, **defaults: Any):
+    """Create ``optimizer_class(parameters, **defaults)`` wrapped so ``step()`` does the
+    data-parallel gradient sync and clipping of ``nxd_config`` (ZeRO-1 when enabled)."""
+    config = check_config(nxd_config)
+    if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
+        raise ConfigError(f"optimizer_class must be a torch.optim.Optimizer subclass, got {optimizer_class!r}")
+    zero1 = config["optimizer_config"]["zero_one_enabled"]
+    factory = get_component(
+        "optimizer", "zero1" if zero1 else "default",
+        need="optimizer_config.zero_one_enabled=True" if zero1 else "initialize_parallel_optimizer",
+    )
+    optimizer = factory(config, optimizer_class, parameters, **defaults)
+    return state().call_chain("nxd_wrap_optimizer", "optimizer", optimizer, nxd_config=config)
+
+
+def _checkpointer() -> Any:
+    return get_component("checkpointer", "default", need="saving and loading checkpoints")
+
+
+def save_checkpoint(
+    path: str,
+    tag: str = "",
+    model: Any = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    user_content: Any = None,
+    num_workers: int = 8,
+    use_xser: bool = False,
+    num_kept_ckpts: int | None = None,
+    async_save: bool = False,
+    zero1_optimizer: bool = False,
+    **options: Any,
+) -> None:
+    """Save a checkpoint under ``path/tag`` (NxD's signature; see nxd-ckpt for the layout)."""
+    _checkpointer().save(
+        path, tag=tag, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
+        num_workers=num_workers, use_xser=use_xser, num_kept_ckpts=num_kept_ckpts, async_save=async_save,
+        zero1_optimizer=zero1_optimizer, **options,
+    )
+
+
+def load_checkpoint(
+    path: str,
+    tag: str | None = None,
+    model: Any = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    num_workers: int = 8,
+    strict: bool = True,
+    **options: Any,
+) -> Any:
+    """Load the checkpoint ``path/tag`` (``tag=None``: the newest complete one); returns the
+    saved ``user_content``."""
+    return _checkpointer().load(
+        path, tag=tag, model=model, optimizer=optimizer, scheduler=scheduler,
+        num_workers=num_workers, strict=strict, **options,
+    )
+
+
+def has_checkpoint(path: str) -> bool:
+    """Whether ``path`` holds at least one complete checkpoint."""
+    return bool(_checkpointer().has_checkpoint(path))
+
+
+def finalize_checkpoint() -> None:
+    """Wait for in-flight asynchronous saves and raise any error they hit."""
+    _checkpointer().finalize()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from nxd.catalog import KIND_WORDS, provider_of
 from nxd.errors import ComponentNotFound, PluginError
@@ -51,7 +52,7 @@ class Command:
 class Registrar:
     """What a registration hook receives: adds components of one kind on behalf of one plugin."""
 
-    def __init__(self, components: "Components", kind: str, distribution: str) -> None:
+    def __init__(self, components: Components, kind: str, distribution: str) -> None:
         self._components = components
         self.kind = kind
         self.distribution = distribution

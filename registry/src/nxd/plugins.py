@@ -14,9 +14,10 @@ import importlib.metadata as metadata
 import os
 import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any
 
 import pluggy
 

@@ -7,8 +7,9 @@ party's model or data plugin works with all of them. See docs/plugins/*.md for t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 

@@ -7,7 +7,7 @@ cannot hold many ranks at once).
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 

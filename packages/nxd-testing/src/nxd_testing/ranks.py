@@ -19,10 +19,11 @@ import queue
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 DEFAULT_TIMEOUT = float(os.environ.get("NXD_TEST_TIMEOUT", "180"))
 

@@ -1,0 +1,191 @@
+"""Every hookspec is implemented by the test plugin below and called by the core through its
+public API; a hookspec added without a test here, or without docs/hooks.md, fails."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import nxd
+import nxd.plugins
+from nxd import hookspecs
+
+
+def _hookspec_names() -> set[str]:
+    return {name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "nxd_spec")}
+
+
+class RecordingPlugin:
+    """Implements every hook and records how the core called it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.saved: dict = {}
+
+    # registration hooks
+    @nxd.hookimpl
+    def nxd_register_backends(self, registry):
+        registry.add("toy-backend", "backend")
+
+    @nxd.hookimpl
+    def nxd_register_models(self, registry):
+        registry.add("toy-model", "model")
+
+    @nxd.hookimpl
+    def nxd_register_pipeline_schedules(self, registry):
+        registry.add("1f1b", "schedule")
+
+    @nxd.hookimpl
+    def nxd_register_optimizers(self, registry):
+        def factory(config, optimizer_class, parameters, **defaults):
+            self.calls.append(("optimizer", defaults))
+            return optimizer_class(parameters, **defaults)
+
+        registry.add("default", factory)
+        registry.add("zero1", factory)
+
+    @nxd.hookimpl
+    def nxd_register_adapters(self, registry):
+        registry.add("lora", "adapter")
+
+    @nxd.hookimpl
+    def nxd_register_checkpoint_formats(self, registry):
+        registry.add("toy-format", "format")
+
+    @nxd.hookimpl
+    def nxd_register_storages(self, registry):
+        registry.add("toy-storage", "storage")
+
+    @nxd.hookimpl
+    def nxd_register_checkpointers(self, registry):
+        plugin = self
+
+        class Checkpointer:
+            def save(self, path, **kwargs):
+                plugin.saved[path] = kwargs
+
+            def load(self, path, **kwargs):
+                return plugin.saved[path]["user_content"]
+
+            def has_checkpoint(self, path):
+                return path in plugin.saved
+
+            def finalize(self):
+                plugin.calls.append(("finalize",))
+
+        registry.add("default", Checkpointer())
+
+    @nxd.hookimpl
+    def nxd_register_data_modules(self, registry):
+        registry.add("toy-data", "data")
+
+    @nxd.hookimpl
+    def nxd_register_commands(self, registry):
+        registry.add("toy", nxd.Command(help="toy verb", add_arguments=lambda p: p.add_argument("--n", type=int),
+                                        run=lambda args: self.calls.append(("command", args.n)) or 0))
+
+    # lifecycle hooks
+    @nxd.hookimpl
+    def nxd_validate_config(self, nxd_config):
+        self.calls.append(("validate", nxd_config["tensor_parallel_size"]))
+        if nxd_config["pipeline_config"].get("toy_key") == "bad":
+            raise nxd.ConfigError("pipeline_config.toy_key must be 'good'")
+
+    @nxd.hookimpl
+    def nxd_initialize_parallel(self, nxd_config):
+        self.calls.append(("initialize_parallel", nxd_config["tensor_parallel_size"]))
+        return True
+
+    @nxd.hookimpl
+    def nxd_build_model(self, nxd_config, model_fn, model_args, model_kwargs):
+        self.calls.append(("build", model_args, model_kwargs))
+        return model_fn(*model_args, **model_kwargs)
+
+    @nxd.hookimpl
+    def nxd_wrap_model(self, nxd_config, model, phase):
+        self.calls.append(("wrap", phase, type(model).__name__))
+        if phase == "adapter":
+            return torch.nn.Sequential(model)
+        return None
+
+    @nxd.hookimpl
+    def nxd_wrap_optimizer(self, nxd_config, optimizer):
+        self.calls.append(("wrap_optimizer", type(optimizer).__name__))
+
+
+class SecondWrapper:
+    """A second plugin in the same phase sees the first one's result (the chain)."""
+
+    @nxd.hookimpl
+    def nxd_wrap_model(self, model, phase):
+        if phase == "wrapper":
+            return torch.nn.ModuleDict({"wrapped": model})
+        return None
+
+
+def test_test_plugin_implements_every_hookspec():
+    implemented = {name for name in dir(RecordingPlugin) if name.startswith("nxd_")}
+    assert implemented == _hookspec_names()
+
+
+def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
+    plugin = RecordingPlugin()
+    nxd.register_plugin(plugin, name="recording", distribution="tests")
+    nxd.register_plugin(SecondWrapper(), name="second", distribution="tests")
+    for kind, name in [("backend", "toy-backend"), ("model", "toy-model"), ("pipeline_schedule", "1f1b"),
+                       ("adapter", "lora"), ("checkpoint_format", "toy-format"), ("storage", "toy-storage"),
+                       ("data_module", "toy-data")]:
+        assert nxd.get_component(kind, name) is not None
+
+    config = nxd.neuronx_distributed_config(tensor_parallel_size=1, pipeline_parallel_size=2)
+    assert ("validate", 1) in plugin.calls
+    with pytest.raises(nxd.ConfigError, match="toy_key must be 'good'"):
+        nxd.neuronx_distributed_config(pipeline_config={"toy_key": "bad"})
+
+    model = nxd.initialize_parallel_model(config, torch.nn.Linear, 3, 2, bias=False)
+    assert ("build", (3, 2), {"bias": False}) in plugin.calls
+    phases = [call[1] for call in plugin.calls if call[0] == "wrap"]
+    assert phases == ["adapter", "checkpointing", "pipeline", "wrapper"]
+    assert isinstance(model, torch.nn.ModuleDict) and isinstance(model["wrapped"][0], torch.nn.Linear)
+
+    optimizer = nxd.initialize_parallel_optimizer(config, torch.optim.SGD, model.parameters(), lr=0.5)
+    assert isinstance(optimizer, torch.optim.SGD) and ("optimizer", {"lr": 0.5}) in plugin.calls
+    assert ("wrap_optimizer", "SGD") in plugin.calls
+
+    nxd.save_checkpoint(str(tmp_path), tag="t", user_content={"step": 3}, num_kept_ckpts=2)
+    assert nxd.has_checkpoint(str(tmp_path))
+    assert nxd.load_checkpoint(str(tmp_path)) == {"step": 3}
+    assert plugin.saved[str(tmp_path)]["num_kept_ckpts"] == 2
+    nxd.finalize_checkpoint()
+    assert ("finalize",) in plugin.calls
+
+    from nxd.cli import main
+
+    assert main(["toy", "--n", "7"]) == 0 and ("command", 7) in plugin.calls
+
+
+def _initialize_parallel_on_rank() -> list:
+    os.environ["NXD_LOAD_PLUGINS"] = ""
+    nxd.plugins.reset()
+    with pytest.raises(nxd.ComponentNotFound, match="pip install nxd-core-parallel"):
+        nxd.neuronx_distributed_config(tensor_parallel_size=2)
+    plugin = RecordingPlugin()
+    nxd.register_plugin(plugin, name="recording", distribution="tests")
+    nxd.neuronx_distributed_config(tensor_parallel_size=2)
+    return [call for call in plugin.calls if call[0] == "initialize_parallel"] + [dist.get_world_size()]
+
+
+def test_initialize_parallel_runs_when_distributed_is_up(rank_pool):
+    assert rank_pool(2).run(_initialize_parallel_on_rank) == [[("initialize_parallel", 2), 2]] * 2
+
+
+def test_docs_describe_every_hook(repo_root):
+    text = (repo_root / "docs" / "hooks.md").read_text()
+    for name in sorted(_hookspec_names()):
+        params = ", ".join(inspect.signature(getattr(hookspecs, name)).parameters)
+        assert re.search(rf"^### `{name}\({re.escape(params)}\)`", text, re.M), f"docs/hooks.md lacks '### `{name}({params})`'"

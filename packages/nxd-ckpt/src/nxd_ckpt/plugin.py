@@ -1,5 +1,34 @@
-"""nxd plugin entry point for nxd-ckpt: registers this package's components with the core."""
+"""nxd plugin entry point for nxd-ckpt: registers the checkpointer, formats, storages and the
+``nxd ckpt`` command with the core."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import nxd
+
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
+
+
+@nxd.hookimpl
+def nxd_register_checkpointers(registry: Any) -> None:
+    from nxd_ckpt.checkpointer import Checkpointer
+
+    registry.add("default", Checkpointer())
+
+
+@nxd.hookimpl
+def nxd_register_checkpoint_formats(registry: Any) -> None:
+    from nxd_ckpt.formats import SafetensorsFormat, TorchFormat
+
+    registry.add("torch", TorchFormat())
+    registry.add("safetensors", SafetensorsFormat())
+
+
+@nxd.hookimpl
+def nxd_register_storages(registry: Any) -> None:
+    from nxd_ckpt.storage import FsspecStorage, LocalStorage
+
+    registry.add("file", LocalStorage)
+    registry.add("s3", FsspecStorage)
+    registry.add("memory", FsspecStorage)

@@ -1,0 +1,132 @@
+"""The ``default`` checkpointer behind ``nxd.save_checkpoint`` / ``load_checkpoint``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+from nxd_ckpt.errors import CheckpointError
+from nxd_ckpt.layout import DONE_MARKER, newest_complete_tag, validate_tag
+from nxd_ckpt.load import Reader, load_model, load_optimizer, restore_rng
+from nxd_ckpt.metadata import read_metadata
+from nxd_ckpt.retention import remove_incomplete
+from nxd_ckpt.save import commit, is_zero1, plan_save, write_files
+from nxd_ckpt.storage import open_storage
+from nxd_ckpt.topology import all_gather_objects, barrier, current_topology
+from nxd_ckpt.writer import AsyncWriter
+
+
+class Checkpointer:
+    """Sharded save/load with NxD's layout. One instance per process (registered as ``default``)."""
+
+    def __init__(self) -> None:
+        self._writer = AsyncWriter()
+        self._side_group: Any = None
+
+    # ------------------------------------------------------------------ save
+    def save(
+        self,
+        path: str,
+        tag: str = "",
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        user_content: Any = None,
+        num_workers: int = 8,
+        use_xser: bool = False,
+        num_kept_ckpts: int | None = None,
+        async_save: bool = False,
+        zero1_optimizer: bool = False,
+        *,
+        format: str | None = None,
+        storage_options: dict | None = None,
+        save_rng: bool = True,
+        **unused: Any,
+    ) -> None:
+        """Save ``path/tag``. ``use_xser=True`` selects the safetensors format (one addressable
+        record per tensor, like NxD's xser) unless ``format`` names one. ``num_workers`` is accepted
+        for NxD compatibility; each rank writes its own files."""
+        self._writer.wait()  # at most one save in flight; raises the previous one's failure
+        if num_kept_ckpts is not None and (not isinstance(num_kept_ckpts, int) or num_kept_ckpts < 1):
+            raise ValueError(f"num_kept_ckpts must be a positive integer or None, got {num_kept_ckpts!r}")
+        topo = current_topology()
+        tag = validate_tag(all_gather_objects(tag or time.strftime("ckpt_%Y%m%d_%H%M%S"))[0])
+        storage = open_storage(path, storage_options)
+        fmt = format or ("safetensors" if use_xser else "torch")
+        if topo.rank == 0 and storage.exists(f"{tag}/{DONE_MARKER}"):
+            storage.remove_file(f"{tag}/{DONE_MARKER}")  # overwriting: never complete while rewritten
+        plan = plan_save(tag, topo, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
+                         fmt_name=fmt, zero1=is_zero1(optimizer, zero1_optimizer), clone=async_save,
+                         save_rng=save_rng, num_kept=num_kept_ckpts)
+        if not async_save:
+            commit(storage, plan, topo.rank, write_files(storage, plan, topo.rank))
+            return
+        group = self._async_group()
+
+        def job() -> None:
+            commit(storage, plan, topo.rank, write_files(storage, plan, topo.rank), group)
+
+        self._writer.submit(job, storage.describe(tag))
+
+    def _async_group(self) -> Any:
+        """A separate gloo group so the writer thread's agreement never interleaves with the
+        training thread's collectives on the default group."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        if self._side_group is None:
+            self._side_group = dist.new_group(backend="gloo")
+        return self._side_group
+
+    # ------------------------------------------------------------------ load
+    def load(
+        self,
+        path: str,
+        tag: str | None = None,
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        num_workers: int = 8,
+        strict: bool = True,
+        *,
+        storage_options: dict | None = None,
+        load_rng: bool = True,
+        **unused: Any,
+    ) -> Any:
+        """Load ``path/tag`` (``tag=None``: newest complete, after removing interrupted saves) and
+        return its user content."""
+        self._writer.wait()
+        topo = current_topology()
+        storage = open_storage(path, storage_options)
+        if tag is None:
+            tag = newest_complete_tag(storage)
+            if tag is None:
+                raise CheckpointError(f"{storage.describe('')}: no complete checkpoint (no tag has a 'done' marker)")
+            if topo.rank == 0:
+                remove_incomplete(storage)
+            barrier()
+        elif not storage.exists(f"{tag}/{DONE_MARKER}"):
+            what = "does not exist" if not storage.exists(tag) else "is incomplete (no 'done' marker: the save was interrupted)"
+            raise CheckpointError(f"checkpoint {storage.describe(tag)} {what}")
+        meta = read_metadata(storage, tag)
+        reader = Reader(storage, tag)
+        if model is not None:
+            load_model(reader, meta, model, topo, strict)
+            reader.drop()
+        if optimizer is not None:
+            load_optimizer(reader, meta, optimizer, topo)
+            reader.drop()
+        if scheduler is not None:
+            scheduler.load_state_dict(reader.load("scheduler.pt"))
+        user_content = reader.load("user_content.pt") if storage.exists(f"{tag}/user_content.pt") else None
+        if load_rng:
+            restore_rng(reader, meta, topo)
+        return user_content
+
+    def has_checkpoint(self, path: str, storage_options: dict | None = None) -> bool:
+        return newest_complete_tag(open_storage(path, storage_options)) is not None
+
+    def finalize(self) -> None:
+        self._writer.wait()
+

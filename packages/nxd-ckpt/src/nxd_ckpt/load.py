@@ -1,0 +1,154 @@
+"""The load flow: model weights (resharded when TP/PP differ), optimizer (ZeRO-1 resharded when
+DP differs), scheduler, RNG states, and the user content that ``load_checkpoint`` returns."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from nxd_ckpt.errors import CheckpointError
+from nxd_ckpt.formats import format_for_file, get_format
+from nxd_ckpt.layout import parse_shard_name, rng_name, shard_name
+from nxd_ckpt.metadata import shardings_of
+from nxd_ckpt.rng import restore_rng_state
+from nxd_ckpt.sharding import Sharding, global_shape, merge_shards, split_full
+from nxd_ckpt.snapshot import unwrap_model
+from nxd_ckpt.storage import Storage
+from nxd_ckpt.topology import Topology
+
+
+class Reader:
+    """Reads (and caches) files of one checkpoint, naming the file in every error."""
+
+    def __init__(self, storage: Storage, tag: str) -> None:
+        self.storage, self.tag = storage, tag
+        self._cache: dict[str, Any] = {}
+
+    def load(self, rel: str, fmt_name: str | None = None) -> Any:
+        if rel not in self._cache:
+            path = f"{self.tag}/{rel}"
+            where = self.storage.describe(path)
+            if not self.storage.exists(path):
+                raise CheckpointError(f"{where}: missing from checkpoint (is it complete, and saved with this layout?)")
+            fmt = get_format(fmt_name) if fmt_name else format_for_file(rel)
+            with self.storage.open_read(path) as f:
+                self._cache[rel] = fmt.load(f, where)
+        return self._cache[rel]
+
+    def drop(self) -> None:
+        self._cache.clear()
+
+
+def _model_file(meta: dict | None, reader: Reader, tp_rank: int, pp_rank: int) -> tuple[str, str | None]:
+    if meta is not None:
+        fmt = get_format(meta.get("model_format", "torch"))
+        return f"model/{shard_name(0, tp_rank, pp_rank, fmt.suffix)}", fmt.name
+    for name in reader.storage.list_files(f"{reader.tag}/model"):
+        parsed = parse_shard_name(name)
+        if parsed and parsed[1:3] == (tp_rank, pp_rank):
+            return f"model/{name}", None
+    return f"model/{shard_name(0, tp_rank, pp_rank)}", None
+
+
+def _first_shape_mismatch(target: dict[str, Any], saved_shape: dict[str, list[int]], expected: dict[str, list[int]]) -> None:
+    for name in target:
+        if name in saved_shape and list(saved_shape[name]) != list(expected[name]):
+            raise CheckpointError(
+                f"tensor {name!r}: checkpoint has shape {list(saved_shape[name])}, the model expects "
+                f"{list(expected[name])} (first mismatching tensor; was the checkpoint saved from a different model config?)"
+            )
+
+
+def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, strict: bool) -> None:
+    if isinstance(model, dict):  # NxD's Lightning path passes a dict to be filled
+        rel, fmt = _model_file(meta, reader, topo.tp_rank, topo.pp_rank)
+        model.update(reader.load(rel, fmt))
+        return
+    module = unwrap_model(model)
+    target = module.state_dict()
+    shardings = shardings_of(module)
+    if meta is None or (meta["degrees"]["tp"], meta["degrees"]["pp"]) == (topo.tp, topo.pp):
+        rel, fmt = _model_file(meta, reader, topo.tp_rank, topo.pp_rank)
+        state = reader.load(rel, fmt)
+        saved = {k: list(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+        _first_shape_mismatch(target, saved, {k: list(v.shape) for k, v in target.items()})
+    else:
+        state = _reshard(reader, meta, target, shardings, topo, strict)
+    missing = [k for k in target if k not in state]
+    unexpected = [k for k in state if k not in target] if (meta is None or topo.pp == 1) else []
+    if strict and (missing or unexpected):
+        raise CheckpointError(
+            f"model state in {reader.storage.describe(reader.tag)} does not match the model: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} (pass strict=False to load the overlap)"
+        )
+    module.load_state_dict({k: v for k, v in state.items() if k in target}, strict=False)
+
+
+def _reshard(reader: Reader, meta: dict, target: dict[str, Any], shardings: dict[str, Sharding | None],
+             topo: Topology, strict: bool) -> dict[str, torch.Tensor]:
+    """Build this rank's state from a checkpoint saved at other TP/PP degrees."""
+    saved_tp = meta["degrees"]["tp"]
+    entries = meta["tensors"]
+    expected = {k: global_shape(tuple(v.shape), shardings.get(k), topo.tp) for k, v in target.items()}
+    _first_shape_mismatch(target, {k: e["shape"] for k, e in entries.items()}, expected)
+    out: dict[str, torch.Tensor] = {}
+    for name in target:
+        entry = entries.get(name)
+        if entry is None:
+            continue
+        pp = int(entry["pp_rank"])
+        saved_sh = Sharding.from_json(entry["sharding"])
+        if saved_sh is None:
+            full = reader.load(*_model_file(meta, reader, 0, pp))[name]
+        else:
+            full = merge_shards([reader.load(*_model_file(meta, reader, r, pp))[name] for r in range(saved_tp)], saved_sh)
+        if list(full.shape) != list(entry["shape"]):
+            raise CheckpointError(f"tensor {name!r}: shards in the checkpoint assemble to {list(full.shape)}, "
+                                  f"metadata says {entry['shape']}")
+        target_sh = shardings.get(name)
+        out[name] = split_full(full, target_sh, topo.tp, topo.tp_rank, name) if target_sh else full
+    return out
+
+
+def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topology) -> None:
+    zero1_now = bool(getattr(optimizer, "nxd_zero1", False))
+    files = [parse_shard_name(n) for n in reader.storage.list_files(f"{reader.tag}/optim")]
+    mine = sorted(p[0] for p in files if p and p[1:3] == (topo.tp_rank, topo.pp_rank))
+    where = reader.storage.describe(f"{reader.tag}/optim")
+    if not mine:
+        raise CheckpointError(
+            f"{where}: no optimizer state for tp_rank {topo.tp_rank} pp_rank {topo.pp_rank}; "
+            "optimizer state does not reshard across TP/PP changes (pass optimizer=None to load the weights only)"
+        )
+    if meta is not None and (meta["degrees"]["tp"], meta["degrees"]["pp"]) != (topo.tp, topo.pp):
+        raise CheckpointError(
+            f"{where}: optimizer state was saved at TP={meta['degrees']['tp']} PP={meta['degrees']['pp']} and "
+            f"does not reshard to TP={topo.tp} PP={topo.pp}; pass optimizer=None to load the weights only"
+        )
+    saved_zero1 = bool(meta["zero1"]) if meta is not None else len(mine) > 1
+    if not zero1_now:
+        if saved_zero1 and len(mine) > 1:
+            raise CheckpointError(f"{where}: saved by a ZeRO-1 optimizer (one shard per DP rank); load it into a "
+                                  "ZeRO-1 optimizer (zero_one_enabled=True)")
+        optimizer.load_state_dict(reader.load(f"optim/{shard_name(0, topo.tp_rank, topo.pp_rank)}"))
+        return
+    if not saved_zero1:
+        raise CheckpointError(f"{where}: saved by a non-ZeRO optimizer; the current optimizer is ZeRO-1")
+    if len(mine) == topo.dp:
+        optimizer.load_state_dict(reader.load(f"optim/{shard_name(topo.dp_rank, topo.tp_rank, topo.pp_rank)}"))
+    else:
+        shards = [reader.load(f"optim/{shard_name(d, topo.tp_rank, topo.pp_rank)}") for d in mine]
+        optimizer.load_state_dict_from_shards(shards)
+
+
+def restore_rng(reader: Reader, meta: dict | None, topo: Topology) -> None:
+    if meta is None or not meta.get("has_rng"):
+        return
+    if meta["degrees"]["world"] != topo.world:
+        warnings.warn(f"checkpoint {reader.tag} was saved by {meta['degrees']['world']} ranks and is loaded by "
+                      f"{topo.world}: RNG states are per rank and were not restored", stacklevel=3)
+        return
+    restore_rng_state(reader.load(rng_name(topo.rank)))

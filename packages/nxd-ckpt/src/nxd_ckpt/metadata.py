@@ -1,0 +1,80 @@
+"""``metadata.json``: what a checkpoint holds, enough to reshard it and to inspect it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from nxd_ckpt.layout import METADATA
+from nxd_ckpt.sharding import Sharding, global_shape, sharding_of
+from nxd_ckpt.storage import Storage
+from nxd_ckpt.topology import Topology
+
+FORMAT_VERSION = 1
+
+
+def tensor_entries(state: dict[str, Any], shardings: dict[str, Sharding | None], topo: Topology) -> dict[str, dict]:
+    """This rank's contribution: each tensor's global shape, dtype, sharding and PP stage."""
+    out = {}
+    for name, t in state.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        sh = shardings.get(name)
+        out[name] = {
+            "shape": global_shape(tuple(t.shape), sh, topo.tp),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "sharding": sh.to_json() if sh else None,
+            "pp_rank": topo.pp_rank,
+        }
+    return out
+
+
+def shardings_of(module: Any) -> dict[str, Sharding | None]:
+    """Sharding of every parameter of ``module`` (state-dict names); buffers are replicated."""
+    if not hasattr(module, "named_parameters"):
+        return {}
+    return {name: sharding_of(p) for name, p in module.named_parameters(remove_duplicate=False)}
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"torch": torch.__version__}
+    for dist in ("nxd", "nxd-ckpt", "nxd-core-parallel"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def build_metadata(tag: str, topo: Topology, fmt: str, tensors: dict[str, dict], **flags: Any) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "tag": tag,
+        "degrees": topo.degrees(),
+        "model_format": fmt,
+        "versions": library_versions(),
+        **flags,
+        "tensors": dict(sorted(tensors.items())),
+    }
+
+
+def write_metadata(storage: Storage, tag: str, meta: dict[str, Any]) -> None:
+    with storage.open_write(f"{tag}/{METADATA}") as f:
+        f.write(json.dumps(meta, indent=1).encode())
+
+
+def read_metadata(storage: Storage, tag: str) -> dict[str, Any] | None:
+    """The metadata, or None for checkpoints written by NxD itself (no metadata file)."""
+    if not storage.exists(f"{tag}/{METADATA}"):
+        return None
+    from nxd_ckpt.errors import CorruptCheckpointError
+
+    try:
+        with storage.open_read(f"{tag}/{METADATA}") as f:
+            return json.loads(f.read().decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(f"{storage.describe(f'{tag}/{METADATA}')}: corrupted metadata ({exc})") from exc

@@ -1,0 +1,44 @@
+"""Deleting old checkpoints without ever making a half-deleted one look complete."""
+
+from __future__ import annotations
+
+import warnings
+
+from nxd_ckpt.layout import DONE_MARKER, list_tags
+from nxd_ckpt.storage import Storage
+
+
+def delete_checkpoint(storage: Storage, tag: str) -> None:
+    """Remove ``done`` first: if deletion stops half-way the rest is an incomplete leftover."""
+    storage.remove_file(f"{tag}/{DONE_MARKER}")
+    storage.remove_tree(tag)
+
+
+def apply_retention(storage: Storage, num_kept: int, keep: str) -> list[str]:
+    """Keep the newest ``num_kept`` complete checkpoints (and ``keep``); remove older complete ones
+    and incomplete leftovers. Returns the removed tags. Errors warn: the new checkpoint is safe."""
+    infos = list_tags(storage)
+    complete = [i.tag for i in infos if i.complete]
+    doomed = [t for t in complete[:-num_kept] if t != keep] if num_kept > 0 else []
+    doomed += [i.tag for i in infos if not i.complete and i.tag != keep]
+    removed = []
+    for tag in doomed:
+        try:
+            delete_checkpoint(storage, tag)
+            removed.append(tag)
+        except OSError as exc:
+            warnings.warn(f"could not remove old checkpoint {storage.describe(tag)}: {exc}", stacklevel=2)
+    return removed
+
+
+def remove_incomplete(storage: Storage) -> list[str]:
+    """Auto-resume's clean-up of saves that were interrupted before their ``done`` marker."""
+    removed = []
+    for info in list_tags(storage):
+        if not info.complete:
+            try:
+                storage.remove_tree(info.tag)
+                removed.append(info.tag)
+            except OSError as exc:
+                warnings.warn(f"could not remove incomplete checkpoint {storage.describe(info.tag)}: {exc}", stacklevel=2)
+    return removed

@@ -1,0 +1,110 @@
+"""How a tensor-parallel tensor is cut across TP ranks, and how to re-cut it for another TP size.
+
+The description comes from nxd-core-parallel's parameter attributes: ``tensor_model_parallel``,
+``partition_dim``, ``partition_stride`` (Megatron stride: the full tensor is split into
+``tp * stride`` chunks and rank ``r`` holds chunks ``r, r + tp, ...``), ``fused_splits`` (the local
+shard concatenates independently sharded pieces of these local sizes) and ``kv_size_multiplier``
+(GQA K/V replicated over TP: ranks ``r`` and ``r + 1 .. r + m - 1`` hold the same K/V heads, so the
+full tensor is made of every ``m``-th rank's shard). For a fused QKV parameter the multiplier
+applies to the K and V pieces (all pieces but the first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sharding:
+    dim: int
+    stride: int = 1
+    #: local piece sizes along ``dim`` (None: a single piece)
+    fused_splits: tuple[int, ...] | None = None
+    kv_size_multiplier: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fused_splits"] = list(self.fused_splits) if self.fused_splits else None
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> Sharding | None:
+        if not d:
+            return None
+        fs = d.get("fused_splits")
+        return cls(int(d["dim"]), int(d.get("stride", 1)), tuple(int(x) for x in fs) if fs else None,
+                   int(d.get("kv_size_multiplier", 1)))
+
+    def piece_multipliers(self) -> list[int]:
+        if not self.fused_splits:
+            return [self.kv_size_multiplier]
+        return [1] + [self.kv_size_multiplier] * (len(self.fused_splits) - 1)
+
+
+def sharding_of(tensor: Any) -> Sharding | None:
+    """The sharding a parameter declares through its attributes, or None if it is replicated."""
+    if not getattr(tensor, "tensor_model_parallel", False):
+        return None
+    fused = getattr(tensor, "fused_splits", None)
+    return Sharding(
+        dim=int(getattr(tensor, "partition_dim", 0)),
+        stride=int(getattr(tensor, "partition_stride", 1) or 1),
+        fused_splits=tuple(int(x) for x in fused) if fused else None,
+        kv_size_multiplier=int(getattr(tensor, "kv_size_multiplier", 1) or 1),
+    )
+
+
+def global_shape(local_shape: tuple[int, ...], sharding: Sharding | None, tp: int) -> list[int]:
+    """The shape of the full (unsharded) tensor."""
+    shape = list(local_shape)
+    if sharding is None:
+        return shape
+    pieces = list(sharding.fused_splits) if sharding.fused_splits else [shape[sharding.dim]]
+    shape[sharding.dim] = sum(p * tp // m for p, m in zip(pieces, sharding.piece_multipliers()))
+    return shape
+
+
+def _merge_piece(shards: list[torch.Tensor], dim: int, stride: int, mult: int) -> torch.Tensor:
+    shards = shards[::mult]
+    if stride == 1:
+        return torch.cat(shards, dim=dim)
+    chunked = [s.chunk(stride, dim=dim) for s in shards]
+    return torch.cat([chunked[r][j] for j in range(stride) for r in range(len(shards))], dim=dim)
+
+
+def merge_shards(shards: list[torch.Tensor], sharding: Sharding) -> torch.Tensor:
+    """The full tensor from every TP rank's shard (in TP-rank order)."""
+    if not sharding.fused_splits:
+        return _merge_piece(shards, sharding.dim, sharding.stride, sharding.kv_size_multiplier)
+    per_rank = [s.split(list(sharding.fused_splits), dim=sharding.dim) for s in shards]
+    return torch.cat([
+        _merge_piece([p[i] for p in per_rank], sharding.dim, sharding.stride, mult)
+        for i, mult in enumerate(sharding.piece_multipliers())
+    ], dim=sharding.dim)
+
+
+def _split_piece(full: torch.Tensor, tp: int, rank: int, dim: int, stride: int, mult: int, name: str) -> torch.Tensor:
+    parts, part_rank = tp // mult, rank // mult
+    if parts < 1 or tp % mult:
+        raise ValueError(f"{name}: kv_size_multiplier {mult} does not divide tensor parallel size {tp}")
+    size = full.shape[dim]
+    if size % (parts * stride):
+        raise ValueError(f"{name}: size {size} along dim {dim} is not divisible into {parts * stride} TP chunks")
+    chunks = full.chunk(parts * stride, dim=dim)
+    return torch.cat(chunks[part_rank::parts], dim=dim) if stride > 1 else chunks[part_rank]
+
+
+def split_full(full: torch.Tensor, sharding: Sharding, tp: int, rank: int, name: str = "tensor") -> torch.Tensor:
+    """This TP rank's shard of ``full`` for a parameter described by ``sharding`` at size ``tp``."""
+    if not sharding.fused_splits:
+        return _split_piece(full, tp, rank, sharding.dim, sharding.stride, sharding.kv_size_multiplier, name)
+    mults = sharding.piece_multipliers()
+    global_pieces = [p * tp // m for p, m in zip(sharding.fused_splits, mults)]
+    if sum(global_pieces) != full.shape[sharding.dim]:
+        raise ValueError(f"{name}: fused pieces {global_pieces} do not add up to {full.shape[sharding.dim]}")
+    pieces = full.split(global_pieces, dim=sharding.dim)
+    return torch.cat([_split_piece(p, tp, rank, sharding.dim, sharding.stride, m, name)
+                      for p, m in zip(pieces, mults)], dim=sharding.dim)

@@ -1,0 +1,144 @@
+"""Gradient synchronisation and clipping under tensor, sequence, pipeline and data parallelism."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nxd_core_parallel import parallel_state
+
+#: Bytes per all-reduce bucket (NxD uses 512 MB on device; smaller buckets suit CPU caches).
+BUCKET_CAP_BYTES = 64 * 1024 * 1024
+
+
+def _as_list(parameters: Any) -> list[torch.Tensor]:
+    if isinstance(parameters, torch.Tensor):
+        return [parameters]
+    params = list(parameters)
+    # Accept optimizer-style param groups too.
+    if params and isinstance(params[0], dict):
+        return [p for group in params for p in group["params"]]
+    return params
+
+
+def _buckets(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
+    buckets: list[list[torch.Tensor]] = []
+    by_kind: dict[tuple, list[torch.Tensor]] = {}
+    sizes: dict[tuple, int] = {}
+    for t in tensors:
+        key = (t.dtype, t.device)
+        nbytes = t.numel() * t.element_size()
+        if key in by_kind and sizes[key] + nbytes > cap_bytes:
+            buckets.append(by_kind.pop(key))
+            sizes[key] = 0
+        by_kind.setdefault(key, []).append(t)
+        sizes[key] = sizes.get(key, 0) + nbytes
+    buckets.extend(by_kind.values())
+    return buckets
+
+
+def _allreduce_flat(tensors: list[torch.Tensor], group: Any, average: bool, cap_bytes: int) -> None:
+    size = dist.get_world_size(group)
+    if size == 1 or not tensors:
+        return
+    for bucket in _buckets(tensors, cap_bytes):
+        flat = torch.cat([t.reshape(-1) for t in bucket])
+        dist.all_reduce(flat, group=group)
+        if average:
+            flat.div_(size)
+        offset = 0
+        for t in bucket:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+
+def bucket_allreduce_gradients(grads: Iterable[torch.Tensor], group: Any = None,
+                               bucket_cap_bytes: int = BUCKET_CAP_BYTES) -> None:
+    """Average ``grads`` in place over the data-parallel group (or ``group``), packed into
+    flat buckets so each bucket is one collective. Buckets go in reverse order, like NxD."""
+    if group is None:
+        if not parallel_state.model_parallel_is_initialized():
+            return
+        group = parallel_state.get_data_parallel_group()
+    _allreduce_flat(list(grads)[::-1], group, average=True, cap_bytes=bucket_cap_bytes)
+
+
+def allreduce_sequence_parallel_gradients(parameters: Any) -> None:
+    """Sum over TP the gradients of parameters tagged ``sequence_parallel_enabled`` (norm weights
+    and row-parallel biases under SP see only their rank's sequence slice)."""
+    if not parallel_state.model_parallel_is_initialized() or parallel_state.get_tensor_model_parallel_size() == 1:
+        return
+    grads = [p.grad for p in _as_list(parameters)
+             if getattr(p, "sequence_parallel_enabled", False) and p.grad is not None]
+    _allreduce_flat(grads, parallel_state.get_tensor_model_parallel_group(), average=False, cap_bytes=BUCKET_CAP_BYTES)
+
+
+def _counted_on_this_rank(param: torch.Tensor) -> bool:
+    """Whether this rank owns ``param``'s gradient for the norm: replicated parameters count on
+    TP rank 0 only; GQA KV weights replicated ``m`` times count on the first ``tp / m`` ranks."""
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    if not getattr(param, "tensor_model_parallel", False):
+        return tp_rank == 0
+    multiplier = getattr(param, "kv_size_multiplier", 1)
+    if multiplier > 1 and getattr(param, "fused_splits", None) is None:
+        return tp_rank < parallel_state.get_tensor_model_parallel_size() // multiplier
+    return True
+
+
+def _fused_pieces(param: torch.Tensor, grad: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
+    """A fused GQA QKV gradient: the Q piece always counts, replicated K/V pieces only on unique ranks."""
+    splits = param.fused_splits
+    pieces = torch.split(grad, list(splits), dim=param.partition_dim)
+    multiplier = getattr(param, "kv_size_multiplier", 1)
+    unique = parallel_state.get_tensor_model_parallel_rank() < parallel_state.get_tensor_model_parallel_size() // multiplier
+    return [(piece, i == 0 or multiplier == 1 or unique) for i, piece in enumerate(pieces)]
+
+
+def get_grad_norm(parameters: Any, norm_type: float = 2) -> torch.Tensor:
+    """The global gradient norm of the (unsharded) model: TP shards are combined, replicated
+    parameters count once, pipeline stages are combined; DP replicas hold the same (already
+    reduced) gradients and are not summed again."""
+    params = [p for p in _as_list(parameters) if p.grad is not None]
+    norm_type = float(norm_type)
+    device = params[0].grad.device if params else torch.device("cpu")
+    initialized = parallel_state.model_parallel_is_initialized()
+    pieces: list[tuple[torch.Tensor, bool]] = []
+    for p in params:
+        grad = p.grad.detach()
+        if initialized and getattr(p, "fused_splits", None) is not None:
+            pieces.extend(_fused_pieces(p, grad))
+        else:
+            pieces.append((grad, _counted_on_this_rank(p) if initialized else True))
+    if norm_type == math.inf:
+        local = torch.zeros((), dtype=torch.float32, device=device)
+        for grad, _ in pieces:
+            local = torch.maximum(local, grad.abs().max().float())
+        op = dist.ReduceOp.MAX
+    else:
+        local = torch.zeros((), dtype=torch.float32, device=device)
+        for grad, counted in pieces:
+            if counted:
+                local = local + grad.float().norm(norm_type) ** norm_type
+        op = dist.ReduceOp.SUM
+    if initialized:
+        for size, group in ((parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_group()),
+                            (parallel_state.get_pipeline_model_parallel_size(), parallel_state.get_pipeline_model_parallel_group())):
+            if size > 1:
+                dist.all_reduce(local, op=op, group=group)
+    return local if norm_type == math.inf else local ** (1.0 / norm_type)
+
+
+def clip_grad_norm(parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+    """Scale gradients in place so the global norm is at most ``max_norm``; return the norm
+    before clipping (same convention as ``torch.nn.utils.clip_grad_norm_``)."""
+    params = [p for p in _as_list(parameters) if p.grad is not None]
+    total = get_grad_norm(params, norm_type)
+    coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+    for p in params:
+        p.grad.detach().mul_(coef.to(p.grad.device, p.grad.dtype))
+    return total

@@ -1,0 +1,1 @@
+"""Higher-level TP modules: fused GQA QKV projection, RMSNorm."""

@@ -1,0 +1,1 @@
+"""Example third-party nxd model plugin."""

@@ -1,5 +1,15 @@
-"""nxd plugin entry point for nxd-training: registers this package's components with the core."""
+"""nxd plugin entry point for nxd-training: the ``train`` and ``plot`` verbs of the ``nxd`` command."""
 
 from __future__ import annotations
 
+import nxd
+
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
+
+
+@nxd.hookimpl
+def nxd_register_commands(registry) -> None:
+    from nxd_training.cli import PLOT, TRAIN
+
+    registry.add("train", TRAIN)
+    registry.add("plot", PLOT)

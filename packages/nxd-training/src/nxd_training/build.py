@@ -1,0 +1,151 @@
+"""Build what one rank trains with, from the validated config, through the NxD facade."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import nxd
+from nxd import ConfigError
+from nxd_training.config.plan import RunPlan, data_section
+from nxd_training.config.schema import TrainingConfig
+from nxd_training.schedules import make_lr_fn, make_scheduler
+
+BF16_TYPES = ("bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR")
+
+
+def _activation_checkpoint(config: TrainingConfig, spec: Any) -> Any:
+    granularity = config.model.activations_checkpoint_granularity
+    if granularity is None:
+        return None
+    if granularity == "full":
+        return "full"
+    classes = tuple(getattr(spec, "core_attention_classes", ()) or ())
+    names = config.model.activations_checkpoint_recompute
+    if names:
+        known = {cls.__name__: cls for cls in (*classes, *getattr(spec, "transformer_layer_classes", ()))}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise ConfigError(f"model.activations_checkpoint_recompute: unknown class {missing[0]!r}; "
+                              f"known: {', '.join(sorted(known))}")
+        classes = tuple(known[n] for n in names)
+    if not classes:
+        raise ConfigError("model.activations_checkpoint_granularity=selective: the model names no core-attention classes")
+    return list(classes)
+
+
+def mixed_precision_config(config: TrainingConfig) -> dict[str, Any] | None:
+    """NxD's ``mixed_precision_config`` (ZeRO-1 only), from ``precision``."""
+    if not config.distributed_strategy.zero1:
+        return None
+    p = config.precision
+    master = p.master_weights if p.master_weights is not None else p.type.startswith("mixed_precision")
+    grad_acc = p.fp32_grad_acc if p.fp32_grad_acc is not None else master
+    sr = p.type in ("bf16SR", "mixed_precisionSR", "mixed_precision_SR") or bool(p.neuron_rt_stochastic_rounding_en)
+    return {
+        "use_master_weights": bool(master),
+        "use_fp32_grad_acc": bool(grad_acc),
+        "use_master_weights_in_ckpt": config.exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt,
+        "stochastic_rounding": sr,
+    }
+
+
+def lora_config(config: TrainingConfig, spec: Any) -> Any:
+    align = config.model_alignment_strategy
+    if align is None or align.peft is None:
+        return None
+    peft = align.peft
+    try:
+        from nxd_lora import LoraConfig
+    except ImportError:
+        raise ConfigError("model_alignment_strategy.peft needs LoRA: pip install nxd-lora") from None
+    targets = peft.target_modules or list(getattr(spec, "lora_target_modules", ()) or ())
+    return LoraConfig(
+        enable_lora=True, lora_rank=peft.lora_rank, lora_alpha=peft.lora_alpha, lora_dropout=peft.lora_dropout,
+        bias=peft.lora_bias, lora_verbose=peft.lora_verbose, target_modules=targets,
+        load_lora_from_ckpt=peft.load_lora_from_ckpt, save_lora_base=peft.save_lora_base, merge_lora=peft.merge_lora,
+        save_lora_config_adapter=peft.save_lora_config_adapter, merge_sharded_lora=peft.merge_sharded_lora,
+    )
+
+
+def nxd_config(config: TrainingConfig, plan: RunPlan) -> dict:
+    ds, clip = config.distributed_strategy, config.trainer.gradient_clip_val
+    pipeline = {}
+    if plan.pp > 1:
+        pipeline = {"num_microbatches": plan.num_microbatches}
+        if ds.pipeline_schedule:
+            pipeline["schedule"] = ds.pipeline_schedule
+        if (ds.virtual_pipeline_model_parallel_size or 1) > 1:
+            pipeline["virtual_pipeline_size"] = ds.virtual_pipeline_model_parallel_size
+        if config.model.pipeline_cuts:
+            pipeline["pipeline_cuts"] = list(config.model.pipeline_cuts)
+    return nxd.neuronx_distributed_config(
+        tensor_parallel_size=plan.tp,
+        pipeline_parallel_size=plan.pp,
+        pipeline_config=pipeline or None,
+        optimizer_config={"zero_one_enabled": ds.zero1, "grad_clipping": bool(clip), "max_grad_norm": float(clip or 1.0)},
+        activation_checkpoint_config=_activation_checkpoint(config, plan.spec),
+        sequence_parallel=ds.sequence_parallel,
+        model_init_config={"sequential_move_factor": config.trainer.sequential_move_factor},
+        lora_config=lora_config(config, plan.spec),
+        mixed_precision_config=mixed_precision_config(config),
+    )
+
+
+def model_config_for_rank(config: TrainingConfig, plan: RunPlan) -> Any:
+    """The plan's model config, with the parameter dtype the precision type asks for."""
+    if config.precision.type not in BF16_TYPES:
+        return plan.model_config
+    return plan.spec.config_from_dict({**plan.model_dict, "dtype": "bfloat16"})
+
+
+_OPTIMIZERS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "adamw": (torch.optim.AdamW, ("lr", "weight_decay", "betas", "eps")),
+    "adamw_fp32optstate": (torch.optim.AdamW, ("lr", "weight_decay", "betas", "eps")),
+    "adam": (torch.optim.Adam, ("lr", "weight_decay", "betas", "eps")),
+    "sgd": (torch.optim.SGD, ("lr", "weight_decay", "momentum")),
+    "adagrad": (torch.optim.Adagrad, ("lr", "weight_decay", "eps")),
+    "rmsprop": (torch.optim.RMSprop, ("lr", "weight_decay", "eps", "momentum")),
+    "adamax": (torch.optim.Adamax, ("lr", "weight_decay", "betas", "eps")),
+    "adadelta": (torch.optim.Adadelta, ("lr", "weight_decay", "eps")),
+}
+
+
+def param_groups(config: TrainingConfig, model: torch.nn.Module) -> list[dict]:
+    """Weight decay on matrices only; norms and biases too when do_layer_norm_weight_decay."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        is_norm_or_bias = param.dim() < 2 or name.endswith(".bias")
+        (no_decay if is_norm_or_bias and not config.model.do_layer_norm_weight_decay else decay).append(param)
+    groups = [{"params": decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizer(config: TrainingConfig, nxd_cfg: dict, model: torch.nn.Module) -> Any:
+    optim = config.model.optim
+    cls, keys = _OPTIMIZERS[optim.name.lower()]
+    values = {"lr": optim.lr, "weight_decay": optim.weight_decay, "betas": tuple(optim.betas), "eps": optim.eps,
+              "momentum": optim.momentum}
+    return nxd.initialize_parallel_optimizer(nxd_cfg, cls, param_groups(config, model), **{k: values[k] for k in keys})
+
+
+def build_scheduler(config: TrainingConfig, optimizer: Any) -> torch.optim.lr_scheduler.LambdaLR:
+    optim, tr = config.model.optim, config.trainer
+    sched = optim.sched
+    total = sched.max_steps or (tr.max_steps if tr.max_steps > 0 else None)
+    lr_fn = make_lr_fn(sched.name, optim.lr, total, sched.warmup_steps, sched.min_lr, sched.constant_steps)
+    return make_scheduler(optimizer, lr_fn, optim.lr)
+
+
+def build_data(config: TrainingConfig, plan: RunPlan, dp_rank: int) -> Any:
+    factory = nxd.get_data_module(plan.data_module)
+    return factory(
+        data_section(config, plan.seq_length), seq_length=plan.seq_length,
+        micro_batch_size=config.data.micro_batch_size, global_batch_size=config.data.global_batch_size,
+        dp_rank=dp_rank, dp_size=plan.dp, seed=config.seed,
+    )

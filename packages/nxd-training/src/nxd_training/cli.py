@@ -1,0 +1,62 @@
+"""The ``nxd train`` and ``nxd plot`` verbs (registered through ``nxd_register_commands``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nxd import Command, ComponentNotFound, ConfigError
+
+
+def _train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="YAML config file, or hub:<name> for a shipped config (e.g. hub:quickstart)")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. trainer.max_steps=50")
+    parser.add_argument("--validate", action="store_true", help="validate the config and print the plan; do not train")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML")
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from nxd_training.config.loader import dump_config, load_config
+    from nxd_training.config.plan import make_plan
+    from nxd_training.data_prep import prepare_data
+    from nxd_training.exp_manager import resolve_log_dir
+    from nxd_training.launcher import launch
+
+    try:
+        config = prepare_data(load_config(args.config, args.overrides, check=False))
+        plan = make_plan(config)
+    except (ConfigError, ComponentNotFound) as exc:
+        print(f"nxd train: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(dump_config(config))
+    print(f"nxd train: {config.name}: world size {plan.world_size} = TP {plan.tp} x PP {plan.pp} x DP {plan.dp}, "
+          f"{plan.num_microbatches} micro-batch(es) per step, seq length {plan.seq_length}, data module {plan.data_module!r}")
+    if args.validate:
+        print("config is valid")
+        return 0
+    log_dir = resolve_log_dir(config)
+    print(f"nxd train: writing to {log_dir}")
+    return launch(config, log_dir)
+
+
+def _plot_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", help="run directories (holding metrics.jsonl)")
+    parser.add_argument("-o", "--output", default="loss.png", help="PNG to write (default loss.png)")
+    parser.add_argument("--metrics", default="loss,tokens_per_s", help="comma-separated metrics, one panel each")
+
+
+def _run_plot(args: argparse.Namespace) -> int:
+    from nxd_training.plot import plot_runs
+
+    try:
+        out = plot_runs(args.runs, args.output, [m for m in args.metrics.split(",") if m])
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"nxd plot: {exc}", file=sys.stderr)
+        return 2
+    print(f"nxd plot: wrote {out}")
+    return 0
+
+
+TRAIN = Command(help="train a model from a YAML config (NxD Training schema)", add_arguments=_train_arguments, run=_run_train)
+PLOT = Command(help="plot loss/throughput curves of runs to a PNG", add_arguments=_plot_arguments, run=_run_plot)

@@ -1,0 +1,308 @@
+"""Cross-field rules and derived values: everything checked before a rank starts.
+
+``make_plan(config)`` either returns a :class:`RunPlan` (world size, DP size, gradient
+accumulation, model config, the plugins the run needs) or raises one :class:`nxd.ConfigError`
+naming the keys involved.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nxd
+from nxd import ComponentNotFound, ConfigError
+from nxd_training.config.schema import TrainingConfig
+from nxd_training.schedules import SCHEDULES, schedule_names
+
+#: NxDT key in ``model`` -> Hugging Face ``config.json`` key (what model plugins accept)
+MODEL_KEY_MAP: dict[str, str] = {
+    "num_layers": "num_hidden_layers",
+    "hidden_size": "hidden_size",
+    "ffn_hidden_size": "intermediate_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "kv_channels": "head_dim",
+    "vocab_size": "vocab_size",
+    "rope_theta": "rope_theta",
+    "max_position_embeddings": "max_position_embeddings",
+    "layernorm_epsilon": "rms_norm_eps",
+    "share_embeddings_and_output_weights": "tie_word_embeddings",
+    "init_method_std": "initializer_range",
+}
+
+OPTIMIZERS = ("adamw", "adamw_fp32optstate", "adam", "sgd", "adagrad", "rmsprop", "adamax", "adadelta")
+SUPPORTED_PRECISION = ("fp32", "autocast", "bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR", "manual")
+
+
+@dataclass
+class RunPlan:
+    world_size: int
+    tp: int
+    pp: int
+    dp: int
+    num_microbatches: int
+    seq_length: int
+    data_module: str
+    model_dict: dict[str, Any]
+    model_config: Any
+    spec: Any
+    notes: list[str] = field(default_factory=list)
+
+
+def _world(config: TrainingConfig) -> tuple[int, int, int, int]:
+    ds, tr = config.distributed_strategy, config.trainer
+    world = tr.devices * tr.num_nodes
+    tp, pp, cp = ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size, ds.context_parallel_size
+    if cp != 1:
+        raise ConfigError(f"distributed_strategy.context_parallel_size={cp}: context parallelism is not supported yet; use 1")
+    if ds.expert_model_parallel_size != 1:
+        raise ConfigError("distributed_strategy.expert_model_parallel_size must be 1 (no MoE models are installed)")
+    if world % (tp * pp):
+        raise ConfigError(
+            f"world size {world} (trainer.devices={tr.devices} x trainer.num_nodes={tr.num_nodes}) is not divisible "
+            f"by tensor_model_parallel_size x pipeline_model_parallel_size = {tp} x {pp}; world size must equal TP x PP x DP"
+        )
+    vpp = ds.virtual_pipeline_model_parallel_size or 1
+    if vpp > 1 and pp == 1:
+        raise ConfigError("distributed_strategy.virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size > 1")
+    return world, tp, pp, world // (tp * pp)
+
+
+def _batches(config: TrainingConfig, dp: int) -> int:
+    data = config.data
+    per_step = data.micro_batch_size * dp
+    if data.global_batch_size % per_step:
+        raise ConfigError(
+            f"data.global_batch_size={data.global_batch_size} must be a multiple of data.micro_batch_size x DP = "
+            f"{data.micro_batch_size} x {dp} = {per_step} (global batch = micro batch x DP x gradient accumulation)"
+        )
+    return data.global_batch_size // per_step
+
+
+def _seq_length(config: TrainingConfig) -> int:
+    data_len, model_len = config.data.seq_length, config.model.encoder_seq_length
+    if data_len is not None and model_len is not None and data_len != model_len:
+        raise ConfigError(f"data.seq_length={data_len} differs from model.encoder_seq_length={model_len}; they must match")
+    length = data_len or model_len
+    if length is None:
+        raise ConfigError("data.seq_length (or model.encoder_seq_length) is required")
+    return length
+
+
+def model_dict(config: TrainingConfig, spec: Any) -> dict[str, Any]:
+    """The model config as Hugging Face keys: preset, then ``model_config`` file, then keys."""
+    m = config.model
+    result: dict[str, Any] = {}
+    if m.preset is not None:
+        presets = dict(getattr(spec, "presets", {}) or {})
+        if m.preset not in presets:
+            from nxd_training.config.errors import suggest
+
+            raise ConfigError(f"model.preset: unknown preset {m.preset!r}{suggest(m.preset, list(presets))}; "
+                              f"available: {', '.join(sorted(presets)) or 'none'}")
+        result.update(presets[m.preset])
+    if isinstance(m.hf_config, dict):
+        result.update(m.hf_config)
+    elif isinstance(m.hf_config, str):
+        path = Path(m.hf_config)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            result.update(json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise ConfigError(f"model.model_config: file {str(path)!r} does not exist") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"model.model_config: {str(path)!r} is not valid JSON ({exc})") from None
+    for ours, theirs in MODEL_KEY_MAP.items():
+        value = getattr(m, ours)
+        if value is not None:
+            result[theirs] = value
+    return result
+
+
+def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any]:
+    try:
+        spec = nxd.get_model(config.model.architecture)
+    except ComponentNotFound as exc:
+        raise ConfigError(f"model.architecture: {exc}") from None
+    as_dict = model_dict(config, spec)
+    try:
+        model_config = spec.config_from_dict(dict(as_dict))
+    except ConfigError as exc:
+        raise ConfigError(f"model: {exc}") from None
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"model: the {config.model.architecture} plugin rejected the model config: {exc}") from None
+    return spec, as_dict, model_config
+
+
+def _heads(config: TrainingConfig, model_config: Any, tp: int) -> None:
+    heads = getattr(model_config, "num_attention_heads", None)
+    kv = getattr(model_config, "num_key_value_heads", None) or heads
+    if heads is None:
+        return
+    if heads % tp:
+        raise ConfigError(
+            f"distributed_strategy.tensor_model_parallel_size={tp} must divide model num_attention_heads={heads}"
+        )
+    if kv % tp == 0:
+        return
+    rep = config.distributed_strategy.kv_replicator
+    if rep is None:
+        if tp % kv == 0:
+            return  # the model replicates K/V heads (kv_size_multiplier = TP / kv heads)
+        raise ConfigError(
+            f"distributed_strategy.tensor_model_parallel_size={tp} must divide num_kv_heads={kv}, or be a multiple "
+            f"of it so K/V heads can be replicated (set distributed_strategy.kv_replicator)"
+        )
+    if (kv * rep) % tp:
+        raise ConfigError(
+            f"distributed_strategy.kv_replicator={rep}: num_kv_heads x kv_replicator = {kv * rep} must be divisible "
+            f"by tensor_model_parallel_size={tp}"
+        )
+
+
+def _need(kind: str, name: str, key: str, install: str) -> None:
+    if name not in nxd.list_components(kind):
+        installed = ", ".join(nxd.list_components(kind)) or "none"
+        raise ConfigError(f"{key}: needs the {kind.replace('_', ' ')} {name!r} (installed: {installed}); pip install {install}")
+
+
+def default_data_module(config: TrainingConfig) -> str:
+    if config.data.module:
+        return config.data.module
+    if config.model_alignment_strategy is not None and config.model_alignment_strategy.sft is not None:
+        return "sft"
+    return "indexed" if config.model_source == "megatron" or "data_prefix" in (config.data.model_extra or {}) else "hf"
+
+
+def tokenizer_path(config: TrainingConfig) -> str | None:
+    """``data.tokenizer`` as a path: a string, or NxDT's section (``type``, else ``model``)."""
+    tok = config.data.tokenizer
+    if tok is None or isinstance(tok, str):
+        return tok
+    return tok.type or tok.model or tok.vocab_file
+
+
+def data_section(config: TrainingConfig, seq_length: int) -> dict[str, Any]:
+    """The ``data`` section as the data module sees it (common keys included)."""
+    section = config.data.model_dump(mode="json", exclude_none=True)
+    for key in ("module", "prepare", "prepare_dir"):
+        section.pop(key, None)
+    path = tokenizer_path(config)
+    if path is not None:
+        section["tokenizer"] = path
+    else:
+        section.pop("tokenizer", None)
+    section["seq_length"] = seq_length
+    return section
+
+
+def _data(config: TrainingConfig, seq_length: int) -> str:
+    name = default_data_module(config)
+    try:
+        factory = nxd.get_data_module(name)
+    except ComponentNotFound as exc:
+        raise ConfigError(f"data.module: {exc}") from None
+    validate = getattr(factory, "validate", None)
+    if callable(validate):
+        try:
+            validate(data_section(config, seq_length))
+        except ConfigError as exc:
+            text = str(exc)
+            raise ConfigError(text if text.startswith("data") else f"data: {text}") from None
+    return name
+
+
+def _training(config: TrainingConfig, world: int) -> None:
+    tr = config.trainer
+    if tr.max_steps == -1 and tr.max_epochs == -1 and tr.max_time is None:
+        raise ConfigError("trainer.max_steps and trainer.max_epochs are both -1: set one of them so training ends")
+    if tr.num_nodes > 1 and not config.launcher.rdzv_endpoint:
+        raise ConfigError(f"trainer.num_nodes={tr.num_nodes}: set launcher.rdzv_endpoint (host:port reachable from every "
+                          "node) so the nodes can find each other")
+    if tr.max_steps == 0:
+        raise ConfigError("trainer.max_steps must be -1 or a positive number of steps, got 0")
+    optim = config.model.optim
+    if optim.name.lower() not in OPTIMIZERS:
+        from nxd_training.config.errors import suggest
+
+        raise ConfigError(f"model.optim.name: unknown optimizer {optim.name!r}{suggest(optim.name.lower(), list(OPTIMIZERS))}; "
+                          f"valid: {', '.join(OPTIMIZERS)}")
+    sched = optim.sched
+    if sched.name not in SCHEDULES:
+        from nxd_training.config.errors import suggest
+
+        raise ConfigError(f"model.optim.sched.name: unknown schedule {sched.name!r}{suggest(sched.name, schedule_names())}; "
+                          f"valid: {', '.join(schedule_names())}")
+    total = sched.max_steps or (tr.max_steps if tr.max_steps > 0 else None)
+    if total is not None and sched.warmup_steps + sched.constant_steps > total:
+        raise ConfigError(
+            f"model.optim.sched: warmup_steps + constant_steps = {sched.warmup_steps + sched.constant_steps} exceeds "
+            f"the schedule length {total} (model.optim.sched.max_steps or trainer.max_steps)"
+        )
+    if sched.min_lr > optim.lr:
+        raise ConfigError(f"model.optim.sched.min_lr={sched.min_lr} is larger than model.optim.lr={optim.lr}")
+    if isinstance(tr.val_check_interval, float) and not tr.val_check_interval.is_integer():
+        raise ConfigError(f"trainer.val_check_interval must be a whole number of steps, got {tr.val_check_interval}")
+    ckpt = config.exp_manager.checkpoint_callback_params
+    if config.exp_manager.save_xser or config.exp_manager.load_xser:
+        pass  # xser is a Neuron file layout; nxd-ckpt writes its own format, the flags are accepted for compatibility
+    try:
+        ckpt.filename.format(name=config.name, step=0, consumed_samples=0, epoch=0)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"exp_manager.checkpoint_callback_params.filename: bad template ({exc}); "
+                          "fields available: {name}, {step}, {consumed_samples}, {epoch}") from None
+
+
+def _precision(config: TrainingConfig) -> None:
+    p, ds = config.precision, config.distributed_strategy
+    master = p.master_weights if p.master_weights is not None else p.type.startswith("mixed_precision")
+    if master and not ds.zero1:
+        raise ConfigError(
+            f"precision.type={p.type} keeps fp32 master weights, which live in the ZeRO-1 optimizer: set "
+            "distributed_strategy.zero1=true (or use precision.type fp32/autocast/bf16SR)"
+        )
+
+
+def _plugins(config: TrainingConfig, pp: int) -> None:
+    ds = config.distributed_strategy
+    if pp > 1:
+        schedule = ds.pipeline_schedule or "1f1b"
+        _need("pipeline_schedule", schedule, "distributed_strategy.pipeline_model_parallel_size", "nxd-pipeline")
+    if ds.zero1:
+        _need("optimizer", "zero1", "distributed_strategy.zero1", "nxd-zero1")
+    align = config.model_alignment_strategy
+    if align is not None:
+        if align.dpo is not None or align.orpo is not None:
+            raise ConfigError("model_alignment_strategy: dpo and orpo are not supported yet; use sft and/or peft")
+        if align.peft is not None:
+            _need("adapter", "lora", "model_alignment_strategy.peft", "nxd-lora")
+    if config.exp_manager.create_checkpoint_callback or config.exp_manager.resume_if_exists:
+        _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")
+
+
+def make_plan(config: TrainingConfig) -> RunPlan:
+    """Check every cross-field rule and the plugins the run needs; return the derived values."""
+    world, tp, pp, dp = _world(config)
+    num_mb = _batches(config, dp)
+    seq = _seq_length(config)
+    _training(config, world)
+    _precision(config)
+    _plugins(config, pp)
+    spec, as_dict, model_config = _model(config)
+    _heads(config, model_config, tp)
+    max_pos = getattr(model_config, "max_position_embeddings", None)
+    if max_pos is not None and seq > max_pos:
+        raise ConfigError(f"data.seq_length={seq} exceeds the model's max_position_embeddings={max_pos}")
+    if config.distributed_strategy.sequence_parallel and seq % tp:
+        raise ConfigError(f"distributed_strategy.sequence_parallel: seq_length={seq} must be divisible by "
+                          f"tensor_model_parallel_size={tp}")
+    vocab = getattr(model_config, "vocab_size", None)
+    if vocab is not None and tp > 1 and vocab % tp:
+        raise ConfigError(f"model vocab_size={vocab} must be divisible by tensor_model_parallel_size={tp} "
+                          "(vocab-parallel embedding)")
+    data_module = _data(config, seq)
+    return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec)

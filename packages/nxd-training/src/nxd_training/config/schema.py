@@ -1,0 +1,290 @@
+"""The YAML schema: NxD Training's sections as typed pydantic models (unknown keys are errors).
+
+Key names follow NxDT's ``examples/conf/*.yaml`` so an NxDT config loads unchanged; the few nxd
+additions (``data.module``, ``model.architecture``, ``launcher``, ``generation``) are documented
+in docs/config.md. Settings NxDT passed through environment variables are plain keys here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    """Base of every section: unknown keys are rejected, values are not silently coerced."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), populate_by_name=True)
+
+
+# --------------------------------------------------------------------------- trainer
+class TrainerConfig(Section):
+    devices: int = Field(1, ge=1, description="ranks per node")
+    num_nodes: int = Field(1, ge=1)
+    accelerator: Literal["auto", "cpu", "cuda", "xla"] = "auto"
+    max_steps: int = Field(-1, ge=-1, description="-1: bounded by max_epochs")
+    max_epochs: int = Field(-1, ge=-1, description="-1: bounded by max_steps")
+    max_time: Union[str, float, None] = Field(None, description="seconds, or DD:HH:MM:SS")
+    log_every_n_steps: int = Field(1, ge=1)
+    val_check_interval: Union[int, float] = Field(0, ge=0, description="validate every N steps; 0 disables")
+    check_val_every_n_epoch: Union[int, None] = None
+    num_sanity_val_steps: int = Field(0, ge=0)
+    limit_val_batches: Union[int, float] = Field(1.0, ge=0)
+    limit_test_batches: Union[int, float] = Field(0.0, ge=0)
+    gradient_clip_val: Union[float, None] = Field(1.0, ge=0, description="0 or null disables clipping")
+    lnc: Union[int, None] = Field(None, ge=1, le=2)
+    sequential_move_factor: int = Field(11, ge=1, le=32)
+    enable_progress_bar: bool = True
+
+
+# --------------------------------------------------------------------------- exp_manager
+class CheckpointCallbackParams(Section):
+    monitor: str = "step"
+    save_top_k: int = Field(1, ge=-1, description="checkpoints kept; -1 keeps all")
+    mode: Literal["max", "min"] = "max"
+    save_last: bool = False
+    filename: str = "{name}--step={step}-consumed_samples={consumed_samples}"
+    model_parallel_size: Union[int, str, None] = None
+    every_n_train_steps: Union[int, None] = Field(None, ge=1)
+    every_n_epochs: Union[int, None] = Field(None, ge=0)
+    train_time_interval: Union[float, None] = Field(None, gt=0)
+    save_on_train_epoch_end: bool = False
+    save_on_train_end: bool = True
+    save_nemo_on_train_end: bool = False
+    enable_version_counter: bool = True
+    use_master_weights_in_ckpt: bool = False
+    dirpath: Union[str, None] = None
+    prefix: Union[str, None] = None
+
+
+class ExpManagerConfig(Section):
+    exp_dir: Union[str, None] = None
+    name: Union[str, None] = None
+    version: Union[str, int, None] = None
+    explicit_log_dir: Union[str, None] = None
+    use_datetime_version: bool = False
+    log_local_rank_0_only: bool = True
+    log_global_rank_0_only: bool = True
+    create_tensorboard_logger: bool = True
+    create_wandb_logger: bool = False
+    create_mlflow_logger: bool = False
+    summary_writer_kwargs: dict[str, Any] = Field(default_factory=dict)
+    metrics_file: str = "metrics.jsonl"
+    resume_if_exists: bool = False
+    resume_ignore_no_checkpoint: bool = True
+    resume_past_end: bool = False
+    resume_from_checkpoint: Union[str, None] = None
+    create_checkpoint_callback: bool = True
+    checkpoint_callback_params: CheckpointCallbackParams = Field(default_factory=CheckpointCallbackParams)
+    log_parameter_norm: bool = False
+    log_gradient_norm: bool = True
+    log_step_timing: bool = True
+    enable_recovery_time_instrumentation: bool = False
+    save_xser: bool = False
+    load_xser: bool = False
+    save_bf16: bool = False
+    async_checkpointing: bool = False
+    checkpoint_format: str = "torch"
+    ckpt_ptl_version: Union[str, None] = None
+    peak_tflops_per_device: Union[float, None] = Field(None, gt=0, description="for MFU; null: backend default")
+    disable_validation_on_resume: bool = False
+    files_to_copy: list[str] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- distributed_strategy
+class DistributedStrategyConfig(Section):
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    virtual_pipeline_model_parallel_size: Union[int, None] = Field(1, ge=1)
+    pipeline_model_parallel_split_rank: Union[int, None] = None
+    pipeline_schedule: Union[str, None] = None
+    context_parallel_size: int = Field(1, ge=1)
+    expert_model_parallel_size: int = Field(1, ge=1)
+    token_shuffle_group_size: int = Field(1, ge=1)
+    sequence_parallel: bool = False
+    zero1: bool = False
+    kv_replicator: Union[int, None] = Field(None, ge=1)
+
+
+# --------------------------------------------------------------------------- data
+class TokenizerConfig(Section):
+    library: Union[str, None] = None
+    type: Union[str, None] = None
+    model: Union[str, None] = None
+    vocab_file: Union[str, None] = None
+    merge_file: Union[str, None] = None
+    delimiter: Union[str, None] = None
+    sentencepiece_legacy: bool = False
+    use_fast: bool = True
+
+
+class DataConfig(Section):
+    """Common keys are typed here; the rest belongs to the selected data module, whose
+    ``validate(config)`` checks it before launch."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, protected_namespaces=())
+
+    module: Union[str, None] = Field(None, description="data module name; null: chosen from model_source")
+    micro_batch_size: int = Field(1, ge=1)
+    global_batch_size: int = Field(1, ge=1)
+    seq_length: Union[int, None] = Field(None, ge=1)
+    tokenizer: Union[str, TokenizerConfig, None] = Field(None, description="tokenizer path, or NxDT's section (type = path)")
+    prepare: Union[Literal["quickstart"], None] = Field(None, description="build the embedded corpus before launch")
+    prepare_dir: Union[str, None] = Field(None, description="cache folder for data.prepare (default ~/.cache/nxd)")
+
+
+# --------------------------------------------------------------------------- model
+class SchedConfig(Section):
+    name: str = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    max_steps: Union[int, None] = Field(None, ge=1, description="null: trainer.max_steps")
+    min_lr: float = Field(0.0, ge=0)
+    constant_steps: int = Field(0, ge=0)
+
+
+class OptimConfig(Section):
+    name: str = "adamw"
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    momentum: float = Field(0.0, ge=0)
+    capturable: bool = False
+    sched: SchedConfig = Field(default_factory=SchedConfig)
+
+
+class FusionsConfig(Section):
+    softmax: bool = False
+    flash_attention: bool = False
+    ring_attention: bool = False
+
+
+class MoEConfig(Section):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+    num_experts: int = Field(1, ge=1)
+
+
+class ModelConfig(Section):
+    architecture: str = Field("llama", description="registered model name (nxd.get_model)")
+    preset: Union[str, None] = Field(None, description="a preset of the model plugin, e.g. llama3-8b")
+    # NxDT calls this key ``model_config``, a name pydantic reserves: stored as hf_config.
+    hf_config: Union[str, dict[str, Any], None] = Field(None, alias="model_config", description="HF config.json path or dict")
+    encoder_seq_length: Union[int, None] = Field(None, ge=1)
+    max_position_embeddings: Union[int, None] = Field(None, ge=1)
+    num_layers: Union[int, None] = Field(None, ge=1)
+    hidden_size: Union[int, None] = Field(None, ge=1)
+    ffn_hidden_size: Union[int, None] = Field(None, ge=1)
+    num_attention_heads: Union[int, None] = Field(None, ge=1)
+    num_kv_heads: Union[int, None] = Field(None, ge=1)
+    kv_channels: Union[int, None] = Field(None, ge=1)
+    vocab_size: Union[int, None] = Field(None, ge=1)
+    rope_theta: Union[float, None] = Field(None, gt=0)
+    layernorm_epsilon: Union[float, None] = Field(None, gt=0)
+    share_embeddings_and_output_weights: Union[bool, None] = None
+    init_method_std: Union[float, None] = Field(None, gt=0)
+    qkv_linear: bool = True
+    fuse_qkv: bool = True
+    transpose_nki_inputs: bool = True
+    pipeline_cuts: Union[list[str], None] = None
+    use_cpu_initialization: bool = True
+    weight_init_only: bool = False
+    activations_checkpoint_granularity: Union[Literal["selective", "full"], None] = None
+    activations_checkpoint_recompute: Union[list[str], None] = None
+    fusions: FusionsConfig = Field(default_factory=FusionsConfig)
+    do_layer_norm_weight_decay: bool = False
+    hidden_dropout: float = Field(0.0, ge=0, le=1)
+    attention_dropout: float = Field(0.0, ge=0, le=1)
+    ffn_dropout: float = Field(0.0, ge=0, le=1)
+    normalization: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    activation: Literal["swiglu", "gelu"] = "swiglu"
+    position_embedding_type: Literal["rope", "learned_absolute"] = "rope"
+    make_vocab_size_divisible_by: int = Field(1, ge=1)
+    moe: Union[MoEConfig, None] = None
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+
+
+# --------------------------------------------------------------------------- precision
+class PrecisionConfig(Section):
+    type: Literal["fp32", "autocast", "bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR",
+                  "manual"] = "fp32"
+    master_weights: Union[bool, None] = None
+    fp32_grad_acc: Union[bool, None] = None
+    xla_use_bf16: Union[bool, int, None] = None
+    xla_downcast_bf16: Union[bool, int, None] = None
+    neuron_rt_stochastic_rounding_en: Union[bool, int, None] = None
+    fp32_grads_cc: bool = False
+    parallel_layers_reduce_dtype: Literal["bf16", "fp32"] = "fp32"
+
+
+# --------------------------------------------------------------------------- model_alignment_strategy
+class SFTConfig(Section):
+    packing: bool = True
+
+
+class PEFTConfig(Section):
+    lora_rank: int = Field(16, ge=1)
+    lora_alpha: float = Field(32, gt=0)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_bias: Literal["none", "all", "lora_only"] = "none"
+    lora_verbose: bool = False
+    target_modules: Union[list[str], None] = None
+    load_lora_from_ckpt: bool = False
+    save_lora_base: bool = False
+    merge_lora: bool = False
+    save_lora_config_adapter: bool = True
+    merge_sharded_lora: bool = False
+
+
+class ModelAlignmentConfig(Section):
+    sft: Union[SFTConfig, None] = None
+    peft: Union[PEFTConfig, None] = None
+    dpo: Union[dict[str, Any], None] = None
+    orpo: Union[dict[str, Any], None] = None
+
+
+# --------------------------------------------------------------------------- nxd additions
+class LauncherConfig(Section):
+    """How ``nxd train`` starts ranks through torchrun (multi-node: one command per node)."""
+
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: Union[str, None] = Field(None, description="host:port of the rendezvous; null: standalone")
+    rdzv_id: Union[str, None] = None
+    node_rank: Union[int, None] = Field(None, ge=0)
+    max_restarts: int = Field(0, ge=0)
+    monitor_interval: float = Field(1.0, gt=0)
+    nproc_per_node: Union[int, None] = Field(None, ge=1, description="null: trainer.devices")
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class GenerationConfig(Section):
+    """Samples printed at the end of training (greedy unless do_sample)."""
+
+    prompts: list[str] = Field(default_factory=list)
+    max_new_tokens: int = Field(32, ge=1)
+    do_sample: bool = False
+    temperature: float = Field(1.0, gt=0)
+    top_k: Union[int, None] = Field(None, ge=1)
+
+
+class TrainingConfig(Section):
+    name: str = "nxd_run"
+    model_source: Literal["hf", "megatron"] = "hf"
+    seed: int = Field(1234, ge=0)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    exp_manager: ExpManagerConfig = Field(default_factory=ExpManagerConfig)
+    distributed_strategy: DistributedStrategyConfig = Field(default_factory=DistributedStrategyConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
+    model_alignment_strategy: Union[ModelAlignmentConfig, None] = None
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+    generation: Union[GenerationConfig, None] = None
+    # NxDT passed these to the Neuron runtime/compiler through environment variables.
+    compiler_flags: Union[str, None] = None
+    compiler_cache_url: Union[str, None] = None
+    aync_exec_max_inflight_requests: Union[int, None] = Field(None, ge=1)
+    bucket_size_collectives: Union[int, None] = Field(None, ge=1)
+    neuron_rt_exec_timeout: Union[int, None] = Field(None, ge=1)
+    neuron_experimental_compress_rg: bool = False

@@ -1,0 +1,119 @@
+"""Experiment manager: the run directory, metric sinks (JSONL + TensorBoard) and checkpoint policy.
+
+Layout (NeMo/NxDT): ``exp_dir/name/version/`` holding ``config.yaml``, ``metrics.jsonl``,
+TensorBoard event files and ``checkpoints/<tag>/``. ``explicit_log_dir`` replaces the whole path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from nxd_training.config.schema import TrainingConfig
+
+DEFAULT_EXP_DIR = "nxd_experiments"
+_VERSION = re.compile(r"^version_(\d+)$")
+
+
+def _versions(base: Path) -> list[int]:
+    if not base.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in base.iterdir() if p.is_dir() and (m := _VERSION.match(p.name)))
+
+
+def resolve_log_dir(config: TrainingConfig) -> Path:
+    """Where this run writes. With ``resume_if_exists`` and no explicit version, the newest
+    existing ``version_N`` is reused so an interrupted run continues in place."""
+    em = config.exp_manager
+    if em.explicit_log_dir:
+        return Path(em.explicit_log_dir)
+    base = Path(em.exp_dir or DEFAULT_EXP_DIR) / (em.name or config.name)
+    if em.version is not None:
+        return base / str(em.version)
+    if em.use_datetime_version:
+        return base / time.strftime("%Y-%m-%d_%H-%M-%S")
+    versions = _versions(base)
+    if em.resume_if_exists and versions:
+        return base / f"version_{versions[-1]}"
+    return base / f"version_{versions[-1] + 1 if versions else 0}"
+
+
+def checkpoint_dir(config: TrainingConfig, log_dir: Path) -> Path:
+    dirpath = config.exp_manager.checkpoint_callback_params.dirpath
+    return Path(dirpath) if dirpath else log_dir / "checkpoints"
+
+
+def checkpoint_tag(config: TrainingConfig, step: int, consumed_samples: int, epoch: int) -> str:
+    params = config.exp_manager.checkpoint_callback_params
+    tag = params.filename.format(name=config.name, step=step, consumed_samples=consumed_samples, epoch=epoch)
+    return (params.prefix or "") + tag
+
+
+def should_save(config: TrainingConfig, step: int, last_save_time: float, now: float) -> bool:
+    params = config.exp_manager.checkpoint_callback_params
+    if not config.exp_manager.create_checkpoint_callback:
+        return False
+    if params.every_n_train_steps and step % params.every_n_train_steps == 0:
+        return True
+    return bool(params.train_time_interval and now - last_save_time >= params.train_time_interval)
+
+
+def kept_checkpoints(config: TrainingConfig) -> int | None:
+    """``save_top_k`` (monitor=step, mode=max: the newest K) -> nxd-ckpt's ``num_kept_ckpts``."""
+    k = config.exp_manager.checkpoint_callback_params.save_top_k
+    return None if k < 0 else max(k, 1)
+
+
+class MetricsLogger:
+    """Rank 0's metric sinks: one JSON object per line in ``metrics.jsonl`` and TensorBoard scalars."""
+
+    def __init__(self, config: TrainingConfig, log_dir: Path, enabled: bool) -> None:
+        self.enabled = enabled
+        self.path = log_dir / config.exp_manager.metrics_file
+        self._writer: Any = None
+        self._file: Any = None
+        if not enabled:
+            return
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", buffering=1)
+        if config.exp_manager.create_tensorboard_logger:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(log_dir), **config.exp_manager.summary_writer_kwargs)
+
+    def log(self, step: int, metrics: dict[str, float | int], prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "split": prefix, "time": time.time(), **metrics}
+        self._file.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._writer.add_scalar(f"{prefix}/{key}", value, step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_metrics(run_dir: str | Path, split: str = "train", filename: str = "metrics.jsonl") -> list[dict[str, Any]]:
+    """The records of one run (the last record wins when a resumed run logged a step twice)."""
+    path = Path(run_dir)
+    if path.is_dir():
+        path = path / filename
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            if record.get("split") == split:
+                by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]

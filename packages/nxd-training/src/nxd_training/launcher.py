@@ -1,0 +1,62 @@
+"""Start the ranks of a run: in this process for one device, otherwise through torchrun.
+
+The config is validated and written to ``<log_dir>/config.yaml`` first; every rank reads that
+file (``python -m nxd_training.worker``), so all ranks see the same resolved config and log dir.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from nxd_training.config.loader import dump_config
+from nxd_training.config.schema import TrainingConfig
+
+
+def torchrun_command(config: TrainingConfig, config_path: Path) -> list[str]:
+    """The ``python -m torch.distributed.run`` command line for this config (no fixed ports:
+    single-node runs use a c10d rendezvous on a free port)."""
+    lc, tr = config.launcher, config.trainer
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc-per-node={lc.nproc_per_node or tr.devices}",
+        f"--nnodes={tr.num_nodes}",
+        f"--max-restarts={lc.max_restarts}",
+        f"--monitor-interval={lc.monitor_interval}",
+        f"--rdzv-backend={lc.rdzv_backend}",
+        f"--rdzv-endpoint={lc.rdzv_endpoint or '127.0.0.1:0'}",
+        f"--rdzv-id={lc.rdzv_id or uuid.uuid4().hex}",
+    ]
+    if lc.node_rank is not None:
+        cmd.append(f"--node-rank={lc.node_rank}")
+    cmd += list(lc.extra_args)
+    cmd += ["--module", "nxd_training.worker", str(config_path)]
+    return cmd
+
+
+def write_run_config(config: TrainingConfig, log_dir: Path) -> Path:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    pinned = config.model_copy(deep=True)
+    pinned.exp_manager.explicit_log_dir = str(log_dir.resolve())
+    path = log_dir / "config.yaml"
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(dump_config(pinned))
+    os.replace(tmp, path)
+    return path
+
+
+def launch(config: TrainingConfig, log_dir: Path) -> int:
+    """Run training; returns the exit code (torchrun's for multi-rank runs)."""
+    config_path = write_run_config(config, log_dir)
+    if config.trainer.devices * config.trainer.num_nodes == 1:
+        from nxd_training.loop import train
+
+        train(config, log_dir=log_dir)
+        return 0
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return subprocess.call(torchrun_command(config, config_path), env=env)

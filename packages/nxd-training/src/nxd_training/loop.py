@@ -1,0 +1,329 @@
+"""The training loop one rank runs: build, (auto-)resume, step, validate, log, checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import nxd
+from nxd import ConfigError
+from nxd_training import build, metrics
+from nxd_training.config.plan import RunPlan, make_plan
+from nxd_training.config.schema import TrainingConfig
+from nxd_training.exp_manager import (
+    MetricsLogger,
+    checkpoint_dir,
+    checkpoint_tag,
+    kept_checkpoints,
+    resolve_log_dir,
+    should_save,
+)
+from nxd_training.runtime import ensure_process_group, seed_everything, select_backend
+
+#: batch keys the model's forward takes (a data module may add others, e.g. segment_ids)
+MODEL_INPUTS = ("input_ids", "labels", "position_ids", "attention_mask", "loss_mask")
+
+
+@dataclass
+class TrainResult:
+    """What a rank returns: per-step global losses of this invocation and where it stopped."""
+
+    log_dir: str
+    start_step: int
+    final_step: int
+    losses: dict[int, float] = field(default_factory=dict)
+    valid_losses: dict[int, float] = field(default_factory=dict)
+    resumed_from: str | None = None
+    samples: list[str] = field(default_factory=list)
+    wall_time_s: float = 0.0
+
+
+def parse_max_time(value: str | float | None) -> float | None:
+    """Seconds from ``trainer.max_time``: a number, or NeMo's ``DD:HH:MM:SS``."""
+    if value is None or isinstance(value, (int, float)):
+        return None if value is None else float(value)
+    parts = value.split(":")
+    if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError(f"trainer.max_time must be seconds or DD:HH:MM:SS, got {value!r}")
+    d, h, m, s = (int(p) for p in parts)
+    return float(((d * 24 + h) * 60 + m) * 60 + s)
+
+
+class Trainer:
+    """One rank's training run (created by :func:`train`)."""
+
+    def __init__(self, config: TrainingConfig, log_dir: Path | None = None) -> None:
+        self.config = config
+        self.plan: RunPlan = make_plan(config)
+        self.backend = select_backend(config)
+        self.owns_group = ensure_process_group(self.plan.world_size, self.backend)
+        self.rank = dist.get_rank()
+        self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
+        self.ckpt_dir = checkpoint_dir(config, self.log_dir)
+        seed_everything(config.seed)
+        self.nxd_config = build.nxd_config(config, self.plan)
+        from nxd_core_parallel import parallel_state
+        from nxd_core_parallel.backends import get_device
+        from nxd_core_parallel.parallel_layers.random import model_parallel_manual_seed
+
+        self.ps = parallel_state
+        self.device = get_device()
+        model_parallel_manual_seed(config.seed)
+        model_config = build.model_config_for_rank(config, self.plan)
+        self.model = nxd.initialize_parallel_model(self.nxd_config, self.plan.spec.build, model_config, self.nxd_config)
+        self.optimizer = build.build_optimizer(config, self.nxd_config, self.model)
+        self.scheduler = build.build_scheduler(config, self.optimizer)
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.data = build.build_data(config, self.plan, self.dp_rank)
+        self.step = 0
+        self.logger = MetricsLogger(config, self.log_dir, enabled=self.rank == 0)
+        self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config)
+        self.peak = metrics.peak_tflops(self.backend, config.exp_manager.peak_tflops_per_device)
+        self.tokens_per_step = config.data.global_batch_size * self.plan.seq_length
+
+    # ------------------------------------------------------------------ resume
+    def _data_states(self) -> list[Any]:
+        """Every DP rank's data position (saved together: user_content is written once)."""
+        states: list[Any] = [None] * self.plan.dp
+        dist.all_gather_object(states, self.data.state_dict(), group=self.dp_group)
+        return states
+
+    def resume(self) -> str | None:
+        em = self.config.exp_manager
+        path = str(self.ckpt_dir)
+        if em.resume_if_exists and self.ckpt_dir.exists() and nxd.has_checkpoint(path):
+            content = nxd.load_checkpoint(path, tag=None, model=self.model, optimizer=self.optimizer,
+                                          scheduler=self.scheduler)
+            self._restore(content)
+            return f"{path} (step {self.step})"
+        if em.resume_if_exists and not em.resume_ignore_no_checkpoint:
+            raise ConfigError(f"exp_manager.resume_if_exists: no complete checkpoint in {path} "
+                              "(set resume_ignore_no_checkpoint: true to start fresh)")
+        if em.resume_from_checkpoint:
+            source = Path(em.resume_from_checkpoint)
+            weights_only = self.config.model.weight_init_only
+            content = nxd.load_checkpoint(str(source.parent), tag=source.name, model=self.model,
+                                          optimizer=None if weights_only else self.optimizer,
+                                          scheduler=None if weights_only else self.scheduler)
+            if not weights_only:
+                self._restore(content)
+            return str(source)
+        return None
+
+    def _restore(self, content: Any) -> None:
+        if not isinstance(content, dict) or "step" not in content:
+            raise ConfigError(f"checkpoint in {self.ckpt_dir} has no training position (user_content.step); "
+                              "was it written by nxd train?")
+        self.step = int(content["step"])
+        states = content.get("data")
+        if states:
+            if len(states) != self.plan.dp:
+                raise ConfigError(f"checkpoint was written with {len(states)} data-parallel ranks, this run has "
+                                  f"{self.plan.dp}: the data position cannot continue exactly")
+            self.data.load_state_dict(states[self.dp_rank])
+
+    # ------------------------------------------------------------------ steps
+    def _batch(self, it: Iterator[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        batch = next(it)
+        return {k: v.to(self.device) for k, v in batch.items() if k in MODEL_INPUTS}
+
+    def _autocast(self) -> Any:
+        if self.config.precision.type == "autocast":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _dp_mean(self, value: torch.Tensor) -> float:
+        value = value.detach().float().clone()
+        if self.plan.pp > 1:  # only the last stage holds the loss; the others add zero
+            if not self.ps.is_pipeline_last_stage():
+                value.zero_()
+            dist.all_reduce(value, group=self.ps.get_pipeline_model_parallel_group())
+        if self.plan.dp > 1:
+            dist.all_reduce(value, group=self.dp_group)
+            value /= self.plan.dp
+        return float(value)
+
+    def train_step(self, it: Iterator[dict[str, torch.Tensor]]) -> float:
+        self.model.train()
+        num_mb = self.plan.num_microbatches
+        if self.plan.pp > 1:
+            parts = [self._batch(it) for _ in range(num_mb)]
+            batch = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            with self._autocast():
+                total = self.model.run_train(**batch).detach()
+        else:
+            total = torch.zeros((), device=self.device)
+            for _ in range(num_mb):
+                batch = self._batch(it)
+                with self._autocast():
+                    loss = self.model(**batch).loss
+                (loss / num_mb).backward()
+                total += loss.detach().float() / num_mb
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._dp_mean(total)
+
+    @torch.no_grad()
+    def validate(self) -> float | None:
+        limit = self.config.trainer.limit_val_batches
+        count_fn = getattr(self.data, "num_valid_batches", None)
+        available = count_fn() if callable(count_fn) else None
+        if isinstance(limit, float):
+            if limit <= 0:
+                return None
+            cap = None if available is None else max(1, int(available * limit))
+        else:
+            cap = limit
+        if cap == 0:
+            return None
+        self.model.eval()
+        total, n = torch.zeros((), device=self.device), 0
+        for batch in self.data.valid_batches():
+            if cap is not None and n >= cap:
+                break
+            batch = {k: v.to(self.device) for k, v in batch.items() if k in MODEL_INPUTS}
+            with self._autocast():
+                if self.plan.pp > 1:
+                    loss = self.model.run_eval(**batch)
+                else:
+                    loss = self.model(**batch).loss
+            total += loss.detach().float()
+            n += 1
+        self.model.train()
+        if n == 0:
+            return None
+        return self._dp_mean(total / n)
+
+    def save(self, wall_start: float) -> None:
+        consumed = self.step * self.config.data.global_batch_size
+        tag = checkpoint_tag(self.config, self.step, consumed, 0)
+        content = {"step": self.step, "consumed_samples": consumed, "data": self._data_states(),
+                   "config_name": self.config.name}
+        em = self.config.exp_manager
+        nxd.save_checkpoint(
+            str(self.ckpt_dir), tag=tag, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            user_content=content, num_kept_ckpts=kept_checkpoints(self.config), async_save=em.async_checkpointing,
+            zero1_optimizer=self.config.distributed_strategy.zero1, format=em.checkpoint_format,
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def _max_steps(self) -> int:
+        tr = self.config.trainer
+        steps = tr.max_steps if tr.max_steps > 0 else None
+        if tr.max_epochs > 0:
+            info = getattr(self.data, "info", {}) or {}
+            samples = sum(d.get("train_samples", 0) for d in info.get("datasets", []))
+            if not samples:
+                raise ConfigError("trainer.max_epochs needs a data module that reports its size; use trainer.max_steps")
+            by_epochs = tr.max_epochs * max(1, samples // self.config.data.global_batch_size)
+            steps = by_epochs if steps is None else min(steps, by_epochs)
+        return steps if steps is not None else 2**62
+
+    def _stop_for_time(self, start: float, limit: float | None) -> bool:
+        if limit is None:
+            return False
+        flag = torch.tensor([1.0 if time.monotonic() - start >= limit else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def fit(self) -> TrainResult:
+        wall_start = time.monotonic()
+        resumed = self.resume()
+        result = TrainResult(str(self.log_dir), self.step, self.step, resumed_from=resumed)
+        max_steps, tr = self._max_steps(), self.config.trainer
+        max_time = parse_max_time(tr.max_time)
+        val_every = int(tr.val_check_interval)
+        if self.rank == 0 and resumed:
+            print(f"nxd train: resumed from {resumed}", flush=True)
+        bar = self._progress(max_steps)
+        it = iter(self.data.train_batches())
+        last_save = time.monotonic()
+        try:
+            while self.step < max_steps:
+                t0 = time.perf_counter()
+                lr = self.optimizer.param_groups[0]["lr"]
+                loss = self.train_step(it)
+                self.step += 1
+                elapsed = time.perf_counter() - t0
+                result.losses[self.step] = loss
+                if self.step % tr.log_every_n_steps == 0 or self.step == max_steps:
+                    self._log(loss, lr, elapsed)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
+                if val_every and self.step % val_every == 0:
+                    vloss = self.validate()
+                    if vloss is not None:
+                        result.valid_losses[self.step] = vloss
+                        self.logger.log(self.step, {"loss": vloss}, prefix="valid")
+                if should_save(self.config, self.step, last_save, time.monotonic()):
+                    self.save(wall_start)
+                    last_save = time.monotonic()
+                if self._stop_for_time(wall_start, max_time):
+                    break
+            params = self.config.exp_manager.checkpoint_callback_params
+            saved_now = params.every_n_train_steps and self.step % params.every_n_train_steps == 0
+            if (self.config.exp_manager.create_checkpoint_callback and params.save_on_train_end
+                    and self.step > result.start_step and not saved_now):
+                self.save(wall_start)
+            if self.config.exp_manager.create_checkpoint_callback:
+                nxd.finalize_checkpoint()
+        finally:
+            if bar is not None:
+                bar.close()
+            self.logger.close()
+        result.final_step = self.step
+        result.wall_time_s = time.monotonic() - wall_start
+        if self.config.generation is not None and self.config.generation.prompts:
+            from nxd_training.samples import generate_samples
+
+            result.samples = generate_samples(self.config, self.model)
+        return result
+
+    def _progress(self, total: int) -> Any:
+        if self.rank != 0 or not self.config.trainer.enable_progress_bar:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total if total < 2**62 else None, initial=self.step, desc=self.config.name,
+                    unit="step", dynamic_ncols=True, mininterval=0.5)
+
+    def _log(self, loss: float, lr: float, elapsed: float) -> None:
+        tokens_per_s = self.tokens_per_step / max(elapsed, 1e-9)
+        record: dict[str, float | int] = {
+            "loss": loss, "lr": lr, "step_time_s": elapsed, "tokens_per_s": tokens_per_s,
+            "samples_per_s": self.config.data.global_batch_size / max(elapsed, 1e-9),
+            "consumed_samples": self.step * self.config.data.global_batch_size,
+            "peak_memory_mb": metrics.peak_memory_mb(self.backend),
+        }
+        grad_norm = getattr(self.optimizer, "grad_norm", None)
+        if grad_norm is not None and self.config.exp_manager.log_gradient_norm:
+            record["grad_norm"] = float(grad_norm)
+        value = metrics.mfu(tokens_per_s, self.fpt, self.peak, self.plan.world_size)
+        if value is not None:
+            record["mfu"] = value
+        self.logger.log(self.step, record)
+
+    def close(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                self.ps.destroy_model_parallel()
+            dist.destroy_process_group()
+
+
+def train(config: TrainingConfig, log_dir: str | Path | None = None) -> TrainResult:
+    """Run training on this rank (call it on every rank; one rank needs no launcher)."""
+    trainer = Trainer(config, Path(log_dir) if log_dir is not None else None)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()

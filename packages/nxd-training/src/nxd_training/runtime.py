@@ -1,0 +1,53 @@
+"""Per-rank runtime setup: process group, backend selection and seeding."""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from nxd import ConfigError
+from nxd_training.config.schema import TrainingConfig
+
+
+def select_backend(config: TrainingConfig) -> str:
+    """``trainer.accelerator`` -> the nxd backend name; exported as ``NXD_BACKEND`` for this
+    process (the config, not the caller's environment, decides)."""
+    choice = config.trainer.accelerator
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.accelerator=cuda but no CUDA device is visible; use cpu or auto")
+    os.environ["NXD_BACKEND"] = choice
+    return choice
+
+
+def ensure_process_group(world_size: int, backend: str) -> bool:
+    """Initialise the default process group unless the caller did; returns True when we did.
+    torchrun provides RANK/WORLD_SIZE/MASTER_*; a one-rank run needs no rendezvous at all."""
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise ConfigError(
+                f"the process group has {dist.get_world_size()} ranks but the config asks for {world_size} "
+                "(trainer.devices x trainer.num_nodes)"
+            )
+        return False
+    pg_backend = {"cpu": "gloo", "cuda": "nccl", "xla": "xla"}[backend]
+    if world_size == 1 and "RANK" not in os.environ:
+        dist.init_process_group(pg_backend, store=dist.HashStore(), rank=0, world_size=1)
+        return True
+    env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    if env_world != world_size:
+        raise ConfigError(f"launched with WORLD_SIZE={env_world} but the config asks for {world_size} ranks")
+    dist.init_process_group(pg_backend, timeout=timedelta(minutes=10))
+    return True
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)

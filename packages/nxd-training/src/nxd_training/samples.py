@@ -1,0 +1,38 @@
+"""Text samples from the trained model at the end of a run (every rank calls: generation is a
+collective under tensor parallelism); rank 0 prints them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nxd_training.config.plan import tokenizer_path
+from nxd_training.config.schema import TrainingConfig
+
+
+def generate_samples(config: TrainingConfig, model: Any) -> list[str]:
+    gen = config.generation
+    path = tokenizer_path(config)
+    if gen is None or not gen.prompts or path is None:
+        return []
+    from nxd_data.tokenizers import load_tokenizer
+    from nxd_models_llama import generate
+
+    tokenizer = load_tokenizer(path)
+    generator = torch.Generator().manual_seed(config.seed)
+    texts = []
+    for prompt in gen.prompts:
+        ids = tokenizer.encode(prompt)
+        if tokenizer.bos_id is not None and (not ids or ids[0] != tokenizer.bos_id):
+            ids = [tokenizer.bos_id, *ids]
+        out = generate(model, torch.tensor([ids], dtype=torch.long), gen.max_new_tokens, do_sample=gen.do_sample,
+                       temperature=gen.temperature, top_k=gen.top_k, eos_token_id=tokenizer.eos_id, generator=generator)
+        new = [t for t in out[0, len(ids):].tolist() if t != tokenizer.eos_id]
+        texts.append(prompt + tokenizer.decode(new))
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print("\n--- samples ---", flush=True)
+        for text in texts:
+            print(repr(text), flush=True)
+    return texts

@@ -1,0 +1,95 @@
+"""Learning-rate schedules (NxDT / NeMo names) as ``torch.optim.lr_scheduler.LambdaLR``.
+
+Each schedule is a pure function ``lr_at(step) -> lr`` so tests can check values directly; the
+scheduler multiplies the optimizer's base lr by ``lr_at(step) / base_lr``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+LrFn = Callable[[int], float]
+
+
+def _warmup(step: int, lr: float, warmup: int) -> float | None:
+    # step counts from 0 before the first optimizer step; warmup reaches lr at step == warmup
+    if warmup > 0 and step < warmup:
+        return lr * (step + 1) / (warmup + 1)
+    return None
+
+
+def constant(lr: float, warmup_steps: int = 0, **_: object) -> LrFn:
+    def lr_at(step: int) -> float:
+        value = _warmup(step, lr, warmup_steps)
+        return lr if value is None else value
+
+    return lr_at
+
+
+def linear(lr: float, max_steps: int, warmup_steps: int = 0, min_lr: float = 0.0, constant_steps: int = 0) -> LrFn:
+    """Warmup, hold for ``constant_steps``, then linear decay to ``min_lr`` at ``max_steps``
+    (NxDT's LinearAnnealingWithWarmUp)."""
+
+    def lr_at(step: int) -> float:
+        value = _warmup(step, lr, warmup_steps)
+        if value is not None:
+            return value
+        start = warmup_steps + constant_steps
+        if step < start:
+            return lr
+        span = max(1, max_steps - start)
+        frac = min(1.0, (step - start) / span)
+        return lr - (lr - min_lr) * frac
+
+    return lr_at
+
+
+def cosine(lr: float, max_steps: int, warmup_steps: int = 0, min_lr: float = 0.0, constant_steps: int = 0) -> LrFn:
+    """Warmup, hold, then half-cosine from ``lr`` to ``min_lr`` at ``max_steps`` (NeMo's CosineAnnealing)."""
+
+    def lr_at(step: int) -> float:
+        value = _warmup(step, lr, warmup_steps)
+        if value is not None:
+            return value
+        start = warmup_steps + constant_steps
+        if step < start:
+            return lr
+        span = max(1, max_steps - start)
+        frac = min(1.0, (step - start) / span)
+        return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+    return lr_at
+
+
+#: YAML name -> schedule factory (NxDT and NeMo spellings, plus short names)
+SCHEDULES: dict[str, Callable[..., LrFn]] = {
+    "constant": constant,
+    "Constant": constant,
+    "ConstantLR": constant,
+    "linear": linear,
+    "LinearAnnealingWithWarmUp": linear,
+    "LinearAnnealing": linear,
+    "cosine": cosine,
+    "CosineAnnealing": cosine,
+}
+
+
+def schedule_names() -> list[str]:
+    return list(SCHEDULES)
+
+
+def make_lr_fn(name: str, lr: float, max_steps: int | None, warmup_steps: int = 0, min_lr: float = 0.0,
+               constant_steps: int = 0) -> LrFn:
+    factory = SCHEDULES[name]
+    if factory is constant:
+        return constant(lr, warmup_steps=warmup_steps)
+    if max_steps is None:
+        raise ValueError(f"schedule {name!r} needs max_steps (model.optim.sched.max_steps or trainer.max_steps)")
+    return factory(lr, max_steps, warmup_steps=warmup_steps, min_lr=min_lr, constant_steps=constant_steps)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, lr_fn: LrFn, base_lr: float) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_fn(step) / base_lr)

@@ -1,0 +1,22 @@
+"""Entry point of one rank under torchrun: ``python -m nxd_training.worker <run>/config.yaml``."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m nxd_training.worker RUN_DIR/config.yaml", file=sys.stderr)
+        return 2
+    from nxd_training.config.loader import load_config
+    from nxd_training.loop import train
+
+    config = load_config(argv[0])
+    train(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Which processes form this rank's pipeline, from nxd-core-parallel's parallel state when it is
+initialised, else the default group (every rank one stage: tests and scripts without TP/DP)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from nxd.errors import ConfigError
+from nxd_pipeline.comm import PipelineGroup
+
+
+def _parallel_state() -> Any | None:
+    try:
+        from nxd_core_parallel import parallel_state
+    except ImportError:
+        return None
+    is_init = getattr(parallel_state, "model_parallel_is_initialized", None)
+    return parallel_state if is_init is not None and is_init() else None
+
+
+def pipeline_group(pp_size: int) -> PipelineGroup:
+    """This rank's pipeline group; checks it has ``pp_size`` ranks."""
+    if not dist.is_initialized():
+        raise ConfigError(f"pipeline_parallel_size={pp_size} needs torch.distributed to be initialised (torchrun)")
+    state = _parallel_state()
+    if state is not None:
+        group = state.get_pipeline_model_parallel_group()
+        ranks = tuple(dist.get_process_group_ranks(group))
+        rank = state.get_pipeline_model_parallel_rank()
+    else:
+        group, ranks, rank = None, tuple(range(dist.get_world_size())), dist.get_rank()
+    if len(ranks) != pp_size:
+        raise ConfigError(
+            f"pipeline_parallel_size={pp_size} but this rank's pipeline group has {len(ranks)} ranks; "
+            "initialise model parallelism with the same pipeline size (nxd.neuronx_distributed_config)"
+        )
+    return PipelineGroup(group, ranks, rank)
+
+
+def all_pipeline_rank_lists(pg: PipelineGroup) -> list[tuple[int, ...]]:
+    """The global ranks of every pipeline group of the job (NxD layout: pipeline outermost)."""
+    world = dist.get_world_size()
+    stride = world // pg.size
+    groups = [tuple(i + k * stride for k in range(pg.size)) for i in range(stride)]
+    if pg.ranks not in groups:
+        raise RuntimeError(f"pipeline group {pg.ranks} does not follow the pipeline-outermost rank layout")
+    return groups
+
+
+def subgroup(pg: PipelineGroup, pp_ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
+    """A process group joining pipeline ranks ``pp_ranks`` of this rank's pipeline (created
+    collectively for every pipeline of the job; ``None`` where this rank is not a member)."""
+    mine = None
+    for ranks in all_pipeline_rank_lists(pg):
+        members = [ranks[i] for i in pp_ranks]
+        group = dist.new_group(members)
+        if dist.get_rank() in members:
+            mine = group
+    return mine
+
+
+def data_parallel_group() -> dist.ProcessGroup | None:
+    state = _parallel_state()
+    if state is None:
+        return None
+    return state.get_data_parallel_group()

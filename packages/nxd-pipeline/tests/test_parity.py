@@ -1,0 +1,68 @@
+"""Every schedule on real gloo ranks against the unsplit model in one process (fp32)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from nxd_pipeline import NxDPPModel
+from nxd_pipeline.toy import ToyLM, toy_batch
+
+CASES = [  # (schedule, virtual stages, tied embeddings)
+    ("gpipe", 1, False), ("1f1b", 1, True), ("zero_bubble", 1, True), ("interleaved_1f1b", 2, True),
+    ("1f1b", 1, False), ("zero_bubble", 1, False),
+]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def parity_body(pp: int, num_layers: int, microbatches: int) -> dict[str, tuple[float, float, int]]:
+    results = {}
+    for schedule, v, tie in CASES:
+        torch.manual_seed(0)
+        full = ToyLM(num_layers=num_layers, tie_embeddings=tie)
+        reference = copy.deepcopy(full)
+        batch = toy_batch(2 * microbatches, 5)
+        ref_loss = reference(**batch)
+        ref_loss.backward()
+        ref_grads = dict(reference.named_parameters(remove_duplicate=False))
+        model = NxDPPModel(full, pp, {"num_microbatches": microbatches, "schedule": schedule, "virtual_pipeline_size": v})
+        loss = model.run_train(**batch)
+        worst, checked = 0.0, 0
+        for name, param in model.local_module().named_parameters(remove_duplicate=False):
+            assert param.grad is not None, f"{schedule}: no grad for {name}"
+            worst = max(worst, _rel(param.grad, ref_grads[name].grad))
+            checked += 1
+        results[f"{schedule}/v{v}/tie{int(tie)}"] = (_rel(loss, ref_loss.detach()), worst, checked)
+    return results
+
+
+def _check(per_rank: list[dict], total_params: dict[str, int]) -> None:
+    for key in per_rank[0]:
+        loss_diff = max(r[key][0] for r in per_rank)
+        grad_diff = max(r[key][1] for r in per_rank)
+        print(f"{key}: loss rel diff {loss_diff:.2e}, grad rel diff {grad_diff:.2e}")
+        assert loss_diff <= 1e-5, key
+        assert grad_diff <= 1e-5, key
+        # every parameter of the unsplit model was checked on some rank
+        assert sum(r[key][2] for r in per_rank) >= total_params[key.split("/")[2]], key
+
+
+def _param_counts(num_layers: int) -> dict[str, int]:
+    return {f"tie{t}": len(list(ToyLM(num_layers=num_layers, tie_embeddings=bool(t)).named_parameters(remove_duplicate=False)))
+            for t in (0, 1)}
+
+
+def test_every_schedule_pp2_matches_single_process(rank_pool):
+    per_rank = rank_pool(2).run(parity_body, 2, 4, 4)
+    _check(per_rank, _param_counts(4))
+
+
+@pytest.mark.slow
+def test_every_schedule_pp4_matches_single_process(rank_pool):
+    per_rank = rank_pool(4).run(parity_body, 4, 8, 4)
+    _check(per_rank, _param_counts(8))

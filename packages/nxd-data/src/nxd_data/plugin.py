@@ -2,4 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import nxd
+
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
+
+
+@nxd.hookimpl
+def nxd_register_data_modules(registry: Any) -> None:
+    from nxd_data.factories import indexed, sft
+
+    registry.add("indexed", indexed, description="Megatron indexed (.bin/.idx) pretraining data: blends, splits")
+    registry.add("sft", sft, description="JSONL prompt/completion or chat SFT data, packed or padded")
+
+
+@nxd.hookimpl
+def nxd_register_commands(registry: Any) -> None:
+    from nxd_data.cli import DATA_COMMAND
+
+    registry.add("data", DATA_COMMAND)

@@ -1,0 +1,124 @@
+"""Read documents (strings) from text files, JSONL, parquet, or a Hugging Face dataset on disk.
+
+Every error names the file (and line, for JSONL) and what would be valid.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from nxd.errors import ConfigError
+
+FORMATS = ("auto", "text", "jsonl", "parquet", "hf")
+TEXT_MODES = ("file", "line", "paragraph")
+
+
+def detect_format(path: Path) -> str:
+    if path.is_dir():
+        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+            return "hf"
+        raise ConfigError(f"{path} is a directory but not a Hugging Face dataset saved with save_to_disk")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    if suffix == ".parquet":
+        return "parquet"
+    return "text"
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for every non-blank line; a malformed line names file:line."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{lineno}: malformed JSON line ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(record, dict):
+                raise ConfigError(f"{path}:{lineno}: expected a JSON object per line, got {type(record).__name__}")
+            yield lineno, record
+
+
+def field(record: dict[str, Any], key: str, where: str) -> str:
+    if key not in record:
+        raise ConfigError(f"{where}: missing field {key!r} (fields present: {', '.join(sorted(record)) or 'none'})")
+    value = record[key]
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _text_docs(path: Path, mode: str) -> Iterator[str]:
+    text = path.read_text(encoding="utf-8")
+    if mode == "file":
+        yield text
+    elif mode == "line":
+        yield from (line for line in text.splitlines() if line.strip())
+    else:
+        yield from (p.strip("\n") for p in text.split("\n\n") if p.strip())
+
+
+def _parquet_docs(path: Path, key: str) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
+        raise ConfigError(f"{path}: not a readable parquet file ({exc})") from exc
+    if key not in pf.schema_arrow.names:
+        raise ConfigError(f"{path}: missing column {key!r} (columns: {', '.join(pf.schema_arrow.names)})")
+    for batch in pf.iter_batches(columns=[key], batch_size=1024):
+        yield from (v for v in batch.column(0).to_pylist() if v is not None)
+
+
+def _hf_docs(path: Path, key: str, split: str) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(
+            f"{path} is a Hugging Face dataset saved to disk; reading it needs the 'datasets' package: "
+            "pip install datasets (or export it to JSONL/parquet first)"
+        ) from None
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise ConfigError(f"{path}: no split {split!r} (splits: {', '.join(ds)})")
+        ds = ds[split]
+    if key not in ds.column_names:
+        raise ConfigError(f"{path}: missing column {key!r} (columns: {', '.join(ds.column_names)})")
+    for row in ds:
+        yield row[key]
+
+
+def iter_documents(
+    inputs: Sequence[str | Path],
+    fmt: str = "auto",
+    text_key: str = "text",
+    text_mode: str = "file",
+    hf_split: str = "train",
+) -> Iterator[str]:
+    """Documents of ``inputs`` in order. ``text_mode`` splits plain text files: one document per
+    ``file``, per non-blank ``line``, or per blank-line separated ``paragraph``."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"format={fmt!r} is not known; valid: {', '.join(FORMATS)}")
+    if text_mode not in TEXT_MODES:
+        raise ConfigError(f"text_mode={text_mode!r} is not known; valid: {', '.join(TEXT_MODES)}")
+    for raw in inputs:
+        path = Path(raw)
+        if not path.exists():
+            raise ConfigError(f"input {path} does not exist")
+        kind = detect_format(path) if fmt == "auto" else fmt
+        if kind == "text":
+            yield from _text_docs(path, text_mode)
+        elif kind == "jsonl":
+            for lineno, record in read_jsonl(path):
+                yield field(record, text_key, f"{path}:{lineno}")
+        elif kind == "parquet":
+            yield from _parquet_docs(path, text_key)
+        else:
+            yield from _hf_docs(path, text_key, hf_split)

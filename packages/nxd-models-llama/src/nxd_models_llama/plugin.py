@@ -1,5 +1,16 @@
-"""nxd plugin entry point for nxd-models-llama: registers this package's components with the core."""
+"""nxd plugin entry point for nxd-models-llama: registers the ``llama`` model spec."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import nxd
+
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
+
+
+@nxd.hookimpl
+def nxd_register_models(registry: Any) -> None:
+    from nxd_models_llama.spec import SPEC
+
+    registry.add("llama", SPEC, presets=sorted(SPEC.presets))

@@ -1,0 +1,95 @@
+"""A small greedy / sampling ``generate`` for demos and evaluation (optionally with a KV cache)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nxd_core_parallel import parallel_state
+from nxd_core_parallel.parallel_layers import gather_from_tensor_model_parallel_region
+from nxd_models_llama.hf_io import unwrap_model
+from nxd_models_llama.modeling import KVCache
+
+
+@contextmanager
+def sequence_parallel_off(model: nn.Module) -> Iterator[None]:
+    """Run TP layers without sequence parallelism (decoding one token cannot be split over ranks).
+
+    The layers read ``sequence_parallel_enabled`` at call time, so flipping it is enough."""
+    saved = [(m, m.sequence_parallel_enabled) for m in model.modules() if hasattr(m, "sequence_parallel_enabled")]
+    saved_model = [(m, m.sequence_parallel) for m in model.modules() if "sequence_parallel" in vars(m)]
+    try:
+        for m, _ in saved:
+            m.sequence_parallel_enabled = False
+        for m, _ in saved_model:
+            m.sequence_parallel = False
+        yield
+    finally:
+        for m, value in saved:
+            m.sequence_parallel_enabled = value
+        for m, value in saved_model:
+            m.sequence_parallel = value
+
+
+def gather_vocab_logits(vocab_parallel_logits: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary logits from each TP rank's slice (identity at TP=1)."""
+    return gather_from_tensor_model_parallel_region(vocab_parallel_logits)
+
+
+def _next_token(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None,
+                generator: torch.Generator | None) -> torch.Tensor:
+    if not do_sample:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
+             temperature: float = 1.0, top_k: int | None = None, eos_token_id: int | list[int] | None = None,
+             use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Append up to ``max_new_tokens`` tokens to ``input_ids`` ``[batch, prompt]`` (same-length prompts).
+
+    Collective under TP: every TP rank calls it with the same prompt and gets the same tokens
+    (sampled tokens come from TP rank 0). Sequences that emit ``eos_token_id`` are padded with it;
+    generation stops early once all have. Returns ``[batch, prompt + generated]``."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if do_sample and temperature <= 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, prompt_length], got shape {tuple(input_ids.shape)}")
+    module = unwrap_model(model)
+    eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []), dtype=torch.long)
+    tp_group = parallel_state.get_tensor_model_parallel_group() if parallel_state.model_parallel_is_initialized() else None
+    was_training = module.training
+    module.eval()
+    tokens = input_ids
+    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+    cache = KVCache(module.config.num_hidden_layers) if use_cache else None
+    try:
+        with sequence_parallel_off(module):
+            step_input = tokens
+            for _ in range(max_new_tokens):
+                logits = module(step_input, kv_cache=cache).logits[:, -1, :]
+                logits = gather_vocab_logits(logits)
+                nxt = _next_token(logits, do_sample, temperature, top_k, generator)
+                if do_sample and tp_group is not None and dist.get_world_size(tp_group) > 1:
+                    dist.broadcast(nxt, parallel_state.get_tensor_model_parallel_src_rank(), group=tp_group)
+                if eos.numel():
+                    nxt = torch.where(finished, eos[0], nxt)
+                    finished |= torch.isin(nxt, eos)
+                tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+                step_input = nxt[:, None] if use_cache else tokens
+                if eos.numel() and bool(finished.all()):
+                    break
+    finally:
+        module.train(was_training)
+    return tokens

@@ -1,0 +1,290 @@
+"""The Llama decoder on nxd-core-parallel layers (batch-first ``[batch, seq, hidden]``).
+
+Module names follow Hugging Face's ``LlamaForCausalLM`` except where TP fuses projections:
+``self_attn.qkv_proj`` (HF ``q_proj``/``k_proj``/``v_proj``) and ``mlp.gate_up_proj``
+(HF ``gate_proj``/``up_proj``). :mod:`nxd_models_llama.hf_mapping` holds the exact mapping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nxd.errors import ConfigError
+from nxd_core_parallel import parallel_state
+from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_core_parallel.modules.rms_norm import RMSNorm
+from nxd_core_parallel.parallel_layers import (
+    ColumnParallelLinear,
+    ParallelEmbedding,
+    RowParallelLinear,
+    parallel_cross_entropy,
+)
+from nxd_models_llama.attention_mask import build_attention_mask
+from nxd_models_llama.config import LlamaConfig
+from nxd_models_llama.rope import RotaryEmbedding, apply_rotary
+
+#: Batch-first layout: the sequence dimension that sequence parallelism splits.
+SEQUENCE_DIM = 1
+
+
+@dataclass
+class CausalLMOutput:
+    """``loss``: mean over supervised tokens (``None`` without labels); ``logits``:
+    ``[batch, seq, vocab / tp]``, this rank's vocabulary slice."""
+
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+
+
+def kv_size_multiplier_for(config: LlamaConfig, tp: int) -> int:
+    """How many times K/V heads are replicated so that every TP rank holds one whole KV head."""
+    nq, nkv = config.num_attention_heads, config.num_key_value_heads
+    if nq % tp:
+        raise ConfigError(f"num_attention_heads ({nq}) must be divisible by tensor_parallel_size ({tp})")
+    if nkv % tp == 0:
+        return 1
+    if tp % nkv:
+        raise ConfigError(
+            f"tensor_parallel_size {tp} cannot split num_key_value_heads={nkv}: use a size that divides "
+            f"{nkv}, or a multiple of {nkv} (KV heads are then replicated tp/{nkv} times)"
+        )
+    return tp // nkv
+
+
+class KVCache:
+    """Keys and values of past positions, one entry per layer (``[batch, kv_heads, seq, head_dim]``)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer_idx] is not None:
+            k = torch.cat([self.keys[layer_idx], k], dim=2)
+            v = torch.cat([self.values[layer_idx], v], dim=2)
+        self.keys[layer_idx], self.values[layer_idx] = k, v
+        return k, v
+
+
+class LlamaCoreAttention(nn.Module):
+    """softmax(QK^T / sqrt(d)) V through SDPA; the part selective activation checkpointing recomputes."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``q`` ``[b, heads, s_q, d]``, ``k``/``v`` ``[b, kv_heads, s_k, d]``; without a mask,
+        causal when ``s_q == s_k`` and unmasked for single-token decoding."""
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:  # each local KV head serves `groups` consecutive local query heads
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        if attention_mask is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask)
+        q_len, k_len = q.shape[2], k.shape[2]
+        if q_len > 1 and q_len != k_len:
+            raise ValueError(f"attention over {q_len} new tokens and {k_len} keys needs an attention_mask")
+        return F.scaled_dot_product_attention(q, k, v, is_causal=q_len > 1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_idx: int, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        tp = parallel_state.get_tensor_model_parallel_size()
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.kv_size_multiplier = kv_size_multiplier_for(config, tp)
+        self.num_heads = config.num_attention_heads // tp
+        self.num_kv_heads = config.num_key_value_heads * self.kv_size_multiplier // tp
+        init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
+        common = dict(dtype=config.torch_dtype, device=device, init_method=init,
+                      sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM)
+        self.qkv_proj = GQAQKVColumnParallelLinear(
+            config.hidden_size,
+            [config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim],
+            bias=config.attention_bias, gather_output=False, kv_size_multiplier=self.kv_size_multiplier,
+            fuse_qkv=True, **common,
+        )
+        self.core_attention = LlamaCoreAttention()
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * config.head_dim, config.hidden_size, bias=config.attention_bias,
+            input_is_parallel=True, **common,
+        )
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden_states)
+        b, s = q.shape[0], q.shape[1]
+        q = q.view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, k, v)
+        out = self.core_attention(q, k, v, attention_mask)
+        out = out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused in one column-parallel layer."""
+
+    def __init__(self, config: LlamaConfig, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        tp = parallel_state.get_tensor_model_parallel_size()
+        if config.intermediate_size % tp:
+            raise ConfigError(
+                f"intermediate_size ({config.intermediate_size}) must be divisible by tensor_parallel_size ({tp})"
+            )
+        self.local_intermediate = config.intermediate_size // tp
+        init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
+        common = dict(dtype=config.torch_dtype, device=device, init_method=init,
+                      sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM)
+        # stride=2: the full [gate; up] weight is cut in 2*tp row blocks and rank r keeps blocks
+        # r (its gate slice) and tp+r (its up slice), so the local shard is [gate_r; up_r].
+        self.gate_up_proj = ColumnParallelLinear(
+            config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias, gather_output=False,
+            stride=2, **common,
+        )
+        splits = (self.local_intermediate, self.local_intermediate)
+        self.gate_up_proj.weight.fused_splits = splits
+        if self.gate_up_proj.bias is not None:
+            self.gate_up_proj.bias.fused_splits = splits
+        self.down_proj = RowParallelLinear(
+            config.intermediate_size, config.hidden_size, bias=config.mlp_bias, input_is_parallel=True, **common,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.local_intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: ``h + attn(norm(h))`` then ``h + mlp(norm(h))``."""
+
+    def __init__(self, config: LlamaConfig, layer_idx: int, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps,
+                       sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device)
+        self.input_layernorm = norm()
+        self.self_attn = LlamaAttention(config, layer_idx, sequence_parallel, device)
+        self.post_attention_layernorm = norm()
+        self.mlp = LlamaMLP(config, sequence_parallel, device)
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        h = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, attention_mask, kv_cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: LlamaConfig, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.sequence_parallel = sequence_parallel
+        init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
+        self.embed_tokens = ParallelEmbedding(
+            config.vocab_size, config.hidden_size, init_method=init, dtype=config.torch_dtype, device=device,
+            sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
+        )
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, sequence_parallel, device) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, sequence_parallel_enabled=sequence_parallel,
+                            dtype=config.torch_dtype, device=device)
+        self.rotary_emb = RotaryEmbedding(config)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        b, s = input_ids.shape
+        past = kv_cache.length if kv_cache is not None else 0
+        if self.sequence_parallel and s % parallel_state.get_tensor_model_parallel_size():
+            raise ValueError(
+                f"sequence length {s} must be divisible by tensor_parallel_size "
+                f"{parallel_state.get_tensor_model_parallel_size()} with sequence parallelism"
+            )
+        if position_ids is None:
+            position_ids = torch.arange(past, past + s, device=input_ids.device).unsqueeze(0).expand(b, s)
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(position_ids, hidden.dtype)
+        mask = build_attention_mask(attention_mask, b, s, past, hidden.dtype, input_ids.device)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, mask, kv_cache)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama with a vocabulary-parallel LM head and vocabulary-parallel cross-entropy."""
+
+    #: Blocks wrapped by full activation checkpointing and used as pipeline cut points.
+    nxd_transformer_layer_classes = (LlamaDecoderLayer,)
+    #: Recomputed by selective activation checkpointing.
+    nxd_core_attention_classes = (LlamaCoreAttention,)
+
+    def __init__(self, config: LlamaConfig | dict, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        config = LlamaConfig.from_dict(config) if isinstance(config, dict) else config
+        tp = parallel_state.get_tensor_model_parallel_size()
+        if config.vocab_size % tp:
+            raise ConfigError(
+                f"vocab_size ({config.vocab_size}) must be divisible by tensor_parallel_size ({tp}) for the "
+                "vocabulary-parallel embedding and LM head; pad the vocabulary to a multiple of it"
+            )
+        self.config = config
+        self.model = LlamaModel(config, sequence_parallel, device)
+        init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
+        self.lm_head = ColumnParallelLinear(
+            config.hidden_size, config.vocab_size, bias=False, gather_output=False, init_method=init,
+            dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
+            sequence_dimension=SEQUENCE_DIM,
+        )
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.model.sequence_parallel
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                loss_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                segment_ids: torch.Tensor | None = None) -> CausalLMOutput:
+        """``attention_mask``: see :mod:`nxd_models_llama.attention_mask`; ``segment_ids``
+        ``[batch, seq]`` (packed examples, 0 = padding) is used when no ``attention_mask`` is given."""
+        if attention_mask is None and segment_ids is not None:
+            attention_mask = segment_ids
+        hidden = self.model(input_ids, position_ids, attention_mask, kv_cache)
+        logits = self.lm_head(hidden)
+        loss = None if labels is None else causal_lm_loss(logits, labels, loss_mask)
+        return CausalLMOutput(loss=loss, logits=logits)
+
+
+def causal_lm_loss(vocab_parallel_logits: torch.Tensor, labels: torch.Tensor,
+                   loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy over tokens with ``loss_mask == 1`` and ``labels != -100``.
+
+    ``labels`` are already aligned with the logits (no shift here)."""
+    if labels.shape != vocab_parallel_logits.shape[:-1]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape "
+                         f"{tuple(vocab_parallel_logits.shape[:-1])}")
+    keep = labels != -100
+    if loss_mask is not None:
+        if loss_mask.shape != labels.shape:
+            raise ValueError(f"loss_mask shape {tuple(loss_mask.shape)} must equal labels shape {tuple(labels.shape)}")
+        keep = keep & (loss_mask != 0)
+    per_token = parallel_cross_entropy(vocab_parallel_logits, labels.masked_fill(~keep, 0))
+    keep = keep.to(per_token.dtype)
+    # An all-masked batch gives 0 (not NaN) so gradient accumulation stays finite.
+    return (per_token * keep).sum() / keep.sum().clamp(min=1.0)

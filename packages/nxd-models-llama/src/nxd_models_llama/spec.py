@@ -1,0 +1,70 @@
+"""The ``llama`` :class:`nxd.specs.ModelSpec`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from nxd.specs import ModelSpec
+from nxd_models_llama.config import LlamaConfig
+from nxd_models_llama.hf_io import load_hf_checkpoint, save_hf_checkpoint
+from nxd_models_llama.hf_mapping import HF_KEY_MAPPING, HF_MODULE_TO_NXD
+from nxd_models_llama.modeling import LlamaCoreAttention, LlamaDecoderLayer, LlamaForCausalLM
+from nxd_models_llama.presets import PRESETS
+
+#: Attention projections, as in NxDT's LoRA recipes (which target the fused ``qkv_proj``) plus o_proj.
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def config_from_dict(data: dict[str, Any] | LlamaConfig) -> LlamaConfig:
+    """nxd or Hugging Face ``config.json`` keys -> :class:`LlamaConfig`; ``{"preset": name, ...}``
+    starts from a preset and overrides it."""
+    if isinstance(data, dict) and "preset" in data:
+        from nxd_models_llama.presets import preset
+
+        rest = {k: v for k, v in data.items() if k != "preset"}
+        data = preset(data["preset"], **rest)
+    return LlamaConfig.from_dict(data)
+
+
+def build(config: LlamaConfig | dict, nxd_config: dict | None = None) -> nn.Module:
+    """This rank's model for the current parallel state (``sequence_parallel`` from ``nxd_config``)."""
+    cfg = config_from_dict(config) if isinstance(config, dict) else config
+    sequence_parallel = bool(nxd_config and nxd_config.get("sequence_parallel"))
+    return LlamaForCausalLM(cfg, sequence_parallel=sequence_parallel)
+
+
+def flops_per_token(config: LlamaConfig | dict, seq_length: int | None = None) -> float:
+    """Training FLOPs per token: ``6 * matmul parameters`` (forward + backward), plus the attention
+    score/value products ``12 * layers * heads * head_dim * seq_length`` when ``seq_length`` is given."""
+    c = config_from_dict(config) if isinstance(config, dict) else config
+    h, hd = c.hidden_size, c.head_dim
+    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * c.intermediate_size
+    matmul_params = c.num_hidden_layers * per_layer + h * c.vocab_size
+    flops = 6.0 * matmul_params
+    if seq_length:
+        flops += 12.0 * c.num_hidden_layers * q * seq_length
+    return flops
+
+
+SPEC = ModelSpec(
+    name="llama",
+    config_from_dict=config_from_dict,
+    build=build,
+    transformer_layer_classes=(LlamaDecoderLayer,),
+    core_attention_classes=(LlamaCoreAttention,),
+    lora_target_modules=DEFAULT_LORA_TARGETS,
+    load_hf=load_hf_checkpoint,
+    save_hf=save_hf_checkpoint,
+    flops_per_token=flops_per_token,
+    presets=PRESETS,
+    extras={
+        "hf_key_mapping": HF_KEY_MAPPING,
+        "hf_module_to_nxd": HF_MODULE_TO_NXD,
+        "model_class": LlamaForCausalLM,
+        "config_class": LlamaConfig,
+        "sequence_dimension": 1,
+    },
+)

@@ -39,7 +39,7 @@ def capture_rng_state() -> dict[str, Any]:
         state["cuda"] = torch.cuda.get_rng_state_all()
     tracker = _tracker()
     if tracker is not None:
-        state["tracker"] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in tracker.get_states().items()}
+        state["tracker"] = tracker.get_states()
     return state
 
 

@@ -4,8 +4,8 @@ The description comes from nxd-core-parallel's parameter attributes: ``tensor_mo
 ``partition_dim``, ``partition_stride`` (Megatron stride: the full tensor is split into
 ``tp * stride`` chunks and rank ``r`` holds chunks ``r, r + tp, ...``), ``fused_splits`` (the local
 shard concatenates independently sharded pieces of these local sizes) and ``kv_size_multiplier``
-(GQA K/V replicated over TP: ranks ``r`` and ``r + 1 .. r + m - 1`` hold the same K/V heads, so the
-full tensor is made of every ``m``-th rank's shard). For a fused QKV parameter the multiplier
+(GQA K/V replicated over TP, nxd-core-parallel's layout: TP rank ``r`` holds piece
+``r % (tp / m)`` of the real tensor, so the real tensor is the shards of ranks ``0 .. tp/m - 1``). For a fused QKV parameter the multiplier
 applies to the K and V pieces (all pieces but the first).
 """
 
@@ -68,7 +68,7 @@ def global_shape(local_shape: tuple[int, ...], sharding: Sharding | None, tp: in
 
 
 def _merge_piece(shards: list[torch.Tensor], dim: int, stride: int, mult: int) -> torch.Tensor:
-    shards = shards[::mult]
+    shards = shards[: len(shards) // mult]
     if stride == 1:
         return torch.cat(shards, dim=dim)
     chunked = [s.chunk(stride, dim=dim) for s in shards]
@@ -87,7 +87,8 @@ def merge_shards(shards: list[torch.Tensor], sharding: Sharding) -> torch.Tensor
 
 
 def _split_piece(full: torch.Tensor, tp: int, rank: int, dim: int, stride: int, mult: int, name: str) -> torch.Tensor:
-    parts, part_rank = tp // mult, rank // mult
+    parts = tp // mult
+    part_rank = rank % parts if parts else 0
     if parts < 1 or tp % mult:
         raise ValueError(f"{name}: kv_size_multiplier {mult} does not divide tensor parallel size {tp}")
     size = full.shape[dim]

@@ -2,4 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import nxd
+
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
+
+
+@nxd.hookimpl
+def nxd_register_optimizers(registry: Any) -> None:
+    from nxd_zero1.factory import make_zero1_optimizer
+
+    registry.add("zero1", make_zero1_optimizer)
+
+
+@nxd.hookimpl
+def nxd_validate_config(nxd_config: dict) -> None:
+    from nxd_zero1.factory import validate_mixed_precision
+
+    if nxd_config.get("optimizer_config", {}).get("zero_one_enabled"):
+        validate_mixed_precision(nxd_config.get("mixed_precision_config"))

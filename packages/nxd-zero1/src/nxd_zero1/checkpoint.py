@@ -1,0 +1,155 @@
+"""ZeRO-1 optimizer state dicts: one self-describing shard per DP rank, resharded on load.
+
+A shard records the DP size and rank it was saved at and, per param group, the group's unpadded
+``numel`` and the global flat range ``[shard_start, shard_end)`` it holds. Loading at any DP size
+reassembles each rank's new range from the overlapping pieces of the saved shards, so no rank ever
+materialises a full unsharded state.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from nxd_zero1.groups import group_rank
+from nxd_zero1.layout import gather_range
+
+if TYPE_CHECKING:
+    from nxd_zero1.optimizer import NeuronZero1Optimizer
+
+FORMAT_KEY = "nxd_zero1_format"
+FORMAT_VERSION = 1
+
+
+def build_state_dict(opt: NeuronZero1Optimizer) -> dict:
+    inner = opt.optim.state_dict()
+    state, sharded = {}, {}
+    for idx, entry in inner["state"].items():
+        shape = opt._shards[idx].shape
+        state[idx] = dict(entry)
+        sharded[idx] = [k for k, v in entry.items() if torch.is_tensor(v) and v.dim() == 1 and v.shape == shape]
+    groups = []
+    for layout, params in zip(opt._layouts, opt._flat_params):
+        groups.append({**layout.describe(), "dtype": str(params[0].dtype) if params else "none"})
+    sd: dict[str, Any] = {
+        FORMAT_KEY: FORMAT_VERSION,
+        "dp_rank": opt.dp_rank,
+        "dp_size": opt.dp_size,
+        "groups": groups,
+        "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": [i]}
+                         for i, g in enumerate(opt.param_groups)],
+        "state": state,
+        "sharded_keys": sharded,
+        "rng_state": opt.generator.get_state(),
+    }
+    if opt.save_master_weights:
+        sd["master_weights"] = [s.detach().clone() for s in opt._shards]
+    return sd
+
+
+def _check_shard(i: int, sd: Any) -> None:
+    if not isinstance(sd, dict) or FORMAT_KEY not in sd:
+        raise ValueError(f"shard {i} is not a ZeRO-1 optimizer state dict (no {FORMAT_KEY!r} key); it must come "
+                         "from NeuronZero1Optimizer.state_dict()")
+    if sd[FORMAT_KEY] != FORMAT_VERSION:
+        raise ValueError(f"shard {i} has ZeRO-1 format {sd[FORMAT_KEY]}, this nxd-zero1 reads {FORMAT_VERSION}")
+
+
+def check_same_layout(opt: NeuronZero1Optimizer, sd: dict) -> None:
+    _check_shard(0, sd)
+    if (sd["dp_size"], sd["dp_rank"]) != (opt.dp_size, opt.dp_rank):
+        raise ValueError(
+            f"load_state_dict got the shard of DP rank {sd['dp_rank']} of {sd['dp_size']}, but this is DP rank "
+            f"{opt.dp_rank} of {opt.dp_size}; use load_state_dict_from_shards(all_shards) to load across DP sizes"
+        )
+
+
+def load_from_shards(opt: NeuronZero1Optimizer, shards: list[dict], allow_partial: bool = False) -> None:
+    if not shards:
+        raise ValueError("load_state_dict_from_shards got no shards")
+    for i, sd in enumerate(shards):
+        _check_shard(i, sd)
+    shards = sorted(shards, key=lambda sd: sd["dp_rank"])
+    if not allow_partial:
+        sizes = {sd["dp_size"] for sd in shards}
+        if len(sizes) != 1:
+            raise ValueError(f"shards come from different DP sizes {sorted(sizes)}; pass the shards of one save")
+        (size,) = sizes
+        missing = sorted(set(range(size)) - {sd["dp_rank"] for sd in shards})
+        if missing or len(shards) != size:
+            raise ValueError(f"shards were saved at DP size {size} but DP ranks {missing or 'duplicated'} "
+                             f"are missing; got ranks {[sd['dp_rank'] for sd in shards]}")
+    if len(shards[0]["groups"]) != len(opt._layouts):
+        raise ValueError(f"checkpoint has {len(shards[0]['groups'])} param groups, optimizer has {len(opt._layouts)}")
+
+    new_state: dict[int, dict] = {}
+    for gi, layout in enumerate(opt._layouts):
+        saved_numel = shards[0]["groups"][gi]["numel"]
+        if saved_numel != layout.numel:
+            raise ValueError(f"param group {gi}: checkpoint holds {saved_numel} elements, the optimizer's parameters "
+                             f"have {layout.numel}; the model does not match the checkpoint")
+        holders = [sd for sd in shards if gi in sd["state"]]
+        if not holders:
+            continue
+        entry = {}
+        for key, value in holders[0]["state"][gi].items():
+            if key in holders[0]["sharded_keys"][gi]:
+                pieces = [(sd["groups"][gi]["shard_start"], sd["groups"][gi]["shard_end"], sd["state"][gi][key])
+                          for sd in holders]
+                entry[key] = gather_range(pieces, layout.shard_start, layout.shard_end, layout.numel, like=value)
+            else:
+                entry[key] = value
+        new_state[gi] = entry
+
+    saved_groups = shards[0]["param_groups"]
+    opt.optim.load_state_dict({"state": new_state, "param_groups": [
+        {**{k: v for k, v in g.items() if k != "params"}, "params": [gi]} for gi, g in enumerate(saved_groups)]})
+    for outer, saved in zip(opt.param_groups, saved_groups):
+        outer.update({k: v for k, v in saved.items() if k != "params"})
+
+    if all("master_weights" in sd for sd in shards):
+        for gi, layout in enumerate(opt._layouts):
+            pieces = [(sd["groups"][gi]["shard_start"], sd["groups"][gi]["shard_end"], sd["master_weights"][gi])
+                      for sd in shards]
+            opt._shards[gi].copy_(gather_range(pieces, layout.shard_start, layout.shard_end, layout.numel,
+                                               like=opt._shards[gi]))
+    else:
+        opt.reload_master_weights_from_params()
+    for sd in shards:
+        if (sd["dp_size"], sd["dp_rank"]) == (opt.dp_size, opt.dp_rank):
+            opt.generator.set_state(sd["rng_state"])
+
+
+def shard_filename(opt: NeuronZero1Optimizer, dp_rank: int | str | None = None) -> str:
+    if dp_rank == "*":
+        dp = "*"
+    else:
+        dp = f"{opt.dp_rank if dp_rank is None else dp_rank:02d}"
+    return f"dp_rank_{dp}_tp_rank_{group_rank(opt.grad_norm_group):02d}_pp_rank_{group_rank(opt.pipeline_group):02d}.pt"
+
+
+def save_sharded(opt: NeuronZero1Optimizer, output_dir: str, save_serially: bool = True) -> None:
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, shard_filename(opt))
+    sd = opt.state_dict()
+    for turn in range(opt.dp_size if save_serially else 1):
+        if not save_serially or turn == opt.dp_rank:
+            tmp = f"{path}.tmp{os.getpid()}"
+            torch.save(sd, tmp)
+            os.replace(tmp, path)  # a reader never sees a half-written shard
+        if opt.dp_size > 1:
+            dist.barrier(group=opt.sharding_group)
+
+
+def load_sharded(opt: NeuronZero1Optimizer, output_dir: str) -> None:
+    pattern = os.path.join(output_dir, shard_filename(opt, "*"))
+    paths = sorted(p for p in glob.glob(pattern) if re.search(r"dp_rank_\d+_", os.path.basename(p)))
+    if not paths:
+        raise FileNotFoundError(f"no ZeRO-1 optimizer shards matching {pattern!r}")
+    shards = [torch.load(p, map_location="cpu", weights_only=True, mmap=True) for p in paths]
+    load_from_shards(opt, shards)

@@ -1,0 +1,51 @@
+"""The ``zero1`` optimizer factory and the checks on its part of the NxD config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nxd import ConfigError
+from nxd_zero1.optimizer import NeuronZero1Optimizer
+
+#: NxD's ``mixed_precision_config`` keys (plus nxd's ``stochastic_rounding``) and their defaults
+#: when ZeRO-1 is on.
+MIXED_PRECISION_DEFAULTS: dict[str, bool] = {
+    "use_master_weights": True,
+    "use_fp32_grad_acc": True,
+    "use_master_weights_in_ckpt": False,
+    "stochastic_rounding": False,
+}
+
+
+def validate_mixed_precision(config: dict | None) -> dict[str, bool]:
+    """``config`` merged over the defaults; raises ConfigError naming a bad key or value."""
+    if config is None:
+        return dict(MIXED_PRECISION_DEFAULTS)
+    for key, value in config.items():
+        if key not in MIXED_PRECISION_DEFAULTS:
+            raise ConfigError(f"mixed_precision_config has unknown key {key!r}; valid keys: "
+                              f"{', '.join(MIXED_PRECISION_DEFAULTS)}")
+        if not isinstance(value, bool):
+            raise ConfigError(f"mixed_precision_config.{key} must be True or False, got {value!r}")
+    return {**MIXED_PRECISION_DEFAULTS, **config}
+
+
+def make_zero1_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Optimizer], parameters: Any,
+                         **defaults: Any) -> NeuronZero1Optimizer:
+    """Factory registered as optimizer ``zero1``: builds a NeuronZero1Optimizer from the config."""
+    opt_cfg = nxd_config["optimizer_config"]
+    mp = validate_mixed_precision(nxd_config.get("mixed_precision_config"))
+    return NeuronZero1Optimizer(
+        parameters,
+        optimizer_class,
+        grad_clipping=opt_cfg["grad_clipping"],
+        max_norm=opt_cfg["max_grad_norm"],
+        use_master_weights=mp["use_master_weights"],
+        use_fp32_grad_acc=mp["use_fp32_grad_acc"],
+        save_master_weights=mp["use_master_weights_in_ckpt"],
+        stochastic_rounding=mp["stochastic_rounding"],
+        sequence_parallel=nxd_config.get("sequence_parallel", False),
+        **defaults,
+    )

@@ -1,0 +1,59 @@
+"""Process groups the optimizer shards over and reduces the gradient norm over."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch.distributed as dist
+
+
+def _parallel_state() -> Any | None:
+    """nxd-core-parallel's parallel_state when it is initialised, else None."""
+    try:
+        ps = importlib.import_module("nxd_core_parallel.parallel_state")
+    except ImportError:
+        return None
+    return ps if ps.model_parallel_is_initialized() else None
+
+
+def resolve_group(spec: Any, default: str) -> Any:
+    """Turn ``spec`` into a process group.
+
+    ``spec`` may be a ProcessGroup, ``None`` (use ``default``: ``"data"`` = parallel_state's DP
+    group, or the world group when model parallelism is not initialised; ``"tensor"`` /
+    ``"pipeline"`` = those groups, or ``None`` when not initialised), or NxD's list-of-lists of
+    global ranks (every rank must pass the same lists; a group is created per list and this
+    rank's is returned).
+    """
+    if spec is None:
+        ps = _parallel_state()
+        if default == "data":
+            return ps.get_data_parallel_group() if ps is not None else dist.group.WORLD
+        if ps is None:
+            return None
+        return ps.get_tensor_model_parallel_group() if default == "tensor" else ps.get_pipeline_model_parallel_group()
+    if isinstance(spec, (list, tuple)):
+        if not all(isinstance(g, (list, tuple)) for g in spec):
+            raise ValueError(f"a rank-list group spec must be a list of lists of global ranks, got {spec!r}")
+        me, mine = dist.get_rank(), None
+        for ranks in spec:
+            group = dist.new_group([int(r) for r in ranks])
+            if me in ranks:
+                mine = group
+        if mine is None:
+            raise ValueError(f"rank {me} is in none of the groups {spec!r}")
+        return mine
+    return spec
+
+
+def group_size(group: Any) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def group_rank(group: Any) -> int:
+    return 0 if group is None else dist.get_rank(group)
+
+
+def backend_name(group: Any) -> str:
+    return str(dist.get_backend(group)).lower()

@@ -10,7 +10,8 @@ from nxd import Command, ComponentNotFound, ConfigError
 
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML config file, or hub:<name> for a shipped config (e.g. hub:quickstart)")
-    parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. trainer.max_steps=50")
+    # REMAINDER so flags may follow the overrides (nxd train cfg.yaml a.b=1 --validate)
+    parser.add_argument("overrides", nargs=argparse.REMAINDER, help="dotted.key=value overrides, e.g. trainer.max_steps=50")
     parser.add_argument("--validate", action="store_true", help="validate the config and print the plan; do not train")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML")
 
@@ -22,6 +23,10 @@ def _run_train(args: argparse.Namespace) -> int:
     from nxd_training.exp_manager import resolve_log_dir
     from nxd_training.launcher import launch
 
+    for flag in ("--validate", "--print-config"):
+        if flag in args.overrides:
+            args.overrides = [o for o in args.overrides if o != flag]
+            setattr(args, flag[2:].replace("-", "_"), True)
     try:
         config = prepare_data(load_config(args.config, args.overrides, check=False))
         plan = make_plan(config)

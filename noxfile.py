@@ -23,7 +23,11 @@ nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
 
 os.environ.setdefault("UV_FIND_LINKS", os.environ.get("PIP_FIND_LINKS", ""))
-os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
+# Compiling every installed module's bytecode up front costs minutes per venv (measured: 177 s vs
+# 12 s for the core's venv); letting Python cache bytecode of the modules tests actually import
+# gives the same fast second import for a fraction of the time.
+os.environ["UV_COMPILE_BYTECODE"] = "0"
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def _package_dirs() -> dict[str, Path]:

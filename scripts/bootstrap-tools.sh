@@ -7,4 +7,5 @@ fi
 export UV="$PWD/.tools/bin/uv"
 export PATH="$PWD/.tools/bin:$PATH"
 export UV_FIND_LINKS="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-}}"
-export UV_COMPILE_BYTECODE=1
+# Bytecode is cached lazily on first import (see noxfile.py) rather than compiled at install.
+unset PYTHONDONTWRITEBYTECODE

@@ -1,5 +1,62 @@
-"""nxd plugin entry point for nxd-core-parallel: registers this package's components with the core."""
+"""nxd plugin entry point for nxd-core-parallel: backends, parallel state, model build/wrap and
+the ``default`` optimizer wrapper."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import nxd
+
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
+
+
+@nxd.hookimpl
+def nxd_register_backends(registry: Any) -> None:
+    from nxd_core_parallel.backends import BACKENDS
+
+    for name, backend in BACKENDS.items():
+        registry.add(name, backend)
+
+
+@nxd.hookimpl
+def nxd_register_optimizers(registry: Any) -> None:
+    registry.add("default", default_optimizer)
+
+
+def default_optimizer(nxd_config: dict, optimizer_class: type, parameters: Any, **defaults: Any) -> Any:
+    from nxd_core_parallel.trainer import NxDOptimizer
+
+    return NxDOptimizer(optimizer_class(parameters, **defaults), nxd_config)
+
+
+@nxd.hookimpl
+def nxd_initialize_parallel(nxd_config: dict) -> Any:
+    from nxd_core_parallel import parallel_state
+
+    parallel_state.initialize_model_parallel(nxd_config["tensor_parallel_size"], nxd_config["pipeline_parallel_size"])
+    return True
+
+
+@nxd.hookimpl
+def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kwargs: dict) -> Any:
+    from nxd_core_parallel.model_init import build_model
+
+    return build_model(nxd_config, model_fn, model_args, model_kwargs)
+
+
+@nxd.hookimpl
+def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
+    if phase == "checkpointing":
+        setting = nxd_config.get("activation_checkpoint_config")
+        if setting is None:
+            return None
+        from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing, transformer_layer_classes
+
+        classes = transformer_layer_classes(model) if setting == "full" else setting
+        apply_activation_checkpointing(model, classes)
+        return model
+    if phase == "wrapper":
+        from nxd_core_parallel.trainer import NxDModel
+
+        return model if isinstance(model, NxDModel) else NxDModel(model, nxd_config)
+    return None

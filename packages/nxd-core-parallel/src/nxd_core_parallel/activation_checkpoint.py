@@ -1,0 +1,89 @@
+"""Activation checkpointing (NxD's ``activation_checkpoint_config``) via ``torch.utils.checkpoint``.
+
+Each selected module's ``forward`` is replaced on the instance by a checkpointed call, so
+parameter names (and checkpoints) do not change. The TP RNG tracker's states are restored during
+recomputation, so dropout inside ``get_rng_tracker().fork()`` draws the same mask twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from nxd_core_parallel.parallel_layers.random import get_rng_tracker
+
+_MARK = "_nxd_activation_checkpointed"
+
+
+def _context_fn() -> tuple[Any, Any]:
+    saved = get_rng_tracker().get_states()
+
+    @contextlib.contextmanager
+    def recompute():
+        tracker = get_rng_tracker()
+        current = tracker.get_states()
+        tracker.set_states(saved)
+        try:
+            yield
+        finally:
+            tracker.set_states(current)
+
+    return contextlib.nullcontext(), recompute()
+
+
+def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    # Bound to the instance with MethodType, so deepcopy re-binds it to the copy.
+    forward = functools.partial(type(self).forward, self)
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, context_fn=_context_fn, **kwargs)
+
+
+def apply_activation_checkpointing(model: nn.Module, classes: type | Iterable[type]) -> int:
+    """Checkpoint every outermost submodule of ``model`` that is an instance of ``classes``;
+    return how many were wrapped."""
+    wanted = (classes,) if isinstance(classes, type) else tuple(classes)
+    if not wanted or not all(isinstance(c, type) and issubclass(c, nn.Module) for c in wanted):
+        raise ValueError(f"activation checkpointing needs nn.Module classes, got {classes!r}")
+    count = 0
+
+    def visit(module: nn.Module) -> None:
+        nonlocal count
+        if isinstance(module, wanted):
+            if not getattr(module, _MARK, False):
+                module.forward = types.MethodType(_checkpointed_forward, module)
+                setattr(module, _MARK, True)
+                count += 1
+            return  # nested matches are already inside this recomputation
+        for child in module.children():
+            visit(child)
+
+    visit(model)
+    return count
+
+
+def transformer_layer_classes(model: nn.Module) -> tuple[type, ...]:
+    """The classes ``"full"`` checkpointing recomputes: ``nxd_transformer_layer_classes`` of the
+    model (looked up through wrappers such as adapters)."""
+    seen: list[Any] = [model]
+    while seen:
+        obj = seen.pop()
+        classes = getattr(type(obj), "nxd_transformer_layer_classes", None)
+        if classes:
+            return tuple(classes) if not isinstance(classes, type) else (classes,)
+        for attr in ("module", "model", "base_model"):
+            inner = obj.__dict__.get("_modules", {}).get(attr)
+            if inner is not None:
+                seen.append(inner)
+    raise ValueError(
+        f"activation_checkpoint_config='full' needs the model class to define nxd_transformer_layer_classes "
+        f"(a tuple of its transformer layer classes); {type(model).__name__} does not. "
+        "Pass the classes explicitly instead: activation_checkpoint_config=[MyLayer]"
+    )

@@ -1,0 +1,169 @@
+"""NxD's model and optimizer wrappers: ``NxDModel`` and ``NxDOptimizer``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from nxd_core_parallel import parallel_state
+from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients, bucket_allreduce_gradients, clip_grad_norm
+
+
+def _loss_of(output: Any) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if loss is None and isinstance(output, (tuple, list)) and output:
+        loss = output[0]
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"run_train needs the model to return a loss tensor (or an object with .loss), got {type(output).__name__}")
+    return loss
+
+
+class NxDModel(nn.Module):
+    """Wraps the built model. Behaves as the wrapped module: attributes, ``named_parameters`` and
+    ``state_dict`` are the local module's, with unprefixed names."""
+
+    def __init__(self, module: nn.Module, nxd_config: dict | None = None) -> None:
+        super().__init__()
+        self.module = module
+        self.nxd_config = nxd_config or {}
+
+    # ---------------------------------------------------------------- NxD API
+    def local_module(self) -> nn.Module:
+        inner = self.module
+        return inner.local_module() if hasattr(inner, "local_module") and callable(inner.local_module) else inner
+
+    def local_modules(self) -> Iterator[tuple[str, nn.Module]]:
+        yield from self.local_module().named_modules()
+
+    def original_module(self) -> nn.Module:
+        return self.module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def run_train(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Forward + ``loss.backward()``; returns the detached loss. A pipeline-parallel module
+        runs its schedule instead."""
+        if hasattr(self.module, "run_train"):
+            return self.module.run_train(*args, **kwargs)
+        loss = _loss_of(self.module(*args, **kwargs))
+        loss.backward()
+        return loss.detach()
+
+    def run_eval(self, *args: Any, **kwargs: Any) -> Any:
+        if hasattr(self.module, "run_eval"):
+            return self.module.run_eval(*args, **kwargs)
+        with torch.no_grad():
+            return _loss_of(self.module(*args, **kwargs)).detach()
+
+    # ---------------------------------------------------------------- local-rank views, unprefixed
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return self.local_module().named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+
+    def parameters(self, recurse: bool = True):
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return self.local_module().named_buffers(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+
+    def buffers(self, recurse: bool = True):
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    def state_dict(self, *args: Any, **kwargs: Any):
+        return self.local_module().state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+        return self.local_module().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["module"], name)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+
+class NxDOptimizer(torch.optim.Optimizer):
+    """``step()``: sequence-parallel norm-gradient all-reduce over TP, bucketed data-parallel
+    gradient average, clipping per ``optimizer_config``, then the inner optimizer's step.
+    ``grad_norm`` holds the last norm (``None`` when clipping is off)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, nxd_config: dict) -> None:
+        # The inner optimizer owns the state; Optimizer.__init__ is not called on purpose.
+        self.optimizer = optimizer
+        self.nxd_config = nxd_config
+        self.grad_norm: torch.Tensor | None = None
+        self._optimizer_step_pre_hooks: dict = {}
+        self._optimizer_step_post_hooks: dict = {}
+
+    @property
+    def param_groups(self) -> list[dict]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def defaults(self) -> dict:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict) -> None:
+        self.optimizer.defaults = value
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def sync_gradients(self) -> None:
+        """The collectives ``step`` does before clipping (exposed for tests and custom loops)."""
+        params = self._params()
+        if self.nxd_config.get("sequence_parallel", False):
+            allreduce_sequence_parallel_gradients(params)
+        if parallel_state.model_parallel_is_initialized() and parallel_state.get_data_parallel_size() > 1:
+            bucket_allreduce_gradients([p.grad for p in params if p.grad is not None])
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        if closure is not None:
+            raise ValueError("NxDOptimizer.step does not take a closure: run the forward/backward before step()")
+        self.sync_gradients()
+        opt = self.nxd_config.get("optimizer_config", {})
+        if opt.get("grad_clipping", True):
+            self.grad_norm = clip_grad_norm(self._params(), opt.get("max_grad_norm", 1.0))
+        return self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def __repr__(self) -> str:
+        return f"NxDOptimizer({self.optimizer!r})"

@@ -1,0 +1,54 @@
+"""The `nxd data` verbs through the real `nxd` command, plugin registration, and the quickstart."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import nxd
+from nxd.cli import main
+from nxd_data.indexed import IndexedDataset
+from nxd_data.quickstart import prepare_quickstart_data
+from nxd_data.tokenizers import load_tokenizer
+
+
+def test_data_modules_and_command_are_registered() -> None:
+    for name in ("indexed", "sft"):
+        factory = nxd.get_data_module(name)
+        assert callable(factory) and callable(factory.validate)
+    assert "data" in nxd.list_components("command")
+
+
+def test_cli_train_tokenizer_then_prepare(tmp_path: Path, corpus_docs: list[str], write_jsonl, capsys) -> None:
+    src = write_jsonl(tmp_path / "c.jsonl", [{"body": d} for d in corpus_docs[:20]])
+    assert main(["data", "train-tokenizer", "-i", str(src), "--text-key", "body", "--vocab-size", "400", "-o", str(tmp_path / "tok")]) == 0
+    tok = load_tokenizer(tmp_path / "tok")
+    assert tok.vocab_size == 400
+    assert main(["data", "prepare", "-i", str(src), "--text-key", "body", "-t", str(tmp_path / "tok"),
+                 "-o", str(tmp_path / "ds"), "--quiet"]) == 0
+    ds = IndexedDataset(tmp_path / "ds")
+    assert ds[3].tolist() == tok.encode(corpus_docs[3]) + [tok.eos_id]
+    capsys.readouterr()
+    assert main(["data", "prepare", "-i", str(tmp_path / "nope.jsonl"), "-t", str(tmp_path / "tok"), "-o", str(tmp_path / "x")]) == 1
+    assert "input " in capsys.readouterr().err and not (tmp_path / "x.bin").exists()
+
+
+@pytest.mark.slow
+def test_quickstart_builds_once(tmp_path: Path) -> None:
+    paths = prepare_quickstart_data(tmp_path, vocab_size=1024)
+    tok = load_tokenizer(paths["tokenizer"])
+    ds = IndexedDataset(paths["data_prefix"])
+    assert tok.vocab_size == 1024 and len(ds) > 100 and ds.num_tokens > 100_000
+    text = "The assert statement"
+    assert tok.decode(tok.encode(text)) == text
+    stamp = (Path(paths["data_prefix"] + ".bin")).stat().st_mtime_ns
+    start = time.perf_counter()
+    assert prepare_quickstart_data(tmp_path, vocab_size=1024) == paths
+    assert time.perf_counter() - start < 0.5
+    assert Path(paths["data_prefix"] + ".bin").stat().st_mtime_ns == stamp
+    dm = nxd.get_data_module("indexed")({"data_prefix": paths["data_prefix"]}, seq_length=256, micro_batch_size=8,
+                                        global_batch_size=8, dp_rank=0, dp_size=1, seed=1)
+    batch = next(dm.train_batches())
+    assert batch["input_ids"].shape == (8, 256) and int(batch["input_ids"].max()) < 1024

@@ -55,3 +55,29 @@ def register_storage(scheme: str, factory: Any) -> None:
     module.NXD_PLUGIN_API = (1, 1)
     sys.modules[module.__name__] = module
     nxd.register_plugin(module, name=module.__name__)
+
+
+class ShardedMomentum:
+    """A minimal optimizer with ZeRO-1's duck-typed checkpoint contract: each DP rank owns a
+    contiguous slice of one flat state vector and describes it with global offsets."""
+
+    nxd_zero1 = True
+
+    def __init__(self, numel: int, dp_rank: int, dp_size: int) -> None:
+        per = -(-numel // dp_size)
+        self.numel, self.start = numel, min(dp_rank * per, numel)
+        self.end = min(self.start + per, numel)
+        self.momentum = torch.zeros(self.end - self.start)
+
+    def state_dict(self) -> dict:
+        return {"numel": self.numel, "start": self.start, "momentum": self.momentum}
+
+    def load_state_dict(self, sd: dict) -> None:
+        assert sd["start"] == self.start and sd["numel"] == self.numel, "same DP size expected"
+        self.momentum = sd["momentum"].clone()
+
+    def load_state_dict_from_shards(self, shards: list[dict]) -> None:
+        full = torch.full((self.numel,), float("nan"))
+        for sd in shards:
+            full[sd["start"]:sd["start"] + len(sd["momentum"])] = sd["momentum"]
+        self.momentum = full[self.start:self.end].clone()

@@ -130,7 +130,7 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
         )
     saved_zero1 = bool(meta["zero1"]) if meta is not None else len(mine) > 1
     if not zero1_now:
-        if saved_zero1 and len(mine) > 1:
+        if saved_zero1:
             raise CheckpointError(f"{where}: saved by a ZeRO-1 optimizer (one shard per DP rank); load it into a "
                                   "ZeRO-1 optimizer (zero_one_enabled=True)")
         optimizer.load_state_dict(reader.load(f"optim/{shard_name(0, topo.tp_rank, topo.pp_rank)}"))

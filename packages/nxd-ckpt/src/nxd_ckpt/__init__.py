@@ -5,6 +5,14 @@ Use it through ``nxd.save_checkpoint`` / ``nxd.load_checkpoint`` / ``nxd.has_che
 """
 
 from nxd_ckpt.checkpointer import Checkpointer
+from nxd_ckpt.consolidate import full_model_state
+from nxd_ckpt.convert import (
+    ConvertRequest,
+    FullState,
+    convert,
+    register_convert_source,
+    register_convert_target,
+)
 from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
 from nxd_ckpt.formats import CheckpointFormat, SafetensorsFormat, TorchFormat
 from nxd_ckpt.layout import complete_tags, newest_complete_tag, shard_name
@@ -14,7 +22,8 @@ from nxd_ckpt.storage import FsspecStorage, LocalStorage, Storage, open_storage
 __version__ = "0.1.0"
 
 __all__ = [
-    "CheckpointError", "CheckpointFormat", "Checkpointer", "CorruptCheckpointError", "FsspecStorage",
+    "CheckpointError", "CheckpointFormat", "Checkpointer", "ConvertRequest", "FullState", "convert",
+    "full_model_state", "register_convert_source", "register_convert_target", "CorruptCheckpointError", "FsspecStorage",
     "LocalStorage", "SafetensorsFormat", "Sharding", "Storage", "TorchFormat", "complete_tags", "merge_shards",
     "newest_complete_tag", "open_storage", "shard_name", "sharding_of", "split_full",
 ]

@@ -41,7 +41,7 @@ class Reader:
         self._cache.clear()
 
 
-def _model_file(meta: dict | None, reader: Reader, tp_rank: int, pp_rank: int) -> tuple[str, str | None]:
+def model_file(meta: dict | None, reader: Reader, tp_rank: int, pp_rank: int) -> tuple[str, str | None]:
     if meta is not None:
         fmt = get_format(meta.get("model_format", "torch"))
         return f"model/{shard_name(0, tp_rank, pp_rank, fmt.suffix)}", fmt.name
@@ -63,14 +63,14 @@ def _first_shape_mismatch(target: dict[str, Any], saved_shape: dict[str, list[in
 
 def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, strict: bool) -> None:
     if isinstance(model, dict):  # NxD's Lightning path passes a dict to be filled
-        rel, fmt = _model_file(meta, reader, topo.tp_rank, topo.pp_rank)
+        rel, fmt = model_file(meta, reader, topo.tp_rank, topo.pp_rank)
         model.update(reader.load(rel, fmt))
         return
     module = unwrap_model(model)
     target = module.state_dict()
     shardings = shardings_of(module)
     if meta is None or (meta["degrees"]["tp"], meta["degrees"]["pp"]) == (topo.tp, topo.pp):
-        rel, fmt = _model_file(meta, reader, topo.tp_rank, topo.pp_rank)
+        rel, fmt = model_file(meta, reader, topo.tp_rank, topo.pp_rank)
         state = reader.load(rel, fmt)
         saved = {k: list(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
         _first_shape_mismatch(target, saved, {k: list(v.shape) for k, v in target.items()})
@@ -102,9 +102,9 @@ def _reshard(reader: Reader, meta: dict, target: dict[str, Any], shardings: dict
         pp = int(entry["pp_rank"])
         saved_sh = Sharding.from_json(entry["sharding"])
         if saved_sh is None:
-            full = reader.load(*_model_file(meta, reader, 0, pp))[name]
+            full = reader.load(*model_file(meta, reader, 0, pp))[name]
         else:
-            full = merge_shards([reader.load(*_model_file(meta, reader, r, pp))[name] for r in range(saved_tp)], saved_sh)
+            full = merge_shards([reader.load(*model_file(meta, reader, r, pp))[name] for r in range(saved_tp)], saved_sh)
         if list(full.shape) != list(entry["shape"]):
             raise CheckpointError(f"tensor {name!r}: shards in the checkpoint assemble to {list(full.shape)}, "
                                   f"metadata says {entry['shape']}")

@@ -32,3 +32,10 @@ def nxd_register_storages(registry: Any) -> None:
     registry.add("file", LocalStorage)
     registry.add("s3", FsspecStorage)
     registry.add("memory", FsspecStorage)
+
+
+@nxd.hookimpl
+def nxd_register_commands(registry: Any) -> None:
+    from nxd_ckpt.cli import CKPT_COMMAND
+
+    registry.add("ckpt", CKPT_COMMAND)

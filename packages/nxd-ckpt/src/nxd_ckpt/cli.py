@@ -1,0 +1,89 @@
+"""The ``nxd ckpt`` command: ``inspect``, ``list`` and ``convert`` sub-verbs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from nxd.components import Command
+from nxd_ckpt.errors import CheckpointError
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    verbs = parser.add_subparsers(dest="ckpt_verb", metavar="VERB", required=True)
+    insp = verbs.add_parser("inspect", help="print a checkpoint's metadata (degrees, tensors, versions)")
+    insp.add_argument("path", help="checkpoint directory (local path or URL such as s3://bucket/run)")
+    insp.add_argument("--tag", help="checkpoint tag (default: the newest complete one)")
+    insp.add_argument("--json", action="store_true", help="print the raw metadata JSON")
+    lst = verbs.add_parser("list", help="list the tags under a checkpoint directory and whether they are complete")
+    lst.add_argument("path")
+    conv = verbs.add_parser("convert", help="convert model weights between hf, nxd and full-state checkpoints")
+    conv.add_argument("--from", dest="source", required=True, help="source kind (hf, nxd, full, or a plugin's)")
+    conv.add_argument("--to", dest="target", required=True, help="target kind (hf, nxd, full, or a plugin's)")
+    conv.add_argument("--input", required=True, help="source directory or file")
+    conv.add_argument("--output", required=True, help="target directory or file")
+    conv.add_argument("--model", help="registered model name (needed for hf)")
+    conv.add_argument("--tag", help="nxd checkpoint tag to read or write")
+    conv.add_argument("--config", help="model config.json (Hugging Face keys)")
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from nxd_ckpt.consolidate import resolve_tag
+    from nxd_ckpt.metadata import read_metadata
+    from nxd_ckpt.storage import open_storage
+
+    storage = open_storage(args.path)
+    tag = resolve_tag(args.path, args.tag)
+    meta = read_metadata(storage, tag)
+    if meta is None:
+        print(f"{storage.describe(tag)}: no metadata.json (written by NxD itself); files:")
+        for sub in ("model", "optim"):
+            for name in storage.list_files(f"{tag}/{sub}"):
+                print(f"  {sub}/{name}")
+        return 0
+    if args.json:
+        print(json.dumps(meta, indent=1))
+        return 0
+    d = meta["degrees"]
+    print(f"checkpoint {storage.describe(tag)}")
+    print(f"  degrees: tp={d['tp']} pp={d['pp']} dp={d['dp']} world={d['world']}  model format: {meta['model_format']}"
+          f"  zero1: {meta.get('zero1')}")
+    print("  versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()))
+    print(f"  tensors ({len(meta['tensors'])}):")
+    for name, e in meta["tensors"].items():
+        sh = e["sharding"]
+        how = "replicated" if sh is None else f"dim {sh['dim']}" + (f" stride {sh['stride']}" if sh["stride"] > 1 else "") + (
+            f" fused {sh['fused_splits']}" if sh.get("fused_splits") else "") + (
+            f" kv x{sh['kv_size_multiplier']}" if sh.get("kv_size_multiplier", 1) > 1 else "")
+        print(f"    {name:50s} {str(e['shape']):16s} {e['dtype']:9s} pp{e['pp_rank']} {how}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from nxd_ckpt.layout import list_tags
+    from nxd_ckpt.storage import open_storage
+
+    for info in list_tags(open_storage(args.path)):
+        print(f"{info.tag}\t{'complete' if info.complete else 'INCOMPLETE'}")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from nxd_ckpt.convert import ConvertRequest, convert
+
+    config = json.loads(open(args.config).read()) if args.config else None
+    full = convert(args.source, args.target, ConvertRequest(args.input, args.output, args.model, args.tag, config))
+    print(f"converted {len(full.state)} tensors: {args.source} {args.input} -> {args.target} {args.output}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        return {"inspect": _inspect, "list": _list, "convert": _convert}[args.ckpt_verb](args)
+    except (CheckpointError, OSError) as exc:
+        print(f"nxd ckpt {args.ckpt_verb}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+CKPT_COMMAND = Command(help="inspect, list and convert checkpoints", add_arguments=_add_arguments, run=_run)

@@ -1,0 +1,40 @@
+"""Assemble the full (unsharded) model state of a checkpoint from its shards and metadata."""
+
+from __future__ import annotations
+
+import torch
+
+from nxd_ckpt.errors import CheckpointError
+from nxd_ckpt.layout import newest_complete_tag
+from nxd_ckpt.load import Reader, model_file
+from nxd_ckpt.metadata import read_metadata
+from nxd_ckpt.sharding import Sharding, merge_shards
+from nxd_ckpt.storage import open_storage
+
+
+def resolve_tag(path: str, tag: str | None, storage_options: dict | None = None) -> str:
+    storage = open_storage(path, storage_options)
+    tag = tag or newest_complete_tag(storage)
+    if tag is None:
+        raise CheckpointError(f"{storage.describe('')}: no complete checkpoint")
+    return tag
+
+
+def full_model_state(path: str, tag: str | None = None, storage_options: dict | None = None) -> dict[str, torch.Tensor]:
+    """``name -> full tensor`` for every model tensor of ``path/tag`` (needs our metadata.json)."""
+    storage = open_storage(path, storage_options)
+    tag = resolve_tag(path, tag, storage_options)
+    meta = read_metadata(storage, tag)
+    if meta is None:
+        raise CheckpointError(f"{storage.describe(tag)}: no metadata.json (a checkpoint written by NxD itself); "
+                              "consolidating needs each tensor's sharding, which only nxd-ckpt records")
+    reader = Reader(storage, tag)
+    out = {}
+    for name, entry in meta["tensors"].items():
+        pp, sh = int(entry["pp_rank"]), Sharding.from_json(entry["sharding"])
+        if sh is None:
+            out[name] = reader.load(*model_file(meta, reader, 0, pp))[name]
+        else:
+            shards = [reader.load(*model_file(meta, reader, r, pp))[name] for r in range(meta["degrees"]["tp"])]
+            out[name] = merge_shards(shards, sh)
+    return out

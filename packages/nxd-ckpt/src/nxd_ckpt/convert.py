@@ -1,0 +1,194 @@
+"""``nxd ckpt convert``: move model weights between checkpoint kinds through a full state.
+
+A conversion reads a *source* into a :class:`FullState` (unsharded tensors under nxd parameter
+names, plus the model config when known) and hands it to a *target*. Built-in kinds:
+
+* ``nxd``  — an nxd/NxD sharded checkpoint directory (read: consolidated from any TP/PP; write:
+  a TP=1/PP=1 checkpoint, which ``load_checkpoint`` reshards to any TP/PP on load);
+* ``full`` — one torch file holding the full state dict (NxD's "full state");
+* ``hf``   — a Hugging Face model directory, through the model plugin's ``ModelSpec.load_hf`` /
+  ``save_hf`` (``--model NAME``).
+
+Other plugins add kinds with :func:`register_convert_source` / :func:`register_convert_target`,
+or declare them as entry points in the groups ``nxd_ckpt.convert_sources`` /
+``nxd_ckpt.convert_targets`` (e.g. a NeMo-Megatron reader as ``nnm = "my_pkg.nnm:read"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+import torch
+
+from nxd_ckpt.errors import CheckpointError
+
+
+@dataclass
+class FullState:
+    state: dict[str, torch.Tensor]
+    #: model config dict (Hugging Face config.json keys) when known
+    config: dict | None = None
+
+
+@dataclass
+class ConvertRequest:
+    input: str
+    output: str
+    model: str | None = None
+    tag: str | None = None
+    config: dict | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+ConvertSource = Callable[[ConvertRequest], FullState]
+ConvertTarget = Callable[[FullState, ConvertRequest], None]
+
+_SOURCES: dict[str, ConvertSource] = {}
+_TARGETS: dict[str, ConvertTarget] = {}
+
+
+def register_convert_source(name: str, reader: ConvertSource) -> None:
+    """Make ``nxd ckpt convert --from NAME`` read with ``reader(request) -> FullState``."""
+    _SOURCES[name] = reader
+
+
+def register_convert_target(name: str, writer: ConvertTarget) -> None:
+    """Make ``nxd ckpt convert --to NAME`` write with ``writer(full_state, request)``."""
+    _TARGETS[name] = writer
+
+
+def _discover(group: str, table: dict[str, Any]) -> None:
+    for ep in entry_points(group=group):
+        if ep.name not in table:
+            table[ep.name] = ep.load()
+
+
+def convert_sources() -> dict[str, ConvertSource]:
+    _discover("nxd_ckpt.convert_sources", _SOURCES)
+    return dict(_SOURCES)
+
+
+def convert_targets() -> dict[str, ConvertTarget]:
+    _discover("nxd_ckpt.convert_targets", _TARGETS)
+    return dict(_TARGETS)
+
+
+def convert(source: str, target: str, request: ConvertRequest) -> FullState:
+    sources, targets = convert_sources(), convert_targets()
+    if source not in sources:
+        raise CheckpointError(f"--from {source!r} is not a known source; known: {', '.join(sorted(sources))}")
+    if target not in targets:
+        raise CheckpointError(f"--to {target!r} is not a known target; known: {', '.join(sorted(targets))}")
+    full = sources[source](request)
+    targets[target](full, request)
+    return full
+
+
+# ---------------------------------------------------------------------------- models for hf
+@contextlib.contextmanager
+def single_rank() -> Iterator[None]:
+    """A one-rank gloo group with TP = PP = 1, so model plugins can build their parallel layers."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    from nxd_core_parallel import parallel_state
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = dist.FileStore(os.path.join(tmp, "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            parallel_state.initialize_model_parallel(1, 1)
+            yield
+        finally:
+            parallel_state.destroy_model_parallel()
+            dist.destroy_process_group()
+
+
+def _spec(request: ConvertRequest, need: str) -> Any:
+    import nxd
+
+    if not request.model:
+        raise CheckpointError(f"{need} needs --model NAME (a registered model: {', '.join(nxd.list_components('model'))})")
+    spec = nxd.get_model(request.model)
+    hook = "load_hf" if need == "--from hf" else "save_hf"
+    if getattr(spec, hook) is None:
+        raise CheckpointError(f"model {request.model!r} does not provide ModelSpec.{hook}; {need} is not possible")
+    return spec
+
+
+def _read_hf(request: ConvertRequest) -> FullState:
+    spec = _spec(request, "--from hf")
+    config_path = os.path.join(request.input, "config.json")
+    config = request.config or json.loads(open(config_path).read())
+    with single_rank():
+        model = spec.build(spec.config_from_dict(config), None)
+        spec.load_hf(model, request.input)
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return FullState(state, config)
+
+
+def _write_hf(full: FullState, request: ConvertRequest) -> None:
+    spec = _spec(request, "--to hf")
+    config = request.config or full.config
+    if config is None:
+        raise CheckpointError("--to hf needs the model config: pass --config config.json")
+    with single_rank():
+        model = spec.build(spec.config_from_dict(config), None)
+        model.load_state_dict(full.state, strict=True)
+        spec.save_hf(model, request.output)
+
+
+def _read_nxd(request: ConvertRequest) -> FullState:
+    from nxd_ckpt.consolidate import full_model_state, resolve_tag
+    from nxd_ckpt.storage import open_storage
+
+    tag = resolve_tag(request.input, request.tag)
+    state = full_model_state(request.input, tag)
+    storage = open_storage(request.input)
+    config = None
+    if storage.exists(f"{tag}/config.json"):
+        with storage.open_read(f"{tag}/config.json") as f:
+            config = json.loads(f.read().decode())
+    return FullState(state, request.config or config)
+
+
+def _write_nxd(full: FullState, request: ConvertRequest) -> None:
+    import nxd
+    from nxd_ckpt.storage import open_storage
+
+    tag = request.tag or "converted"
+    nxd.save_checkpoint(request.output, tag, model=full.state, save_rng=False)
+    config = request.config or full.config
+    if config is not None:
+        with open_storage(request.output).open_write(f"{tag}/config.json") as f:
+            f.write(json.dumps(config, indent=1).encode())
+
+
+def _read_full(request: ConvertRequest) -> FullState:
+    from nxd_ckpt.formats import format_for_file
+
+    with open(request.input, "rb") as f:
+        state = format_for_file(request.input).load(f, request.input)
+    return FullState(dict(state), request.config)
+
+
+def _write_full(full: FullState, request: ConvertRequest) -> None:
+    from nxd_ckpt.formats import format_for_file
+
+    os.makedirs(os.path.dirname(os.path.abspath(request.output)), exist_ok=True)
+    with open(request.output, "wb") as f:
+        format_for_file(request.output).dump(full.state, f)
+
+
+for _name, _reader, _writer in (("hf", _read_hf, _write_hf), ("nxd", _read_nxd, _write_nxd), ("full", _read_full, _write_full)):
+    register_convert_source(_name, _reader)
+    register_convert_target(_name, _writer)

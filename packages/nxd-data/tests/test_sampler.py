@@ -94,6 +94,7 @@ def _rank_body(a: str, b: str) -> list[list[int]]:
     return torch.cat(gathered).tolist()
 
 
+@pytest.mark.slow
 def test_gloo_ranks_share_one_global_batch(prefixes, rank_pool) -> None:
     results = rank_pool(2).run(_rank_body, str(prefixes[0]), str(prefixes[1]))
     assert results[0] == results[1]

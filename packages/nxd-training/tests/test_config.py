@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from nxd import ConfigError
 
+from nxd import ConfigError
 from nxd_training.config import hub_names, load_config, make_plan, parse_config, parse_override, read_yaml
 from nxd_training.config.overrides import apply_overrides, resolve_interpolations
 

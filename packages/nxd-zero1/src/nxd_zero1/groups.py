@@ -33,6 +33,14 @@ def resolve_group(spec: Any, default: str) -> Any:
         if ps is None:
             return None
         return ps.get_tensor_model_parallel_group() if default == "tensor" else ps.get_pipeline_model_parallel_group()
+    if isinstance(spec, (list, tuple)) and spec and all(isinstance(r, int) for r in spec):
+        # parallel_state's ``as_list=True`` form: this rank's own group as a list of ranks
+        ps = _parallel_state()
+        for kind in ("data", "tensor_model", "pipeline_model"):
+            if ps is not None and list(getattr(ps, f"get_{kind}_parallel_group")(as_list=True)) == list(spec):
+                return getattr(ps, f"get_{kind}_parallel_group")()
+        raise ValueError(f"rank list {list(spec)} is not one of parallel_state's DP/TP/PP groups; pass a "
+                         "ProcessGroup or a list of lists of ranks (one per group) instead")
     if isinstance(spec, (list, tuple)):
         if not all(isinstance(g, (list, tuple)) for g in spec):
             raise ValueError(f"a rank-list group spec must be a list of lists of global ranks, got {spec!r}")

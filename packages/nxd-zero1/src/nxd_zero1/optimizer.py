@@ -163,23 +163,41 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
             start = lo + layout.shard_start - layout.offsets[i]
             out[lo:hi].copy_(params[i].detach().reshape(-1)[start:start + hi - lo])
 
+    def _param_weight(self, p: torch.Tensor) -> float | torch.Tensor:
+        """1 where this rank counts ``p``'s gradient toward the norm, 0 where another TP rank does
+        (nxd-core-parallel's rule, so every element of the full model counts exactly once):
+        TP-replicated params on TP rank 0; ``kv_size_multiplier``-replicated K/V on the first
+        ``tp / multiplier`` ranks; for a fused QKV param, its Q piece everywhere. Per element
+        (a flat tensor) only for fused params."""
+        tp_rank, tp_size = group_rank(self.grad_norm_group), group_size(self.grad_norm_group)
+        if not getattr(p, "tensor_model_parallel", False):
+            return 1.0 if tp_rank == 0 else 0.0
+        multiplier = int(getattr(p, "kv_size_multiplier", 1))
+        unique = multiplier <= 1 or tp_rank < tp_size // multiplier
+        splits = getattr(p, "fused_splits", None)
+        if splits is None:
+            return 1.0 if unique else 0.0
+        weight = torch.ones(p.shape)
+        for i, piece in enumerate(torch.split(weight, list(splits), dim=p.partition_dim)):
+            piece.fill_(1.0 if i == 0 or unique else 0.0)
+        return weight.reshape(-1)
+
     def _segment_weights(self, params: list[torch.Tensor], layout: FlatLayout) -> list[tuple[int, int, float]]:
-        """How much each shard range counts toward the grad norm: TP-sharded params fully (a
-        ``kv_size_multiplier``-replicated one 1/multiplier per copy), TP-replicated params on TP rank
-        0 only, so every element of the full model is counted exactly once."""
-        tp_rank = group_rank(self.grad_norm_group)
-        merged: list[tuple[int, int, float]] = []
+        """Shard-local ``(lo, hi, weight)`` ranges whose gradients count toward the norm."""
+        runs: list[tuple[int, int, float]] = []
         for i, lo, hi in layout.local_segments():
-            p = params[i]
-            if getattr(p, "tensor_model_parallel", False):
-                w = 1.0 / max(int(getattr(p, "kv_size_multiplier", 1)), 1)
+            w = self._param_weight(params[i])
+            if isinstance(w, float):
+                pieces = [(lo, hi, w)]
             else:
-                w = 1.0 if tp_rank == 0 else 0.0
-            if merged and merged[-1][1] == lo and merged[-1][2] == w:
-                merged[-1] = (merged[-1][0], hi, w)
-            else:
-                merged.append((lo, hi, w))
-        return [m for m in merged if m[2] != 0.0]
+                start = lo + layout.shard_start - layout.offsets[i]
+                pieces = _runs(w[start:start + hi - lo], lo)
+            for a, b, wt in pieces:
+                if runs and runs[-1][1] == a and runs[-1][2] == wt:
+                    runs[-1] = (runs[-1][0], b, wt)
+                else:
+                    runs.append((a, b, wt))
+        return [r for r in runs if r[2] != 0.0]
 
     def _grads(self, params: list[torch.Tensor]) -> list[torch.Tensor | None]:
         return [getattr(p, "main_grad", None) if hasattr(p, "main_grad") else p.grad for p in params]
@@ -220,12 +238,12 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         inf = math.isinf(self.norm_type)
         total = torch.zeros((), dtype=torch.float32, device=device)
         for shard, weights in zip(grad_shards, self._norm_weights):
-            for lo, hi, w in weights:
+            for lo, hi, _ in weights:
                 seg = shard[lo:hi]
                 if inf:
                     total = torch.maximum(total, seg.abs().max())
                 else:
-                    total = total + w * torch.linalg.vector_norm(seg, self.norm_type) ** self.norm_type
+                    total = total + torch.linalg.vector_norm(seg, self.norm_type) ** self.norm_type
         op = dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM
         for group in (self.sharding_group, self.grad_norm_group, self.pipeline_group):
             if group_size(group) > 1:
@@ -325,6 +343,14 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         weights without optimizer state)."""
         for gi, shard in enumerate(self._shards):
             self._read_shard(self._flat_params[gi], self._layouts[gi], shard)
+
+
+def _runs(values: torch.Tensor, base: int) -> list[tuple[int, int, float]]:
+    """Run-length encode a 1-D tensor as ``(base + start, base + end, value)``."""
+    if values.numel() == 0:
+        return []
+    cuts = [0, *((values[1:] != values[:-1]).nonzero().flatten() + 1).tolist(), values.numel()]
+    return [(base + a, base + b, float(values[a])) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def _accumulate_main_grad(p: torch.Tensor) -> None:

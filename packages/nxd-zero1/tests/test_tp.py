@@ -1,0 +1,118 @@
+"""ZeRO-1 with TP=2 x DP=2 (4 ranks) through the NxD API, against one process with torch AdamW.
+
+The model uses nxd-core-parallel's layers with every kind of parameter the grad norm must count
+exactly once: column/row-sharded weights, TP-replicated row biases and RMSNorm weights (also under
+sequence parallelism, so their grads need the SP all-reduce), and a fused GQA QKV weight whose K/V
+piece is replicated across TP ranks (kv_size_multiplier=2)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import nxd
+from nxd_core_parallel import parallel_state as ps
+from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_core_parallel.modules.rms_norm import RMSNorm
+from nxd_core_parallel.parallel_layers import (
+    ColumnParallelLinear,
+    ParallelEmbedding,
+    RowParallelLinear,
+    parallel_cross_entropy,
+)
+
+VOCAB, HID, HEADS, KV_HEADS, FFN = 32, 16, 4, 1, 24
+BATCH, SEQ, STEPS, LR, MAX_NORM = 4, 8, 20, 3e-3, 1.0
+
+
+class TinyLM(nn.Module):
+    def __init__(self, sp: bool = False) -> None:
+        super().__init__()
+        tp = ps.get_tensor_model_parallel_size()
+        kw = {"sequence_parallel_enabled": sp, "sequence_dimension": 1}
+        self.head_dim = HID // HEADS
+        self.embed = ParallelEmbedding(VOCAB, HID, **kw)
+        self.attn_norm = RMSNorm(HID, sequence_parallel_enabled=sp)
+        self.qkv = GQAQKVColumnParallelLinear(HID, [HID, KV_HEADS * self.head_dim], bias=False, gather_output=False,
+                                              kv_size_multiplier=max(tp // KV_HEADS, 1), **kw)
+        self.o_proj = RowParallelLinear(HID, HID, bias=True, input_is_parallel=True, **kw)
+        self.mlp_norm = RMSNorm(HID, sequence_parallel_enabled=sp)
+        self.up = ColumnParallelLinear(HID, FFN, bias=True, gather_output=False, **kw)
+        self.down = RowParallelLinear(FFN, HID, bias=True, input_is_parallel=True, **kw)
+        self.lm_head = ColumnParallelLinear(HID, VOCAB, bias=False, gather_output=False, **kw)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        q, k, v = self.qkv(self.attn_norm(h))
+        b, s = q.shape[:2]
+        q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
+        h = h + self.o_proj(a)
+        h = h + self.down(F.silu(self.up(self.mlp_norm(h))))
+        return parallel_cross_entropy(self.lm_head(h), labels).mean()
+
+
+def build(sp: bool) -> TinyLM:
+    torch.manual_seed(1234)  # the parallel layers initialise shards of the same full weights
+    return TinyLM(sp)
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    tokens = [torch.randint(0, VOCAB, (BATCH,), generator=g)]
+    for _ in range(SEQ):
+        tokens.append((5 * tokens[-1] + 3) % VOCAB)
+    seq = torch.stack(tokens, dim=1)
+    return seq[:, :-1], seq[:, 1:]
+
+
+def reference() -> tuple[list[float], list[float]]:
+    model = build(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, norms = [], []
+    for step in range(STEPS):
+        loss = model(*batch(step))
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses, norms
+
+
+def zero1_body() -> tuple[list[float], list[float], str]:
+    cfg = nxd.neuronx_distributed_config(
+        tensor_parallel_size=2, sequence_parallel=True,
+        optimizer_config={"zero_one_enabled": True, "grad_clipping": True, "max_grad_norm": MAX_NORM},
+    )
+    model = nxd.initialize_parallel_model(cfg, build, True)
+    opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=LR)
+    dp, dp_rank = ps.get_data_parallel_size(), ps.get_data_parallel_rank()
+    losses, norms = [], []
+    for step in range(STEPS):
+        ids, labels = batch(step)
+        rows = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
+        loss = model.run_train(ids[rows], labels[rows]).detach()
+        opt.step()
+        opt.zero_grad()
+        dist.all_reduce(loss, group=ps.get_data_parallel_group())
+        losses.append(float(loss) / dp)
+        norms.append(float(opt.grad_norm))
+    return losses, norms, type(opt).__name__
+
+
+def max_rel(got: list[float], want: list[float]) -> float:
+    return max(abs(a - b) / abs(b) for a, b in zip(got, want))
+
+
+def test_zero1_tp2_dp2_sp_matches_single_process(rank_pool):
+    ref_losses, ref_norms = reference()
+    assert ref_losses[-1] < ref_losses[0] - 0.1 and max(ref_norms) > MAX_NORM  # learns, and clipping acts
+    for losses, norms, name in rank_pool(4).run(zero1_body):
+        assert name == "NeuronZero1Optimizer"
+        worst_loss, worst_norm = max_rel(losses, ref_losses), max_rel(norms, ref_norms)
+        print(f"ZeRO-1 TP=2 DP=2 SP: max rel diff loss {worst_loss:.2e}, grad norm {worst_norm:.2e}")
+        assert worst_loss < 1e-5 and worst_norm < 1e-5

@@ -81,6 +81,8 @@ def allreduce_sequence_parallel_gradients(parameters: Any) -> None:
 def _counted_on_this_rank(param: torch.Tensor) -> bool:
     """Whether this rank owns ``param``'s gradient for the norm: replicated parameters count on
     TP rank 0 only; GQA KV weights replicated ``m`` times count on the first ``tp / m`` ranks."""
+    if getattr(param, "pipeline_shared_duplicate", False):
+        return False  # a tied weight's copy on a later pipeline stage (nxd-pipeline): the first stage counts it
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     if not getattr(param, "tensor_model_parallel", False):
         return tp_rank == 0

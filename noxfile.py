@@ -104,4 +104,19 @@ def bench(session: nox.Session) -> None:
         session.run("python", script)
 
 
+#: torch-xla needs its own matching torch (not the CPU torch pinned in constraints.txt).
+XLA_TORCH = os.environ.get("NXD_XLA_TORCH", "torch==2.8.0")
+XLA_TORCH_XLA = os.environ.get("NXD_XLA_TORCH_XLA", "torch-xla==2.8.0")
+
+
+@nox.session(default=False)
+def xla(session: nox.Session) -> None:
+    """Optional: nxd-core-parallel's xla backend, single process on the XLA CPU device. Installs
+    torch-xla (several GB) in its own venv; not part of the default test command."""
+    # One resolve, so the packages' unpinned "torch" requirement keeps torch-xla's torch.
+    session.install(XLA_TORCH, XLA_TORCH_XLA, str(PACKAGES["nxd"]), str(PACKAGES["nxd-core-parallel"]))
+    session.run("python", str(PACKAGES["nxd-core-parallel"] / "xla" / "xla_smoke.py"),
+                env={"PJRT_DEVICE": "CPU", "NXD_BACKEND": "xla"})
+
+
 nox.options.sessions = ["lint", *(f"tests-{d}" for d in PACKAGES), "integration"]

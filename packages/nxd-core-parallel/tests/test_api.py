@@ -269,6 +269,7 @@ def test_backends_registered_and_selected(monkeypatch):
 
 # 4 ranks last: switching pool sizes restarts the ranks.
 @pytest.mark.slow
+@pytest.mark.four_ranks
 def test_rank_layout_four_ranks(rank_pool):
     # TP contiguous, then DP, then PP outermost.
     res = rank_pool(4).run(layout_body, 2, 2)

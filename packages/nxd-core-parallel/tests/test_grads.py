@@ -110,6 +110,7 @@ def test_bucket_allreduce_averages_over_dp(rank_pool, cap):
 
 
 @pytest.mark.slow
+@pytest.mark.four_ranks
 def test_clip_grad_norm_tp2_pp2_and_tp2_dp2(rank_pool):
     pool = rank_pool(4)
     for tp, pp in ((2, 2), (2, 1)):

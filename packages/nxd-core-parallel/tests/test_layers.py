@@ -282,6 +282,7 @@ def _rank0_shard(tp: int) -> torch.Tensor:
 
 # TP=4 (4 ranks on 2 cores: only a few cases)
 @pytest.mark.slow
+@pytest.mark.four_ranks
 def test_tp4_layers(rank_pool):
     pool = rank_pool(4)
     check("column tp=4 sp", pool.run(column_body, 4, True, False, 1))

@@ -146,6 +146,7 @@ def test_training_matches_single_process_2_ranks(rank_pool, reference, tp, sp, c
 
 
 @pytest.mark.slow
+@pytest.mark.four_ranks
 def test_training_matches_single_process_tp2_dp2(rank_pool, reference):
     for losses, norms in rank_pool(4).run(train_body, 2, True, None):
         worst, worst_norm = max_rel(losses, reference[0]), max_rel(norms, reference[1])

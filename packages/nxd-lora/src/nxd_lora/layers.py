@@ -1,0 +1,257 @@
+"""LoRA adapters for ``nn.Linear`` and nxd's tensor-parallel layers.
+
+An adapter sits beside its (untouched, frozen) base layer and adds ``scale * B(A(dropout(x)))`` to
+the base output through a forward hook, so base parameter names never change.
+
+Sharding follows the base layer (the rule PEFT and NxD share):
+
+* column-parallel base (``ColumnParallelLinear``, ``GQAQKVColumnParallelLinear``): A replicated,
+  B sharded on the output dim. ``h = x A^T`` is computed on every rank, then passes the same
+  region the base input passes (copy: all-reduce of ``dh`` in backward; sequence parallel: gather
+  over the sequence, reduce-scatter in backward), so A's gradient is complete.
+* row-parallel base: A sharded on the input dim, B replicated. ``h`` is partial per rank and is
+  reduced like the base output (all-reduce, or reduce-scatter over the sequence under SP) before B.
+* fused bases (q/k/v, gate/up) get one A/B pair per projection; GQA K/V replicas
+  (``kv_size_multiplier``) sum their B gradients over the ranks that share a KV head, as the base does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nxd_core_parallel import parallel_state
+from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_core_parallel.parallel_layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+    scatter_to_tensor_model_parallel_region,
+    set_tensor_model_parallel_attributes,
+)
+from nxd_core_parallel.parallel_layers.mappings import reduce_grad_over_group
+from nxd_lora.config import LoraConfig
+from nxd_lora.naming import Slot
+
+
+def layer_kind(module: nn.Module) -> str:
+    if isinstance(module, GQAQKVColumnParallelLinear):
+        return "qkv"
+    if isinstance(module, ColumnParallelLinear):
+        return "column"
+    if isinstance(module, RowParallelLinear):
+        return "row"
+    if isinstance(module, nn.Linear):
+        return "linear"
+    raise TypeError(f"LoRA cannot adapt {type(module).__name__}")
+
+
+class LoraPiece(nn.Module):
+    """``lora_A`` ``[r, in (local)]`` and ``lora_B`` ``[out (local), r]`` for one HF module."""
+
+    def __init__(self, slot: Slot, in_full: int, in_local: int, out_local: int, config: LoraConfig,
+                 dtype: torch.dtype, device: torch.device | None) -> None:
+        super().__init__()
+        self.slot = slot
+        r = config.lora_rank
+        self.lora_A = nn.Parameter(torch.empty(r, in_local, dtype=dtype, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(out_local, r, dtype=dtype, device=device))
+        self.dropout = nn.Dropout(config.lora_dropout) if config.lora_dropout > 0 else nn.Identity()
+        if not self.lora_A.is_meta:
+            self.reset_parameters(config.init_lora_weights, in_full)
+
+    @torch.no_grad()
+    def reset_parameters(self, init: str, in_full: int) -> None:
+        """Initialise the full A (same RNG on every rank) and keep this rank's columns, so one
+        seed gives the same adapter at any TP size; B starts at zero (PEFT's defaults)."""
+        full = torch.empty(self.lora_A.shape[0], in_full, dtype=torch.float32)
+        if init == "gaussian":
+            nn.init.normal_(full, std=1.0 / self.lora_A.shape[0])
+        else:
+            nn.init.kaiming_uniform_(full, a=math.sqrt(5))
+        if self.slot.dim == 1:
+            full = full[:, list(self.slot.index)]
+        self.lora_A.copy_(full.to(self.lora_A.dtype))
+        self.lora_B.zero_()
+
+    def delta_weight(self, scaling: float) -> torch.Tensor:
+        """``scale * B @ A``: this rank's piece of the weight update."""
+        return (self.lora_B.float() @ self.lora_A.float()) * scaling
+
+
+class LoraAdapter(nn.Module):
+    """The adapters of one base layer; ``pieces`` maps HF short names to :class:`LoraPiece`."""
+
+    def __init__(self, base: nn.Module, slots: list[Slot], targeted: list[bool], config: LoraConfig) -> None:
+        super().__init__()
+        self.kind = layer_kind(base)
+        self.scaling = config.scaling
+        self.merged = False
+        self.disabled = False
+        self.slots = slots
+        self.targeted = targeted
+        weight = _first_weight(base)
+        dtype, device = weight.dtype, weight.device
+        self.out_sizes = self._local_out_sizes(base, slots)
+        in_full, in_local = _in_sizes(base, self.kind)
+        self.pieces = nn.ModuleDict()
+        sp = bool(getattr(base, "sequence_parallel_enabled", False))
+        multiplier = getattr(base, "kv_size_multiplier", 1)
+        for i, (slot, on) in enumerate(zip(slots, targeted)):
+            if not on:
+                continue
+            piece = LoraPiece(slot, in_full, in_local, self.out_sizes[i], config, dtype, device)
+            _tag(piece, self.kind, slot, sp, kv=self.kind == "qkv" and i > 0 and multiplier > 1, multiplier=multiplier)
+            if slot.short_name in self.pieces:
+                raise ValueError(f"two projections of one layer map to the same HF name {slot.short_name!r}")
+            self.pieces[slot.short_name] = piece
+
+    @staticmethod
+    def _local_out_sizes(base: nn.Module, slots: list[Slot]) -> list[int]:
+        if isinstance(base, GQAQKVColumnParallelLinear):
+            sizes = [base.q_local, base.kv_local, base.kv_local]
+        elif isinstance(base, ColumnParallelLinear):
+            local = base.weight.shape[0]
+            sizes = [len(s.index) if s.dim == 0 else local // len(slots) for s in slots]
+        else:
+            sizes = [base.weight.shape[0]] * len(slots)
+        if len(sizes) != len(slots) or (len(slots) > 1 and sum(sizes) != _local_rows(base)):
+            raise ValueError(f"layout of {type(base).__name__} does not match its weight: slots "
+                             f"{[s.hf_module for s in slots]} with local sizes {sizes}")
+        return sizes
+
+    def _piece_list(self) -> list[LoraPiece | None]:
+        return [self.pieces[s.short_name] if on else None for s, on in zip(self.slots, self.targeted)]
+
+    def _h(self, piece: LoraPiece, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(piece.dropout(x), piece.lora_A)
+
+    def delta(self, base: nn.Module, x: torch.Tensor) -> list[torch.Tensor | None]:
+        """Per projection, what to add to the base output (``None`` for untargeted ones)."""
+        pieces = self._piece_list()
+        if self.kind == "linear":
+            piece = pieces[0]
+            return [F.linear(self._h(piece, x), piece.lora_B) * self.scaling]
+        if self.kind == "row":
+            piece = pieces[0]
+            if not base.input_is_parallel:
+                x = scatter_to_tensor_model_parallel_region(x)
+            h = self._h(piece, x)
+            if base.sequence_parallel_enabled:
+                h = reduce_scatter_to_sequence_parallel_region(h, base.sequence_dimension)
+            else:
+                h = reduce_from_tensor_model_parallel_region(h)
+            return [F.linear(h, piece.lora_B) * self.scaling]
+        # column / qkv: every rank computes h from the replicated (or sequence-sharded) input
+        active = [p for p in pieces if p is not None]
+        hs = torch.cat([self._h(p, x) for p in active], dim=-1)
+        if base.sequence_parallel_enabled:
+            hs = gather_from_sequence_parallel_region(hs, base.sequence_dimension, to_model_parallel=True)
+        else:
+            hs = copy_to_tensor_model_parallel_region(hs)
+        hs = list(hs.split([p.lora_A.shape[0] for p in active], dim=-1))
+        out: list[torch.Tensor | None] = []
+        for i, p in enumerate(pieces):
+            if p is None:
+                out.append(None)
+                continue
+            b = p.lora_B
+            if self.kind == "qkv" and i > 0 and base.kv_size_multiplier > 1:
+                b = reduce_grad_over_group(b, parallel_state.get_kv_shared_group(base.kv_size_multiplier))
+            out.append(F.linear(hs.pop(0), b) * self.scaling)
+        return out
+
+    def apply(self, base: nn.Module, x: torch.Tensor, output: object) -> object:
+        """The base layer's output with the LoRA update added (the forward hook's body)."""
+        if self.merged or self.disabled or not len(self.pieces):
+            return output
+        deltas = self.delta(base, x)
+        if self.kind == "qkv":
+            q, k, v = output
+            deltas = [d if d is None or not base.gather_output else _gather_qkv(d, i, base)
+                      for i, d in enumerate(deltas)]
+            return tuple(o if d is None else o + d for o, d in zip((q, k, v), deltas))
+        main, rest = (output[0], output[1:]) if isinstance(output, tuple) else (output, None)
+        if self.kind == "column":
+            # fused base (gate/up): untargeted projections contribute zeros
+            full = [d if d is not None else main.new_zeros(*main.shape[:-1], self.out_sizes[i])
+                    for i, d in enumerate(deltas)]
+            delta = torch.cat(full, dim=-1) if len(full) > 1 else full[0]
+            if base.gather_output:
+                delta = gather_from_tensor_model_parallel_region(delta)
+        else:
+            delta = deltas[0]
+        main = main + delta
+        return (main, *rest) if rest is not None else main
+
+    # ------------------------------------------------------------------ merging
+    def weight_params(self, base: nn.Module) -> list[tuple[str, torch.Tensor, list[int]]]:
+        """``(param name, weight, indices of slots stored in it)`` in output order."""
+        if isinstance(base, GQAQKVColumnParallelLinear) and not base.fuse_qkv:
+            return [(f"weight_{n}", getattr(base, f"weight_{n}"), [i]) for i, n in enumerate("qkv")]
+        if isinstance(base, GQAQKVColumnParallelLinear):
+            return [("weight_qkv", base.weight_qkv, [0, 1, 2])]
+        return [("weight", base.weight, list(range(len(self.slots))))]
+
+    @torch.no_grad()
+    def merged_weights(self, base: nn.Module) -> dict[str, torch.Tensor]:
+        """Base weights with the update added (new tensors; the base is not changed)."""
+        out = {}
+        pieces = self._piece_list()
+        for name, weight, idx in self.weight_params(base):
+            new = weight.detach().float().clone()
+            row = 0
+            for i in idx:
+                size = self.out_sizes[i] if self.kind in ("column", "qkv") else weight.shape[0]
+                if pieces[i] is not None:
+                    new[row:row + size] += pieces[i].delta_weight(self.scaling)
+                row += size if self.kind in ("column", "qkv") else 0
+            out[name] = new.to(weight.dtype)
+        return out
+
+
+def _gather_qkv(delta: torch.Tensor, i: int, base: GQAQKVColumnParallelLinear) -> torch.Tensor:
+    full = gather_from_tensor_model_parallel_region(delta)
+    return full if i == 0 else full[..., : base.kv_size]
+
+
+def _first_weight(base: nn.Module) -> torch.Tensor:
+    if isinstance(base, GQAQKVColumnParallelLinear):
+        return base.weight_qkv if base.fuse_qkv else base.weight_q
+    return base.weight
+
+
+def _local_rows(base: nn.Module) -> int:
+    if isinstance(base, GQAQKVColumnParallelLinear):
+        return base.q_local + 2 * base.kv_local
+    return base.weight.shape[0]
+
+
+def _in_sizes(base: nn.Module, kind: str) -> tuple[int, int]:
+    if kind == "linear":
+        return base.in_features, base.in_features
+    if kind == "row":
+        return base.input_size, base.weight.shape[1]
+    return base.input_size, base.input_size
+
+
+def _tag(piece: LoraPiece, kind: str, slot: Slot, sp: bool, kv: bool, multiplier: int) -> None:
+    """Parameter attributes that checkpoint resharding, grad clipping and SP grad sync read."""
+    a, b = piece.lora_A, piece.lora_B
+    sharded_b = kind in ("column", "qkv") and slot.dim == 0
+    sharded_a = kind == "row" and slot.dim == 1
+    set_tensor_model_parallel_attributes(a, sharded_a, 1 if sharded_a else -1, 1)
+    set_tensor_model_parallel_attributes(b, sharded_b, 0 if sharded_b else -1, 1)
+    if kv:
+        b.kv_size_multiplier = multiplier
+    if sp and kind in ("column", "qkv"):
+        a.sequence_parallel_enabled = True  # h is computed on a sequence shard: dA is partial per rank
+    if sp and kind == "row":
+        b.sequence_parallel_enabled = True  # B sees only this rank's sequence shard of h

@@ -1,0 +1,172 @@
+"""``LoRAModel``: inject adapters into a model, freeze the base, merge and unmerge."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from nxd.errors import ConfigError
+from nxd_lora.config import LoraConfig
+from nxd_lora.layers import LoraAdapter
+from nxd_lora.naming import SUPPORTED_LAYERS, Plan, model_plan, model_spec_for, slots_for, tp_size_rank
+
+
+def _matches(targets: list[str] | str, names: list[str]) -> bool:
+    """PEFT's rule: a list entry matches a dotted name it equals or ends with (``.q_proj``); a
+    string is a regex matched against the whole name. Any of ``names`` may match."""
+    if isinstance(targets, str):
+        return any(re.fullmatch(targets, n) for n in names)
+    return any(n == t or n.endswith("." + t) for t in targets for n in names)
+
+
+def _safe(name: str) -> str:
+    return name.replace(".", "__")
+
+
+class LoRAModel(nn.Module):
+    """Wrap ``module`` with LoRA adapters described by ``lora_config`` (NxD's ``LoRAModel``).
+
+    Base parameters keep their names under ``module.`` and are frozen; adapters live in
+    ``lora_layers`` and are the only trainable parameters (plus biases with ``bias="all"`` or
+    ``"lora_only"``). The wrapper forwards calls and unknown attributes to ``module``.
+    """
+
+    def __init__(self, module: nn.Module, lora_config: LoraConfig) -> None:
+        super().__init__()
+        if not isinstance(lora_config, LoraConfig):
+            raise ConfigError(f"lora_config must be an nxd_lora.LoraConfig, got {type(lora_config).__name__}")
+        if isinstance(module, LoRAModel):
+            raise ValueError("the model already has LoRA adapters")
+        self.module = module
+        self.lora_config = lora_config
+        self.lora_layers = nn.ModuleDict()
+        self._plan: Plan | None = model_plan(module)
+        self._bases: dict[str, nn.Module] = {}
+        self._originals: dict[str, torch.Tensor] = {}
+        self._hooks: list[Any] = []
+        self._inject()
+        self._freeze()
+
+    # ------------------------------------------------------------------ set-up
+    def _targets(self) -> list[str] | str:
+        targets = self.lora_config.target_modules
+        if targets is None:
+            spec = model_spec_for(self.module)
+            targets = list(getattr(spec, "lora_target_modules", ()) or ())
+            if not targets:
+                raise ConfigError("LoraConfig.target_modules is None and the model spec has no default "
+                                  "lora_target_modules; name the modules, e.g. ['q_proj', 'v_proj']")
+            self.lora_config.target_modules = targets
+        return targets
+
+    def _inject(self) -> None:
+        targets = self._targets()
+        tp, rank = tp_size_rank()
+        for name, sub in self.module.named_modules():
+            if not name:
+                continue
+            if not isinstance(sub, SUPPORTED_LAYERS):
+                if isinstance(targets, list) and _matches(targets, [name]) and not any(
+                        isinstance(c, SUPPORTED_LAYERS) for c in sub.modules()):
+                    raise ConfigError(
+                        f"LoraConfig.target_modules matches {name} ({type(sub).__name__}), which LoRA cannot adapt; "
+                        f"supported layers: {', '.join(c.__name__ for c in SUPPORTED_LAYERS)}"
+                    )
+                continue
+            slots = slots_for(name, sub, self._plan, tp, rank)
+            targeted = [_matches(targets, [name, s.hf_module]) for s in slots]
+            if not any(targeted):
+                continue
+            adapter = LoraAdapter(sub, slots, targeted, self.lora_config)
+            self.lora_layers[_safe(name)] = adapter
+            self._bases[name] = sub
+            self._hooks.append(sub.register_forward_hook(_make_hook(adapter), with_kwargs=True))
+        if not len(self.lora_layers):
+            raise ConfigError(f"LoraConfig.target_modules={targets!r} matched no adaptable layer of "
+                              f"{type(self.module).__name__}")
+
+    def _freeze(self) -> None:
+        mode = self.lora_config.bias
+        lora_bases = set(self._bases)
+        for name, param in self.module.named_parameters():
+            owner, _, leaf = name.rpartition(".")
+            is_bias = leaf.startswith("bias")
+            param.requires_grad_(is_bias and (mode == "all" or (mode == "lora_only" and owner in lora_bases)))
+
+    # ------------------------------------------------------------------ queries
+    def get_base_model(self) -> nn.Module:
+        return self.module
+
+    def adapters(self) -> dict[str, tuple[nn.Module, LoraAdapter]]:
+        """``{base layer name: (base layer, adapter)}``."""
+        return {name: (base, self.lora_layers[_safe(name)]) for name, base in self._bases.items()}
+
+    @property
+    def plan(self) -> Plan | None:
+        return self._plan
+
+    def trainable_parameters(self) -> tuple[int, int]:
+        """``(trainable, total)`` parameter counts on this rank."""
+        params = list(self.parameters())
+        return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+    def print_trainable_parameters(self) -> str:
+        trainable, total = self.trainable_parameters()
+        line = f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
+        print(line)
+        return line
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["module"], name)
+
+    # ------------------------------------------------------------------ merge
+    @torch.no_grad()
+    def merge_lora(self) -> None:
+        """Add every adapter's update into its base weight (the hooks then add nothing). The original
+        weights are kept so :meth:`unmerge_lora` restores them bit for bit."""
+        for name, (base, adapter) in self.adapters().items():
+            if adapter.merged:
+                continue
+            for pname, new in adapter.merged_weights(base).items():
+                weight = getattr(base, pname)
+                self._originals[f"{name}.{pname}"] = weight.detach().clone()
+                weight.copy_(new)
+            adapter.merged = True
+
+    @torch.no_grad()
+    def unmerge_lora(self) -> None:
+        """Undo :meth:`merge_lora` exactly (restores the stored base weights)."""
+        for name, (base, adapter) in self.adapters().items():
+            if not adapter.merged:
+                continue
+            for pname, _, _ in adapter.weight_params(base):
+                getattr(base, pname).copy_(self._originals.pop(f"{name}.{pname}"))
+            adapter.merged = False
+
+    def set_adapters_enabled(self, enabled: bool) -> None:
+        """Switch the adapters off (base model outputs) or back on."""
+        for adapter in self.lora_layers.values():
+            adapter.disabled = not enabled
+
+
+def _make_hook(adapter: LoraAdapter):
+    def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        x = args[0] if args else next(iter(kwargs.values()))
+        return adapter.apply(module, x, output)
+
+    return hook
+
+
+def get_lora_model(model: nn.Module, lora_config: LoraConfig) -> LoRAModel:
+    """NxD's helper: ``LoRAModel(model, lora_config)``."""
+    return LoRAModel(model, lora_config)

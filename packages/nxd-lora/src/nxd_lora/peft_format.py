@@ -1,0 +1,265 @@
+"""PEFT's adapter files: ``adapter_config.json`` + ``adapter_model.safetensors``.
+
+Tensor keys are ``base_model.model.<HF module>.lora_A.weight`` (``[r, in]``) and ``...lora_B.weight``
+(``[out, r]``) with Hugging Face module names: fused q/k/v and gate/up are written as separate
+modules, TP shards are gathered, GQA KV replicas are written once. Only configuration keys that
+PEFT has long accepted are written, so older PEFT releases load the files too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from nxd.errors import ConfigError
+from nxd_core_parallel import parallel_state
+from nxd_lora.config import LoraConfig
+from nxd_lora.naming import bias_pieces, model_spec_for, slots_for, tp_size_rank
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+
+#: (key, dim or None, index) pieces that make up one local tensor, in local order
+Pieces = list[tuple[str, int | None, tuple[int, ...]]]
+
+
+# --------------------------------------------------------------------------- config
+def peft_config_dict(config: LoraConfig, target_names: list[str], task_type: str | None = None) -> dict[str, Any]:
+    """``adapter_config.json`` content for ``config`` (PEFT's key names only). ``task_type``:
+    ``"CAUSAL_LM"`` for language models (PEFT then builds ``PeftModelForCausalLM``)."""
+    targets = config.target_modules if isinstance(config.target_modules, str) else sorted(target_names)
+    return {
+        "peft_type": "LORA",
+        "task_type": task_type,
+        "base_model_name_or_path": config.base_model_name_or_path,
+        "revision": None,
+        "inference_mode": True,
+        "r": config.lora_rank,
+        "lora_alpha": config.lora_alpha,
+        "lora_dropout": config.lora_dropout,
+        "target_modules": targets,
+        "bias": config.bias,
+        "use_rslora": config.use_rslora,
+        "init_lora_weights": True if config.init_lora_weights == "default" else "gaussian",
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "use_dora": False,
+    }
+
+
+#: PEFT settings nxd-lora cannot reproduce: key -> values that are fine
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "use_dora": (False, None), "fan_in_fan_out": (False, None), "rank_pattern": ({}, None),
+    "alpha_pattern": ({}, None), "layers_to_transform": (None, []), "modules_to_save": (None, []),
+    "lora_bias": (False, None), "target_parameters": (None, []), "layer_replication": (None,),
+    "exclude_modules": (None, []), "use_qalora": (False, None),
+}
+
+
+def read_peft_config(adapter_dir: str | Path, **overrides: Any) -> LoraConfig:
+    """A :class:`LoraConfig` from a PEFT (or nxd) ``adapter_config.json``."""
+    path = Path(adapter_dir) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no {CONFIG_NAME}; an adapter directory holds {CONFIG_NAME} and {WEIGHTS_NAME}")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as err:
+        raise ConfigError(f"{path}: not valid JSON: {err}") from None
+    if data.get("peft_type", "LORA") != "LORA":
+        raise ConfigError(f"{path}: peft_type={data.get('peft_type')!r}; only LORA adapters are supported")
+    for key, fine in _UNSUPPORTED.items():
+        if key in data and data[key] not in fine:
+            raise ConfigError(f"{path}: {key}={data[key]!r} is not supported by nxd-lora (supported: {fine[0]!r})")
+    for key in ("r", "lora_alpha", "target_modules"):
+        if key not in data:
+            raise ConfigError(f"{path}: missing required key {key!r}")
+    targets = data["target_modules"]
+    init = data.get("init_lora_weights", True)
+    fields = dict(
+        enable_lora=True, lora_rank=data["r"], lora_alpha=data["lora_alpha"],
+        lora_dropout=data.get("lora_dropout") or 0.0, bias=data.get("bias", "none"),
+        target_modules=targets if isinstance(targets, str) else sorted(targets),
+        use_rslora=bool(data.get("use_rslora", False)),
+        init_lora_weights="gaussian" if init == "gaussian" else "default",
+        base_model_name_or_path=data.get("base_model_name_or_path"),
+    )
+    fields.update(overrides)
+    try:
+        return LoraConfig(**fields)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+# --------------------------------------------------------------------------- gather / place
+def _tp_gather(local: torch.Tensor, sharded: bool, tp: int) -> list[torch.Tensor]:
+    local = local.detach().contiguous()
+    if tp == 1 or not sharded:
+        return [local] * tp
+    shards = [torch.empty_like(local) for _ in range(tp)]
+    dist.all_gather(shards, local, group=parallel_state.get_tensor_model_parallel_group())
+    return shards
+
+
+def _place(chunks: dict[str, list[tuple[int | None, tuple[int, ...], torch.Tensor]]], pieces: Pieces,
+           shard: torch.Tensor) -> None:
+    dim = pieces[0][1]
+    sizes = [len(index) for _, _, index in pieces] if dim is not None else [shard.shape[0]]
+    parts = shard.split(sizes, dim=dim) if len(pieces) > 1 else [shard]
+    for (key, d, index), part in zip(pieces, parts):
+        chunks.setdefault(key, []).append((d, index, part))
+
+
+def _assemble(key: str, parts: list[tuple[int | None, tuple[int, ...], torch.Tensor]]) -> torch.Tensor:
+    dim = parts[0][0]
+    if dim is None:
+        return parts[0][2].clone()
+    size = 1 + max(i for _, index, _ in parts for i in index)
+    shape = list(parts[0][2].shape)
+    shape[dim] = size
+    out = torch.zeros(shape, dtype=parts[0][2].dtype)
+    seen = torch.zeros(size, dtype=torch.bool)
+    for _, index, part in parts:
+        idx = torch.tensor(index, dtype=torch.long)
+        out.index_copy_(dim, idx, part.to(out.dtype).cpu())
+        seen[idx] = True  # KV replicas write the same rows again: written once in the file
+    if not bool(seen.all()):
+        raise RuntimeError(f"{key}: TP shards do not cover rows/columns {torch.nonzero(~seen).flatten().tolist()[:8]}")
+    return out
+
+
+def _lora_pieces(name: str, base: torch.nn.Module, plan: Any, tp: int, short: str, which: str
+                 ) -> Callable[[int], Pieces]:
+    def pieces(rank: int) -> Pieces:
+        slot = next(s for s in slots_for(name, base, plan, tp, rank) if s.short_name == short)
+        key = f"{PREFIX}{slot.hf_module}.{which}.weight"
+        sharded_dim = 1 if which == "lora_A" else 0
+        if slot.dim == sharded_dim:
+            return [(key, sharded_dim, slot.index)]
+        return [(key, None, ())]
+
+    return pieces
+
+
+def collect_adapter_state_dict(lora_model: Any) -> dict[str, torch.Tensor]:
+    """Every adapter tensor under its PEFT key, gathered over TP (collective: every TP rank calls
+    it). Returns the tensors on every rank (adapters are small)."""
+    if parallel_state.model_parallel_is_initialized() and parallel_state.get_pipeline_model_parallel_size() > 1:
+        raise NotImplementedError("LoRA adapter export with pipeline parallelism is not supported yet (use PP=1)")
+    tp, _ = tp_size_rank()
+    plan = lora_model.plan
+    chunks: dict[str, list] = {}
+    for name, (base, adapter) in sorted(lora_model.adapters().items()):
+        for short, piece in adapter.pieces.items():
+            for which, param in (("lora_A", piece.lora_A), ("lora_B", piece.lora_B)):
+                pieces_of = _lora_pieces(name, base, plan, tp, short, which)
+                sharded = bool(getattr(param, "tensor_model_parallel", False))
+                for rank, shard in enumerate(_tp_gather(param, sharded, tp)):
+                    _place(chunks, pieces_of(rank), shard)
+    if lora_model.lora_config.bias != "none":
+        for pname, param in sorted(lora_model.module.named_parameters()):
+            if not param.requires_grad:
+                continue
+            sharded = bool(getattr(param, "tensor_model_parallel", False))
+            for rank, shard in enumerate(_tp_gather(param, sharded, tp)):
+                pieces = [(PREFIX + k, d, i) for k, d, i in bias_pieces(pname, plan, tp, rank, param)]
+                _place(chunks, pieces, shard)
+    return {key: _assemble(key, parts) for key, parts in chunks.items()}
+
+
+def target_names(lora_model: Any) -> list[str]:
+    """HF short names of the adapted modules (PEFT's ``target_modules``)."""
+    return sorted({short for _, adapter in lora_model.adapters().values() for short in adapter.pieces})
+
+
+def _is_writer() -> bool:
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def save_adapter(lora_model: Any, out_dir: str | Path, embed_config: bool = False) -> Path:
+    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` (collective; global rank 0 writes)."""
+    tensors = collect_adapter_state_dict(lora_model)
+    out = Path(out_dir)
+    task = "CAUSAL_LM" if model_spec_for(lora_model.module) is not None else None
+    config = peft_config_dict(lora_model.lora_config, target_names(lora_model), task)
+    if _is_writer():
+        out.mkdir(parents=True, exist_ok=True)
+        metadata = {"format": "pt"}
+        if embed_config:
+            metadata["nxd_lora_config"] = json.dumps(lora_model.lora_config.to_dict())
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_NAME), metadata=metadata)
+        (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return out
+
+
+# --------------------------------------------------------------------------- load
+def _read_tensors(adapter_dir: Path) -> dict[str, torch.Tensor]:
+    path = adapter_dir / WEIGHTS_NAME
+    if path.is_file():
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    legacy = adapter_dir / "adapter_model.bin"
+    if legacy.is_file():
+        return torch.load(str(legacy), map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{adapter_dir}: no {WEIGHTS_NAME} (or adapter_model.bin)")
+
+
+def _normalise_key(key: str) -> str:
+    # PEFT strips the adapter name on save; tolerate files that kept ".default".
+    return key.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+
+
+@torch.no_grad()
+def load_adapter(lora_model: Any, adapter_dir: str | Path, strict: bool = True) -> None:
+    """Load PEFT adapter weights into ``lora_model``'s adapters (each rank takes its shard)."""
+    adapter_dir = Path(adapter_dir)
+    tensors = {_normalise_key(k): v for k, v in _read_tensors(adapter_dir).items()}
+    tp, rank = tp_size_rank()
+    plan = lora_model.plan
+    used: set[str] = set()
+    for name, (base, adapter) in sorted(lora_model.adapters().items()):
+        for short, piece in adapter.pieces.items():
+            for which, param in (("lora_A", piece.lora_A), ("lora_B", piece.lora_B)):
+                [(key, dim, index)] = _lora_pieces(name, base, plan, tp, short, which)(rank)
+                if key not in tensors:
+                    raise KeyError(f"{adapter_dir / WEIGHTS_NAME}: missing {key} (the adapter's target_modules do "
+                                   "not cover this layer)")
+                full = tensors[key]
+                local = full if dim is None else full.index_select(dim, torch.tensor(index, dtype=torch.long))
+                if tuple(local.shape) != tuple(param.shape):
+                    raise ValueError(f"{adapter_dir / WEIGHTS_NAME}: {key} has shape {list(full.shape)}, which gives "
+                                     f"{list(local.shape)} on TP rank {rank}; the adapter here needs {list(param.shape)}")
+                param.copy_(local.to(param.dtype))
+                used.add(key)
+    if lora_model.lora_config.bias != "none":
+        for pname, param in lora_model.module.named_parameters():
+            if not param.requires_grad:
+                continue
+            parts = []
+            pieces = bias_pieces(pname, plan, tp, rank, param)
+            for key, dim, index in pieces:
+                key = PREFIX + key
+                if key not in tensors:
+                    continue
+                full = tensors[key]
+                parts.append(full if dim is None else full.index_select(dim, torch.tensor(index, dtype=torch.long)))
+                used.add(key)
+            if parts and len(parts) == len(pieces):
+                param.copy_(torch.cat(parts, dim=pieces[0][1] or 0).to(param.dtype))
+    leftover = sorted(set(tensors) - used)
+    if leftover and strict:
+        raise ValueError(f"{adapter_dir / WEIGHTS_NAME}: tensors that match no adapter here: {leftover[:5]}"
+                         f"{' ...' if len(leftover) > 5 else ''}; check target_modules, or pass strict=False")

@@ -1,0 +1,156 @@
+"""nxd-ckpt benchmark: save throughput and how long async save blocks the training loop.
+
+Runs side by side in one process (a one-rank gloo group):
+  * save throughput of ``nxd.save_checkpoint`` against a raw sequential write (+fsync) of the same
+    number of bytes to the same disk, ``torch.save`` and ``torch.distributed.checkpoint.save``;
+  * the time a training loop is blocked by saving: sync vs async (ours) and DCP's ``async_save``.
+Usage: python benchmarks/bench_ckpt.py [--mb 128] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+import nxd
+
+
+def make_state(total_mb: int) -> dict[str, torch.Tensor]:
+    n = 16
+    per = total_mb * 2**20 // 4 // n
+    g = torch.Generator().manual_seed(0)
+    return {f"layer{i}.weight": torch.randn(per, generator=g) for i in range(n)}
+
+
+class StateModule(torch.nn.Module):
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        for k, v in state.items():
+            self.register_parameter(k.replace(".", "_"), torch.nn.Parameter(v))
+
+
+def raw_write(path: str, state: dict[str, torch.Tensor]) -> None:
+    with open(path, "wb") as f:
+        for t in state.values():
+            f.write(t.numpy().tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def torch_save(path: str, state: dict[str, torch.Tensor]) -> None:
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def throughput(root: str, mb: int, repeats: int) -> list[tuple[str, float]]:
+    state = make_state(mb)
+    model = StateModule(state)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    counter = iter(range(10**6))
+    rows = [
+        ("raw sequential write + fsync", best_of(lambda: raw_write(os.path.join(root, f"raw{next(counter)}"), state), repeats)),
+        ("torch.save + fsync (peer)", best_of(lambda: torch_save(os.path.join(root, f"ts{next(counter)}"), state), repeats)),
+        ("torch DCP save (peer)", best_of(lambda: dcp.save({"model": state}, checkpoint_id=os.path.join(root, f"dcp{next(counter)}")), repeats)),
+        ("nxd.save_checkpoint (torch fmt)", best_of(lambda: nxd.save_checkpoint(
+            os.path.join(root, "nxd"), f"t{next(counter)}", model=model, save_rng=False), repeats)),
+        ("nxd.save_checkpoint (safetensors)", best_of(lambda: nxd.save_checkpoint(
+            os.path.join(root, "nxds"), f"t{next(counter)}", model=model, format="safetensors", save_rng=False), repeats)),
+    ]
+    return [(name, nbytes / t / 2**20) for name, t in rows]
+
+
+def training_loop(steps: int, save_every: int, save) -> tuple[float, float]:
+    """(loop wall time, time spent inside the save calls = time the loop was blocked)."""
+    torch.manual_seed(0)
+    a = torch.randn(384, 384)
+    blocked = 0.0
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        for _ in range(12):  # ~a training step of compute
+            a = torch.tanh(a @ a) * 0.5
+        if save is not None and step % save_every == 0:
+            s0 = time.perf_counter()
+            save(step)
+            blocked += time.perf_counter() - s0
+    return time.perf_counter() - t0, blocked
+
+
+def blocking(root: str, mb: int, steps: int, save_every: int) -> list[tuple[str, float, float]]:
+    model = StateModule(make_state(mb))
+    opt_state = {"model": model.state_dict()}
+
+    def nxd_sync(step: int) -> None:
+        nxd.save_checkpoint(os.path.join(root, "loop_sync"), f"s{step}", model=model, num_kept_ckpts=1, save_rng=False)
+
+    def nxd_async(step: int) -> None:
+        nxd.save_checkpoint(os.path.join(root, "loop_async"), f"s{step}", model=model, num_kept_ckpts=1,
+                            async_save=True, save_rng=False)
+
+    pending: list = []
+
+    def dcp_async(step: int) -> None:
+        if pending:
+            pending.pop().result()
+        pending.append(dcp.async_save(opt_state, checkpoint_id=os.path.join(root, f"loop_dcp{step}")))
+
+    base, _ = training_loop(steps, save_every, None)
+    rows = [("no save (baseline)", base, 0.0)]
+    for name, fn, finish in (("sync save (nxd)", nxd_sync, None), ("async save (nxd)", nxd_async, nxd.finalize_checkpoint),
+                             ("DCP async_save (peer)", dcp_async, lambda: pending and pending.pop().result())):
+        t, blocked = training_loop(steps, save_every, fn)
+        if finish:
+            finish()
+        rows.append((name, t, blocked))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mb", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--save-every", type=int, default=16)
+    parser.add_argument("--dir", default=None, help="scratch directory on the disk to measure (default: a temp dir)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    root = tempfile.mkdtemp(dir=args.dir)
+    store = dist.FileStore(os.path.join(root, "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        rows = throughput(root, args.mb, args.repeats)
+        raw = rows[0][1]
+        print(f"\nSave throughput, {args.mb} MiB of fp32 tensors (best of {args.repeats})")
+        print(f"{'writer':38s} {'MiB/s':>9s} {'vs raw':>8s}")
+        for name, mbps in rows:
+            print(f"{name:38s} {mbps:9.1f} {mbps / raw:8.2f}")
+        loop = blocking(root, args.mb, args.steps, args.save_every)
+        sync_blocked = loop[1][2]  # time inside the save calls
+        print(f"\nTraining loop blocked by saving ({args.steps} steps, a save every {args.save_every}, {args.mb} MiB)")
+        print(f"{'mode':38s} {'loop s':>9s} {'blocked s':>10s} {'vs sync':>8s}")
+        for name, t, blocked in loop:
+            print(f"{name:38s} {t:9.2f} {blocked:10.2f} {blocked / sync_blocked if sync_blocked > 0 else float('nan'):8.2f}")
+    finally:
+        dist.destroy_process_group()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

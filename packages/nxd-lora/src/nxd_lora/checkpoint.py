@@ -107,21 +107,20 @@ def find_adapter_dir(save_dir: str | Path, tag: str | None = None) -> Path:
     )
 
 
-def lora_model_from_config(module: nn.Module, lora_config: LoraConfig) -> LoRAModel:
-    """``LoRAModel(module, lora_config)``; with ``load_lora_from_ckpt=True`` the adapter's shape
-    settings (rank, alpha, targets, rsLoRA, bias) come from the saved ``adapter_config.json``
-    and its weights are loaded."""
-    if not lora_config.load_lora_from_ckpt:
-        return LoRAModel(module, lora_config)
+def saved_config(lora_config: LoraConfig) -> tuple[LoraConfig, Path]:
+    """For ``load_lora_from_ckpt=True``: the adapter folder, and ``lora_config`` with the adapter's
+    shape settings (rank, alpha, targets, rsLoRA, bias) taken from its ``adapter_config.json``."""
     adapter_dir = find_adapter_dir(lora_config.lora_save_dir, lora_config.lora_load_tag)
     saved = read_peft_config(adapter_dir)
     keep = {k: getattr(lora_config, k) for k in ("lora_dropout", "save_lora_base", "merge_lora",
                                                   "save_lora_config_adapter", "lora_save_dir", "lora_load_tag",
                                                   "lora_verbose", "merge_sharded_lora")}
-    merged = LoraConfig.from_dict({**saved.to_dict(), **keep, "load_lora_from_ckpt": True})
-    lora = LoRAModel(module, merged)
-    load_adapter(lora, adapter_dir)
-    return lora
+    return LoraConfig.from_dict({**saved.to_dict(), **keep, "load_lora_from_ckpt": True}), adapter_dir
+
+
+def lora_model_from_config(module: nn.Module, lora_config: LoraConfig) -> LoRAModel:
+    """``LoRAModel(module, lora_config)`` (loads the saved adapter with ``load_lora_from_ckpt=True``)."""
+    return LoRAModel(module, lora_config)
 
 
 def from_pretrained(module: nn.Module, adapter_dir: str | Path, is_trainable: bool = True,

@@ -40,6 +40,11 @@ class LoRAModel(nn.Module):
             raise ConfigError(f"lora_config must be an nxd_lora.LoraConfig, got {type(lora_config).__name__}")
         if isinstance(module, LoRAModel):
             raise ValueError("the model already has LoRA adapters")
+        adapter_dir = None
+        if lora_config.load_lora_from_ckpt:
+            from nxd_lora.checkpoint import saved_config
+
+            lora_config, adapter_dir = saved_config(lora_config)
         self.module = module
         self.lora_config = lora_config
         self.lora_layers = nn.ModuleDict()
@@ -49,6 +54,12 @@ class LoRAModel(nn.Module):
         self._hooks: list[Any] = []
         self._inject()
         self._freeze()
+        if adapter_dir is not None:
+            from nxd_lora.peft_format import load_adapter
+
+            load_adapter(self, adapter_dir)
+        if lora_config.lora_verbose:
+            self.print_trainable_parameters()
 
     # ------------------------------------------------------------------ set-up
     def _targets(self) -> list[str] | str:

@@ -152,6 +152,16 @@ def _lora_pieces(name: str, base: torch.nn.Module, plan: Any, tp: int, short: st
     return pieces
 
 
+def _adapted_modules(lora_model: Any) -> set[str]:
+    return {piece.slot.hf_module for _, adapter in lora_model.adapters().values() for piece in adapter.pieces.values()}
+
+
+def _bias_key(hf_key: str, adapted: set[str]) -> str:
+    """PEFT names the bias of an adapted module ``<module>.base_layer.bias``."""
+    module, _, leaf = hf_key.rpartition(".")
+    return f"{PREFIX}{module}.base_layer.{leaf}" if module in adapted else PREFIX + hf_key
+
+
 def collect_adapter_state_dict(lora_model: Any) -> dict[str, torch.Tensor]:
     """Every adapter tensor under its PEFT key, gathered over TP (collective: every TP rank calls
     it). Returns the tensors on every rank (adapters are small)."""
@@ -168,12 +178,13 @@ def collect_adapter_state_dict(lora_model: Any) -> dict[str, torch.Tensor]:
                 for rank, shard in enumerate(_tp_gather(param, sharded, tp)):
                     _place(chunks, pieces_of(rank), shard)
     if lora_model.lora_config.bias != "none":
+        adapted = _adapted_modules(lora_model)
         for pname, param in sorted(lora_model.module.named_parameters()):
             if not param.requires_grad:
                 continue
             sharded = bool(getattr(param, "tensor_model_parallel", False))
             for rank, shard in enumerate(_tp_gather(param, sharded, tp)):
-                pieces = [(PREFIX + k, d, i) for k, d, i in bias_pieces(pname, plan, tp, rank, param)]
+                pieces = [(_bias_key(k, adapted), d, i) for k, d, i in bias_pieces(pname, plan, tp, rank, param)]
                 _place(chunks, pieces, shard)
     return {key: _assemble(key, parts) for key, parts in chunks.items()}
 
@@ -245,13 +256,14 @@ def load_adapter(lora_model: Any, adapter_dir: str | Path, strict: bool = True) 
                 param.copy_(local.to(param.dtype))
                 used.add(key)
     if lora_model.lora_config.bias != "none":
+        adapted = _adapted_modules(lora_model)
         for pname, param in lora_model.module.named_parameters():
             if not param.requires_grad:
                 continue
             parts = []
             pieces = bias_pieces(pname, plan, tp, rank, param)
             for key, dim, index in pieces:
-                key = PREFIX + key
+                key = _bias_key(key, adapted) if _bias_key(key, adapted) in tensors else PREFIX + key
                 if key not in tensors:
                     continue
                 full = tensors[key]

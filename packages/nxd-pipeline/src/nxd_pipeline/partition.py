@@ -108,7 +108,7 @@ def stage_bounds_from_cuts(cuts: Sequence[Any], num_stages: int, num_layers: int
     if len(cuts) != num_stages - 1:
         raise ConfigError(
             f"pipeline_config.pipeline_cuts has {len(cuts)} cut(s) but pipeline_parallel_size x "
-            f"virtual_pipeline_size = {num_stages} stages need {num_stages - 1}"
+            f"virtual_pipeline_size = {num_stages} stages needs {num_stages - 1}"
         )
     ends = [_layer_index(c, layers_path, num_layers) + 1 for c in cuts]
     if ends != sorted(set(ends)):

@@ -5,7 +5,9 @@ that owns parameters directly. The input pass asks autograd for the gradients of
 and of those outputs only, so no weight gradient is computed (autograd skips edges nobody asked
 for). The weight pass later turns each recorded output gradient into its module's parameter
 gradients, a short local backward through that module alone. Parameters used outside any module
-forward (e.g. a tied weight read functionally) are handled in the input pass, so nothing is lost.
+forward (e.g. a tied weight read functionally) or by several module calls are handled in the
+input pass, so nothing is lost or counted twice. Not supported: a parameter used both inside a
+module's forward and functionally upstream of it within one stage.
 """
 
 from __future__ import annotations
@@ -56,6 +58,17 @@ def record_param_outputs(stage_params: Sequence[nn.Parameter]) -> Iterator[Recor
         yield rec
     finally:
         handle.remove()
+    # A parameter recorded by several module calls (tied weights, a module used twice) is reachable
+    # from one call's output through another call's input: a per-module weight pass would count
+    # it twice. Such parameters get their gradient in the input pass instead.
+    uses: dict[int, int] = {}
+    for params, _ in rec.outputs:
+        for p in params:
+            uses[id(p)] = uses.get(id(p), 0) + 1
+    shared = {pid for pid, n in uses.items() if n > 1}
+    rec.outputs = [([p for p in params if id(p) not in shared], outs) for params, outs in rec.outputs]
+    rec.outputs = [(params, outs) for params, outs in rec.outputs if params]
+    covered -= shared
     rec.uncovered = [p for p in stage_params if p.requires_grad and id(p) not in covered]
 
 

@@ -96,6 +96,42 @@ def test_dp2_with_clipping_matches(rank_pool):
     assert worst < 1e-6
 
 
+def state_bytes_body() -> dict:
+    """Bytes of optimizer state (AdamW exp_avg/exp_avg_sq) and fp32 master shard on this rank."""
+    model = make_model()
+    opt = NeuronZero1Optimizer(param_groups(model), torch.optim.AdamW, **HPARAMS)
+    x, y = batches(1)[0]
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    state = sum(t.numel() * t.element_size() for s in opt.optim.state.values() for k, t in s.items() if k != "step")
+    master = sum(s.numel() * s.element_size() for s in opt._shards)
+    return {"state": state, "master": master}
+
+
+def unsharded_state_bytes() -> int:
+    model = make_model()
+    opt = torch.optim.AdamW(param_groups(model), **HPARAMS)
+    x, y = batches(1)[0]
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    return sum(t.numel() * t.element_size() for s in opt.state.values() for k, t in s.items() if k != "step")
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_optimizer_state_per_rank_is_one_over_dp(rank_pool, dp):
+    full = unsharded_state_bytes()
+    per_rank = rank_pool(dp).run(state_bytes_body)
+    numels = [sum(p.numel() for p in g["params"]) for g in param_groups(make_model())]
+    # exactly 1/DP of each group's flat buffer, which is padded up to a multiple of DP
+    padded = sum(-(-n // dp) * dp for n in numels)
+    for r in per_rank:
+        assert r["state"] == 2 * 4 * padded // dp
+        assert r["master"] == 4 * padded // dp
+    ratio = per_rank[0]["state"] / full
+    print(f"DP={dp}: AdamW state {per_rank[0]['state']} B/rank vs {full} B unsharded = {ratio:.4f} (1/DP = {1 / dp:.4f})")
+    assert abs(ratio - 1 / dp) < 2 * dp / sum(numels)  # only the padding (< DP elements per group) differs
+
+
 def test_dp4_matches_single_process_adamw(rank_pool):
     worst = check(rank_pool(4).run(zero1_body, STEPS, 0.05, "auto"), STEPS, 0.05)
     print(f"DP=4 clipped: max relative diff = {worst:.2e}")

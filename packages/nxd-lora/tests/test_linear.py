@@ -182,3 +182,19 @@ def test_bad_adapters_and_targets_are_named(tmp_path):
         from_pretrained(copy.deepcopy(base), tmp_path)
     with pytest.raises(FileNotFoundError, match="lora_save_dir"):
         find_adapter_dir(tmp_path / "missing", "t")
+
+
+def test_initialize_parallel_model_applies_lora_only_when_enabled():
+    import nxd
+    from nxd_lora.checkpoint import unwrap_lora
+
+    on = nxd.initialize_parallel_model(nxd.neuronx_distributed_config(lora_config=_cfg()), _base)
+    lora = unwrap_lora(on)
+    assert isinstance(lora, LoRAModel) and len(lora.lora_layers) == 6
+    assert sorted(n for n, p in on.named_parameters() if p.requires_grad) == sorted(
+        n for n, _ in on.named_parameters() if n.startswith("lora_layers."))
+    for off in (None, LoraConfig(enable_lora=False, target_modules=["q_proj"])):
+        plain = nxd.initialize_parallel_model(nxd.neuronx_distributed_config(lora_config=off), _base)
+        with pytest.raises(TypeError, match="LoRA"):
+            unwrap_lora(plain)
+        assert all(p.requires_grad for p in plain.parameters())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,9 +76,10 @@ class _InFlight:
 
 
 def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], micro: list[dict[str, Any]],
-                 num_stages: int, train: bool = True) -> list[torch.Tensor]:
+                 num_stages: int, train: bool = True, trace: list | None = None) -> list[torch.Tensor]:
     """Execute ``actions`` on this rank; returns the last stage's per-micro-batch losses (empty
-    elsewhere). Backward scales each loss by ``1 / len(micro)`` (mean over micro-batches)."""
+    elsewhere). Backward scales each loss by ``1 / len(micro)`` (mean over micro-batches).
+    ``trace``, when given, receives ``(action, compute_seconds)`` per action (receives excluded)."""
     p, r, m = pg.size, pg.rank, len(micro)
     comm = P2P(pg)
     flights: dict[tuple[int, int], _InFlight] = {}
@@ -95,6 +97,7 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
                     x = comm.recv_activation((stage - 1) % p, stage, a.microbatch)
                     if train and x.is_floating_point():
                         x.requires_grad_()
+                t0 = time.perf_counter()
                 if train and split:
                     if stage not in params_by_stage:
                         params_by_stage[stage] = runner.stage_parameters(stage)
@@ -103,6 +106,7 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
                 else:
                     rec = None
                     out = runner.forward(stage, x, micro[a.microbatch])
+                compute = time.perf_counter() - t0
                 if stage == num_stages - 1:
                     losses[a.microbatch] = out.detach()
                 else:
@@ -116,6 +120,7 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
                     out = out * scale
                 else:
                     grad = comm.recv_gradient(out, (stage + 1) % p, stage + 1, a.microbatch)
+                t0 = time.perf_counter()
                 if a.kind == BACKWARD:
                     del flights[key]
                     if out.requires_grad:
@@ -123,14 +128,19 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
                     input_grad = flight.stage_input.grad if flight.stage_input is not None else None
                 else:
                     input_grad = sb.backward_input(flight.record, out, grad, flight.stage_input)
+                compute = time.perf_counter() - t0
                 if stage > 0:
                     if input_grad is None:
                         input_grad = torch.zeros_like(flight.stage_input)
                     comm.send_gradient(input_grad, (stage - 1) % p, stage, a.microbatch)
             elif a.kind == BACKWARD_WEIGHT:
+                t0 = time.perf_counter()
                 sb.backward_weight(flights.pop(key).record)
+                compute = time.perf_counter() - t0
             else:
                 raise ValueError(f"unknown pipeline action kind {a.kind!r} in {a}")
+            if trace is not None:
+                trace.append((a, compute))
     finally:
         comm.finish()
     return [losses[i] for i in sorted(losses)]

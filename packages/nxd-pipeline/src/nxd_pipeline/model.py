@@ -59,6 +59,8 @@ class NxDPPModel(nn.Module):
         part.prune_to_stages(module, self.stage_bounds, self.local_stages)
         self.module = module
         self._shared = self._setup_shared_weights(tied)
+        #: set to a list to receive ``(action, compute_seconds)`` of the next steps (benchmarks)
+        self.trace: list | None = None
         self._runner = StageRunner(module, self.layout, self.stage_bounds, cfg.output_loss_value_spec, cfg.loss_fn)
 
     # ------------------------------------------------------------------ structure
@@ -151,7 +153,7 @@ class NxDPPModel(nn.Module):
         pipeline rank (and averaged over data parallel with ``broadcast_and_average_loss``)."""
         micro = self._split(batch)
         actions = self.schedule.actions(self.pg.size, self.pg.rank, len(micro), self.config.virtual_pipeline_size)
-        losses = run_schedule(self._runner, self.pg, actions, micro, self.num_stages)
+        losses = run_schedule(self._runner, self.pg, actions, micro, self.num_stages, trace=self.trace)
         for param, group in self._shared:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)

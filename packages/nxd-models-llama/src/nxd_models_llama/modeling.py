@@ -284,7 +284,14 @@ def causal_lm_loss(vocab_parallel_logits: torch.Tensor, labels: torch.Tensor,
         if loss_mask.shape != labels.shape:
             raise ValueError(f"loss_mask shape {tuple(loss_mask.shape)} must equal labels shape {tuple(labels.shape)}")
         keep = keep & (loss_mask != 0)
-    per_token = parallel_cross_entropy(vocab_parallel_logits, labels.masked_fill(~keep, 0))
+    targets = labels.masked_fill(~keep, 0)
+    if parallel_state.get_tensor_model_parallel_size() == 1:
+        # The whole vocabulary is local: torch's fused kernel, no softmax/one-hot buffers kept.
+        logits = vocab_parallel_logits.float()
+        per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                    reduction="none").view_as(targets)
+    else:
+        per_token = parallel_cross_entropy(vocab_parallel_logits, targets)
     keep = keep.to(per_token.dtype)
     # An all-masked batch gives 0 (not NaN) so gradient accumulation stays finite.
     return (per_token * keep).sum() / keep.sum().clamp(min=1.0)

@@ -1,0 +1,35 @@
+"""`nxd train` in-process (one device) and its error path; `nxd train --validate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from nxd.cli import main
+from nxd_training.exp_manager import read_metrics
+
+
+def test_single_device_run_in_process(make_config, tmp_path: Path, capsys) -> None:
+    config = make_config(trainer={"devices": 1, "max_steps": 3},
+                         distributed_strategy={"tensor_model_parallel_size": 1},
+                         generation={"prompts": ["The "], "max_new_tokens": 4})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["train", str(path), "exp_manager.name=cli"]) == 0
+    out = capsys.readouterr().out
+    assert "world size 1 = TP 1 x PP 1 x DP 1" in out and "--- samples ---" in out
+    run = Path(config["exp_manager"]["exp_dir"]) / "cli" / "version_0"
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    assert yaml.safe_load((run / "config.yaml").read_text())["exp_manager"]["name"] == "cli"
+    # a second run without resume gets the next version
+    assert main(["train", str(path), "exp_manager.name=cli", "trainer.max_steps=1", "--validate"]) == 0
+
+
+def test_bad_config_exits_2_with_message(make_config, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(make_config()))
+    assert main(["train", str(path), "trainer.max_stepz=3"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.max_stepz: unknown key (did you mean 'max_steps'?)" in err
+    assert "Traceback" not in err

@@ -181,7 +181,7 @@ def test_model_checkpoint_and_ckpt_path_resume(rank_pool, parity_setup, yaml_los
                           save_checkpoint=True)
     part = pool.run(_example_losses, first)[0]
     ckpt_dir = Path(first["checkpoint_dir"])
-    tags = sorted(p.name for p in ckpt_dir.iterdir())
+    tags = sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir())
     assert tags == ["epoch=0-step=2.ckpt"], tags
     tag_dir = ckpt_dir / tags[0]
     assert (tag_dir / "done").is_file() and list((tag_dir / "model").iterdir()), "not an nxd checkpoint"

@@ -104,7 +104,8 @@ class NeuronLTModule(LightningModule):
         if self.scheduler_cls is None:
             return optimizer
         scheduler = self.scheduler_cls(optimizer, *self.scheduler_args, **self.scheduler_kwargs)
-        return [optimizer], [{"scheduler": scheduler}]
+        # per optimizer step, as the YAML trainer (Lightning's default interval is an epoch)
+        return [optimizer], [{"scheduler": scheduler, "interval": "step"}]
 
     def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: Any = None,
                                     gradient_clip_algorithm: Any = None) -> None:

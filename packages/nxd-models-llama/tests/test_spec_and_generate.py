@@ -121,3 +121,17 @@ def test_generate_cache_eos_and_sampling(tmp_path):
     assert generate(model, prompt, 8, do_sample=True, top_k=1, temperature=0.7).equal(greedy[:, :12])
     with pytest.raises(ValueError, match="temperature"):
         generate(model, prompt, 2, do_sample=True, temperature=0.0)
+
+
+def test_meta_device_init_through_initialize_parallel_model(tmp_path):
+    """Built on the meta device by nxd's facade, materialised, then loaded: same loss as eager."""
+    hf_dir = save_hf("llama3_rope", tmp_path / "m")
+    config = LlamaConfig.from_dict(CONFIGS["llama3_rope"])
+    nxd_config = nxd.neuronx_distributed_config(
+        model_init_config={"meta_device_init": True, "param_init_fn": LlamaForCausalLM.init_weights})
+    wrapped = nxd.initialize_parallel_model(nxd_config, nxd.get_model("llama").build, config, nxd_config)
+    load_hf_checkpoint(wrapped, hf_dir)
+    eager = LlamaForCausalLM(config)
+    load_hf_checkpoint(eager, hf_dir)
+    data = batch()
+    assert torch.equal(wrapped(**data).loss, eager(**data).loss)

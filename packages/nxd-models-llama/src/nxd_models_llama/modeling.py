@@ -257,6 +257,13 @@ class LlamaForCausalLM(nn.Module):
     def sequence_parallel(self) -> bool:
         return self.model.sequence_parallel
 
+    @staticmethod
+    def init_weights(module: nn.Module) -> None:
+        """``param_init_fn`` for meta-device init: each layer re-runs its own initialisation (the
+        same as a normal build with the same seed)."""
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 loss_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None,

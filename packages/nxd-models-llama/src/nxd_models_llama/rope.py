@@ -12,7 +12,9 @@ from nxd_models_llama.config import LlamaConfig
 def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     """Inverse frequencies (``head_dim // 2`` values, fp32) for ``config``'s RoPE variant."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    # Explicitly on CPU: models may be built under `with torch.device("meta")`.
+    steps = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float()
+    inv_freq = 1.0 / (config.rope_theta ** (steps / dim))
     rope_type = config.rope_type
     if rope_type == "default":
         return inv_freq
@@ -35,21 +37,25 @@ def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """``(cos, sin)`` of shape ``[batch, seq, head_dim]`` for given ``position_ids``."""
+    """``(cos, sin)`` of shape ``[batch, seq, head_dim]`` for given ``position_ids``.
 
-    def __init__(self, config: LlamaConfig, device: torch.device | str | None = None) -> None:
+    The frequencies are derived from the config, so they are neither a parameter nor a buffer:
+    meta-device init, materialisation and checkpoints never see them."""
+
+    def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config
-        # Non-persistent: derived from the config, never part of a checkpoint.
-        self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)
+        self._inv_freq = {torch.device("cpu"): rope_inv_freq(config)}
 
-    def reset_inv_freq(self) -> None:
-        """Recompute the buffer (after meta-device init, where it holds no data)."""
-        self.inv_freq = rope_inv_freq(self.config).to(self.inv_freq.device)
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        if device not in self._inv_freq:
+            self._inv_freq[device] = self._inv_freq[torch.device("cpu")].to(device)
+        return self._inv_freq[device]
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # fp32 angles regardless of the model dtype: bf16 positions lose precision past 256.
-        freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :].float()
+        inv_freq = self.inv_freq(position_ids.device)
+        freqs = position_ids[:, :, None].float() * inv_freq[None, None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

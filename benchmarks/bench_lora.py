@@ -40,17 +40,8 @@ def optimizer_bytes(opt: torch.optim.Optimizer) -> int:
                if isinstance(t, torch.Tensor))
 
 
-def time_steps(step, steps: int) -> float:
-    step()  # warm-up (allocates optimizer state)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def run(model, params, data, steps: int, hf: bool) -> dict:
+def make_step(model, params, data, hf: bool):
+    """One training step (forward + backward + AdamW) and its optimizer."""
     opt = torch.optim.AdamW(params, lr=1e-4)
 
     def step():
@@ -63,9 +54,22 @@ def run(model, params, data, steps: int, hf: bool) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    seconds = time_steps(step, steps)
-    trainable = sum(p.numel() for p in params)
-    return {"step_s": seconds, "opt_mb": optimizer_bytes(opt) / 2**20, "trainable": trainable}
+    return step, opt, sum(p.numel() for p in params)
+
+
+def measure(entries: dict, steps: int) -> dict:
+    """Round-robin over the variants (one step each per round) so load drift on a shared machine
+    hits them alike; median per variant."""
+    times: dict[str, list[float]] = {name: [] for name in entries}
+    for step, _, _ in entries.values():
+        step()  # warm-up (allocates optimizer state)
+    for _ in range(steps):
+        for name, (step, _, _) in entries.items():
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    return {name: {"step_s": statistics.median(times[name]), "opt_mb": optimizer_bytes(opt) / 2**20,
+                   "trainable": n} for name, (_, opt, n) in entries.items()}
 
 
 def main() -> None:
@@ -90,6 +94,7 @@ def main() -> None:
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     nxd.neuronx_distributed_config(tensor_parallel_size=1)
+    torch.set_num_threads(1)  # the shared test machine: fewer threads, less contention noise
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     data = {"input_ids": torch.randint(0, 2048, (args.batch, args.seq), generator=g),
@@ -105,21 +110,22 @@ def main() -> None:
         def hf_model():
             return HFLlama.from_pretrained(tmp, dtype=torch.float32)
 
-        rows = {}
+        entries = {}
         model = nxd_model()
-        rows["nxd full FT"] = run(model, list(model.parameters()), data, args.steps, hf=False)
+        entries["nxd full FT"] = make_step(model, list(model.parameters()), data, hf=False)
         lora = LoRAModel(nxd_model(), LoraConfig(enable_lora=True, lora_rank=args.rank, lora_alpha=2 * args.rank,
                                                  target_modules=TARGETS))
-        rows["nxd + nxd-lora"] = run(lora, [p for p in lora.parameters() if p.requires_grad], data, args.steps, False)
+        entries["nxd + nxd-lora"] = make_step(lora, [p for p in lora.parameters() if p.requires_grad], data, False)
         model = hf_model()
-        rows["transformers full FT"] = run(model, list(model.parameters()), data, args.steps, hf=True)
+        entries["transformers full FT"] = make_step(model, list(model.parameters()), data, hf=True)
         pm = peft.get_peft_model(hf_model(), peft.LoraConfig(r=args.rank, lora_alpha=2 * args.rank,
                                                              target_modules=TARGETS))
-        rows["transformers + PEFT"] = run(pm, [p for p in pm.parameters() if p.requires_grad], data, args.steps, True)
+        entries["transformers + PEFT"] = make_step(pm, [p for p in pm.parameters() if p.requires_grad], data, True)
+        rows = measure(entries, args.steps)
     dist.destroy_process_group()
 
     print(f"\nLlama h={args.hidden} layers={args.layers} seq={args.seq} batch={args.batch}, LoRA r={args.rank} on "
-          f"{', '.join(TARGETS)}; torch threads={torch.get_num_threads()}; median of {args.steps} steps")
+          f"{', '.join(TARGETS)}; torch threads={torch.get_num_threads()}; median of {args.steps} round-robin steps")
     print(f"{'':24}{'step (ms)':>11}{'optimizer MB':>14}{'trainable':>12}")
     for name, r in rows.items():
         print(f"{name:24}{r['step_s'] * 1e3:11.1f}{r['opt_mb']:14.2f}{r['trainable']:12,}")

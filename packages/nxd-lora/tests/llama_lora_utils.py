@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
@@ -80,7 +79,3 @@ def hf_logits(model_dir: Path, data: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
-
-
-def copy_model(model):
-    return copy.deepcopy(model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -74,6 +75,7 @@ def tp_layers_body(state: dict, adapter_dir: str, x: torch.Tensor, gather: bool)
     return result if dist.get_rank() == 0 else None
 
 
+@pytest.mark.slow
 def test_tp2_column_row_lora_matches_single_process(rank_pool, tmp_path):
     torch.manual_seed(0)
     ref = LoRAModel(RefToy(), LoraConfig(**CFG))

@@ -19,8 +19,8 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from nxd.config import check_config
 from nxd import ConfigError
+from nxd.config import check_config
 from nxd_training.lightning.checkpoint_io import NeuronCheckpointIO
 from nxd_training.lightning.environment import ProcessGroupEnvironment
 

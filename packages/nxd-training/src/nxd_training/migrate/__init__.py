@@ -14,7 +14,6 @@ from nxd_training.migrate.config import MigrationReport, migrate_config, schema_
 def register_nnm_source() -> None:
     """Make ``nxd ckpt convert --from nnm`` available (nxd-ckpt's public registry)."""
     from nxd_ckpt import register_convert_source
-
     from nxd_training.migrate.nnm_checkpoint import read_nnm
 
     register_convert_source("nnm", read_nnm)

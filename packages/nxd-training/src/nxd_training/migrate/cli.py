@@ -70,7 +70,6 @@ def _model_config(path: str | None) -> dict | None:
 
 def _checkpoint(args: argparse.Namespace) -> int:
     from nxd_ckpt import ConvertRequest, convert
-
     from nxd_training.migrate import register_nnm_source
 
     register_nnm_source()

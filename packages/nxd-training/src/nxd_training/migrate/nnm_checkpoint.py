@@ -22,6 +22,7 @@ fresh optimizer (``model.weight_init_only: true``).
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from typing import Any
 
@@ -74,7 +75,7 @@ def list_shards(path: str) -> dict[tuple[int, int], str]:
 def _load(file: str, allow_pickle: bool) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(file, map_location="cpu", weights_only=not allow_pickle)
-    except Exception as exc:  # torch raises UnpicklingError or RuntimeError depending on the content
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
         hint = "" if allow_pickle else " (NeMo stores its config as pickled objects: if you trust the file, allow pickles)"
         raise CheckpointError(f"{file}: cannot load: {str(exc).splitlines()[0]}{hint}") from None
     state = obj.get("state_dict", obj) if isinstance(obj, dict) else None

@@ -3,6 +3,7 @@ stochastic rounding tracks the fp32 loss curve (DP=2, so each rank rounds its ow
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -48,6 +49,7 @@ def curves_body() -> dict[str, list[float]]:
     return {mode: curve(mode) for mode in ("fp32", "bf16", "bf16_sr", "bf16_master")}
 
 
+@pytest.mark.slow
 def test_bf16_stalls_and_stochastic_rounding_tracks_fp32(rank_pool):
     results = rank_pool(2).run(curves_body)
     assert results[0] == results[1]  # params are all-gathered, so ranks agree exactly

@@ -7,6 +7,7 @@ piece is replicated across TP ranks (kv_size_multiplier=2)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -108,6 +109,7 @@ def max_rel(got: list[float], want: list[float]) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(got, want))
 
 
+@pytest.mark.slow
 def test_zero1_tp2_dp2_sp_matches_single_process(rank_pool):
     ref_losses, ref_norms = reference()
     assert ref_losses[-1] < ref_losses[0] - 0.1 and max(ref_norms) > MAX_NORM  # learns, and clipping acts

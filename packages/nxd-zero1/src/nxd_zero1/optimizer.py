@@ -120,11 +120,21 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         self._layouts = [FlatLayout.build(g["params"], self.dp_size, self.dp_rank) for g in groups]
         self._flat_params = [g["params"] for g in groups]
         self._shards: list[torch.Tensor] = []
+        # fp32 groups: the params become views of one flat buffer and the master shard is this
+        # rank's slice of it, so no fp32 copy is kept and the all-gather writes params in place.
+        self._flat_bufs: list[torch.Tensor | None] = []
         for ps, layout in zip(self._flat_params, self._layouts):
             device = ps[0].device if ps else torch.device("cpu")
+            if ps and ps[0].dtype == torch.float32 and all(p.device == device for p in ps):
+                flat = torch.zeros(layout.padded_numel, dtype=torch.float32, device=device)
+                self._flat_bufs.append(flat)
+                self._bind_views(ps, layout, flat)
+                self._shards.append(flat[layout.shard_start:layout.shard_end])
+                continue
             shard = torch.zeros(layout.shard_size, dtype=torch.float32, device=device)
             self._read_shard(ps, layout, shard)
             self._shards.append(shard)
+            self._flat_bufs.append(None)
         self._norm_weights = [self._segment_weights(ps, layout) for ps, layout in zip(self._flat_params, self._layouts)]
 
         inner_groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [s]} for g, s in zip(groups, self._shards)]
@@ -152,6 +162,22 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
             raise NotImplementedError("NeuronZero1Optimizer fixes its flat layout at construction; "
                                       "pass every param group to the constructor")
         super().add_param_group(param_group)
+
+    @staticmethod
+    def _bind_views(params: list[torch.Tensor], layout: FlatLayout, flat: torch.Tensor) -> None:
+        for p, off in zip(params, layout.offsets):
+            view = flat[off:off + p.numel()].view_as(p)
+            view.copy_(p.detach())
+            p.data = view
+
+    def _ensure_views(self, gi: int) -> None:
+        """Re-bind params whose storage was replaced (``p.data = ...``) since construction."""
+        flat, layout, params = self._flat_bufs[gi], self._layouts[gi], self._flat_params[gi]
+        if flat is None:
+            return
+        base = flat.data_ptr()
+        if any(p.data_ptr() != base + off * flat.element_size() for p, off in zip(params, layout.offsets)):
+            self._bind_views(params, layout, flat)
 
     def _all_params(self) -> list[torch.Tensor]:
         return [p for ps in self._flat_params for p in ps]
@@ -261,6 +287,11 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         params, layout = self._flat_params[gi], self._layouts[gi]
         if not params:
             return
+        flat = self._flat_bufs[gi]
+        if flat is not None:  # params are views of ``flat``; gather in place (NCCL-style layout)
+            if self.dp_size > 1:
+                _collective("all_gather")(flat, self._shards[gi], group=self.sharding_group)
+            return
         dtype = params[0].dtype
         local = self._to_param_dtype(self._shards[gi], dtype)
         if self.dp_size == 1:
@@ -272,9 +303,11 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
             p.detach().copy_(full[off:off + p.numel()].view_as(p))
 
     def _keeps_master(self, gi: int) -> bool:
-        """Whether the fp32 shard carries information the params do not (bf16 + master weights).
-        Otherwise it is refreshed from the params each step, so external edits to them stick."""
+        """Whether the fp32 shard persists across steps (it is the fp32 params' storage, or bf16
+        master weights). Otherwise it is refreshed from the params each step."""
         ps = self._flat_params[gi]
+        if self._flat_bufs[gi] is not None:
+            return True  # the shard is the params' own storage
         return bool(ps) and self.use_master_weights and ps[0].dtype != torch.float32
 
     # ------------------------------------------------------------------ optimizer API
@@ -294,6 +327,7 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
                 for g in grad_shards:
                     g.mul_(coef)
         for gi, (shard, grad) in enumerate(zip(self._shards, grad_shards)):
+            self._ensure_views(gi)
             if not self._keeps_master(gi):
                 self._read_shard(self._flat_params[gi], self._layouts[gi], shard)
             shard.grad = grad
@@ -342,7 +376,10 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         """Reset the fp32 master shards from the current parameters (after loading model
         weights without optimizer state)."""
         for gi, shard in enumerate(self._shards):
-            self._read_shard(self._flat_params[gi], self._layouts[gi], shard)
+            if self._flat_bufs[gi] is not None:
+                self._ensure_views(gi)
+            else:
+                self._read_shard(self._flat_params[gi], self._layouts[gi], shard)
 
 
 def _runs(values: torch.Tensor, base: int) -> list[tuple[int, int, float]]:

@@ -12,9 +12,10 @@ from nxd_ckpt.layout import DONE_MARKER, newest_complete_tag, validate_tag
 from nxd_ckpt.load import Reader, load_model, load_optimizer, restore_rng
 from nxd_ckpt.metadata import read_metadata
 from nxd_ckpt.retention import remove_incomplete
-from nxd_ckpt.save import commit, is_zero1, plan_save, write_files
+from nxd_ckpt.save import is_zero1, plan_save, run_save
+from nxd_ckpt.snapshot import SnapshotBuffers
 from nxd_ckpt.storage import open_storage
-from nxd_ckpt.topology import all_gather_objects, barrier, current_topology
+from nxd_ckpt.topology import barrier, current_topology
 from nxd_ckpt.writer import AsyncWriter
 
 
@@ -24,6 +25,7 @@ class Checkpointer:
     def __init__(self) -> None:
         self._writer = AsyncWriter()
         self._side_group: Any = None
+        self._buffers = SnapshotBuffers()
 
     # ------------------------------------------------------------------ save
     def save(
@@ -51,24 +53,20 @@ class Checkpointer:
         self._writer.wait()  # at most one save in flight; raises the previous one's failure
         if num_kept_ckpts is not None and (not isinstance(num_kept_ckpts, int) or num_kept_ckpts < 1):
             raise ValueError(f"num_kept_ckpts must be a positive integer or None, got {num_kept_ckpts!r}")
+        # Only the snapshot happens here: the tag/metadata agreement and all file I/O happen in
+        # run_save, which for an async save runs on the writer thread.
         topo = current_topology()
-        tag = validate_tag(all_gather_objects(tag or time.strftime("ckpt_%Y%m%d_%H%M%S"))[0])
+        tag = validate_tag(tag or time.strftime("ckpt_%Y%m%d_%H%M%S"))  # rank 0's wins in run_save
         storage = open_storage(path, storage_options)
         fmt = format or ("safetensors" if use_xser else "torch")
-        if topo.rank == 0 and storage.exists(f"{tag}/{DONE_MARKER}"):
-            storage.remove_file(f"{tag}/{DONE_MARKER}")  # overwriting: never complete while rewritten
         plan = plan_save(tag, topo, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
-                         fmt_name=fmt, zero1=is_zero1(optimizer, zero1_optimizer), clone=async_save,
-                         save_rng=save_rng, num_kept=num_kept_ckpts)
+                         fmt_name=fmt, zero1=is_zero1(optimizer, zero1_optimizer),
+                         buffers=self._buffers if async_save else None, save_rng=save_rng, num_kept=num_kept_ckpts)
         if not async_save:
-            commit(storage, plan, topo.rank, write_files(storage, plan, topo.rank))
+            run_save(storage, plan)
             return
         group = self._async_group()
-
-        def job() -> None:
-            commit(storage, plan, topo.rank, write_files(storage, plan, topo.rank), group)
-
-        self._writer.submit(job, storage.describe(tag))
+        self._writer.submit(lambda: run_save(storage, plan, group), storage.describe(tag))
 
     def _async_group(self) -> Any:
         """A separate gloo group so the writer thread's agreement never interleaves with the
@@ -128,5 +126,9 @@ class Checkpointer:
         return newest_complete_tag(open_storage(path, storage_options)) is not None
 
     def finalize(self) -> None:
-        self._writer.wait()
+        """Wait for the in-flight save (raising its error) and free the snapshot buffers."""
+        try:
+            self._writer.wait()
+        finally:
+            self._buffers.release()
 

@@ -1,9 +1,14 @@
-"""The save flow: plan this rank's files, snapshot them, write them, then commit.
+"""The save flow: plan this rank's files (a snapshot, no collectives), then agree, write, commit.
 
-Commit protocol: every rank writes its files, the ranks agree that all succeeded, and only then
-does rank 0 write ``done`` (and the ``newest`` pointer), then apply retention. A failure on any
-rank means no ``done``: the directory stays an incomplete leftover that loads ignore and
-auto-resume removes; older checkpoints are never touched.
+``plan_save`` runs on the calling thread and does no I/O and no collectives, so an asynchronous
+save only blocks training for the snapshot copy. ``run_save`` (inline for a synchronous save, on
+the writer thread over a separate gloo group for an asynchronous one) does everything else:
+
+1. agree on the tag (rank 0's) and gather each rank's tensor metadata;
+2. every rank writes its files;
+3. the ranks agree that all succeeded, and only then does rank 0 write ``done`` (and ``newest``),
+   then apply retention. A failure on any rank means no ``done``: the directory stays an
+   incomplete leftover that loads ignore and auto-resume removes; older checkpoints are untouched.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from nxd_ckpt.layout import CHECKPOINT_MARKER, DONE_MARKER, NEWEST_POINTER, done
 from nxd_ckpt.metadata import build_metadata, shardings_of, tensor_entries, write_metadata
 from nxd_ckpt.retention import apply_retention
 from nxd_ckpt.rng import capture_rng_state
-from nxd_ckpt.snapshot import to_cpu, unwrap_model
+from nxd_ckpt.snapshot import SnapshotBuffers, to_cpu, unwrap_model
 from nxd_ckpt.storage import Storage
 from nxd_ckpt.topology import Topology, all_gather_objects
 
@@ -26,10 +31,15 @@ TORCH = "torch"
 
 @dataclass
 class SavePlan:
+    #: this rank's proposal; rank 0's wins (a timestamp tag differs across ranks)
     tag: str
-    #: (relative path, format, object) written by this rank
+    topo: Topology
+    fmt: str
+    #: (path relative to the tag directory, format, object) written by this rank
     files: list[tuple[str, CheckpointFormat, Any]] = field(default_factory=list)
-    metadata: dict[str, Any] | None = None  # rank 0 only
+    #: this rank's contribution to metadata.json
+    tensors: dict[str, dict] = field(default_factory=dict)
+    flags: dict[str, bool] = field(default_factory=dict)
     num_kept: int | None = None
 
 
@@ -38,77 +48,101 @@ def is_zero1(optimizer: Any, zero1_flag: bool) -> bool:
 
 
 def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler: Any, user_content: Any,
-              fmt_name: str, zero1: bool, clone: bool, save_rng: bool, num_kept: int | None) -> SavePlan:
-    """Snapshot what this rank writes (collective: every rank must call it)."""
+              fmt_name: str, zero1: bool, buffers: SnapshotBuffers | None, save_rng: bool,
+              num_kept: int | None) -> SavePlan:
+    """Snapshot what this rank writes. ``buffers``: copy into these reused host buffers (async
+    save); None: reference the live tensors (a synchronous save writes before returning)."""
     fmt, torch_fmt = get_format(fmt_name), get_format(TORCH)
-    plan = SavePlan(tag, num_kept=num_kept)
-    tensors: dict[str, dict] = {}
+    plan = SavePlan(tag, topo, fmt.name, num_kept=num_kept)
+
+    def snap(obj: Any, name: str, copy: bool = False) -> Any:
+        return buffers.snapshot(obj, name) if buffers is not None else to_cpu(obj, copy)
+
     if model is not None:
         module = unwrap_model(model)
         state = module.state_dict() if hasattr(module, "state_dict") else dict(module)
         if topo.dp_rank == 0:
             # safetensors refuses tied (shared-storage) tensors, so its snapshot always copies
-            snap = to_cpu(state, clone or not fmt.nested)
-            plan.files.append((f"{tag}/model/{shard_name(0, topo.tp_rank, topo.pp_rank, fmt.suffix)}", fmt, snap))
-            tensors = tensor_entries(snap, shardings_of(module), topo)
+            data = snap(state, "model", copy=not fmt.nested)
+            plan.files.append((f"model/{shard_name(0, topo.tp_rank, topo.pp_rank, fmt.suffix)}", fmt, data))
+            plan.tensors = tensor_entries(data, shardings_of(module), topo)
     if optimizer is not None and (zero1 or topo.dp_rank == 0):
-        plan.files.append((f"{tag}/optim/{shard_name(topo.dp_rank if zero1 else 0, topo.tp_rank, topo.pp_rank)}",
-                           torch_fmt, to_cpu(optimizer.state_dict(), clone)))
+        plan.files.append((f"optim/{shard_name(topo.dp_rank if zero1 else 0, topo.tp_rank, topo.pp_rank)}",
+                           torch_fmt, snap(optimizer.state_dict(), "optim")))
     if topo.rank == 0:
         if scheduler is not None:
-            plan.files.append((f"{tag}/scheduler.pt", torch_fmt, to_cpu(scheduler.state_dict(), clone)))
+            plan.files.append(("scheduler.pt", torch_fmt, snap(scheduler.state_dict(), "scheduler")))
         if user_content is not None:
-            plan.files.append((f"{tag}/user_content.pt", torch_fmt, to_cpu(user_content, clone)))
+            plan.files.append(("user_content.pt", torch_fmt, snap(user_content, "user_content")))
     if save_rng:
-        plan.files.append((f"{tag}/{rng_name(topo.rank)}", torch_fmt, capture_rng_state()))
-    gathered = all_gather_objects(tensors)
-    if topo.rank == 0:
-        merged: dict[str, dict] = {}
-        for part in gathered:
-            merged.update(part)
-        plan.metadata = build_metadata(
-            tag, topo, fmt.name, merged, zero1=zero1, has_model=model is not None,
-            has_optimizer=optimizer is not None, has_scheduler=scheduler is not None,
-            has_user_content=user_content is not None, has_rng=save_rng,
-        )
+        plan.files.append((rng_name(topo.rank), torch_fmt, capture_rng_state()))
+    if buffers is not None:
+        buffers.done()
+    plan.flags = dict(zero1=zero1, has_model=model is not None, has_optimizer=optimizer is not None,
+                      has_scheduler=scheduler is not None, has_user_content=user_content is not None,
+                      has_rng=save_rng)
     return plan
 
 
-def write_files(storage: Storage, plan: SavePlan, rank: int) -> str | None:
+def run_save(storage: Storage, plan: SavePlan, group: Any = None) -> str:
+    """Agree, write and commit (collective over ``group``); returns the tag saved."""
+    rank = plan.topo.rank
+    gathered = all_gather_objects((plan.tag, plan.tensors), group)
+    tag = gathered[0][0]
+    metadata = None
+    if rank == 0:
+        if storage.exists(f"{tag}/{DONE_MARKER}"):
+            storage.remove_file(f"{tag}/{DONE_MARKER}")  # overwriting: never complete while rewritten
+        merged: dict[str, dict] = {}
+        for _, part in gathered:
+            merged.update(part)
+        metadata = build_metadata(tag, plan.topo, plan.fmt, merged, **plan.flags)
+    error = write_files(storage, tag, plan, metadata)
+    commit(storage, tag, plan, error, group)
+    return tag
+
+
+def write_files(storage: Storage, tag: str, plan: SavePlan, metadata: dict | None) -> str | None:
     """Write this rank's files; return an error description instead of raising (for agreement)."""
+    rank = plan.topo.rank
     try:
         if rank == 0:
-            with storage.open_write(f"{plan.tag}/{CHECKPOINT_MARKER}") as f:
+            with storage.open_write(f"{tag}/{CHECKPOINT_MARKER}") as f:
                 f.write(b"1")
         for path, fmt, obj in plan.files:
-            with storage.open_write(path) as f:
+            with storage.open_write(f"{tag}/{path}") as f:
                 fmt.dump(obj, f)
-        if plan.metadata is not None:
-            write_metadata(storage, plan.tag, plan.metadata)
+        if metadata is not None:
+            write_metadata(storage, tag, metadata)
     except Exception as exc:  # noqa: BLE001 - reported to every rank by commit()
-        return f"rank {rank}: writing {storage.describe(plan.tag)} failed: {type(exc).__name__}: {exc}"
+        return f"rank {rank}: writing {storage.describe(tag)} failed: {type(exc).__name__}: {exc}"
     return None
 
 
-def commit(storage: Storage, plan: SavePlan, rank: int, error: str | None, group: Any = None) -> None:
+def commit(storage: Storage, tag: str, plan: SavePlan, error: str | None, group: Any = None) -> None:
     """Agree across ranks; rank 0 marks the checkpoint complete and applies retention."""
     errors = [e for e in all_gather_objects(error, group) if e]
     if errors:
         raise CheckpointError(
-            f"checkpoint {storage.describe(plan.tag)} was not saved (no 'done' marker written; earlier "
+            f"checkpoint {storage.describe(tag)} was not saved (no 'done' marker written; earlier "
             f"checkpoints are untouched): " + "; ".join(errors)
         )
-    if rank == 0:
+    failure = None
+    if plan.topo.rank == 0:
         try:
-            with storage.open_write(f"{plan.tag}/{DONE_MARKER}") as f:
+            with storage.open_write(f"{tag}/{DONE_MARKER}") as f:
                 f.write(done_payload())
-        except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(f"could not mark {storage.describe(plan.tag)} complete: {exc}") from exc
-        try:
-            with storage.open_write(NEWEST_POINTER) as f:
-                f.write(plan.tag.encode())
-        except Exception:  # noqa: BLE001 - a convenience pointer; 'done' markers are authoritative
-            pass
-        if plan.num_kept is not None:
-            apply_retention(storage, plan.num_kept, keep=plan.tag)
-    all_gather_objects(None, group)  # nobody returns before 'done' exists
+        except Exception as exc:  # noqa: BLE001 - every rank raises it after the last agreement
+            failure = f"could not mark {storage.describe(tag)} complete: {type(exc).__name__}: {exc}"
+        else:
+            try:
+                with storage.open_write(NEWEST_POINTER) as f:
+                    f.write(tag.encode())
+            except Exception:  # noqa: BLE001 - a convenience pointer; 'done' markers are authoritative
+                pass
+            if plan.num_kept is not None:
+                apply_retention(storage, plan.num_kept, keep=tag)
+    # nobody returns before 'done' exists, and everyone learns if it could not be written
+    failure = all_gather_objects(failure, group)[0]
+    if failure:
+        raise CheckpointError(failure)

@@ -50,7 +50,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    # One thread by default: on a shared 2-core box, 2 threads per process mostly measure contention.
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -135,3 +135,16 @@ def test_meta_device_init_through_initialize_parallel_model(tmp_path):
     load_hf_checkpoint(eager, hf_dir)
     data = batch()
     assert torch.equal(wrapped(**data).loss, eager(**data).loss)
+
+
+def test_kv_replication_factor_and_invalid_tp():
+    from nxd_models_llama.modeling import kv_size_multiplier_for
+
+    gqa = LlamaConfig.from_dict({**CONFIGS["gqa"], "num_attention_heads": 8, "hidden_size": 64})
+    assert [kv_size_multiplier_for(gqa, tp) for tp in (1, 2, 4, 8)] == [1, 1, 2, 4]
+    six = LlamaConfig.from_dict({**CONFIGS["gqa"], "num_attention_heads": 12, "num_key_value_heads": 6,
+                                 "hidden_size": 96})
+    with pytest.raises(nxd.ConfigError, match="num_key_value_heads=6"):
+        kv_size_multiplier_for(six, 4)
+    with pytest.raises(nxd.ConfigError, match="num_attention_heads \\(12\\) must be divisible"):
+        kv_size_multiplier_for(six, 8)

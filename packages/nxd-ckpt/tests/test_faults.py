@@ -76,7 +76,7 @@ def test_missing_shard_is_named(tmp_path):
 SCRIPT = Path(__file__).with_name("kill_target.py")
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "overwrite"])
 def test_process_killed_mid_save_leaves_previous_checkpoint(tmp_path, mode):
     ckpt = tmp_path / "ckpt"
     signal_file = tmp_path / "writing"
@@ -93,11 +93,12 @@ def test_process_killed_mid_save_leaves_previous_checkpoint(tmp_path, mode):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert (ckpt / "step_2").is_dir() and not (ckpt / "step_2" / "done").exists()  # killed mid-save
+    partial = ckpt / (".saving-step_1" if mode == "overwrite" else "step_2")
+    assert partial.is_dir() and not (partial / "done").exists()  # killed mid-save
     assert nxd.has_checkpoint(str(ckpt))
     model = TinyNet()
     assert nxd.load_checkpoint(str(ckpt), model=model) == {"step": 1}
     torch.manual_seed(1)
     assert torch.equal(model.fc1.weight, TinyNet().fc1.weight)  # step_1's weights (seed 1)
-    assert not (ckpt / "step_2").exists()  # the partial was cleaned up
+    assert not partial.exists()  # the partial was cleaned up
     assert sorted(os.listdir(ckpt)) == ["newest", "step_1"]

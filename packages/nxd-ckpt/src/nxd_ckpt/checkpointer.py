@@ -8,9 +8,10 @@ from typing import Any
 import torch.distributed as dist
 
 from nxd_ckpt.errors import CheckpointError
-from nxd_ckpt.layout import DONE_MARKER, newest_complete_tag, validate_tag
+from nxd_ckpt.layout import checkpoint_dir, newest_complete_tag, validate_tag
 from nxd_ckpt.load import Reader, load_model, load_optimizer, restore_rng
 from nxd_ckpt.metadata import read_metadata
+from nxd_ckpt.overwrite import recover_all
 from nxd_ckpt.retention import remove_incomplete
 from nxd_ckpt.save import is_zero1, plan_save, run_save
 from nxd_ckpt.snapshot import SnapshotBuffers
@@ -98,17 +99,19 @@ class Checkpointer:
         topo = current_topology()
         storage = open_storage(path, storage_options)
         if tag is None:
+            if topo.rank == 0:  # auto-resume: finish or drop interrupted overwrites, drop partial saves
+                recover_all(storage)
+                remove_incomplete(storage)
+            barrier()
             tag = newest_complete_tag(storage)
             if tag is None:
                 raise CheckpointError(f"{storage.describe('')}: no complete checkpoint (no tag has a 'done' marker)")
-            if topo.rank == 0:
-                remove_incomplete(storage)
-            barrier()
-        elif not storage.exists(f"{tag}/{DONE_MARKER}"):
+        where = checkpoint_dir(storage, tag)
+        if where is None:
             what = "does not exist" if not storage.exists(tag) else "is incomplete (no 'done' marker: the save was interrupted)"
             raise CheckpointError(f"checkpoint {storage.describe(tag)} {what}")
-        meta = read_metadata(storage, tag)
-        reader = Reader(storage, tag)
+        meta = read_metadata(storage, where)
+        reader = Reader(storage, where)
         if model is not None:
             load_model(reader, meta, model, topo, strict)
             reader.drop()
@@ -117,7 +120,7 @@ class Checkpointer:
             reader.drop()
         if scheduler is not None:
             scheduler.load_state_dict(reader.load("scheduler.pt"))
-        user_content = reader.load("user_content.pt") if storage.exists(f"{tag}/user_content.pt") else None
+        user_content = reader.load("user_content.pt") if storage.exists(f"{where}/user_content.pt") else None
         if load_rng:
             restore_rng(reader, meta, topo)
         return user_content

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from nxd_ckpt.errors import CheckpointError
-from nxd_ckpt.layout import newest_complete_tag
+from nxd_ckpt.layout import checkpoint_dir, newest_complete_tag
 from nxd_ckpt.load import Reader, model_file
 from nxd_ckpt.metadata import read_metadata
 from nxd_ckpt.sharding import Sharding, merge_shards
@@ -13,11 +13,12 @@ from nxd_ckpt.storage import open_storage
 
 
 def resolve_tag(path: str, tag: str | None, storage_options: dict | None = None) -> str:
+    """The directory (under ``path``) of checkpoint ``tag``, default the newest complete one."""
     storage = open_storage(path, storage_options)
     tag = tag or newest_complete_tag(storage)
     if tag is None:
         raise CheckpointError(f"{storage.describe('')}: no complete checkpoint")
-    return tag
+    return checkpoint_dir(storage, tag) or tag
 
 
 def full_model_state(path: str, tag: str | None = None, storage_options: dict | None = None) -> dict[str, torch.Tensor]:

@@ -9,6 +9,7 @@
 <root>/<tag>/metadata.json                      degrees, tensor shapes and sharding, versions (ours)
 <root>/<tag>/done                               written last: the checkpoint is complete
 <root>/newest                                   text: the newest complete tag (older NxD)
+<root>/.saving-<tag>/                           a save over an existing tag, until it is swapped in
 ```
 """
 
@@ -25,6 +26,13 @@ CHECKPOINT_MARKER = "checkpoint"
 DONE_MARKER = "done"
 NEWEST_POINTER = "newest"
 METADATA = "metadata.json"
+#: a save over an existing complete tag is written here and swapped in after its ``done`` marker;
+#: tags never start with '.', so no tag can collide with it
+TEMP_PREFIX = ".saving-"
+
+
+def temp_dir(tag: str) -> str:
+    return f"{TEMP_PREFIX}{tag}"
 
 
 def shard_name(dp_rank: int, tp_rank: int, pp_rank: int, suffix: str = ".pt") -> str:
@@ -56,6 +64,13 @@ class TagInfo:
     complete: bool
     #: completion time (ns) written into ``done``; 0 for NxD checkpoints (their ``done`` says "1")
     completed_ns: int
+    #: the directory holding it: the tag, or its complete ``.saving-`` temporary when a crash hit
+    #: between committing an overwrite and moving it into place (committed later, so it wins)
+    dir: str = ""
+
+    @property
+    def location(self) -> str:
+        return self.dir or self.tag
 
 
 def _natural(tag: str) -> list:
@@ -76,15 +91,32 @@ def read_completed_ns(storage: Storage, tag: str) -> int:
 
 
 def list_tags(storage: Storage) -> list[TagInfo]:
-    """Every checkpoint directory under the root (complete or not), oldest first."""
-    infos = []
-    for tag in storage.list_dirs(""):
-        files = set(storage.list_files(tag))
-        if DONE_MARKER in files:
-            infos.append(TagInfo(tag, True, read_completed_ns(storage, tag)))
-        elif CHECKPOINT_MARKER in files or "model" in storage.list_dirs(tag):
-            infos.append(TagInfo(tag, False, 0))
-    return sorted(infos, key=lambda i: (i.completed_ns, _natural(i.tag)))
+    """Every checkpoint under the root (complete or not), oldest first. Temporaries of saves
+    over an existing tag are not tags, but a complete one is the newest version of its tag."""
+    infos: dict[str, TagInfo] = {}
+    rescued = []
+    for name in storage.list_dirs(""):
+        files = set(storage.list_files(name))
+        if name.startswith(TEMP_PREFIX):
+            if DONE_MARKER in files:
+                rescued.append(TagInfo(name[len(TEMP_PREFIX):], True, read_completed_ns(storage, name), name))
+        elif name.startswith("."):
+            continue
+        elif DONE_MARKER in files:
+            infos[name] = TagInfo(name, True, read_completed_ns(storage, name))
+        elif CHECKPOINT_MARKER in files or "model" in storage.list_dirs(name):
+            infos[name] = TagInfo(name, False, 0)
+    for info in rescued:
+        infos[info.tag] = info
+    return sorted(infos.values(), key=lambda i: (i.completed_ns, _natural(i.tag)))
+
+
+def checkpoint_dir(storage: Storage, tag: str) -> str | None:
+    """The directory holding the complete checkpoint ``tag`` (see ``TagInfo.dir``), or None."""
+    for name in (temp_dir(tag), tag):
+        if storage.exists(f"{name}/{DONE_MARKER}"):
+            return name
+    return None
 
 
 def complete_tags(storage: Storage) -> list[str]:

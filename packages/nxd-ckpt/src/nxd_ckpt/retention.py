@@ -18,8 +18,8 @@ def apply_retention(storage: Storage, num_kept: int, keep: str) -> list[str]:
     """Keep the newest ``num_kept`` complete checkpoints (and ``keep``); remove older complete ones
     and incomplete leftovers. Returns the removed tags. Errors warn: the new checkpoint is safe."""
     infos = list_tags(storage)
-    complete = [i.tag for i in infos if i.complete]
-    doomed = [t for t in complete[:-num_kept] if t != keep] if num_kept > 0 else []
+    complete = [i for i in infos if i.complete]
+    doomed = [i.location for i in complete[:-num_kept] if i.tag != keep] if num_kept > 0 else []
     doomed += [i.tag for i in infos if not i.complete and i.tag != keep]
     removed = []
     for tag in doomed:

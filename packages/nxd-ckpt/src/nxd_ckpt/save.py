@@ -13,6 +13,7 @@ the writer thread over a separate gloo group for an asynchronous one) does every
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from nxd_ckpt.errors import CheckpointError
 from nxd_ckpt.formats import CheckpointFormat, get_format
 from nxd_ckpt.layout import CHECKPOINT_MARKER, DONE_MARKER, NEWEST_POINTER, done_payload, rng_name, shard_name
 from nxd_ckpt.metadata import build_metadata, shardings_of, tensor_entries, write_metadata
+from nxd_ckpt.overwrite import prepare_target, recover_all, swap_in
 from nxd_ckpt.retention import apply_retention
 from nxd_ckpt.rng import capture_rng_state
 from nxd_ckpt.snapshot import SnapshotBuffers, to_cpu, unwrap_model
@@ -87,23 +89,30 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
 def run_save(storage: Storage, plan: SavePlan, group: Any = None) -> str:
     """Agree, write and commit (collective over ``group``); returns the tag saved."""
     rank = plan.topo.rank
-    gathered = all_gather_objects((plan.tag, plan.tensors), group)
-    tag = gathered[0][0]
+    target, failure = plan.tag, None
+    if rank == 0:  # before the agreement, so no rank writes before the target is ready
+        try:
+            target = prepare_target(storage, plan.tag)
+        except Exception as exc:  # noqa: BLE001 - every rank raises it after the agreement
+            failure = f"rank 0: preparing {storage.describe(plan.tag)} failed: {type(exc).__name__}: {exc}"
+    gathered = all_gather_objects((plan.tag, target, failure, plan.tensors), group)
+    tag, target, failure = gathered[0][:3]
+    if failure:
+        raise CheckpointError(f"checkpoint {storage.describe(tag)} was not saved: {failure}")
     metadata = None
     if rank == 0:
-        if storage.exists(f"{tag}/{DONE_MARKER}"):
-            storage.remove_file(f"{tag}/{DONE_MARKER}")  # overwriting: never complete while rewritten
         merged: dict[str, dict] = {}
-        for _, part in gathered:
+        for *_, part in gathered:
             merged.update(part)
         metadata = build_metadata(tag, plan.topo, plan.fmt, merged, **plan.flags)
-    error = write_files(storage, tag, plan, metadata)
-    commit(storage, tag, plan, error, group)
+    error = write_files(storage, target, plan, metadata)
+    commit(storage, tag, target, plan, error, group)
     return tag
 
 
 def write_files(storage: Storage, tag: str, plan: SavePlan, metadata: dict | None) -> str | None:
-    """Write this rank's files; return an error description instead of raising (for agreement)."""
+    """Write this rank's files into directory ``tag``; return an error description instead of
+    raising (for agreement)."""
     rank = plan.topo.rank
     try:
         if rank == 0:
@@ -119,29 +128,40 @@ def write_files(storage: Storage, tag: str, plan: SavePlan, metadata: dict | Non
     return None
 
 
-def commit(storage: Storage, tag: str, plan: SavePlan, error: str | None, group: Any = None) -> None:
-    """Agree across ranks; rank 0 marks the checkpoint complete and applies retention."""
+def commit(storage: Storage, tag: str, target: str, plan: SavePlan, error: str | None, group: Any = None) -> None:
+    """Agree across ranks; rank 0 marks ``target`` complete, swaps it in for ``tag`` when it is a
+    temporary (an overwrite), and applies retention."""
     errors = [e for e in all_gather_objects(error, group) if e]
     if errors:
         raise CheckpointError(
             f"checkpoint {storage.describe(tag)} was not saved (no 'done' marker written; earlier "
-            f"checkpoints are untouched): " + "; ".join(errors)
+            f"checkpoints, including an earlier save of this tag, are untouched): " + "; ".join(errors)
         )
     failure = None
     if plan.topo.rank == 0:
         try:
-            with storage.open_write(f"{tag}/{DONE_MARKER}") as f:
+            with storage.open_write(f"{target}/{DONE_MARKER}") as f:
                 f.write(done_payload())
         except Exception as exc:  # noqa: BLE001 - every rank raises it after the last agreement
-            failure = f"could not mark {storage.describe(tag)} complete: {type(exc).__name__}: {exc}"
+            failure = f"could not mark {storage.describe(target)} complete: {type(exc).__name__}: {exc}"
         else:
+            if target != tag:
+                try:
+                    swap_in(storage, tag, target)
+                except Exception as exc:  # noqa: BLE001 - committed: the next load/save finishes the swap
+                    failure = (f"{storage.describe(target)} is complete but could not replace {storage.describe(tag)} "
+                               f"({type(exc).__name__}: {exc}); the next load or save of this directory finishes it")
             try:
                 with storage.open_write(NEWEST_POINTER) as f:
                     f.write(tag.encode())
             except Exception:  # noqa: BLE001 - a convenience pointer; 'done' markers are authoritative
                 pass
-            if plan.num_kept is not None:
-                apply_retention(storage, plan.num_kept, keep=tag)
+            if plan.num_kept is not None and failure is None:
+                try:
+                    recover_all(storage)  # leftovers of crashed overwrites, before counting what to keep
+                    apply_retention(storage, plan.num_kept, keep=tag)
+                except Exception as exc:  # noqa: BLE001 - the new checkpoint is safe; never hang the other ranks
+                    warnings.warn(f"retention in {storage.describe('')} failed: {exc}", stacklevel=2)
     # nobody returns before 'done' exists, and everyone learns if it could not be written
     failure = all_gather_objects(failure, group)[0]
     if failure:

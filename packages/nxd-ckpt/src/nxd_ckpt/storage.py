@@ -91,6 +91,16 @@ class LocalStorage:
         if os.path.exists(self._p(path)):
             shutil.rmtree(self._p(path))
 
+    def rename(self, src: str, dst: str) -> None:
+        """Atomic directory rename (optional Storage method; used to swap in an overwrite)."""
+        os.rename(self._p(src), self._p(dst))
+        if self.fsync:  # make the rename itself durable
+            fd = os.open(os.path.dirname(self._p(dst)) or ".", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
 
 class FsspecStorage:
     """Any fsspec filesystem (``s3://``, ``gs://``, ``memory://``, ...). ``storage_options`` go
@@ -147,6 +157,11 @@ class FsspecStorage:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self._p(path), recursive=True)
         self.fs.invalidate_cache(self._p(path))
+
+    def copy_file(self, src: str, dst: str) -> None:
+        """Server-side copy where the filesystem has one (optional Storage method)."""
+        self.fs.copy(self._p(src), self._p(dst))
+        self.fs.invalidate_cache(self._p(dst).rsplit("/", 1)[0])
 
 
 BUILTIN_STORAGES: dict[str, StorageFactory] = {"file": LocalStorage, "s3": FsspecStorage, "memory": FsspecStorage}

@@ -2,9 +2,10 @@
 
 * TP=2: a transformer block (attention + MLP) from nxd's Column/RowParallelLinear vs the same
   block of nn.Linear parallelised with DTensor ``parallelize_module`` (Colwise/Rowwise).
-* DP=2: an MLP trained with NxDOptimizer (bucketed gradient all-reduce) vs DistributedDataParallel.
+* DP=2: an MLP trained with NxDOptimizer (gradient all-reduce overlapped with backward, bucketed
+  like DDP) vs DistributedDataParallel; also NxDOptimizer with the after-backward all-reduce.
 
-Prints ms per training step (forward + backward [+ sync/step]) and the ratio nxd / torch
+Prints median ms per training step (forward + backward [+ sync/step]) and the ratio nxd / torch
 (goal <= 1.0). Run: python benchmarks/bench_core_parallel.py
 """
 
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 HID, HEADS, FFN, BATCH, SEQ = 256, 8, 1024, 4, 128
-WARMUP, ITERS = 3, 10
+WARMUP, ITERS = 3, 40
 
 
 class Block(nn.Module):
@@ -48,17 +49,24 @@ class Block(nn.Module):
         return x + self.down(F.gelu(self.up(x)))
 
 
-def _time(step) -> float:
+def _compare(step_ours, step_theirs) -> dict[str, float]:
+    """Median ms per step of each, measured alternately step by step (a barrier before each timed
+    step), so load from other processes on a shared machine hits both alike."""
+    import statistics
+
     import torch.distributed as dist
 
     for _ in range(WARMUP):
-        step()
-    dist.barrier()
-    start = time.perf_counter()
+        step_ours()
+        step_theirs()
+    times: dict[str, list[float]] = {"nxd": [], "torch": []}
     for _ in range(ITERS):
-        step()
-    dist.barrier()
-    return (time.perf_counter() - start) / ITERS * 1e3
+        for name, step in (("nxd", step_ours), ("torch", step_theirs)):
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def tp_body() -> dict[str, float]:
@@ -84,12 +92,7 @@ def tp_body() -> dict[str, float]:
     def step_theirs() -> None:
         theirs(x).sum().backward()
 
-    # Interleave the two so machine noise hits both alike.
-    results = {"nxd": [], "torch": []}
-    for _ in range(3):
-        results["nxd"].append(_time(step_ours))
-        results["torch"].append(_time(step_theirs))
-    return {k: min(v) for k, v in results.items()}
+    return _compare(step_ours, step_theirs)
 
 
 def _mlp() -> nn.Module:
@@ -97,7 +100,7 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(HID, FFN), nn.GELU(), nn.Linear(FFN, FFN), nn.GELU(), nn.Linear(FFN, HID))
 
 
-def dp_body() -> dict[str, float]:
+def dp_body(overlap: bool) -> dict[str, float]:
     from torch.nn.parallel import DistributedDataParallel
 
     from nxd_core_parallel import parallel_state
@@ -107,7 +110,7 @@ def dp_body() -> dict[str, float]:
     x = torch.randn(BATCH * SEQ, HID, generator=torch.Generator().manual_seed(0))
     cfg = {"optimizer_config": {"grad_clipping": False}, "sequence_parallel": False}
     ours = _mlp()
-    opt_ours = NxDOptimizer(torch.optim.SGD(ours.parameters(), lr=1e-3), cfg)
+    opt_ours = NxDOptimizer(torch.optim.SGD(ours.parameters(), lr=1e-3), cfg, overlap_grad_sync=overlap)
 
     def step_ours() -> None:
         ours(x).square().mean().backward()
@@ -122,11 +125,7 @@ def dp_body() -> dict[str, float]:
         opt_theirs.step()
         opt_theirs.zero_grad()
 
-    results = {"nxd": [], "torch": []}
-    for _ in range(3):
-        results["nxd"].append(_time(step_ours))
-        results["torch"].append(_time(step_theirs))
-    return {k: min(v) for k, v in results.items()}
+    return _compare(step_ours, step_theirs)
 
 
 def main() -> None:
@@ -136,10 +135,10 @@ def main() -> None:
     with RankPool(2) as pool:
         tp = pool.run(tp_body)[0]
         rows.append(("TP=2 block fwd+bwd", "DTensor parallelize_module", tp))
-        dp = pool.run(dp_body)[0]
-        rows.append(("DP=2 MLP train step", "DistributedDataParallel", dp))
+        rows.append(("DP=2 MLP train step", "DistributedDataParallel", pool.run(dp_body, True)[0]))
+        rows.append(("  same, after-backward", "DistributedDataParallel", pool.run(dp_body, False)[0]))
     print(f"\nnxd-core-parallel benchmark (2 gloo ranks, CPU; hidden={HID}, ffn={FFN}, batch={BATCH}x{SEQ}; "
-          f"best of 3 x {ITERS} steps)")
+          f"median of {ITERS} alternating steps)")
     print(f"{'case':<22} {'peer':<28} {'nxd ms':>8} {'peer ms':>8} {'ratio':>6}")
     for case, peer, r in rows:
         print(f"{case:<22} {peer:<28} {r['nxd']:>8.2f} {r['torch']:>8.2f} {r['nxd'] / r['torch']:>6.2f}")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from nxd_core_parallel import parallel_state
+from nxd_core_parallel import dp_overlap, parallel_state
 from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients, bucket_allreduce_gradients, clip_grad_norm
 
 
@@ -47,6 +48,15 @@ class NxDModel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Like ``DistributedDataParallel.no_sync``: backward passes run inside this context do not
+        start the overlapped data-parallel all-reduce, so gradients accumulate locally; the first
+        backward outside it (the last micro-batch) or ``NxDOptimizer.step`` averages the sum.
+        Skipping it is still correct, only slower (every micro-batch is then all-reduced)."""
+        with dp_overlap.no_sync():
+            yield
 
     def run_train(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """Forward + ``loss.backward()``; returns the detached loss. A pipeline-parallel module
@@ -95,18 +105,60 @@ class NxDModel(nn.Module):
         return next(self.parameters()).dtype
 
 
-class NxDOptimizer(torch.optim.Optimizer):
-    """``step()``: sequence-parallel norm-gradient all-reduce over TP, bucketed data-parallel
-    gradient average, clipping per ``optimizer_config``, then the inner optimizer's step.
-    ``grad_norm`` holds the last norm (``None`` when clipping is off)."""
+def _overlap_possible(nxd_config: dict) -> bool:
+    from nxd_core_parallel.backends import current_backend
 
-    def __init__(self, optimizer: torch.optim.Optimizer, nxd_config: dict) -> None:
+    if not parallel_state.model_parallel_is_initialized() or parallel_state.get_data_parallel_size() == 1:
+        return False
+    # Pipeline schedules run one backward per micro-batch; lazy XLA tensors have no eager hooks.
+    if nxd_config.get("pipeline_parallel_size", 1) > 1 or parallel_state.get_pipeline_model_parallel_size() > 1:
+        return False
+    return current_backend().name != "xla"
+
+
+class NxDOptimizer(torch.optim.Optimizer):
+    """``step()``: sequence-parallel norm-gradient all-reduce over TP, data-parallel gradient
+    average, clipping per ``optimizer_config``, then the inner optimizer's step.
+    ``grad_norm`` holds the last norm (``None`` when clipping is off).
+
+    With ``overlap_grad_sync`` (default: on when DP > 1, no pipeline, not XLA) the DP all-reduce
+    runs during backward, bucket by bucket (:mod:`nxd_core_parallel.dp_overlap`); ``step`` then
+    only averages what backward did not (unused parameters, SP-tagged ones, grads under
+    ``NxDModel.no_sync``). ``overlap_grad_sync=False`` does it all in ``step`` after backward."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, nxd_config: dict, overlap_grad_sync: bool | None = None,
+                 bucket_cap_bytes: int = dp_overlap.OVERLAP_BUCKET_CAP_BYTES) -> None:
         # The inner optimizer owns the state; Optimizer.__init__ is not called on purpose.
         self.optimizer = optimizer
         self.nxd_config = nxd_config
         self.grad_norm: torch.Tensor | None = None
         self._optimizer_step_pre_hooks: dict = {}
         self._optimizer_step_post_hooks: dict = {}
+        self._reducer: dp_overlap.OverlappedGradReducer | None = None
+        possible = _overlap_possible(nxd_config)
+        if overlap_grad_sync and not possible:
+            raise ValueError("overlap_grad_sync=True needs initialized model parallelism with data_parallel_size > 1, "
+                             "no pipeline parallelism and a non-XLA backend")
+        if overlap_grad_sync is None:
+            overlap_grad_sync = possible
+        if overlap_grad_sync:
+            sp = nxd_config.get("sequence_parallel", False)
+            # SP-tagged grads keep the after-backward order (TP sum, then DP average) in step().
+            params = [p for p in self._params() if not (sp and getattr(p, "sequence_parallel_enabled", False))]
+            self._reducer = dp_overlap.OverlappedGradReducer(
+                params, parallel_state.get_data_parallel_group(), bucket_cap_bytes=bucket_cap_bytes,
+                first_bucket_cap_bytes=min(dp_overlap.FIRST_BUCKET_CAP_BYTES, bucket_cap_bytes))
+
+    @property
+    def overlap_grad_sync(self) -> bool:
+        """Whether the DP all-reduce overlaps backward."""
+        return self._reducer is not None
+
+    def disable_overlap_grad_sync(self) -> None:
+        """Remove the backward hooks; ``step`` then does the whole DP average after backward."""
+        if self._reducer is not None:
+            self._reducer.remove()
+            self._reducer = None
 
     @property
     def param_groups(self) -> list[dict]:  # type: ignore[override]
@@ -136,12 +188,18 @@ class NxDOptimizer(torch.optim.Optimizer):
         return [p for group in self.param_groups for p in group["params"]]
 
     def sync_gradients(self) -> None:
-        """The collectives ``step`` does before clipping (exposed for tests and custom loops)."""
+        """The collectives ``step`` does before clipping (exposed for tests and custom loops).
+        With overlap, gradients backward already averaged are not averaged again."""
         params = self._params()
         if self.nxd_config.get("sequence_parallel", False):
             allreduce_sequence_parallel_gradients(params)
         if parallel_state.model_parallel_is_initialized() and parallel_state.get_data_parallel_size() > 1:
-            bucket_allreduce_gradients([p.grad for p in params if p.grad is not None])
+            if self._reducer is None:
+                bucket_allreduce_gradients([p.grad for p in params if p.grad is not None])
+            else:
+                pending = self._reducer.unreduced(params)
+                bucket_allreduce_gradients([p.grad for p in pending])
+                self._reducer.mark_reduced(pending)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
@@ -155,6 +213,8 @@ class NxDOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
+        if self._reducer is not None:
+            self._reducer.reset()
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()

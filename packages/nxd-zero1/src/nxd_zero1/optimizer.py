@@ -66,6 +66,10 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
     the fp32 shard across steps; ``False`` re-reads the bf16 params each step (so updates smaller
     than bf16's spacing are lost unless ``stochastic_rounding``). ``use_fp32_grad_acc`` (bf16
     params only) accumulates grads into fp32 ``param.main_grad`` buffers via a post-accumulate hook.
+
+    Gradients of fp32 params are views of a flat fp32 buffer (``zero_grad`` zeroes them in place
+    rather than setting them to None). After ``step()`` they hold the DP-summed gradient (this
+    rank's slice averaged and clipped); call ``zero_grad()`` before the next backward.
     """
 
     nxd_zero1 = True
@@ -147,10 +151,26 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
 
         self.use_fp32_grad_acc = bool(use_fp32_grad_acc)
         self._hooks = []
-        if self.use_fp32_grad_acc:
-            for p in self._all_params():
-                if p.dtype != torch.float32:  # fp32 grads already accumulate in fp32
-                    p.main_grad = torch.zeros_like(p, dtype=torch.float32)
+        # Gradients live in one flat fp32 buffer per group when they can: fp32 params get
+        # ``p.grad`` as views of it (autograd accumulates in place, as with DDP's
+        # gradient_as_bucket_view), bf16 params with fp32 grad accumulation get ``p.main_grad``
+        # views. The DP reduction then runs on the buffer with no flattening copy.
+        self._grad_bufs: list[torch.Tensor | None] = []
+        for ps, layout, shard in zip(self._flat_params, self._layouts, self._shards):
+            fp32 = bool(ps) and ps[0].dtype == torch.float32
+            if not ps or not (fp32 or self.use_fp32_grad_acc):
+                self._grad_bufs.append(None)
+                continue
+            buf = torch.zeros(layout.padded_numel, dtype=torch.float32, device=shard.device)
+            self._grad_bufs.append(buf)
+            for p, off in zip(ps, layout.offsets):
+                view = buf[off:off + p.numel()].view_as(p)
+                if fp32:
+                    if p.grad is not None:
+                        view.copy_(p.grad)
+                    p.grad = view
+                else:
+                    p.main_grad = view
                     self._hooks.append(p.register_post_accumulate_grad_hook(_accumulate_main_grad))
         device = self._shards[0].device if self._shards else torch.device("cpu")
         self.generator = torch.Generator(device=device)
@@ -192,14 +212,14 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
     def _param_weight(self, p: torch.Tensor) -> float | torch.Tensor:
         """1 where this rank counts ``p``'s gradient toward the norm, 0 where another TP rank does
         (nxd-core-parallel's rule, so every element of the full model counts exactly once):
-        TP-replicated params on TP rank 0; ``kv_size_multiplier``-replicated K/V on the first
-        ``tp / multiplier`` ranks; for a fused QKV param, its Q piece everywhere. Per element
-        (a flat tensor) only for fused params."""
-        tp_rank, tp_size = group_rank(self.grad_norm_group), group_size(self.grad_norm_group)
+        TP-replicated params on TP rank 0; ``kv_size_multiplier``-replicated K/V on the first rank
+        of each block of ``multiplier`` neighbouring ranks sharing a KV piece; for a fused QKV
+        param, its Q piece everywhere. Per element (a flat tensor) only for fused params."""
+        tp_rank = group_rank(self.grad_norm_group)
         if not getattr(p, "tensor_model_parallel", False):
             return 1.0 if tp_rank == 0 else 0.0
         multiplier = int(getattr(p, "kv_size_multiplier", 1))
-        unique = multiplier <= 1 or tp_rank < tp_size // multiplier
+        unique = multiplier <= 1 or tp_rank % multiplier == 0
         splits = getattr(p, "fused_splits", None)
         if splits is None:
             return 1.0 if unique else 0.0
@@ -244,20 +264,43 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
             b.copy_(flat[off:off + b.numel()].view_as(b))
             off += b.numel()
 
+    def _sync_grad_views(self, gi: int, zero: bool = False) -> None:
+        """Make fp32 params' ``.grad`` views of the group's grad buffer again where user code
+        replaced them (``p.grad = None`` or a new tensor), keeping any values they hold."""
+        buf, layout, params = self._grad_bufs[gi], self._layouts[gi], self._flat_params[gi]
+        if buf is None or params[0].dtype != torch.float32:
+            return
+        base, size = buf.data_ptr(), buf.element_size()
+        for p, off in zip(params, layout.offsets):
+            if p.grad is not None and p.grad.data_ptr() == base + off * size:
+                continue
+            view = buf[off:off + p.numel()].view_as(p)
+            if p.grad is None or zero:
+                view.zero_()
+            else:
+                view.copy_(p.grad)
+            p.grad = view
+
     def _reduce_grad_shard(self, gi: int) -> torch.Tensor:
         """This rank's slice of the DP-averaged gradient of group ``gi``, in fp32."""
         layout, params = self._layouts[gi], self._flat_params[gi]
-        flat = torch.empty(layout.padded_numel, dtype=torch.float32, device=self._shards[gi].device)
-        flatten_into(flat, self._grads(params), layout)
+        flat = self._grad_bufs[gi]
+        if flat is not None:
+            self._sync_grad_views(gi)
+        else:
+            flat = torch.empty(layout.padded_numel, dtype=torch.float32, device=self._shards[gi].device)
+            flatten_into(flat, self._grads(params), layout)
         if self.dp_size == 1:
             return flat
-        flat.div_(self.dp_size)
+        # Sum, then average only this rank's 1/DP slice: one pass over the shard instead of over
+        # the whole buffer (bit-identical to pre-dividing when DP is a power of two).
         if self.reduce_impl == "reduce_scatter":
             out = torch.empty(layout.shard_size, dtype=torch.float32, device=flat.device)
             _collective("reduce_scatter")(out, flat, group=self.sharding_group)
-            return out
-        dist.all_reduce(flat, group=self.sharding_group)
-        return flat[layout.shard_start:layout.shard_end]
+        else:
+            dist.all_reduce(flat, group=self.sharding_group)
+            out = flat[layout.shard_start:layout.shard_end]
+        return out.div_(self.dp_size)
 
     def _total_norm(self, grad_shards: list[torch.Tensor]) -> torch.Tensor:
         device = grad_shards[0].device if grad_shards else torch.device("cpu")
@@ -340,14 +383,20 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self._all_params():
-            if p.grad is not None:
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.detach_().zero_()
-            if hasattr(p, "main_grad"):
-                p.main_grad.zero_()
+        """Zero the gradients. Grads held in the flat buffer (fp32 ``p.grad``, ``p.main_grad``)
+        are zeroed in place whatever ``set_to_none`` says, so they stay views of it."""
+        for gi, (buf, params) in enumerate(zip(self._grad_bufs, self._flat_params)):
+            if buf is not None:
+                buf.zero_()
+                self._sync_grad_views(gi, zero=True)
+            if buf is not None and params[0].dtype == torch.float32:
+                continue
+            for p in params:
+                if p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.detach_().zero_()
 
     # ------------------------------------------------------------------ checkpoint API
     def state_dict(self) -> dict:

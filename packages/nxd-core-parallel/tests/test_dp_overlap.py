@@ -130,3 +130,23 @@ def test_overlap_needs_data_parallelism():
     with pytest.raises(ValueError, match="data_parallel_size > 1"):
         NxDOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), {}, overlap_grad_sync=True)
     assert NxDOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), {}).overlap_grad_sync is False
+
+
+def same_grads_body() -> bool:
+    """Gradients averaged by the hooks equal, bit for bit, those of the after-backward path."""
+    ps.initialize_model_parallel(1)
+    x, y = data(0)
+    x, y = x[dist.get_rank()::2], y[dist.get_rank()::2]
+    grads = []
+    for overlap in (True, False):
+        model = build()
+        opt = NxDOptimizer(torch.optim.SGD(model.parameters(), lr=LR), {}, overlap_grad_sync=overlap,
+                           bucket_cap_bytes=64)
+        model(x, y).backward()
+        opt.sync_gradients()
+        grads.append([p.grad for p in model.parameters() if p.grad is not None])
+    return len(grads[0]) == 6 and all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_overlap_grads_bitwise_equal_after_backward_path(rank_pool):
+    assert rank_pool(2).run(same_grads_body) == [True, True]

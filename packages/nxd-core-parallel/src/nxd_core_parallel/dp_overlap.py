@@ -120,10 +120,9 @@ class OverlappedGradReducer:
             if bucket.work is not None:
                 bucket.work.wait()
                 bucket.work = None
-                bucket.flat.div_(self.world)
-                for p in bucket.params:
+                for p in bucket.params:  # divide while copying back: one pass over the bucket
                     offset = bucket.offsets[id(p)]
-                    p.grad.copy_(bucket.flat[offset:offset + p.numel()].view_as(p.grad))
+                    torch.div(bucket.flat[offset:offset + p.numel()].view_as(p.grad), self.world, out=p.grad)
                     self._reduced.add(id(p))
             bucket.ready.clear()  # partly filled buckets fall back to the after-backward path
 

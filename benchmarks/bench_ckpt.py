@@ -144,6 +144,7 @@ def main() -> None:
             print(f"{name:38s} {mbps:9.1f} {mbps / raw:8.2f}")
         loop = blocking(root, args.mb, args.steps, args.save_every)
         sync = loop[1][2]
+        sync_later = statistics.median(sync[1:]) if len(sync) > 1 else sync[0]
         print(f"\nTraining loop blocked by saving ({args.steps} steps, a save every {args.save_every}, {args.mb} MiB)")
         print("'first': the first save call; 'later': median of the others (async: snapshot buffers reused)")
         print(f"{'mode':26s} {'loop s':>7s} {'blocked s':>9s} {'vs sync':>7s} {'first ms':>8s} {'later ms':>8s} {'later vs sync':>13s}")
@@ -153,7 +154,7 @@ def main() -> None:
                 continue
             later = statistics.median(blocked[1:]) if len(blocked) > 1 else blocked[0]
             print(f"{name:26s} {t:7.2f} {sum(blocked):9.2f} {sum(blocked) / sum(sync):7.3f} {blocked[0] * 1e3:8.1f} "
-                  f"{later * 1e3:8.1f} {later / statistics.median(sync):13.3f}")
+                  f"{later * 1e3:8.1f} {later / sync_later:13.3f}")
     finally:
         dist.destroy_process_group()
         shutil.rmtree(root, ignore_errors=True)

@@ -119,3 +119,25 @@ def test_snapshot_buffers_are_reused_across_saves(tmp_path):
     assert first == second and len(first) > 0  # the same tensors, same memory: no new allocation
     nxd.finalize_checkpoint()
     assert buffers.nbytes == 0  # finalize frees them
+
+
+EXIT_SCRIPT = """
+import sys, torch, nxd
+sys.path.insert(0, {tests!r})
+from ckpt_helpers import TinyNet
+torch.manual_seed(3)
+nxd.save_checkpoint({path!r}, "last", model=TinyNet(), user_content="last", async_save=True)
+"""  # the program ends right after the call, with the save in flight
+
+
+def test_normal_exit_waits_for_the_in_flight_save(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = EXIT_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)), path=str(tmp_path))
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    model = TinyNet()
+    assert nxd.load_checkpoint(str(tmp_path), model=model, load_rng=False) == "last"
+    torch.manual_seed(3)
+    assert torch.equal(model.fc1.weight, TinyNet().fc1.weight)

@@ -45,11 +45,14 @@ class ShardedNet(torch.nn.Module):
         self.head = head if layers - 1 in keep else None
 
 
-def build(tp: int, pp: int, seed: int, layers: int = 2, fuse_qkv: bool = True) -> ShardedNet:
+def build(tp: int, pp: int, seed: int, layers: int = 2, fuse_qkv: bool = True, kv_pieces: int | None = None) -> ShardedNet:
+    """``kv_pieces``: cut K/V into this many pieces, each replicated on ``tp / kv_pieces`` ranks
+    (None: one piece on every rank)."""
     parallel_state.initialize_model_parallel(tp, pp)
     torch.manual_seed(seed)
     if pp == 1:
-        return ShardedNet(layers, fuse_qkv=fuse_qkv)
+        kv_mult = None if kv_pieces is None else max(tp // kv_pieces, 1)
+        return ShardedNet(layers, fuse_qkv=fuse_qkv, kv_mult=kv_mult)
     stage = parallel_state.get_pipeline_model_parallel_rank()
     per = layers // pp
     return ShardedNet(layers, stage_layers=list(range(stage * per, (stage + 1) * per)), fuse_qkv=fuse_qkv)

@@ -3,10 +3,13 @@
 The description comes from nxd-core-parallel's parameter attributes: ``tensor_model_parallel``,
 ``partition_dim``, ``partition_stride`` (Megatron stride: the full tensor is split into
 ``tp * stride`` chunks and rank ``r`` holds chunks ``r, r + tp, ...``), ``fused_splits`` (the local
-shard concatenates independently sharded pieces of these local sizes) and ``kv_size_multiplier``
-(GQA K/V replicated over TP, nxd-core-parallel's layout: TP rank ``r`` holds piece
-``r % (tp / m)`` of the real tensor, so the real tensor is the shards of ranks ``0 .. tp/m - 1``). For a fused QKV parameter the multiplier
-applies to the K and V pieces (all pieces but the first).
+shard concatenates independently sharded pieces of these local sizes) and ``kv_size_multiplier`` (GQA K/V
+replicated over TP, nxd-core-parallel's Megatron layout: TP rank ``r`` holds piece ``r // m`` of
+the real tensor, so the real tensor is the shards of ranks ``0, m, 2m, ...``). For a fused QKV
+parameter the multiplier applies to the K and V pieces (all pieces but the first).
+
+Checkpoints written before the Megatron KV layout used the tiled one (rank ``r`` held piece
+``r % (tp / m)``); their metadata lacks ``kv_replicas`` and is read as ``"tiled"``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ class Sharding:
     #: local piece sizes along ``dim`` (None: a single piece)
     fused_splits: tuple[int, ...] | None = None
     kv_size_multiplier: int = 1
+    #: where a KV piece's replicas sit: "adjacent" (ranks j*m .. j*m+m-1, current) or "tiled" (legacy)
+    kv_replicas: str = "adjacent"
+
+    def __post_init__(self) -> None:
+        if self.kv_replicas not in ("adjacent", "tiled"):
+            raise ValueError(f"kv_replicas must be 'adjacent' or 'tiled', got {self.kv_replicas!r}")
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -35,8 +44,9 @@ class Sharding:
         if not d:
             return None
         fs = d.get("fused_splits")
-        return cls(int(d["dim"]), int(d.get("stride", 1)), tuple(int(x) for x in fs) if fs else None,
-                   int(d.get("kv_size_multiplier", 1)))
+        mult = int(d.get("kv_size_multiplier", 1))
+        return cls(int(d["dim"]), int(d.get("stride", 1)), tuple(int(x) for x in fs) if fs else None, mult,
+                   str(d.get("kv_replicas", "tiled" if mult > 1 else "adjacent")))
 
     def piece_multipliers(self) -> list[int]:
         if not self.fused_splits:
@@ -67,8 +77,13 @@ def global_shape(local_shape: tuple[int, ...], sharding: Sharding | None, tp: in
     return shape
 
 
-def _merge_piece(shards: list[torch.Tensor], dim: int, stride: int, mult: int) -> torch.Tensor:
-    shards = shards[: len(shards) // mult]
+def _unique_shards(shards: list[torch.Tensor], mult: int, replicas: str) -> list[torch.Tensor]:
+    """One shard per distinct KV piece, in piece order."""
+    return shards[::mult] if replicas == "adjacent" else shards[: len(shards) // mult]
+
+
+def _merge_piece(shards: list[torch.Tensor], dim: int, stride: int, mult: int, replicas: str) -> torch.Tensor:
+    shards = _unique_shards(shards, mult, replicas)
     if stride == 1:
         return torch.cat(shards, dim=dim)
     chunked = [s.chunk(stride, dim=dim) for s in shards]
@@ -78,19 +93,20 @@ def _merge_piece(shards: list[torch.Tensor], dim: int, stride: int, mult: int) -
 def merge_shards(shards: list[torch.Tensor], sharding: Sharding) -> torch.Tensor:
     """The full tensor from every TP rank's shard (in TP-rank order)."""
     if not sharding.fused_splits:
-        return _merge_piece(shards, sharding.dim, sharding.stride, sharding.kv_size_multiplier)
+        return _merge_piece(shards, sharding.dim, sharding.stride, sharding.kv_size_multiplier, sharding.kv_replicas)
     per_rank = [s.split(list(sharding.fused_splits), dim=sharding.dim) for s in shards]
     return torch.cat([
-        _merge_piece([p[i] for p in per_rank], sharding.dim, sharding.stride, mult)
+        _merge_piece([p[i] for p in per_rank], sharding.dim, sharding.stride, mult, sharding.kv_replicas)
         for i, mult in enumerate(sharding.piece_multipliers())
     ], dim=sharding.dim)
 
 
-def _split_piece(full: torch.Tensor, tp: int, rank: int, dim: int, stride: int, mult: int, name: str) -> torch.Tensor:
+def _split_piece(full: torch.Tensor, tp: int, rank: int, dim: int, stride: int, mult: int, name: str,
+                 replicas: str = "adjacent") -> torch.Tensor:
     parts = tp // mult
-    part_rank = rank % parts if parts else 0
     if parts < 1 or tp % mult:
         raise ValueError(f"{name}: kv_size_multiplier {mult} does not divide tensor parallel size {tp}")
+    part_rank = rank // mult if replicas == "adjacent" else rank % parts
     size = full.shape[dim]
     if size % (parts * stride):
         raise ValueError(f"{name}: size {size} along dim {dim} is not divisible into {parts * stride} TP chunks")
@@ -101,11 +117,12 @@ def _split_piece(full: torch.Tensor, tp: int, rank: int, dim: int, stride: int, 
 def split_full(full: torch.Tensor, sharding: Sharding, tp: int, rank: int, name: str = "tensor") -> torch.Tensor:
     """This TP rank's shard of ``full`` for a parameter described by ``sharding`` at size ``tp``."""
     if not sharding.fused_splits:
-        return _split_piece(full, tp, rank, sharding.dim, sharding.stride, sharding.kv_size_multiplier, name)
+        return _split_piece(full, tp, rank, sharding.dim, sharding.stride, sharding.kv_size_multiplier, name,
+                            sharding.kv_replicas)
     mults = sharding.piece_multipliers()
     global_pieces = [p * tp // m for p, m in zip(sharding.fused_splits, mults)]
     if sum(global_pieces) != full.shape[sharding.dim]:
         raise ValueError(f"{name}: fused pieces {global_pieces} do not add up to {full.shape[sharding.dim]}")
     pieces = full.split(global_pieces, dim=sharding.dim)
-    return torch.cat([_split_piece(p, tp, rank, sharding.dim, sharding.stride, m, name)
+    return torch.cat([_split_piece(p, tp, rank, sharding.dim, sharding.stride, m, name, sharding.kv_replicas)
                       for p, m in zip(pieces, mults)], dim=sharding.dim)

@@ -37,7 +37,7 @@ def _reference(norm_type: float, max_norm: float) -> tuple[float, dict[str, torc
     return float(total), {k: p.grad for k, p in params.items()}
 
 
-def _local_params(full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _local_params(full: dict[str, torch.Tensor], kv_pieces: int = 1) -> dict[str, torch.Tensor]:
     tp, r = ps.get_tensor_model_parallel_size(), ps.get_tensor_model_parallel_rank()
     out: dict[str, torch.Tensor] = {}
 
@@ -51,28 +51,31 @@ def _local_params(full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     make("col", full["col"].chunk(tp, 0)[r], True, 0)
     make("row", full["row"].chunk(tp, 1)[r], True, 1)
     make("norm", full["norm"], False, -1)
-    # 1 KV head replicated tp times: every rank holds the whole k/v.
+    # k/v cut in `kv_pieces` pieces, each replicated on m = tp / kv_pieces neighbouring ranks
+    # (kv_pieces=1: every rank holds the whole k/v).
     q = full["q"].chunk(tp, 0)[r]
-    fused = make("qkv", torch.cat([q, full["k"], full["v"]]), True, 0)
-    fused.fused_splits = (q.size(0), full["k"].size(0), full["v"].size(0))
-    if tp > 1:
-        fused.kv_size_multiplier = tp
+    m = max(tp // kv_pieces, 1)
+    k, v = (full[n].chunk(tp // m, 0)[r // m] for n in "kv")
+    fused = make("qkv", torch.cat([q, k, v]), True, 0)
+    fused.fused_splits = (q.size(0), k.size(0), v.size(0))
+    if m > 1:
+        fused.kv_size_multiplier = m
     return out
 
 
 STAGES = {0: ("col", "norm"), 1: ("row", "qkv")}
 
 
-def clip_body(tp: int, pp: int, norm_type: float, max_norm: float) -> list[float]:
+def clip_body(tp: int, pp: int, norm_type: float, max_norm: float, kv_pieces: int = 1) -> list[float]:
     ps.initialize_model_parallel(tp, pp)
     full = _full_grads()
-    params = _local_params(full)
+    params = _local_params(full, kv_pieces)
     if pp > 1:
         params = {k: v for k, v in params.items() if k in STAGES[ps.get_pipeline_model_parallel_rank()]}
     total = float(clip_grad_norm(list(params.values()), max_norm, norm_type))
     expected_total, clipped = _reference(norm_type, max_norm)
     diffs = [abs(total - expected_total) / expected_total]
-    expected_local = _local_params(clipped)
+    expected_local = _local_params(clipped, kv_pieces)
     for name, p in params.items():
         exp = expected_local[name].grad
         diffs.append(float((p.grad - exp).abs().max() / exp.abs().max()))
@@ -117,3 +120,6 @@ def test_clip_grad_norm_tp2_pp2_and_tp2_dp2(rank_pool):
         for norm_type in (2.0, math.inf):
             for worst, total, expected in pool.run(clip_body, tp, pp, norm_type, 0.5):
                 assert worst < 1e-5, (tp, pp, norm_type, total, expected)
+    # TP=4 with 2 KV pieces, each on 2 neighbouring ranks: each piece counts once.
+    for worst, total, expected in pool.run(clip_body, 4, 1, 2.0, 0.5, 2):
+        assert worst < 1e-5, (total, expected, worst)

@@ -27,12 +27,12 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
-def gather_tp(t: torch.Tensor, dim: int, ranks: int | None = None) -> torch.Tensor:
-    """Concatenate the TP shards of ``t`` (test-side, plain collectives)."""
+def gather_tp(t: torch.Tensor, dim: int, step: int = 1) -> torch.Tensor:
+    """Concatenate the TP shards of ``t`` of TP ranks ``0, step, 2*step, ...`` (test-side, plain collectives)."""
     group = ps.get_tensor_model_parallel_group()
     parts = [torch.empty_like(t) for _ in range(ps.get_tensor_model_parallel_size())]
     dist.all_gather(parts, t.detach().contiguous(), group=group)
-    return torch.cat(parts[:ranks] if ranks else parts, dim=dim)
+    return torch.cat(parts[::step], dim=dim)
 
 
 def chunk(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -141,13 +141,14 @@ def gqa_body(tp: int, q_heads: int, kv_heads: int, multiplier: int, fuse: bool, 
         wq, wk, wv = torch.split(layer.weight_qkv.detach(), list(layer.weight_qkv.fused_splits))
     else:
         wq, wk, wv = layer.weight_q.detach(), layer.weight_k.detach(), layer.weight_v.detach()
+    # Megatron's layout: KV piece j lives on the `multiplier` neighbouring ranks j*m .. j*m + m - 1.
+    piece = ps.get_tensor_model_parallel_rank() // multiplier
     refs = [torch.nn.Linear(HID, n) for n in (q_size, kv_size, kv_size)]
     with torch.no_grad():
-        for ref, w, ranks in zip(refs, (wq, wk, wv), (None, unique, unique)):
-            ref.weight.copy_(gather_tp(w, 0, ranks))
+        for ref, w, step in zip(refs, (wq, wk, wv), (1, multiplier, multiplier)):
+            ref.weight.copy_(gather_tp(w, 0, step))
             ref.bias.copy_(data(ref.bias.numel(), seed=ref.bias.numel()))
-        biases = [chunk(refs[0].bias, 0)] + [r.bias.chunk(unique)[ps.get_tensor_model_parallel_rank() % unique]
-                                            for r in refs[1:]]
+        biases = [chunk(refs[0].bias, 0)] + [r.bias.chunk(unique)[piece] for r in refs[1:]]
         if fuse:
             layer.bias_qkv.copy_(torch.cat(biases))
         else:
@@ -157,8 +158,9 @@ def gqa_body(tp: int, q_heads: int, kv_heads: int, multiplier: int, fuse: bool, 
     x = (chunk(x_full, 1) if sp else x_full).detach().requires_grad_()
     outs = layer(x)
     ref_outs = [r(x_full) for r in refs]
-    # Each TP rank sees its KV piece; the unsharded equivalent repeats K/V `multiplier` times.
-    expanded = [ref_outs[0]] + [torch.cat([o] * multiplier, dim=-1) for o in ref_outs[1:]]
+    # Each TP rank sees its KV piece; the unsharded equivalent repeats each piece `multiplier` times in a row.
+    expanded = [ref_outs[0]] + [o.unflatten(-1, (unique, -1)).repeat_interleave(multiplier, dim=-2).flatten(-2)
+                                for o in ref_outs[1:]]
     ws = [data(BATCH, SEQ, o.size(-1), seed=10 + i) for i, o in enumerate(expanded)]
     if gather:
         expanded, ws = ref_outs, [w[..., : o.size(-1)] for w, o in zip(ws, ref_outs)]
@@ -170,9 +172,8 @@ def gqa_body(tp: int, q_heads: int, kv_heads: int, multiplier: int, fuse: bool, 
     diffs = [rel(x.grad, chunk(x_full.grad, 1) if sp else x_full.grad)]
     for out, exp in zip(outs, expanded):
         diffs.append(rel(out, exp if gather else chunk(exp, -1)))
-    rank = ps.get_tensor_model_parallel_rank()
-    exp_grads = [chunk(refs[0].weight.grad, 0)] + [r.weight.grad.chunk(unique)[rank % unique] for r in refs[1:]]
-    exp_bgrads = [chunk(refs[0].bias.grad, 0)] + [r.bias.grad.chunk(unique)[rank % unique] for r in refs[1:]]
+    exp_grads = [chunk(refs[0].weight.grad, 0)] + [r.weight.grad.chunk(unique)[piece] for r in refs[1:]]
+    exp_bgrads = [chunk(refs[0].bias.grad, 0)] + [r.bias.grad.chunk(unique)[piece] for r in refs[1:]]
     if fuse:
         got = torch.split(layer.weight_qkv.grad, list(layer.weight_qkv.fused_splits))
         got_b = torch.split(layer.bias_qkv.grad, list(layer.weight_qkv.fused_splits))
@@ -289,5 +290,12 @@ def test_tp4_layers(rank_pool):
     check("row tp=4 sp", pool.run(row_body, 4, True, True, 1))
     check("embedding tp=4", pool.run(embedding_body, 4, False, False))
     check("cross_entropy tp=4", pool.run(cross_entropy_body, 4, 0.1))
-    # 2 KV heads at TP=4: each replicated twice (KV-shared groups {0,2} and {1,3}).
+    # 2 KV heads at TP=4: each replicated twice on neighbouring ranks (KV-shared groups {0,1} and {2,3}).
     check("gqa tp=4 kv=2", pool.run(gqa_body, 4, 8, 2, 2, True, False, False))
+    check("gqa tp=4 kv=2 gather unfused", pool.run(gqa_body, 4, 8, 2, 2, False, True, False))
+    assert pool.run(_kv_groups, 4) == [[[0, 1], [0, 1, 2, 3]]] * 2 + [[[2, 3], [0, 1, 2, 3]]] * 2
+
+
+def _kv_groups(tp: int) -> list[list[int]]:
+    ps.initialize_model_parallel(tp)
+    return [ps.get_kv_shared_group(m, as_list=True) for m in (2, 4)]

@@ -1,4 +1,5 @@
-"""LoRA on the nxd Llama at TP=2 (two real gloo ranks), with PEFT on transformers as the oracle.
+"""LoRA on the nxd Llama at TP=2 (two real gloo ranks) and TP=4 (replicated KV heads on 2 of 4
+ranks each), with PEFT on transformers as the oracle.
 
 One rank body per case: a PEFT-made adapter is loaded into nxd through
 ``neuronx_distributed_config(lora_config=...)`` + ``initialize_parallel_model`` (logits, loss and
@@ -48,7 +49,8 @@ def _adapter_grads(lora) -> dict[str, torch.Tensor]:
     return grads
 
 
-def lora_tp_body(base_dir: str, peft_dir: str, out_dir: str, data: dict, sp: bool, steps: int) -> dict | None:
+def lora_tp_body(base_dir: str, peft_dir: str, out_dir: str, data: dict, sp: bool, steps: int,
+                 tp: int = 2) -> dict | None:
     import json
 
     import torch.distributed as dist
@@ -67,7 +69,7 @@ def lora_tp_body(base_dir: str, peft_dir: str, out_dir: str, data: dict, sp: boo
         return model
 
     lora_config = LoraConfig(enable_lora=True, load_lora_from_ckpt=True, lora_save_dir=peft_dir)
-    cfg = nxd.neuronx_distributed_config(tensor_parallel_size=2, sequence_parallel=sp, lora_config=lora_config,
+    cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp, sequence_parallel=sp, lora_config=lora_config,
                                          optimizer_config={"zero_one_enabled": False, "grad_clipping": False,
                                                            "max_grad_norm": 1.0})
     model = nxd.initialize_parallel_model(cfg, build)
@@ -108,16 +110,26 @@ CASES = [("gqa", False), ("mqa", False), ("gqa", True)]
 
 @pytest.mark.slow
 def test_tp2_lora_matches_peft_both_ways(rank_pool, tmp_path):
+    check_against_peft(rank_pool, tmp_path, 2, CASES, steps=3)
+
+
+@pytest.mark.slow
+def test_tp4_replicated_kv_lora_matches_peft_both_ways(rank_pool, tmp_path):
+    # 2 KV heads at TP=4: kv_size_multiplier 2, KV head j on the neighbouring ranks 2j and 2j+1.
+    check_against_peft(rank_pool, tmp_path, 4, [("gqa", False)], steps=2)
+
+
+def check_against_peft(rank_pool, tmp_path: Path, tp: int, cases: list[tuple[str, bool]], steps: int) -> None:
     from safetensors.torch import load_file
 
     data = batch()
     worst: dict[str, float] = {}
-    for name, sp in CASES:
+    for name, sp in cases:
         case = f"{name}{'+sp' if sp else ''}"
         base = save_base(name, tmp_path / f"base_{name}")
         peft_dir = make_peft_adapter(base, tmp_path / f"peft_{name}")
         out = tmp_path / f"out_{case}"
-        res = rank_pool(2).run(lora_tp_body, str(base), str(peft_dir), str(out), data, sp, 3)[0]
+        res = rank_pool(tp).run(lora_tp_body, str(base), str(peft_dir), str(out), data, sp, steps, tp)[0]
         ref = peft_reference(base, peft_dir, data)
         # PEFT adapter -> nxd at TP=2: logits, loss and every adapter gradient
         errs = {"logits": rel(res["loaded_logits"], ref["logits"]), "loss": rel(res["loaded_loss"], ref["loss"])}
@@ -146,4 +158,4 @@ def test_tp2_lora_matches_peft_both_ways(rank_pool, tmp_path):
         print(case, {k: f"{v:.1e}" for k, v in errs.items()})
         for key, err in errs.items():
             assert err <= TOL, f"{case}: {key} relative error {err:.2e}"
-    print(f"\nTP=2 LoRA vs PEFT worst relative error per case: {worst}")
+    print(f"\nTP={tp} LoRA vs PEFT worst relative error per case: {worst}")

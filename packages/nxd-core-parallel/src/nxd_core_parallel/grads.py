@@ -80,7 +80,8 @@ def allreduce_sequence_parallel_gradients(parameters: Any) -> None:
 
 def _counted_on_this_rank(param: torch.Tensor) -> bool:
     """Whether this rank owns ``param``'s gradient for the norm: replicated parameters count on
-    TP rank 0 only; GQA KV weights replicated ``m`` times count on the first ``tp / m`` ranks."""
+    TP rank 0 only; GQA KV weights replicated ``m`` times count on the first rank of each block
+    of ``m`` neighbouring ranks that share a KV piece."""
     if getattr(param, "pipeline_shared_duplicate", False):
         return False  # a tied weight's copy on a later pipeline stage (nxd-pipeline): the first stage counts it
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -88,7 +89,7 @@ def _counted_on_this_rank(param: torch.Tensor) -> bool:
         return tp_rank == 0
     multiplier = getattr(param, "kv_size_multiplier", 1)
     if multiplier > 1 and getattr(param, "fused_splits", None) is None:
-        return tp_rank < parallel_state.get_tensor_model_parallel_size() // multiplier
+        return tp_rank % multiplier == 0
     return True
 
 
@@ -97,7 +98,7 @@ def _fused_pieces(param: torch.Tensor, grad: torch.Tensor) -> list[tuple[torch.T
     splits = param.fused_splits
     pieces = torch.split(grad, list(splits), dim=param.partition_dim)
     multiplier = getattr(param, "kv_size_multiplier", 1)
-    unique = parallel_state.get_tensor_model_parallel_rank() < parallel_state.get_tensor_model_parallel_size() // multiplier
+    unique = parallel_state.get_tensor_model_parallel_rank() % multiplier == 0
     return [(piece, i == 0 or multiplier == 1 or unique) for i, piece in enumerate(pieces)]
 
 

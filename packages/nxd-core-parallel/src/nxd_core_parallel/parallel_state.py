@@ -73,16 +73,16 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_mode
     dp_group, dp_ranks = make([[p * dp * tp + d * tp + t for d in range(dp)] for p in range(pp) for t in range(tp)], rank)
     pp_group, pp_ranks = make([[p * dp * tp + d * tp + t for p in range(pp)] for d in range(dp) for t in range(tp)], rank)
     state = _State(tp, pp, dp, rank, tp_group, dp_group, pp_group, tp_ranks, dp_ranks, pp_ranks)
-    # GQA KV replication: with multiplier m, TP ranks r and r + k*(tp/m) hold the same KV shard.
+    # GQA KV replication: with multiplier m, the m consecutive TP ranks j*m .. j*m + m - 1 hold
+    # the same KV piece j (GQAQKVColumnParallelLinear's layout).
     for m in range(2, tp + 1):
         if tp % m:
             continue
         if m == tp:
             state.kv_groups[m] = (tp_group, tp_ranks)
             continue
-        unique = tp // m
-        groups = [[base + j + i * unique for i in range(m)] for base in (g[0] for g in _tp_groups(tp, dp, pp))
-                  for j in range(unique)]
+        groups = [[base + j * m + i for i in range(m)] for base in (g[0] for g in _tp_groups(tp, dp, pp))
+                  for j in range(tp // m)]
         state.kv_groups[m] = make(groups, rank)
     _STATE = state
 
@@ -202,7 +202,8 @@ def is_pipeline_last_stage() -> bool:
 
 # ---------------------------------------------------------------- GQA KV replication
 def get_kv_shared_group(kv_size_multiplier: int, as_list: bool = False) -> Any:
-    """The TP ranks that hold the same (replicated) KV shard for ``kv_size_multiplier``."""
+    """The TP ranks that hold the same (replicated) KV piece for ``kv_size_multiplier`` m:
+    this rank's block of m consecutive TP ranks."""
     state = _state()
     if kv_size_multiplier not in state.kv_groups:
         raise ValueError(

@@ -219,7 +219,7 @@ class LoraAdapter(nn.Module):
 
 def _gather_qkv(delta: torch.Tensor, i: int, base: GQAQKVColumnParallelLinear) -> torch.Tensor:
     full = gather_from_tensor_model_parallel_region(delta)
-    return full if i == 0 else full[..., : base.kv_size]
+    return full if i == 0 else base.unique_kv(full)  # K/V: one copy of each replicated piece
 
 
 def _first_weight(base: nn.Module) -> torch.Tensor:

@@ -116,9 +116,10 @@ def generic_slots(name: str, module: nn.Module, tp: int, rank: int) -> list[Slot
     if isinstance(module, RowParallelLinear):
         return [Slot(name, 1, _shard_indices(module.input_size, module.stride, tp, rank))]
     parent = name.rsplit(".", 1)[0] + "." if "." in name else ""
-    unique = tp // module.kv_size_multiplier
+    # Megatron KV layout: rank r holds KV piece r // m of the tp / m pieces.
+    m = module.kv_size_multiplier
     q = _shard_indices(module.q_size, 1, tp, rank)
-    kv = _shard_indices(module.kv_size, 1, unique, rank % unique)
+    kv = _shard_indices(module.kv_size, 1, tp // m, rank // m)
     return [Slot(parent + "q_proj", 0, q), Slot(parent + "k_proj", 0, kv), Slot(parent + "v_proj", 0, kv)]
 
 

@@ -10,10 +10,9 @@ Layout notes (also published as ``spec.extras["hf_key_mapping"]``):
 * ``self_attn.qkv_proj.weight_qkv`` = this rank's ``[q; k; v]`` rows (HF ``q_proj``/``k_proj``/
   ``v_proj``), heads contiguous per rank.
 * With KV replication (``kv_size_multiplier`` m > 1, when TP exceeds the KV-head count) TP rank r
-  holds KV head ``r % (tp / m)`` (nxd-core-parallel's layout), so the query heads it holds are the
-  ones that attend to that KV head: HF heads ``[p*G + c*Lq, p*G + (c+1)*Lq)`` with
-  ``p = r % (tp/m)``, ``c = r // (tp/m)``, ``G`` query heads per KV head, ``Lq`` local query heads.
-  ``o_proj`` columns follow the same head order.
+  holds KV head ``r // m`` (nxd-core-parallel's Megatron layout: replicas on neighbouring ranks).
+  Its contiguous query heads ``[r*Lq, (r+1)*Lq)`` are exactly the ones that attend to that KV
+  head, so q/k/v and ``o_proj`` shards are contiguous slices in HF head order.
 * ``mlp.gate_up_proj.weight`` = this rank's ``[gate; up]`` rows (``fused_splits``).
 """
 
@@ -42,18 +41,13 @@ def _heads(key: str, heads: list[int], head_dim: int, dim: int = 0) -> Piece:
     return Piece(key, dim, tuple(h * head_dim + d for h in heads for d in range(head_dim)))
 
 
-def kv_layout(config: LlamaConfig, tp: int, rank: int, kv_size_multiplier: int) -> tuple[list[int], list[int]]:
-    """``(query heads, kv heads)`` (HF head indices) held by TP ``rank``, in local order."""
+def heads_of_rank(config: LlamaConfig, tp: int, rank: int, kv_size_multiplier: int) -> tuple[list[int], list[int]]:
+    """``(query heads, kv heads)`` (HF head indices) held by TP ``rank``, in local order: contiguous
+    query heads, and KV piece ``rank // m`` of the ``tp / m`` distinct KV pieces."""
     nq, nkv, m = config.num_attention_heads, config.num_key_value_heads, kv_size_multiplier
-    lq = nq // tp
-    if m == 1:
-        lk = nkv // tp
-        return list(range(rank * lq, (rank + 1) * lq)), list(range(rank * lk, (rank + 1) * lk))
-    unique = tp // m  # ranks holding distinct KV heads; one KV head each
-    p, c = rank % unique, rank // unique
-    group = nq // nkv
-    start = p * group + c * lq
-    return list(range(start, start + lq)), [p]
+    lq, lk = nq // tp, nkv * m // tp
+    piece = rank // m
+    return list(range(rank * lq, (rank + 1) * lq)), list(range(piece * lk, (piece + 1) * lk))
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -72,7 +66,7 @@ def plan_for(name: str, config: LlamaConfig, tp: int, rank: int, kv_size_multipl
         raise KeyError(name)
     prefix, rest = f"model.layers.{match.group(1)}.", match.group(2)
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
-    q_heads, kv_heads = kv_layout(config, tp, rank, kv_size_multiplier)
+    q_heads, kv_heads = heads_of_rank(config, tp, rank, kv_size_multiplier)
     if rest in ("input_layernorm.weight", "post_attention_layernorm.weight"):
         return [Piece(name, None)]
     if rest in ("self_attn.qkv_proj.weight_qkv", "self_attn.qkv_proj.bias_qkv"):
@@ -135,8 +129,8 @@ HF_KEY_MAPPING: list[dict[str, object]] = [
      "hf": ["model.layers.{i}.self_attn.q_proj.weight", "model.layers.{i}.self_attn.k_proj.weight",
             "model.layers.{i}.self_attn.v_proj.weight"],
      "partition_dim": 0,
-     "note": "local rows = [q heads of this rank; its kv heads; its kv heads] (fused_splits); with "
-             "kv_size_multiplier m>1 rank r holds kv head r % (tp/m) and the query heads that use it"},
+     "note": "local rows = [q heads of this rank; its kv heads; its kv heads] (fused_splits), all "
+             "contiguous in HF order; with kv_size_multiplier m>1 rank r holds kv head r // m"},
     {"nxd": "model.layers.{i}.self_attn.o_proj.weight", "hf": ["model.layers.{i}.self_attn.o_proj.weight"],
      "partition_dim": 1, "note": "columns of this rank's query heads"},
     {"nxd": "model.layers.{i}.post_attention_layernorm.weight",

@@ -1,10 +1,12 @@
 """GQA QKV projection sharded over TP, with KV-head replication (``kv_size_multiplier``).
 
-With ``m = kv_size_multiplier`` the K and V weights behave as ``m`` stacked copies of the real
-weight, sharded over TP: TP rank ``r`` holds piece ``r % (tp / m)`` of the real K/V weight, so
-TP may exceed the number of KV heads. The real (checkpoint) tensor is the concatenation of the
-pieces of TP ranks ``0 .. tp/m - 1``. Replicas' gradients are summed over the ranks that share a
-piece, so they stay identical.
+With ``m = kv_size_multiplier`` the real K/V weight is cut into ``tp / m`` pieces and each piece
+is replicated on ``m`` neighbouring TP ranks (Megatron's layout): TP rank ``r`` holds piece
+``r // m``, so TP may exceed the number of KV heads. With query heads sharded contiguously, the
+query heads of rank ``r`` are exactly the ones that attend to its KV piece, so no head reordering
+is needed anywhere (HF import/export, resharding, LoRA). The real (checkpoint) tensor is the
+concatenation of the pieces of TP ranks ``0, m, 2m, ...``. Replicas' gradients are summed over the
+ranks that share a piece (``parallel_state.get_kv_shared_group(m)``), so they stay identical.
 
 Parameter names follow NxD: fused ``weight_qkv``/``bias_qkv`` (local rows = [q | k | v], recorded
 in the ``fused_splits`` attribute), or ``weight_q``/``weight_k``/``weight_v`` (+ biases).
@@ -66,7 +68,7 @@ class GQAQKVColumnParallelLinear(nn.Module):
         self.q_local = divide(self.q_size, tp, "GQAQKVColumnParallelLinear q_size")
         self.kv_unique_ranks = tp // m
         self.kv_local = divide(self.kv_size, self.kv_unique_ranks, f"kv_size x kv_size_multiplier ({self.kv_size} x {m})")
-        self.kv_piece = rank % self.kv_unique_ranks
+        self.kv_piece = rank // m  # replicas of a piece sit on m neighbouring ranks
         factory = {"dtype": dtype, "device": device}
         splits = (self.q_local, self.kv_local, self.kv_local)
         if fuse_qkv:
@@ -148,10 +150,17 @@ class GQAQKVColumnParallelLinear(nn.Module):
             q, k, v = (F.linear(x, w, b) for w, b in zip(ws, bs))
         if self.gather_output:
             q = gather_from_tensor_model_parallel_region(q)
-            # Replicated KV: the gathered tensor holds m copies; keep the real one.
-            k = gather_from_tensor_model_parallel_region(k)[..., : self.kv_size]
-            v = gather_from_tensor_model_parallel_region(v)[..., : self.kv_size]
+            k = self.unique_kv(gather_from_tensor_model_parallel_region(k))
+            v = self.unique_kv(gather_from_tensor_model_parallel_region(v))
         return q, k, v
+
+    def unique_kv(self, gathered: torch.Tensor) -> torch.Tensor:
+        """The real K or V output from the TP-gathered one (last dim ``tp * kv_local``): with
+        replication the gather holds each piece ``m`` times in a row; keep the first copy of each."""
+        if self.kv_size_multiplier == 1:
+            return gathered
+        per_rank = gathered.unflatten(-1, (-1, self.kv_size_multiplier, self.kv_local))
+        return per_rank.select(-2, 0).flatten(-2)
 
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, q={self.q_size}, kv={self.kv_size}, kv_size_multiplier={self.kv_size_multiplier}, "

@@ -3,7 +3,10 @@
 The description comes from nxd-core-parallel's parameter attributes: ``tensor_model_parallel``,
 ``partition_dim``, ``partition_stride`` (Megatron stride: the full tensor is split into
 ``tp * stride`` chunks and rank ``r`` holds chunks ``r, r + tp, ...``), ``fused_splits`` (the local
-shard concatenates independently sharded pieces of these local sizes) and ``kv_size_multiplier`` (GQA K/V
+shard concatenates independently sharded pieces of these local sizes, each piece sharded
+contiguously: ``fused_splits`` alone describes the layout, and a stride recorded beside it, as
+older checkpoints did for Llama's ``gate_up_proj``, is ignored rather than applied a second time
+inside each piece) and ``kv_size_multiplier`` (GQA K/V
 replicated over TP, nxd-core-parallel's Megatron layout: TP rank ``r`` holds piece ``r // m`` of
 the real tensor, so the real tensor is the shards of ranks ``0, m, 2m, ...``). For a fused QKV
 parameter the multiplier applies to the K and V pieces (all pieces but the first).
@@ -31,6 +34,8 @@ class Sharding:
     kv_replicas: str = "adjacent"
 
     def __post_init__(self) -> None:
+        if self.fused_splits and self.stride != 1:
+            object.__setattr__(self, "stride", 1)  # fused_splits already describes the whole layout
         if self.kv_replicas not in ("adjacent", "tiled"):
             raise ValueError(f"kv_replicas must be 'adjacent' or 'tiled', got {self.kv_replicas!r}")
 

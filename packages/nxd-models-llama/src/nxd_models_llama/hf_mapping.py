@@ -137,7 +137,7 @@ HF_KEY_MAPPING: list[dict[str, object]] = [
      "hf": ["model.layers.{i}.post_attention_layernorm.weight"], "partition_dim": None, "note": "replicated"},
     {"nxd": "model.layers.{i}.mlp.gate_up_proj.weight",
      "hf": ["model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.up_proj.weight"], "partition_dim": 0,
-     "note": "local rows = [gate rows r*I/tp..(r+1)*I/tp; up rows, same range] (fused_splits, stride 2)"},
+     "note": "local rows = [gate rows r*I/tp..(r+1)*I/tp; up rows, same range] (fused_splits, pieces contiguous)"},
     {"nxd": "model.layers.{i}.mlp.down_proj.weight", "hf": ["model.layers.{i}.mlp.down_proj.weight"],
      "partition_dim": 1, "note": "columns r*I/tp..(r+1)*I/tp"},
     {"nxd": "model.norm.weight", "hf": ["model.norm.weight"], "partition_dim": None, "note": "replicated"},

@@ -149,16 +149,20 @@ class LlamaMLP(nn.Module):
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         common = dict(dtype=config.torch_dtype, device=device, init_method=init,
                       sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM)
-        # stride=2: the full [gate; up] weight is cut in 2*tp row blocks and rank r keeps blocks
-        # r (its gate slice) and tp+r (its up slice), so the local shard is [gate_r; up_r].
+        # stride=2 initialises the layout we want: the full [gate; up] weight is cut in 2*tp row
+        # blocks and rank r keeps blocks r (its gate slice) and tp+r (its up slice), so the local
+        # shard is [gate_r; up_r]. The parameters then describe that layout with fused_splits alone
+        # (each piece contiguous, partition_stride=1; docs/parallel.md), so checkpoint resharding
+        # and LoRA do not apply the stride a second time inside each piece.
         self.gate_up_proj = ColumnParallelLinear(
             config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias, gather_output=False,
             stride=2, **common,
         )
         splits = (self.local_intermediate, self.local_intermediate)
-        self.gate_up_proj.weight.fused_splits = splits
-        if self.gate_up_proj.bias is not None:
-            self.gate_up_proj.bias.fused_splits = splits
+        for param in (self.gate_up_proj.weight, self.gate_up_proj.bias):
+            if param is not None:
+                param.fused_splits = splits
+                param.partition_stride = 1
         self.down_proj = RowParallelLinear(
             config.intermediate_size, config.hidden_size, bias=config.mlp_bias, input_is_parallel=True, **common,
         )

@@ -7,8 +7,9 @@ the same rows; for an input-sharded (row) base, lora_A holds the same columns. S
 describes both export (gather + place) and import (slice) of adapters.
 
 Models registered with a :class:`nxd.specs.ModelSpec` whose ``extras["model_class"]`` matches
-get their layout from the model plugin (the llama plugin's ``hf_mapping.plan_for``); other
-models fall back to the generic rule (module names are HF names, Megatron contiguous shards).
+get their layout from the model plugin's ``extras["hf_param_plan"]`` (the llama plugin publishes
+one); other models fall back to the generic rule (module names are HF names, Megatron contiguous
+shards).
 """
 
 from __future__ import annotations
@@ -66,18 +67,6 @@ def model_spec_for(model: nn.Module) -> Any:
     return None
 
 
-def _llama_plan(model: nn.Module) -> Plan:
-    from nxd_models_llama.hf_mapping import plan_for
-
-    multipliers = {m.kv_size_multiplier for m in model.modules() if isinstance(m, GQAQKVColumnParallelLinear)}
-    multiplier = multipliers.pop() if multipliers else 1
-
-    def plan(name: str, tp: int, rank: int) -> list[tuple[str, int | None, tuple[int, ...]]]:
-        return [(p.hf_key, p.dim, tuple(p.index)) for p in plan_for(name, model.config, tp, rank, multiplier)]
-
-    return plan
-
-
 def model_plan(model: nn.Module) -> Plan | None:
     """The model plugin's layout, when it publishes one."""
     spec = model_spec_for(model)
@@ -86,8 +75,6 @@ def model_plan(model: nn.Module) -> Plan | None:
     published = spec.extras.get("hf_param_plan")
     if callable(published):
         return lambda name, tp, rank: published(model, name, tp, rank)
-    if spec.name == "llama":
-        return _llama_plan(model)
     return None
 
 

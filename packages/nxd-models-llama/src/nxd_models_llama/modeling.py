@@ -209,10 +209,12 @@ class LlamaModel(nn.Module):
                             dtype=config.torch_dtype, device=device)
         self.rotary_emb = RotaryEmbedding(config)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+    def layer_inputs(self, input_ids: torch.Tensor, dtype: torch.dtype, position_ids: torch.Tensor | None = None,
+                     attention_mask: torch.Tensor | None = None, past: int = 0
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(cos, sin, mask)`` every decoder layer takes (``dtype``: the hidden states'), from the
+        batch alone: pipeline stages recompute them instead of receiving them."""
         b, s = input_ids.shape
-        past = kv_cache.length if kv_cache is not None else 0
         if self.sequence_parallel and s % parallel_state.get_tensor_model_parallel_size():
             raise ValueError(
                 f"sequence length {s} must be divisible by tensor_parallel_size "
@@ -220,9 +222,15 @@ class LlamaModel(nn.Module):
             )
         if position_ids is None:
             position_ids = torch.arange(past, past + s, device=input_ids.device).unsqueeze(0).expand(b, s)
+        cos, sin = self.rotary_emb(position_ids, dtype)
+        return cos, sin, build_attention_mask(attention_mask, b, s, past, dtype, input_ids.device)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        past = kv_cache.length if kv_cache is not None else 0
+        # the embedding's output dtype is its weight's
+        cos, sin, mask = self.layer_inputs(input_ids, self.embed_tokens.weight.dtype, position_ids, attention_mask, past)
         hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(position_ids, hidden.dtype)
-        mask = build_attention_mask(attention_mask, b, s, past, hidden.dtype, input_ids.device)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, mask, kv_cache)
         return self.norm(hidden)
@@ -280,6 +288,35 @@ class LlamaForCausalLM(nn.Module):
         logits = self.lm_head(hidden)
         loss = None if labels is None else causal_lm_loss(logits, labels, loss_mask)
         return CausalLMOutput(loss=loss, logits=logits)
+
+    # -- pipeline contract (docs/pipeline.md): duck-typed, no nxd-pipeline import. The stages run
+    # the same modules as forward(); only the hidden state travels, RoPE and masks are recomputed.
+    def nxd_pipeline_layout(self) -> dict[str, object]:
+        """Dotted paths: modules of the first stage, the layer list, modules of the last stage
+        (``rotary_emb`` has no parameters and stays on every stage)."""
+        return {"embed": ["model.embed_tokens"], "layers": "model.layers", "head": ["model.norm", "lm_head"]}
+
+    def nxd_pipeline_embed(self, input_ids: torch.Tensor, **batch: object) -> torch.Tensor:
+        """First stage: token embeddings (sequence-sharded under sequence parallelism)."""
+        return self.model.embed_tokens(input_ids)
+
+    def nxd_pipeline_layer(self, layer: nn.Module, hidden: torch.Tensor, input_ids: torch.Tensor | None = None,
+                           position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                           segment_ids: torch.Tensor | None = None, **batch: object) -> torch.Tensor:
+        """One decoder layer, with positions, RoPE and the mask rebuilt from the micro-batch."""
+        if input_ids is None:
+            raise ValueError("the Llama pipeline stages need the micro-batch's input_ids (for positions and masks)")
+        if attention_mask is None and segment_ids is not None:
+            attention_mask = segment_ids
+        cos, sin, mask = self.model.layer_inputs(input_ids, hidden.dtype, position_ids, attention_mask)
+        return layer(hidden, cos, sin, mask)
+
+    def nxd_pipeline_head(self, hidden: torch.Tensor, labels: torch.Tensor | None = None,
+                          loss_mask: torch.Tensor | None = None, **batch: object) -> torch.Tensor:
+        """Last stage: final norm, LM head and the micro-batch's mean loss (as forward's ``.loss``)."""
+        if labels is None:
+            raise ValueError("pipeline training needs 'labels' in the batch (the last stage returns the loss)")
+        return causal_lm_loss(self.lm_head(self.model.norm(hidden)), labels, loss_mask)
 
 
 def causal_lm_loss(vocab_parallel_logits: torch.Tensor, labels: torch.Tensor,

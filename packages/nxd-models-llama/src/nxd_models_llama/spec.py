@@ -9,8 +9,8 @@ from torch import nn
 from nxd.specs import ModelSpec
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.hf_io import load_hf_checkpoint, save_hf_checkpoint
-from nxd_models_llama.hf_mapping import HF_KEY_MAPPING, HF_MODULE_TO_NXD
-from nxd_models_llama.modeling import LlamaCoreAttention, LlamaDecoderLayer, LlamaForCausalLM
+from nxd_models_llama.hf_mapping import HF_KEY_MAPPING, HF_MODULE_TO_NXD, plan_for
+from nxd_models_llama.modeling import LlamaCoreAttention, LlamaDecoderLayer, LlamaForCausalLM, kv_size_multiplier_for
 from nxd_models_llama.presets import PRESETS
 
 #: Attention projections, as in NxDT's LoRA recipes (which target the fused ``qkv_proj``) plus o_proj.
@@ -49,6 +49,14 @@ def flops_per_token(config: LlamaConfig | dict, seq_length: int | None = None) -
     return flops
 
 
+def hf_param_plan(model: LlamaForCausalLM, name: str, tp: int, rank: int) -> list[tuple[str, int | None, tuple[int, ...]]]:
+    """Published as ``extras["hf_param_plan"]`` (nxd-lora reads it): the HF tensors whose rows
+    (``dim=0``), columns (``dim=1``) or whole (``dim=None``) make up parameter ``name`` (an nxd
+    name, e.g. ``model.layers.0.self_attn.qkv_proj.weight_qkv``) on TP ``rank`` of ``tp``, in local order."""
+    multiplier = kv_size_multiplier_for(model.config, tp)
+    return [(p.hf_key, p.dim, tuple(p.index)) for p in plan_for(name, model.config, tp, rank, multiplier)]
+
+
 SPEC = ModelSpec(
     name="llama",
     config_from_dict=config_from_dict,
@@ -63,6 +71,7 @@ SPEC = ModelSpec(
     extras={
         "hf_key_mapping": HF_KEY_MAPPING,
         "hf_module_to_nxd": HF_MODULE_TO_NXD,
+        "hf_param_plan": hf_param_plan,
         "model_class": LlamaForCausalLM,
         "config_class": LlamaConfig,
         "sequence_dimension": 1,

@@ -101,3 +101,27 @@ def test_next_save_finishes_a_crashed_swap(tmp_path):
     nxd.save_checkpoint(str(tmp_path), "b", model=_model(3), user_content="b", num_kept_ckpts=2)
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "newest"]
     _loads_as(str(tmp_path), 2, "new")
+
+
+def two_rank_body(path: str) -> list[str]:
+    import time
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if rank == 1:
+        time.sleep(1.1)  # rank 1's timestamp tag differs from rank 0's: rank 0's must win
+    nxd.save_checkpoint(path, "", model=_model(1), user_content="first", async_save=True)
+    nxd.finalize_checkpoint()
+    (tag,) = [n for n in os.listdir(path) if n.startswith("ckpt_")]
+    # both ranks write their files into the temporary (synchronous this time), rank 0 swaps it in
+    nxd.save_checkpoint(path, tag, model=_model(2), optimizer=torch.optim.SGD(_model(2).parameters(), lr=0.1),
+                        user_content="second")
+    nxd.finalize_checkpoint()
+    _loads_as(path, 2, "second", tag=None)
+    return sorted(os.listdir(os.path.join(path, tag, "rng")))
+
+
+def test_two_ranks_agree_on_the_tag_and_overwrite(rank_pool, tmp_path):
+    assert rank_pool(2).run(two_rank_body, str(tmp_path)) == [["rank_00000.pt", "rank_00001.pt"]] * 2
+    assert sorted(os.listdir(tmp_path)) == [*[n for n in os.listdir(tmp_path) if n.startswith("ckpt_")], "newest"]

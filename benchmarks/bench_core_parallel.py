@@ -51,7 +51,8 @@ class Block(nn.Module):
 
 def _compare(step_ours, step_theirs) -> dict[str, float]:
     """Median ms per step of each, measured alternately step by step (a barrier before each timed
-    step), so load from other processes on a shared machine hits both alike."""
+    step, the order flipped every pair), so load from other processes on a shared machine hits
+    both alike."""
     import statistics
 
     import torch.distributed as dist
@@ -60,8 +61,9 @@ def _compare(step_ours, step_theirs) -> dict[str, float]:
         step_ours()
         step_theirs()
     times: dict[str, list[float]] = {"nxd": [], "torch": []}
-    for _ in range(ITERS):
-        for name, step in (("nxd", step_ours), ("torch", step_theirs)):
+    pair = (("nxd", step_ours), ("torch", step_theirs))
+    for i in range(ITERS):
+        for name, step in pair if i % 2 == 0 else pair[::-1]:  # ABBA: no order bias
             dist.barrier()
             start = time.perf_counter()
             step()

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import nxd
 from nxd import ConfigError
-from nxd_training import build, metrics
+from nxd_training import build, lora_export, metrics
 from nxd_training.config.plan import RunPlan, make_plan
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.exp_manager import (
@@ -43,6 +43,10 @@ class TrainResult:
     resumed_from: str | None = None
     samples: list[str] = field(default_factory=list)
     wall_time_s: float = 0.0
+    #: (trainable, total) parameter elements on this rank
+    trainable_params: tuple[int, int] = (0, 0)
+    #: LoRA runs: the folders the adapter was exported to (``<dir>/lora_adapter`` etc.)
+    lora_exports: list[str] = field(default_factory=list)
 
 
 def parse_max_time(value: str | float | None) -> float | None:
@@ -78,6 +82,11 @@ class Trainer:
         model_parallel_manual_seed(config.seed)
         model_config = build.model_config_for_rank(config, self.plan)
         self.model = nxd.initialize_parallel_model(self.nxd_config, self.plan.spec.build, model_config, self.nxd_config)
+        self.lora = lora_export.lora_enabled(config)
+        self.trainable = lora_export.trainable_counts(self.model)
+        if self.lora and dist.get_rank() == 0:
+            print(f"nxd train: LoRA: {lora_export.describe(self.trainable)}", flush=True)
+        self.lora_exports: list[str] = []
         self.optimizer = build.build_optimizer(config, self.nxd_config, self.model)
         self.scheduler = build.build_scheduler(config, self.optimizer)
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -110,7 +119,9 @@ class Trainer:
         if em.resume_from_checkpoint:
             source = Path(em.resume_from_checkpoint)
             weights_only = self.config.model.weight_init_only
-            content = nxd.load_checkpoint(str(source.parent), tag=source.name, model=self.model,
+            # LoRA fine-tuning starts from a base model's weights: they load under the adapters
+            target = lora_export.base_module(self.model) if self.lora and weights_only else self.model
+            content = nxd.load_checkpoint(str(source.parent), tag=source.name, model=target,
                                           optimizer=None if weights_only else self.optimizer,
                                           scheduler=None if weights_only else self.scheduler)
             if not weights_only:
@@ -214,6 +225,10 @@ class Trainer:
             user_content=content, num_kept_ckpts=kept_checkpoints(self.config), async_save=em.async_checkpointing,
             zero1_optimizer=self.config.distributed_strategy.zero1, format=em.checkpoint_format,
         )
+        if self.lora:
+            if em.async_checkpointing and (self.ckpt_dir / tag / "done").exists():
+                nxd.finalize_checkpoint()  # an overwrite is swapped in when it commits; write after that
+            self.lora_exports.append(str(lora_export.export_lora(self.model, self.ckpt_dir, tag)))
 
     # ------------------------------------------------------------------ the loop
     def _max_steps(self) -> int:
@@ -277,11 +292,15 @@ class Trainer:
                 self.save(wall_start)
             if self.config.exp_manager.create_checkpoint_callback:
                 nxd.finalize_checkpoint()
+            elif self.lora and self.step > result.start_step:  # no checkpoints: export the final adapter
+                self.lora_exports.append(str(lora_export.export_lora(self.model, self.log_dir, lora_export.FINAL_TAG)))
         finally:
             if bar is not None:
                 bar.close()
             self.logger.close()
         result.final_step = self.step
+        result.trainable_params = self.trainable
+        result.lora_exports = list(self.lora_exports)
         result.wall_time_s = time.monotonic() - wall_start
         if self.config.generation is not None and self.config.generation.prompts:
             from nxd_training.samples import generate_samples

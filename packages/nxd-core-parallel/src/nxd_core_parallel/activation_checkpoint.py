@@ -22,20 +22,26 @@ from nxd_core_parallel.parallel_layers.random import get_rng_tracker
 _MARK = "_nxd_activation_checkpointed"
 
 
-def _context_fn() -> tuple[Any, Any]:
-    saved = get_rng_tracker().get_states()
+class _RestoreRngStates:
+    """Recompute context: run with the TP RNG states saved at forward time. Reusable, because
+    autograd recomputes once per backward graph task: a backward split into separate input- and
+    weight-gradient passes (zero-bubble pipelines) enters it more than once."""
 
-    @contextlib.contextmanager
-    def recompute():
+    def __init__(self, saved: Any) -> None:
+        self._saved = saved
+        self._outer: list[Any] = []
+
+    def __enter__(self) -> None:
         tracker = get_rng_tracker()
-        current = tracker.get_states()
-        tracker.set_states(saved)
-        try:
-            yield
-        finally:
-            tracker.set_states(current)
+        self._outer.append(tracker.get_states())
+        tracker.set_states(self._saved)
 
-    return contextlib.nullcontext(), recompute()
+    def __exit__(self, *exc: object) -> None:
+        get_rng_tracker().set_states(self._outer.pop())
+
+
+def _context_fn() -> tuple[Any, Any]:
+    return contextlib.nullcontext(), _RestoreRngStates(get_rng_tracker().get_states())
 
 
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -28,6 +28,9 @@ class StageRunner:
         self.loss_fn = loss_fn
         self.last = len(bounds) - 1
         self._layer_fn = getattr(model, "nxd_pipeline_layer", None)
+        #: stages seen recomputing activations (checkpointing) in a split backward: their
+        #: backward runs combined from then on (see split_backward.watch_recompute)
+        self.recomputing: set[int] = set()
 
     def stage_parameters(self, stage: int) -> list[nn.Parameter]:
         layers = part.get_submodule(self.model, self.layout["layers"])
@@ -98,7 +101,7 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
                     if train and x.is_floating_point():
                         x.requires_grad_()
                 t0 = time.perf_counter()
-                if train and split:
+                if train and split and stage not in runner.recomputing:
                     if stage not in params_by_stage:
                         params_by_stage[stage] = runner.stage_parameters(stage)
                     with sb.record_param_outputs(params_by_stage[stage]) as rec:
@@ -114,20 +117,24 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
                 if train:
                     flights[key] = _InFlight(x, out, rec)
             elif a.kind in (BACKWARD, BACKWARD_INPUT):
-                flight = flights[key] if a.kind == BACKWARD else flights[key]
+                flight = flights[key]
                 out, grad = flight.output, None
                 if stage == num_stages - 1:
                     out = out * scale
                 else:
                     grad = comm.recv_gradient(out, (stage + 1) % p, stage + 1, a.microbatch)
                 t0 = time.perf_counter()
-                if a.kind == BACKWARD:
-                    del flights[key]
+                if a.kind == BACKWARD or flight.record is None:
+                    if a.kind == BACKWARD:
+                        del flights[key]
                     if out.requires_grad:
                         torch.autograd.backward(out, grad)
                     input_grad = flight.stage_input.grad if flight.stage_input is not None else None
                 else:
-                    input_grad = sb.backward_input(flight.record, out, grad, flight.stage_input)
+                    with sb.watch_recompute() as watch:
+                        input_grad = sb.backward_input(flight.record, out, grad, flight.stage_input)
+                    if watch.seen:
+                        runner.recomputing.add(stage)
                 compute = time.perf_counter() - t0
                 if stage > 0:
                     if input_grad is None:
@@ -135,7 +142,9 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
                     comm.send_gradient(input_grad, (stage - 1) % p, stage, a.microbatch)
             elif a.kind == BACKWARD_WEIGHT:
                 t0 = time.perf_counter()
-                sb.backward_weight(flights.pop(key).record)
+                record = flights.pop(key).record
+                if record is not None:  # None: the input pass already did the whole backward
+                    sb.backward_weight(record)
                 compute = time.perf_counter() - t0
             else:
                 raise ValueError(f"unknown pipeline action kind {a.kind!r} in {a}")

@@ -8,6 +8,11 @@ gradients, a short local backward through that module alone. Parameters used out
 forward (e.g. a tied weight read functionally) or by several module calls are handled in the
 input pass, so nothing is lost or counted twice. Not supported: a parameter used both inside a
 module's forward and functionally upstream of it within one stage.
+
+Activation checkpointing recomputes a region once per autograd call, so the weight pass would
+recompute a checkpointed layer once per module in it. :func:`watch_recompute` notices module
+forwards running inside the input pass; the executor then runs that stage's later backwards
+combined (one recompute, weight grads in the input pass, empty weight pass).
 """
 
 from __future__ import annotations
@@ -70,6 +75,26 @@ def record_param_outputs(stage_params: Sequence[nn.Parameter]) -> Iterator[Recor
     rec.outputs = [(params, outs) for params, outs in rec.outputs if params]
     covered -= shared
     rec.uncovered = [p for p in stage_params if p.requires_grad and id(p) not in covered]
+
+
+@dataclass
+class RecomputeWatch:
+    seen: bool = False
+
+
+@contextmanager
+def watch_recompute() -> Iterator[RecomputeWatch]:
+    """Flags module forwards run while inside the block: during a backward that means recomputation."""
+    watch = RecomputeWatch()
+
+    def hook(_module: nn.Module, _args: object, _output: object) -> None:
+        watch.seen = True
+
+    handle = nn.modules.module.register_module_forward_hook(hook)
+    try:
+        yield watch
+    finally:
+        handle.remove()
 
 
 def backward_input(rec: Recorded, output: torch.Tensor, grad: torch.Tensor | None,

@@ -109,5 +109,5 @@ def test_hf_dataset_on_disk_without_datasets(tmp_path: Path, tok_dir: Path, monk
     saved.mkdir()
     (saved / "state.json").write_text("{}")
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed (it is optional)
-    with pytest.raises(ConfigError, match="pip install datasets"):
+    with pytest.raises(ConfigError, match=r"pip install .nxd-data\[hf\]."):
         prepare_dataset([saved], tok_dir, tmp_path / "x", progress=False)

@@ -12,9 +12,11 @@ NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive r
 @nxd.hookimpl
 def nxd_register_data_modules(registry: Any) -> None:
     from nxd_data.factories import indexed, sft
+    from nxd_data.hf_module import hf
 
     registry.add("indexed", indexed, description="Megatron indexed (.bin/.idx) pretraining data: blends, splits")
     registry.add("sft", sft, description="JSONL prompt/completion or chat SFT data, packed or padded")
+    registry.add("hf", hf, description="Hugging Face dataset saved with save_to_disk: token ids or text (needs nxd-data[hf])")
 
 
 @nxd.hookimpl

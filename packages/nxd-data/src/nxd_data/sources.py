@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nxd.errors import ConfigError
+from nxd_data.hf_disk import is_saved_dataset, load_saved_dataset, require_column
 
 FORMATS = ("auto", "text", "jsonl", "parquet", "hf")
 TEXT_MODES = ("file", "line", "paragraph")
@@ -18,7 +19,7 @@ TEXT_MODES = ("file", "line", "paragraph")
 
 def detect_format(path: Path) -> str:
     if path.is_dir():
-        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+        if is_saved_dataset(path):
             return "hf"
         raise ConfigError(f"{path} is a directory but not a Hugging Face dataset saved with save_to_disk")
     suffix = path.suffix.lower()
@@ -77,22 +78,16 @@ def _parquet_docs(path: Path, key: str) -> Iterator[str]:
 
 
 def _hf_docs(path: Path, key: str, split: str) -> Iterator[str]:
-    try:
-        import datasets
-    except ImportError:
+    ds = load_saved_dataset(path, split, where="input")
+    require_column(ds, key, path, "input")
+    feature = ds.features[key]
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):
         raise ConfigError(
-            f"{path} is a Hugging Face dataset saved to disk; reading it needs the 'datasets' package: "
-            "pip install datasets (or export it to JSONL/parquet first)"
-        ) from None
-    ds = datasets.load_from_disk(str(path))
-    if isinstance(ds, datasets.DatasetDict):
-        if split not in ds:
-            raise ConfigError(f"{path}: no split {split!r} (splits: {', '.join(ds)})")
-        ds = ds[split]
-    if key not in ds.column_names:
-        raise ConfigError(f"{path}: missing column {key!r} (columns: {', '.join(ds.column_names)})")
-    for row in ds:
-        yield row[key]
+            f"input: column {key!r} of {path} holds {feature}, not text; pick a string column with --text-key "
+            f"(string columns: {', '.join(c for c, f in ds.features.items() if getattr(f, 'dtype', None) in ('string', 'large_string')) or 'none'})"
+        )
+    for batch in ds.select_columns([key]).iter(batch_size=1024):
+        yield from (v for v in batch[key] if v is not None)
 
 
 def iter_documents(

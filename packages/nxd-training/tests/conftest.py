@@ -56,3 +56,13 @@ def make_config(corpus: dict[str, str], tmp_path: Path):
         return tiny_config(corpus, tmp_path / "runs", **sections)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny(corpus: dict[str, str]):
+    """``tiny(exp_dir, **sections)`` -> a tiny valid config dict (usable from wider-scoped fixtures)."""
+
+    def make(exp_dir: Path | str, **sections: Any) -> dict[str, Any]:
+        return tiny_config(corpus, exp_dir, **sections)
+
+    return make

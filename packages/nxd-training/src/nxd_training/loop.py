@@ -183,6 +183,19 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return self._dp_mean(total)
 
+    def _valid_groups(self, cap: int | None) -> Iterator[dict[str, torch.Tensor]]:
+        """Validation inputs: one micro-batch at a time, or under PP ``num_microbatches`` of them
+        concatenated (``run_eval`` splits its batch into that many); a partial group is dropped."""
+        group = self.plan.num_microbatches if self.plan.pp > 1 else 1
+        parts: list[dict[str, torch.Tensor]] = []
+        for n, batch in enumerate(self.data.valid_batches()):
+            if cap is not None and n >= cap:
+                break
+            parts.append({k: v.to(self.device) for k, v in batch.items() if k in MODEL_INPUTS})
+            if len(parts) == group:
+                yield parts[0] if group == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+                parts = []
+
     @torch.no_grad()
     def validate(self) -> float | None:
         limit = self.config.trainer.limit_val_batches
@@ -198,19 +211,20 @@ class Trainer:
             return None
         self.model.eval()
         total, n = torch.zeros((), device=self.device), 0
-        for batch in self.data.valid_batches():
-            if cap is not None and n >= cap:
-                break
-            batch = {k: v.to(self.device) for k, v in batch.items() if k in MODEL_INPUTS}
+        for batch in self._valid_groups(cap):
             with self._autocast():
                 if self.plan.pp > 1:
-                    loss = self.model.run_eval(**batch)
+                    loss = self.model.run_eval(**batch)  # mean over the group's micro-batches
                 else:
                     loss = self.model(**batch).loss
             total += loss.detach().float()
             n += 1
         self.model.train()
         if n == 0:
+            if self.plan.pp > 1 and cap:
+                raise ConfigError(f"validation under pipeline parallelism runs num_microbatches="
+                                  f"{self.plan.num_microbatches} batches at a time, but only {cap} are allowed "
+                                  "(trainer.limit_val_batches) or available")
             return None
         return self._dp_mean(total / n)
 

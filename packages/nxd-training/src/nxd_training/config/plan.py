@@ -304,5 +304,9 @@ def make_plan(config: TrainingConfig) -> RunPlan:
     if vocab is not None and tp > 1 and vocab % tp:
         raise ConfigError(f"model vocab_size={vocab} must be divisible by tensor_model_parallel_size={tp} "
                           "(vocab-parallel embedding)")
+    limit = config.trainer.limit_val_batches
+    if pp > 1 and config.trainer.val_check_interval and isinstance(limit, int) and 0 < limit < num_mb:
+        raise ConfigError(f"trainer.limit_val_batches={limit}: with pipeline parallelism validation runs "
+                          f"num_microbatches={num_mb} batches at a time; allow at least {num_mb}")
     data_module = _data(config, seq)
     return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec)

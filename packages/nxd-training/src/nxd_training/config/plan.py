@@ -197,6 +197,9 @@ def data_section(config: TrainingConfig, seq_length: int) -> dict[str, Any]:
     else:
         section.pop("tokenizer", None)
     section["seq_length"] = seq_length
+    align = config.model_alignment_strategy
+    if align is not None and align.sft is not None:
+        section.setdefault("packing", align.sft.packing)  # NxDT's switch; data.packing wins if both are set
     return section
 
 

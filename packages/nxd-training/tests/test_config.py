@@ -57,6 +57,10 @@ BAD = [
     ({"model_alignment_strategy": {"dpo": {"kl_beta": 0.1}}}, ["dpo"]),
     ({"model": {"model_config": "/nonexistent/config.json"}}, ["model.model_config", "/nonexistent/config.json"]),
     ({"model": {"vocab_size": 511}}, ["vocab_size=511", "tensor_model_parallel_size=2"]),
+    ({"distributed_strategy": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2},
+      "model_alignment_strategy": {"peft": {"lora_rank": 4}}}, ["model_alignment_strategy.peft", "pipeline"]),
+    ({"distributed_strategy": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2},
+      "trainer": {"val_check_interval": 2, "limit_val_batches": 1}}, ["limit_val_batches=1", "num_microbatches=2"]),
 ]
 
 

@@ -282,6 +282,9 @@ def _plugins(config: TrainingConfig, pp: int) -> None:
         if align.dpo is not None or align.orpo is not None:
             raise ConfigError("model_alignment_strategy: dpo and orpo are not supported yet; use sft and/or peft")
         if align.peft is not None:
+            if pp > 1:
+                raise ConfigError(f"model_alignment_strategy.peft: LoRA does not support pipeline parallelism "
+                                  f"(pipeline_model_parallel_size={pp}); use tensor/data parallelism with LoRA")
             _need("adapter", "lora", "model_alignment_strategy.peft", "nxd-lora")
     if config.exp_manager.create_checkpoint_callback or config.exp_manager.resume_if_exists:
         _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")

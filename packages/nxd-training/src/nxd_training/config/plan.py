@@ -216,6 +216,9 @@ def _data(config: TrainingConfig, seq_length: int) -> str:
         except ConfigError as exc:
             text = str(exc)
             raise ConfigError(text if text.startswith("data") else f"data: {text}") from None
+        except (TypeError, ValueError, KeyError) as exc:  # a value of the wrong kind the module did not expect
+            raise ConfigError(f"data: the {name!r} data module rejected the data section: "
+                              f"{type(exc).__name__}: {exc}") from None
     return name
 
 

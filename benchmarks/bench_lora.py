@@ -7,7 +7,9 @@ One process (a one-rank gloo group), four rows:
   * transformers Llama, full fine-tuning;
   * transformers Llama + PEFT LoRA.
 Step = forward + backward + AdamW step. Optimizer memory = bytes of AdamW state after a step.
-Usage: python benchmarks/bench_lora.py [--steps 4] [--rank 16] [--hidden 256] [--layers 4]
+Timing: ours and the peer are interleaved step by step with the order flipped every pair (ABBA),
+median of --steps steps each (nxd-lora with PEFT, full FT with full FT).
+Usage: python benchmarks/bench_lora.py [--steps 20] [--rank 16] [--hidden 256] [--layers 4]
 """
 
 from __future__ import annotations
@@ -57,24 +59,36 @@ def make_step(model, params, data, hf: bool):
     return step, opt, sum(p.numel() for p in params)
 
 
-def measure(entries: dict, steps: int) -> dict:
-    """Round-robin over the variants (one step each per round) so load drift on a shared machine
-    hits them alike; median per variant."""
-    times: dict[str, list[float]] = {name: [] for name in entries}
+def abba(a, b, steps: int) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Time two step functions interleaved, flipping which goes first every pair (A B, B A, ...),
+    so load drift and order effects on a shared machine hit both alike. Per step: (wall seconds,
+    this thread's CPU seconds); with one torch thread the CPU time barely moves with machine load."""
+    ta: list[tuple[float, float]] = []
+    tb: list[tuple[float, float]] = []
+    for i in range(steps):
+        pair = ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta))
+        for step, times in pair:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            step()
+            times.append((time.perf_counter() - t0, time.thread_time() - c0))
+    return ta, tb
+
+
+def measure(entries: dict, pairs: list[tuple[str, str]], steps: int) -> dict:
+    """Each pair (ours, theirs) timed ABBA; median per variant."""
     for step, _, _ in entries.values():
         step()  # warm-up (allocates optimizer state)
-    for _ in range(steps):
-        for name, (step, _, _) in entries.items():
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-    return {name: {"step_s": statistics.median(times[name]), "opt_mb": optimizer_bytes(opt) / 2**20,
+    times = {}
+    for ours, theirs in pairs:
+        times[ours], times[theirs] = abba(entries[ours][0], entries[theirs][0], steps)
+    return {name: {"step_s": statistics.median(t[0] for t in times[name]),
+                   "cpu_s": statistics.median(t[1] for t in times[name]), "opt_mb": optimizer_bytes(opt) / 2**20,
                    "trainable": n} for name, (_, opt, n) in entries.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -121,20 +135,20 @@ def main() -> None:
         pm = peft.get_peft_model(hf_model(), peft.LoraConfig(r=args.rank, lora_alpha=2 * args.rank,
                                                              target_modules=TARGETS))
         entries["transformers + PEFT"] = make_step(pm, [p for p in pm.parameters() if p.requires_grad], data, True)
-        rows = measure(entries, args.steps)
+        rows = measure(entries, [("nxd + nxd-lora", "transformers + PEFT"),
+                                  ("nxd full FT", "transformers full FT")], args.steps)
     dist.destroy_process_group()
 
     print(f"\nLlama h={args.hidden} layers={args.layers} seq={args.seq} batch={args.batch}, LoRA r={args.rank} on "
-          f"{', '.join(TARGETS)}; torch threads={torch.get_num_threads()}; median of {args.steps} round-robin steps")
-    print(f"{'':24}{'step (ms)':>11}{'optimizer MB':>14}{'trainable':>12}")
+          f"{', '.join(TARGETS)}; torch threads={torch.get_num_threads()}; median of {args.steps} ABBA-interleaved steps per pair")
+    print(f"{'':24}{'step (ms)':>11}{'CPU (ms)':>10}{'optimizer MB':>14}{'trainable':>12}")
     for name, r in rows.items():
-        print(f"{name:24}{r['step_s'] * 1e3:11.1f}{r['opt_mb']:14.2f}{r['trainable']:12,}")
+        print(f"{name:24}{r['step_s'] * 1e3:11.1f}{r['cpu_s'] * 1e3:10.1f}{r['opt_mb']:14.2f}{r['trainable']:12,}")
     ours, full, peer = rows["nxd + nxd-lora"], rows["nxd full FT"], rows["transformers + PEFT"]
     print("\nratios (lower is better for ours):")
-    print(f"  nxd-lora / nxd full FT     step time {ours['step_s'] / full['step_s']:.2f}x   "
-          f"optimizer memory {ours['opt_mb'] / full['opt_mb']:.3f}x")
-    print(f"  nxd-lora / PEFT            step time {ours['step_s'] / peer['step_s']:.2f}x   "
-          f"optimizer memory {ours['opt_mb'] / peer['opt_mb']:.3f}x")
+    for label, other in (("nxd-lora / nxd full FT", full), ("nxd-lora / PEFT", peer)):
+        print(f"  {label:25}  step time {ours['step_s'] / other['step_s']:.2f}x   "
+              f"CPU time {ours['cpu_s'] / other['cpu_s']:.2f}x   optimizer memory {ours['opt_mb'] / other['opt_mb']:.3f}x")
 
 
 if __name__ == "__main__":

@@ -39,11 +39,13 @@ def load_hf(base_dir: Path | str):
     return LlamaForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
 
 
-def make_peft_adapter(base_dir: Path, out: Path, seed: int = 5) -> Path:
+def make_peft_adapter(base_dir: Path, out: Path, seed: int = 5, targets: list[str] = TARGETS,
+                      dropout: float = 0.0) -> Path:
     """A PEFT adapter made by PEFT itself, with non-zero B so it changes the outputs."""
     import peft
 
-    model = peft.get_peft_model(load_hf(base_dir), peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=TARGETS))
+    model = peft.get_peft_model(load_hf(base_dir), peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=targets,
+                                                                   lora_dropout=dropout))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

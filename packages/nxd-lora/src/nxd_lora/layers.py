@@ -63,7 +63,7 @@ class LoraPiece(nn.Module):
         r = config.lora_rank
         self.lora_A = nn.Parameter(torch.empty(r, in_local, dtype=dtype, device=device))
         self.lora_B = nn.Parameter(torch.zeros(out_local, r, dtype=dtype, device=device))
-        self.dropout = nn.Dropout(config.lora_dropout) if config.lora_dropout > 0 else nn.Identity()
+        self.dropout = nn.Dropout(config.lora_dropout) if config.lora_dropout > 0 else nn.Identity()  # PEFT's layout
         if not self.lora_A.is_meta:
             self.reset_parameters(config.init_lora_weights, in_full)
 
@@ -93,6 +93,7 @@ class LoraAdapter(nn.Module):
         super().__init__()
         self.kind = layer_kind(base)
         self.scaling = config.scaling
+        self.dropout_p = config.lora_dropout
         self.merged = False
         self.disabled = False
         self.slots = slots
@@ -130,66 +131,84 @@ class LoraAdapter(nn.Module):
     def _piece_list(self) -> list[LoraPiece | None]:
         return [self.pieces[s.short_name] if on else None for s, on in zip(self.slots, self.targeted)]
 
-    def _h(self, piece: LoraPiece, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(piece.dropout(x), piece.lora_A)
+    def _h(self, pieces: list[LoraPiece], x: torch.Tensor) -> torch.Tensor:
+        """``x A^T`` for ``pieces`` side by side (``[..., n * r]``). Without dropout the A's are
+        stacked for one matmul; with dropout each piece gets its own mask, as in PEFT."""
+        if self.dropout_p > 0:
+            hs = [F.linear(p.dropout(x), p.lora_A) for p in pieces]
+            return torch.cat(hs, dim=-1) if len(hs) > 1 else hs[0]
+        a = torch.cat([p.lora_A for p in pieces]) if len(pieces) > 1 else pieces[0].lora_A
+        return F.linear(x, a)
 
-    def delta(self, base: nn.Module, x: torch.Tensor) -> list[torch.Tensor | None]:
-        """Per projection, what to add to the base output (``None`` for untargeted ones)."""
+    def _add(self, out: torch.Tensor, h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``out + scale * h B^T`` in one addmm (no separate scale and add kernels)."""
+        shape = (*out.shape[:-1], b.shape[0])
+        return torch.addmm(out.reshape(-1, b.shape[0]), h.reshape(-1, h.shape[-1]), b.t(),
+                           alpha=self.scaling).view(shape)
+
+    def _delta(self, h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, b) * self.scaling
+
+    def _column_h(self, base: nn.Module, active: list[LoraPiece], x: torch.Tensor) -> torch.Tensor:
+        """Every rank computes h from the replicated (or sequence-sharded) input."""
+        h = self._h(active, x)
+        if base.sequence_parallel_enabled:
+            return gather_from_sequence_parallel_region(h, base.sequence_dimension, to_model_parallel=True)
+        return copy_to_tensor_model_parallel_region(h)
+
+    def apply(self, base: nn.Module, x: torch.Tensor, output: object) -> object:
+        """The base layer's output with the LoRA update added."""
+        if self.merged or self.disabled or not len(self.pieces):
+            return output
+        if self.kind == "qkv":
+            return self._apply_qkv(base, x, output)
+        main, rest = (output[0], output[1:]) if isinstance(output, tuple) else (output, None)
         pieces = self._piece_list()
         if self.kind == "linear":
-            piece = pieces[0]
-            return [F.linear(self._h(piece, x), piece.lora_B) * self.scaling]
-        if self.kind == "row":
-            piece = pieces[0]
+            main = self._add(main, self._h(pieces, x), pieces[0].lora_B)
+        elif self.kind == "row":
             if not base.input_is_parallel:
                 x = scatter_to_tensor_model_parallel_region(x)
-            h = self._h(piece, x)
+            h = self._h(pieces, x)
             if base.sequence_parallel_enabled:
                 h = reduce_scatter_to_sequence_parallel_region(h, base.sequence_dimension)
             else:
                 h = reduce_from_tensor_model_parallel_region(h)
-            return [F.linear(h, piece.lora_B) * self.scaling]
-        # column / qkv: every rank computes h from the replicated (or sequence-sharded) input
-        active = [p for p in pieces if p is not None]
-        hs = torch.cat([self._h(p, x) for p in active], dim=-1)
-        if base.sequence_parallel_enabled:
-            hs = gather_from_sequence_parallel_region(hs, base.sequence_dimension, to_model_parallel=True)
+            main = self._add(main, h, pieces[0].lora_B)
         else:
-            hs = copy_to_tensor_model_parallel_region(hs)
-        hs = list(hs.split([p.lora_A.shape[0] for p in active], dim=-1))
-        out: list[torch.Tensor | None] = []
+            # fused column base (gate/up): one block-diagonal B maps [h_gate, h_up] onto the fused
+            # rows; an untargeted projection is a zero-width block (its rows get no update)
+            active = [p for p in pieces if p is not None]
+            h = self._column_h(base, active, x)
+            if len(pieces) == 1:
+                b = pieces[0].lora_B
+            else:
+                b = torch.block_diag(*[p.lora_B if p is not None else main.new_zeros(size, 0)
+                                       for p, size in zip(pieces, self.out_sizes)])
+            if base.gather_output:
+                main = main + gather_from_tensor_model_parallel_region(self._delta(h, b))
+            else:
+                main = self._add(main, h, b)
+        return (main, *rest) if rest is not None else main
+
+    def _apply_qkv(self, base: GQAQKVColumnParallelLinear, x: torch.Tensor, output: tuple) -> tuple:
+        pieces = self._piece_list()
+        active = [p for p in pieces if p is not None]
+        hs = self._column_h(base, active, x)
+        hs = list(hs.split([p.lora_A.shape[0] for p in active], dim=-1)) if len(active) > 1 else [hs]
+        out = list(output)
         for i, p in enumerate(pieces):
             if p is None:
-                out.append(None)
                 continue
             b = p.lora_B
-            if self.kind == "qkv" and i > 0 and base.kv_size_multiplier > 1:
+            if i > 0 and base.kv_size_multiplier > 1:
                 b = reduce_grad_over_group(b, parallel_state.get_kv_shared_group(base.kv_size_multiplier))
-            out.append(F.linear(hs.pop(0), b) * self.scaling)
-        return out
-
-    def apply(self, base: nn.Module, x: torch.Tensor, output: object) -> object:
-        """The base layer's output with the LoRA update added (the forward hook's body)."""
-        if self.merged or self.disabled or not len(self.pieces):
-            return output
-        deltas = self.delta(base, x)
-        if self.kind == "qkv":
-            q, k, v = output
-            deltas = [d if d is None or not base.gather_output else _gather_qkv(d, i, base)
-                      for i, d in enumerate(deltas)]
-            return tuple(o if d is None else o + d for o, d in zip((q, k, v), deltas))
-        main, rest = (output[0], output[1:]) if isinstance(output, tuple) else (output, None)
-        if self.kind == "column":
-            # fused base (gate/up): untargeted projections contribute zeros
-            full = [d if d is not None else main.new_zeros(*main.shape[:-1], self.out_sizes[i])
-                    for i, d in enumerate(deltas)]
-            delta = torch.cat(full, dim=-1) if len(full) > 1 else full[0]
+            h = hs.pop(0)
             if base.gather_output:
-                delta = gather_from_tensor_model_parallel_region(delta)
-        else:
-            delta = deltas[0]
-        main = main + delta
-        return (main, *rest) if rest is not None else main
+                out[i] = out[i] + _gather_qkv(self._delta(h, b), i, base)
+            else:
+                out[i] = self._add(out[i], h, b)
+        return tuple(out)
 
     # ------------------------------------------------------------------ merging
     def weight_params(self, base: nn.Module) -> list[tuple[str, torch.Tensor, list[int]]]:

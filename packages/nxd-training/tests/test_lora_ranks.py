@@ -124,3 +124,22 @@ def test_lora_tp2_trains_adapters_and_exports_peft(rank_pool, make_config, tmp_p
     assert ((_peft_logits(base, None) - ours).abs().max() / ours.abs().max()).item() > 1e-3
     early = _peft_logits(base, exports[0] / "lora_adapter")
     assert ((early - ours).abs().max() / ours.abs().max()).item() > 1e-4
+
+
+@pytest.mark.slow
+def test_lora_merged_export_at_end_without_checkpoints(rank_pool, make_config, tmp_path: Path) -> None:
+    """save_lora_base + merge_lora: only a merged HF base is written; no checkpoints: at the end."""
+    peft = {**PEFT, "merge_lora": True}
+    config = make_config(trainer={"max_steps": 3}, model={"optim": {"lr": 5e-2}},
+                         model_alignment_strategy={"peft": peft}, exp_manager={"create_checkpoint_callback": False})
+    results = rank_pool(2).run(_train_lora, config, str(tmp_path / "run"), [{}, {}])
+    r0 = results[0]
+    [export] = [Path(p) for p in r0["exports"]]
+    assert export == tmp_path / "run" / "lora"
+    assert sorted(p.name for p in export.iterdir()) == ["base_model"]  # merged: no separate adapter
+    assert r0["adapters_moved"] == len(r0["trainable"]) > 0  # so the merge changed the base
+    ours = r0["logits"]
+    merged = _peft_logits(export / "base_model", None)
+    rel = ((merged - ours).abs().max() / ours.abs().max()).item()
+    print(f"LoRA TP=2 merged export vs nxd logits: max rel diff {rel:.2e}")
+    assert rel < 1e-5, rel

@@ -39,17 +39,21 @@ def _stage_module(full, bounds, stage: int, num_stages: int) -> nn.Module:
     return Stage()
 
 
-def _time(step, iters: int) -> list[float]:
+def _time_abba(step_ours, step_torch, iters: int) -> tuple[list[float], list[float]]:
+    """Alternate ours and torch's steps (ABBA: the order flips every pair) so load from other
+    processes on a shared machine hits both alike; two warm-up pairs are excluded."""
     import torch.distributed as dist
 
-    times = []
+    times: tuple[list[float], list[float]] = ([], [])
+    pair = ((0, step_ours), (1, step_torch))
     for i in range(iters + 2):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        dist.barrier()
-        if i >= 2:  # warm-up steps excluded
-            times.append(time.perf_counter() - t0)
+        for side, step in pair if i % 2 == 0 else pair[::-1]:
+            dist.barrier()
+            t0 = time.perf_counter()
+            step()
+            dist.barrier()
+            if i >= 2:
+                times[side].append(time.perf_counter() - t0)
     return times
 
 
@@ -80,8 +84,6 @@ def bench_body(args: dict) -> dict:
             ours.run_train(**batch)
             ours.zero_grad(set_to_none=True)
 
-        t_ours = _time(ours_step, iters)
-        busy = sum(c for _, c in trace)
         # torch: same weights, same stage split
         torch.manual_seed(0)
         full = ToyLM(vocab_size=args["vocab"], hidden=args["hidden"], num_layers=args["layers"])
@@ -94,33 +96,31 @@ def bench_body(args: dict) -> dict:
             return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
         cls = torch_classes[name]
-        try:
-            sched = cls(stages if (v > 1 or cls is tp.ScheduleInterleavedZeroBubble) else stages[0], n_microbatches=m, loss_fn=loss_fn)
-        except Exception as exc:  # noqa: BLE001 - report what torch refuses
-            out[name] = {"ours": statistics.median(t_ours), "torch": None, "error": f"{type(exc).__name__}: {exc}"[:80],
-                         "busy": busy, "step_last": t_ours[-1]}
-            continue
 
-        def torch_step(sched=sched, stages=stages) -> None:
+        def torch_step(sched, stages=stages) -> None:
             kwargs = {}
-            if rank == 0:
-                args_ = (batch["input_ids"],)
-            else:
-                args_ = ()
+            args_ = (batch["input_ids"],) if rank == 0 else ()
             if rank == p - 1:
                 kwargs = {"target": batch["labels"], "losses": []}
             sched.step(*args_, **kwargs)
             for st in stages:
                 st.submod.zero_grad(set_to_none=True)
 
+        error = None
         try:
-            t_torch = _time(torch_step, iters)
-        except Exception as exc:  # noqa: BLE001
-            out[name] = {"ours": statistics.median(t_ours), "torch": None, "error": f"{type(exc).__name__}: {exc}"[:80],
-                         "busy": busy, "step_last": t_ours[-1]}
-            continue
-        out[name] = {"ours": statistics.median(t_ours), "torch": statistics.median(t_torch), "busy": busy,
-                     "step_last": t_ours[-1]}
+            sched = cls(stages if (v > 1 or cls is tp.ScheduleInterleavedZeroBubble) else stages[0], n_microbatches=m, loss_fn=loss_fn)
+            torch_step(sched)  # torch refuses some combinations only when stepping
+        except Exception as exc:  # noqa: BLE001 - report what torch refuses
+            error = f"{type(exc).__name__}: {exc}"[:80]
+        if error is None:
+            t_ours, t_torch = _time_abba(ours_step, lambda sched=sched: torch_step(sched), iters)
+            ratios = [a / b for a, b in zip(t_ours, t_torch)]
+            out[name] = {"ours": statistics.median(t_ours), "torch": statistics.median(t_torch),
+                         "ratio": statistics.median(ratios), "busy": sum(c for _, c in trace), "step_last": t_ours[-1]}
+        else:
+            t_ours, _ = _time_abba(ours_step, lambda: None, iters)
+            out[name] = {"ours": statistics.median(t_ours), "torch": None, "error": error,
+                         "busy": sum(c for _, c in trace), "step_last": t_ours[-1]}
     return out
 
 
@@ -132,12 +132,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=6)
     args = vars(ap.parse_args())
     p, m = 2, args["microbatches"]
     per_rank = run_on_ranks(p, bench_body, args)
     print(f"PP={p} gloo CPU, hidden={args['hidden']} layers={args['layers']} batch={args['batch']}x{args['seq']} "
-          f"microbatches={m}, median of {args['iters']} steps")
+          f"microbatches={m}, median of {args['iters']} ABBA-alternated steps "
+          "(ratio: median of the paired ours/torch step ratios)")
     print(f"{'schedule':<22}{'ours ms':>9}{'torch ms':>10}{'ratio':>7}{'bubble':>8}{'theory':>8}")
     for name in per_rank[0]:
         v = 2 if name == "interleaved_1f1b" else 1
@@ -146,7 +147,7 @@ def main() -> None:
         torch_t = max(r[name]["torch"] for r in per_rank) if torch_t is not None else None
         bubble = statistics.mean(1 - r[name]["busy"] / r[name]["step_last"] for r in per_rank)
         theory = (p - 1) / (m + p - 1) / v
-        ratio = f"{ours / torch_t:7.2f}" if torch_t else "    n/a"
+        ratio = f"{statistics.median(r[name]['ratio'] for r in per_rank):7.2f}" if torch_t else "    n/a"
         torch_s = f"{torch_t * 1e3:10.1f}" if torch_t else f"{'-':>10}"
         note = f"  ({per_rank[0][name]['error']})" if per_rank[0][name].get("error") else ""
         print(f"{name:<22}{ours * 1e3:9.1f}{torch_s}{ratio}{bubble:8.3f}{theory:8.3f}{note}")

@@ -12,7 +12,7 @@ from torch import nn
 
 from nxd_pipeline import partition as part
 from nxd_pipeline import split_backward as sb
-from nxd_pipeline.comm import P2P, PipelineGroup
+from nxd_pipeline.comm import P2P, PipelineGroup, batch_signature
 from nxd_pipeline.schedules import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action
 
 
@@ -31,6 +31,8 @@ class StageRunner:
         #: stages seen recomputing activations (checkpointing) in a split backward: their
         #: backward runs combined from then on (see split_backward.watch_recompute)
         self.recomputing: set[int] = set()
+        #: activation shapes exchanged so far, by (stage, batch signature); kept across steps
+        self.activation_shapes: dict = {}
 
     def stage_parameters(self, stage: int) -> list[nn.Parameter]:
         layers = part.get_submodule(self.model, self.layout["layers"])
@@ -70,6 +72,12 @@ class StageRunner:
         return out
 
 
+def _receives(a: Action, stage: int, num_stages: int) -> bool:
+    if a.kind == FORWARD:
+        return stage > 0
+    return a.kind in (BACKWARD, BACKWARD_INPUT) and stage < num_stages - 1
+
+
 @dataclass
 class _InFlight:
     stage_input: torch.Tensor | None
@@ -84,22 +92,41 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
     elsewhere). Backward scales each loss by ``1 / len(micro)`` (mean over micro-batches).
     ``trace``, when given, receives ``(action, compute_seconds)`` per action (receives excluded)."""
     p, r, m = pg.size, pg.rank, len(micro)
-    comm = P2P(pg)
+    comm = P2P(pg, runner.activation_shapes)
+    signatures = [batch_signature(mb) for mb in micro]
     flights: dict[tuple[int, int], _InFlight] = {}
     losses: dict[int, torch.Tensor] = {}
     scale = 1.0 / m
     split = any(a.kind in (BACKWARD_INPUT, BACKWARD_WEIGHT) for a in actions)
     params_by_stage: dict[int, list[nn.Parameter]] = {}
+    receives = [i for i, a in enumerate(actions) if _receives(a, a.chunk * p + r, num_stages)]
+    next_receive = 0  # index into ``receives`` of the next receive not yet pre-posted
+
+    def prepost(after: int) -> None:
+        """Post the first receive after action ``after`` whose buffer can be made now."""
+        nonlocal next_receive
+        while next_receive < len(receives) and receives[next_receive] <= after:
+            next_receive += 1
+        if next_receive == len(receives):
+            return
+        b = actions[receives[next_receive]]
+        b_stage = b.chunk * p + r
+        if b.kind == FORWARD:
+            comm.prepost_activation((b_stage - 1) % p, b_stage, b.microbatch, signatures[b.microbatch])
+        elif (b_stage, b.microbatch) in flights:
+            comm.prepost_gradient(flights[(b_stage, b.microbatch)].output, (b_stage + 1) % p, b_stage + 1, b.microbatch)
+
     try:
-        for a in actions:
+        for index, a in enumerate(actions):
             stage = a.chunk * p + r
             key = (stage, a.microbatch)
             if a.kind == FORWARD:
                 x = None
                 if stage > 0:
-                    x = comm.recv_activation((stage - 1) % p, stage, a.microbatch)
+                    x = comm.recv_activation((stage - 1) % p, stage, a.microbatch, signatures[a.microbatch])
                     if train and x.is_floating_point():
                         x.requires_grad_()
+                prepost(index)
                 t0 = time.perf_counter()
                 if train and split and stage not in runner.recomputing:
                     if stage not in params_by_stage:
@@ -113,7 +140,7 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
                 if stage == num_stages - 1:
                     losses[a.microbatch] = out.detach()
                 else:
-                    comm.send_activation(out, (stage + 1) % p, stage + 1, a.microbatch)
+                    comm.send_activation(out, (stage + 1) % p, stage + 1, a.microbatch, signatures[a.microbatch])
                 if train:
                     flights[key] = _InFlight(x, out, rec)
             elif a.kind in (BACKWARD, BACKWARD_INPUT):
@@ -123,6 +150,7 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
                     out = out * scale
                 else:
                     grad = comm.recv_gradient(out, (stage + 1) % p, stage + 1, a.microbatch)
+                prepost(index)
                 t0 = time.perf_counter()
                 if a.kind == BACKWARD or flight.record is None:
                     if a.kind == BACKWARD:
@@ -141,6 +169,7 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
                         input_grad = torch.zeros_like(flight.stage_input)
                     comm.send_gradient(input_grad, (stage - 1) % p, stage, a.microbatch)
             elif a.kind == BACKWARD_WEIGHT:
+                prepost(index)
                 t0 = time.perf_counter()
                 record = flights.pop(key).record
                 if record is not None:  # None: the input pass already did the whole backward

@@ -80,15 +80,16 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any, tim
             break
         try:
             fn = _load_function(task.file, task.qualname)
-            value = fn(*task.args, **task.kwargs)
-            results.put((task.task_id, rank, True, value))
+            outcome = (True, fn(*task.args, **task.kwargs))
         except BaseException:  # noqa: BLE001 - every failure goes back to the test
-            results.put((task.task_id, rank, False, traceback.format_exc()))
-        finally:
-            try:
-                _reset_parallel_state()
-            except Exception:  # noqa: BLE001 - a broken group is detected by the next task
-                pass
+            outcome = (False, traceback.format_exc())
+        try:
+            # Before answering: the parent sends the next body only when every rank has answered,
+            # so no rank starts creating new groups while another still tears down the old ones.
+            _reset_parallel_state()
+        except Exception:  # noqa: BLE001 - a broken group is detected by the next task
+            pass
+        results.put((task.task_id, rank, *outcome))
     dist.destroy_process_group()
 
 

@@ -29,9 +29,10 @@ def constant(lr: float, warmup_steps: int = 0, **_: object) -> LrFn:
     return lr_at
 
 
-def linear(lr: float, max_steps: int, warmup_steps: int = 0, min_lr: float = 0.0, constant_steps: int = 0) -> LrFn:
-    """Warmup, hold for ``constant_steps``, then linear decay to ``min_lr`` at ``max_steps``
-    (NxDT's LinearAnnealingWithWarmUp)."""
+def _annealing(lr: float, max_steps: int, warmup_steps: int, min_lr: float, constant_steps: int,
+               remaining: Callable[[float], float]) -> LrFn:
+    """Warmup, hold for ``constant_steps``, then ``min_lr + (lr - min_lr) * remaining(progress)``
+    with progress going 0 -> 1 at ``max_steps``."""
 
     def lr_at(step: int) -> float:
         value = _warmup(step, lr, warmup_steps)
@@ -40,28 +41,21 @@ def linear(lr: float, max_steps: int, warmup_steps: int = 0, min_lr: float = 0.0
         start = warmup_steps + constant_steps
         if step < start:
             return lr
-        span = max(1, max_steps - start)
-        frac = min(1.0, (step - start) / span)
-        return lr - (lr - min_lr) * frac
+        frac = min(1.0, (step - start) / max(1, max_steps - start))
+        return min_lr + (lr - min_lr) * remaining(frac)
 
     return lr_at
+
+
+def linear(lr: float, max_steps: int, warmup_steps: int = 0, min_lr: float = 0.0, constant_steps: int = 0) -> LrFn:
+    """Linear decay to ``min_lr`` at ``max_steps`` (NxDT's LinearAnnealingWithWarmUp)."""
+    return _annealing(lr, max_steps, warmup_steps, min_lr, constant_steps, lambda frac: 1.0 - frac)
 
 
 def cosine(lr: float, max_steps: int, warmup_steps: int = 0, min_lr: float = 0.0, constant_steps: int = 0) -> LrFn:
-    """Warmup, hold, then half-cosine from ``lr`` to ``min_lr`` at ``max_steps`` (NeMo's CosineAnnealing)."""
-
-    def lr_at(step: int) -> float:
-        value = _warmup(step, lr, warmup_steps)
-        if value is not None:
-            return value
-        start = warmup_steps + constant_steps
-        if step < start:
-            return lr
-        span = max(1, max_steps - start)
-        frac = min(1.0, (step - start) / span)
-        return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * frac))
-
-    return lr_at
+    """Half-cosine from ``lr`` to ``min_lr`` at ``max_steps`` (NeMo's CosineAnnealing)."""
+    return _annealing(lr, max_steps, warmup_steps, min_lr, constant_steps,
+                      lambda frac: 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 
 #: YAML name -> schedule factory (NxDT and NeMo spellings, plus short names)

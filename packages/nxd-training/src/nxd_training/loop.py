@@ -151,6 +151,15 @@ class Trainer:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _grad_sync(self, last: bool) -> Any:
+        """``model.no_sync()`` for every micro-batch but the last under data parallelism: gradients
+        accumulate locally and are averaged once, by the last backward's overlapped all-reduce (or
+        by the optimizer's step, e.g. ZeRO-1's reduce-scatter, which never used the hooks)."""
+        no_sync = getattr(self.model, "no_sync", None)
+        if last or self.plan.dp == 1 or self.plan.pp > 1 or not callable(no_sync):
+            return contextlib.nullcontext()
+        return no_sync()
+
     def _dp_mean(self, value: torch.Tensor) -> float:
         value = value.detach().float().clone()
         if self.plan.pp > 1:  # only the last stage holds the loss; the others add zero
@@ -172,11 +181,13 @@ class Trainer:
                 total = self.model.run_train(**batch).detach()
         else:
             total = torch.zeros((), device=self.device)
-            for _ in range(num_mb):
+            for i in range(num_mb):
                 batch = self._batch(it)
-                with self._autocast():
-                    loss = self.model(**batch).loss
-                (loss / num_mb).backward()
+                # forward and backward both inside: the overlap hooks check the context as they fire
+                with self._grad_sync(last=i == num_mb - 1):
+                    with self._autocast():
+                        loss = self.model(**batch).loss
+                    (loss / num_mb).backward()
                 total += loss.detach().float() / num_mb
         self.optimizer.step()
         self.scheduler.step()

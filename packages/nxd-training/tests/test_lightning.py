@@ -1,6 +1,7 @@
 """The Lightning path: NxD's developer-guide example (manual optimisation) and automatic
 optimisation, TP=2 on 2 gloo ranks, against the YAML trainer on the same config (same weights,
-data, optimizer, schedule, clipping); and ModelCheckpoint + ``ckpt_path`` resume."""
+data, optimizer, schedule, clipping); and ModelCheckpoint + ``ckpt_path`` resume. The example at
+DP=2 (TP=1) with ZeRO-1 against itself without ZeRO-1, and its resume from per-DP-rank shards."""
 
 from __future__ import annotations
 
@@ -191,3 +192,44 @@ def test_model_checkpoint_and_ckpt_path_resume(rank_pool, parity_setup, yaml_los
     diffs = [abs(resumed[s] - yaml_losses[s]) / yaml_losses[s] for s in range(1, STEPS + 1)]
     print(f"resumed run vs uninterrupted: max relative difference {max(diffs):.3e}")
     assert max(diffs) <= 1e-5, (resumed, yaml_losses)
+
+
+# ----------------------------------------------------------------------------- ZeRO-1 at DP=2
+def _dp2_flags(corpus: dict[str, str], tmp: Path, **extra: Any) -> dict[str, Any]:
+    from nxd_training.config import load_config, make_plan
+
+    config = yaml_config(corpus, tmp / "runs")
+    model_dict = dict(make_plan(load_config(config)).model_dict)
+    return example_flags(config, model_dict, tmp, tensor_parallel_size=1, **extra)
+
+
+@pytest.mark.slow
+def test_zero1_matches_plain_and_resumes_identically(rank_pool, corpus, tmp_path: Path) -> None:
+    pool = rank_pool(2)
+    plain = pool.run(_example_losses, _dp2_flags(corpus, tmp_path / "plain", use_zero1_optimizer=False))
+    zero1 = pool.run(_example_losses, _dp2_flags(corpus, tmp_path / "zero1", use_zero1_optimizer=True))
+    for results in (plain, zero1):
+        assert results[0]["global_step"] == STEPS
+        assert results[0]["losses"] == results[1]["losses"]  # every rank reports the DP mean
+    rel = _max_rel(zero1[0]["losses"], plain[0]["losses"])
+    print(f"ZeRO-1 vs plain optimizer at DP=2: max relative loss difference {rel:.3e}")
+    assert rel <= 1e-5, (zero1[0]["losses"], plain[0]["losses"])
+
+    tmp = tmp_path / "resume"
+    first = _dp2_flags(corpus, tmp, use_zero1_optimizer=True, steps_this_run=2, save_checkpoint=True)
+    part = pool.run(_example_losses, first)[0]
+    ckpt_dir = Path(first["checkpoint_dir"])
+    tags = sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir())
+    assert tags == ["epoch=0-step=2.ckpt"], tags
+    tag_dir = ckpt_dir / tags[0]
+    assert (tag_dir / "done").is_file()
+    optim_files = sorted(p.relative_to(tag_dir).as_posix() for p in (tag_dir / "optim").rglob("*") if p.is_file())
+    print(f"ZeRO-1 optimizer files: {optim_files}")
+    assert any("dp_rank_00" in f for f in optim_files) and any("dp_rank_01" in f for f in optim_files), optim_files
+    rest = pool.run(_example_losses, _dp2_flags(corpus, tmp, use_zero1_optimizer=True, resume_ckpt_path=str(tag_dir)))
+    assert rest[0]["losses"] == rest[1]["losses"]
+    assert sorted(part["losses"]) == [1, 2] and sorted(rest[0]["losses"]) == [3, 4]
+    resumed = {**part["losses"], **rest[0]["losses"]}
+    rel_resume = _max_rel(resumed, zero1[0]["losses"])
+    print(f"ZeRO-1 resumed vs uninterrupted: max relative loss difference {rel_resume:.3e}")
+    assert rel_resume <= 1e-5, (resumed, zero1[0]["losses"])

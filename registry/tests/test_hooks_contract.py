@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 import nxd
 import nxd.plugins
+import nxd.trainer
 from nxd import hookspecs
 
 
@@ -66,10 +67,13 @@ class RecordingPlugin:
         plugin = self
 
         class Checkpointer:
+            # Like nxd-ckpt's checkpointer: plugins' extras run after the commit and after a load.
             def save(self, path, **kwargs):
                 plugin.saved[path] = kwargs
+                nxd.trainer.checkpoint_extras(kwargs["model"], path, kwargs["tag"], "saved")
 
             def load(self, path, **kwargs):
+                nxd.trainer.checkpoint_extras(kwargs["model"], path, kwargs["tag"] or "t", "loaded")
                 return plugin.saved[path]["user_content"]
 
             def has_checkpoint(self, path):
@@ -117,6 +121,10 @@ class RecordingPlugin:
     def nxd_wrap_optimizer(self, nxd_config, optimizer):
         self.calls.append(("wrap_optimizer", type(optimizer).__name__))
 
+    @nxd.hookimpl
+    def nxd_checkpoint_extras(self, model, path, tag, phase):
+        self.calls.append(("checkpoint_extras", type(model).__name__, path, tag, phase))
+
 
 class SecondWrapper:
     """A second plugin in the same phase sees the first one's result (the chain)."""
@@ -157,9 +165,13 @@ def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
     assert isinstance(optimizer, torch.optim.SGD) and ("optimizer", {"lr": 0.5}) in plugin.calls
     assert ("wrap_optimizer", "SGD") in plugin.calls
 
-    nxd.save_checkpoint(str(tmp_path), tag="t", user_content={"step": 3}, num_kept_ckpts=2)
+    nxd.save_checkpoint(str(tmp_path), tag="t", model=model, user_content={"step": 3}, num_kept_ckpts=2)
     assert nxd.has_checkpoint(str(tmp_path))
-    assert nxd.load_checkpoint(str(tmp_path)) == {"step": 3}
+    assert nxd.load_checkpoint(str(tmp_path), model=model) == {"step": 3}
+    extras = [call for call in plugin.calls if call[0] == "checkpoint_extras"]
+    assert extras == [("checkpoint_extras", "ModuleDict", str(tmp_path), "t", phase) for phase in ("saved", "loaded")]
+    with pytest.raises(ValueError, match="phase must be one of"):
+        nxd.trainer.checkpoint_extras(model, str(tmp_path), "t", "written")
     assert plugin.saved[str(tmp_path)]["num_kept_ckpts"] == 2
     nxd.finalize_checkpoint()
     assert ("finalize",) in plugin.calls

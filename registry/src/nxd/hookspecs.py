@@ -123,3 +123,11 @@ def nxd_wrap_optimizer(nxd_config: dict, optimizer: Any) -> Any:
 def nxd_validate_config(nxd_config: dict) -> None:
     """Check a plugin's part of an NxD config; raise :class:`nxd.errors.ConfigError` naming the
     field and the valid values."""
+
+
+@hookspec
+def nxd_checkpoint_extras(model: Any, path: str, tag: str, phase: str) -> None:
+    """Write or read a plugin's own files next to a checkpoint. The checkpointer calls it (through
+    :func:`nxd.trainer.checkpoint_extras`) on every rank with ``phase="saved"`` once ``path/tag`` is
+    committed, and with ``phase="loaded"`` after ``load_checkpoint`` restored ``model``. Collective:
+    implementations must act (or not) alike on every rank."""

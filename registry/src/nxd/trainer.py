@@ -15,6 +15,8 @@ from nxd.plugins import state
 #: The order in which ``nxd_wrap_model`` phases run: adapters see the plain model, activation
 #: checkpointing sees adapted layers, the pipeline cuts the result, the wrapper comes last.
 WRAP_PHASES: tuple[str, ...] = ("adapter", "checkpointing", "pipeline", "wrapper")
+#: The ``phase`` values of the ``nxd_checkpoint_extras`` hook.
+CHECKPOINT_PHASES: tuple[str, ...] = ("saved", "loaded")
 
 
 def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn.Module], *model_args: Any, **model_kwargs: Any):
@@ -91,6 +93,17 @@ def load_checkpoint(
         path, tag=tag, model=model, optimizer=optimizer, scheduler=scheduler,
         num_workers=num_workers, strict=strict, **options,
     )
+
+
+def checkpoint_extras(model: Any, path: str, tag: str, phase: str) -> None:
+    """Run the ``nxd_checkpoint_extras`` hook; checkpointers call it after a committed save
+    (``phase="saved"``) and after a load (``phase="loaded"``) so plugins such as LoRA can write or
+    read their own export of ``model`` under ``path/tag``."""
+    if phase not in CHECKPOINT_PHASES:
+        raise ValueError(f"checkpoint_extras phase must be one of {CHECKPOINT_PHASES}, got {phase!r}")
+    if model is None:
+        return
+    state().pm.hook.nxd_checkpoint_extras(model=model, path=str(path), tag=str(tag), phase=phase)
 
 
 def has_checkpoint(path: str) -> bool:

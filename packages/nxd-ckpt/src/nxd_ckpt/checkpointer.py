@@ -7,6 +7,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+import nxd.trainer
 from nxd_ckpt.errors import CheckpointError
 from nxd_ckpt.layout import checkpoint_dir, newest_complete_tag, validate_tag
 from nxd_ckpt.load import Reader, load_model, load_optimizer, restore_rng
@@ -64,7 +65,10 @@ class Checkpointer:
                          fmt_name=fmt, zero1=is_zero1(optimizer, zero1_optimizer),
                          buffers=self._buffers if async_save else None, save_rng=save_rng, num_kept=num_kept_ckpts)
         if not async_save:
-            run_save(storage, plan)
+            saved_tag = run_save(storage, plan)
+            # Plugins' own exports (e.g. nxd-lora's adapter) go next to the committed checkpoint.
+            # Async saves skip this: the model keeps changing while the writer runs.
+            nxd.trainer.checkpoint_extras(model, path, saved_tag, "saved")
             return
         group = self._async_group()
         self._writer.submit(lambda: run_save(storage, plan, group), storage.describe(tag))
@@ -123,6 +127,7 @@ class Checkpointer:
         user_content = reader.load("user_content.pt") if storage.exists(f"{where}/user_content.pt") else None
         if load_rng:
             restore_rng(reader, meta, topo)
+        nxd.trainer.checkpoint_extras(model, path, tag, "loaded")
         return user_content
 
     def has_checkpoint(self, path: str, storage_options: dict | None = None) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 import nxd
@@ -41,3 +43,31 @@ def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
     if config is None:
         return None
     return lora_model_from_config(model, config)
+
+
+@nxd.hookimpl
+def nxd_checkpoint_extras(model: Any, path: str, tag: str, phase: str) -> None:
+    """Next to a committed ``nxd.save_checkpoint`` of a LoRA model, write the export its
+    ``LoraConfig`` asks for under ``path/tag`` (``lora_adapter/`` and/or ``base_model/``); after
+    ``nxd.load_checkpoint`` with ``load_lora_from_ckpt=True``, reload the adapter saved there."""
+    from nxd_lora.checkpoint import ADAPTER_DIR, unwrap_lora
+
+    try:
+        lora = unwrap_lora(model)
+    except TypeError:  # not a LoRA model: nothing to add
+        return
+    if "://" in path and not path.startswith("file://"):
+        warnings.warn(f"nxd-lora: no LoRA export next to the checkpoint {path}/{tag}: only local paths are "
+                      "supported; call nxd_lora.checkpoint.save_lora_checkpoint with a local folder", stacklevel=2)
+        return
+    local = path.removeprefix("file://")
+    if phase == "saved":
+        from nxd_lora.checkpoint import save_lora_checkpoint
+
+        save_lora_checkpoint(lora, local, tag)
+    elif phase == "loaded" and lora.lora_config.load_lora_from_ckpt:
+        from nxd_lora.peft_format import CONFIG_NAME, load_adapter
+
+        adapter_dir = Path(local) / tag / ADAPTER_DIR
+        if (adapter_dir / CONFIG_NAME).is_file():
+            load_adapter(lora, adapter_dir)

@@ -65,10 +65,19 @@ def test_duplicate_component_names_both_distributions(fake_distribution, monkeyp
     fake_distribution("acme-models", "acme_models", GOOD_MODEL_PLUGIN.format(name="llama"))
     fake_distribution("other-models", "other_models", GOOD_MODEL_PLUGIN.format(name="llama"))
     load_only("acme_models", "other_models")
+    # the second plugin is skipped with a warning naming both; every other verb keeps working ...
+    with pytest.warns(PluginWarning, match="model 'llama' is registered twice: by acme-models and by other-models"):
+        assert nxd.list_components("model") == ["llama"]
+    assert next(i for i in plugin_infos() if i.name == "other_models").status == "skipped"
+    # ... but using the contested name is an error, never a silent pick of one of them
     with pytest.raises(nxd.PluginError) as err:
-        nxd.list_components("model")
+        nxd.get_model("llama")
     assert "model 'llama' is registered twice" in str(err.value)
     assert "acme-models" in str(err.value) and "other-models" in str(err.value)
+    monkeypatch.setenv("NXD_STRICT_PLUGINS", "1")
+    nxd.plugins.reset()
+    with pytest.raises(nxd.PluginError, match="registered twice"):
+        nxd.list_components("model")
 
 
 def test_misspelled_hook_is_caught(fake_distribution, monkeypatch, load_only):

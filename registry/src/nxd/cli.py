@@ -7,6 +7,7 @@ import sys
 
 from nxd import __version__
 from nxd.catalog import CATALOG
+from nxd.errors import NxdError
 from nxd.plugins import state
 
 
@@ -29,6 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except NxdError as exc:  # nxd's own errors say what is wrong; a traceback would bury it
+        print(f"nxd: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     if argv and not argv[0].startswith("-") and argv[0] in CATALOG["command"] and argv[0] not in state().components.names("command"):
         parser.exit(2, f"nxd: '{argv[0]}' is provided by a plugin that is not installed: pip install {CATALOG['command'][argv[0]]}\n")

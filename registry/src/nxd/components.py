@@ -67,21 +67,32 @@ class Components:
 
     def __init__(self) -> None:
         self._by_kind: dict[str, dict[str, Component]] = {kind: {} for kind in REGISTRATION_HOOKS.values()}
+        # (kind, name) -> why: names two plugins registered; using one is an error, never a silent pick
+        self._conflicts: dict[tuple[str, str], str] = {}
 
     def add(self, component: Component) -> None:
+        self.check_free(component)
+        self._by_kind[component.kind][component.name] = component
+
+    def check_free(self, component: Component) -> None:
+        """Raise :class:`PluginError` unless ``component`` is well-formed and its name is free."""
+        word = KIND_WORDS[component.kind]
         if not isinstance(component.name, str) or not component.name:
             raise PluginError(
-                f"{component.distribution} registered a {KIND_WORDS[component.kind]} with an invalid name "
+                f"{component.distribution} registered a {word} with an invalid name "
                 f"{component.name!r}: names are non-empty strings"
             )
+        if component.obj is None:
+            raise PluginError(f"{component.distribution} registered the {word} {component.name!r} as None")
         existing = self._by_kind[component.kind].get(component.name)
         if existing is not None:
-            raise PluginError(
-                f"{KIND_WORDS[component.kind]} {component.name!r} is registered twice: by "
+            message = (
+                f"{word} {component.name!r} is registered twice: by "
                 f"{existing.distribution} and by {component.distribution}. Uninstall one of them, or "
                 "disable one with NXD_DISABLE_PLUGINS."
             )
-        self._by_kind[component.kind][component.name] = component
+            self._conflicts[(component.kind, component.name)] = message
+            raise PluginError(message)
 
     def names(self, kind: str) -> list[str]:
         return sorted(self._by_kind[kind])
@@ -94,6 +105,8 @@ class Components:
         """The :class:`Component` registered as ``name``; a miss names what to install."""
         if kind not in self._by_kind:
             raise ComponentNotFound(f"unknown component kind {kind!r}; kinds: {', '.join(self._by_kind)}")
+        if (kind, name) in self._conflicts:
+            raise PluginError(self._conflicts[(kind, name)])
         try:
             return self._by_kind[kind][name]
         except KeyError:

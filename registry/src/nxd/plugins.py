@@ -22,7 +22,7 @@ from typing import Any
 import pluggy
 
 from nxd import hookspecs
-from nxd.components import REGISTRATION_HOOKS, Components, Registrar
+from nxd.components import REGISTRATION_HOOKS, Component, Components, Registrar
 from nxd.errors import PluginError
 
 ENTRY_POINT_GROUP = "nxd.plugins"
@@ -81,7 +81,9 @@ class PluginState:
                 continue
             try:
                 module = ep.load()
-            except Exception as exc:  # noqa: BLE001 - any import failure makes the plugin unusable
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a plugin's sys.exit() at import must not end nxd
                 self._skip(PluginInfo(ep.name, dist, version, ep.value), f"failed to import: {exc!r}", exc)
                 continue
             self.register(module, name=ep.name, distribution=dist, version=version)
@@ -95,15 +97,24 @@ class PluginState:
         if self.pm.has_plugin(name):
             other = self._distribution_of.get(name, "?")
             raise PluginError(f"two plugins are named {name!r}: one from {other}, one from {distribution}")
-        self.pm.register(plugin, name=name)
+        try:
+            self.pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:  # a hook implementation with arguments its spec lacks
+            return self._skip(info, f"a hook implementation does not match nxd's hook contract: {exc}", exc)
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
             self.pm.unregister(name=name)
             return self._skip(info, f"implements a hook nxd does not define (misspelled?): {exc}", exc)
+        try:
+            staged = self._stage(plugin, info)
+        except PluginError as exc:
+            self.pm.unregister(name=name)
+            return self._skip(info, str(exc), exc)
         self._distribution_of[name] = distribution
         self.infos.append(info)
-        self._collect(name, plugin, info)
+        for component in staged:
+            self.components.add(component)
         return True
 
     def _skip(self, info: PluginInfo, reason: str, cause: BaseException | None = None) -> bool:
@@ -115,17 +126,25 @@ class PluginState:
         self.infos.append(info)
         return False
 
-    def _collect(self, name: str, plugin: Any, info: PluginInfo) -> None:
+    def _stage(self, plugin: Any, info: PluginInfo) -> list[Component]:
+        """Run the plugin's registration hooks into a private registry, so a hook that raises, or a
+        name another plugin already holds, rejects this plugin whole and leaves the others intact."""
+        staged = Components()
         for hook_name, kind in REGISTRATION_HOOKS.items():
             impl = getattr(plugin, hook_name, None)
             if impl is None or not hasattr(impl, hookspecs.PROJECT_NAME + "_impl"):
                 continue
-            registrar = Registrar(self.components, kind, info.distribution)
-            before = set(self.components.names(kind))
-            impl(registry=registrar)
-            added = sorted(set(self.components.names(kind)) - before)
-            if added:
-                info.components[kind] = added
+            try:
+                impl(registry=Registrar(staged, kind, info.distribution))
+            except PluginError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure makes the plugin unusable
+                raise PluginError(f"its {hook_name} hook raised {exc!r}") from exc
+            if staged.names(kind):
+                info.components[kind] = staged.names(kind)
+        for component in staged.all():
+            self.components.check_free(component)
+        return staged.all()
 
     # ------------------------------------------------------------------ calling hooks
     def call_chain(self, hook_name: str, value_name: str, value: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,16 @@
+"""Context parallelism: the sequence split over CP ranks, ring attention across them.
+
+See docs/parallel.md ("Context parallelism") for the layout and its limits."""
+
+from nxd_core_parallel.context_parallel.batch import split_batch_for_context_parallel
+from nxd_core_parallel.context_parallel.layout import check_divisible, chunk_ids, local_indices, local_positions
+from nxd_core_parallel.context_parallel.ring_attention import ring_attention
+
+__all__ = [
+    "check_divisible",
+    "chunk_ids",
+    "local_indices",
+    "local_positions",
+    "ring_attention",
+    "split_batch_for_context_parallel",
+]

@@ -52,3 +52,25 @@ def test_quickstart_builds_once(tmp_path: Path) -> None:
                                         global_batch_size=8, dp_rank=0, dp_size=1, seed=1)
     batch = next(dm.train_batches())
     assert batch["input_ids"].shape == (8, 256) and int(batch["input_ids"].max()) < 1024
+
+
+def test_prepare_names_the_file_of_undecodable_input_and_offers_encodings(tmp_path: Path, corpus_docs: list[str], write_jsonl, capsys) -> None:
+    src = write_jsonl(tmp_path / "c.jsonl", [{"body": d} for d in corpus_docs[:20]])
+    assert main(["data", "train-tokenizer", "-i", str(src), "--text-key", "body", "--vocab-size", "300", "-o", str(tmp_path / "tok")]) == 0
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("café crème brûlée\n".encode("latin-1"))
+    binary = tmp_path / "blob.txt"
+    binary.write_bytes(bytes(range(256)) * 4)
+    capsys.readouterr()
+    for bad in (latin, binary):
+        assert main(["data", "prepare", "-i", str(bad), "-t", str(tmp_path / "tok"), "-o", str(tmp_path / "x"), "--quiet"]) == 1
+        err = capsys.readouterr().err
+        assert str(bad) in err and "not valid utf-8 text at byte" in err and "--encoding" in err and "Traceback" not in err
+    assert main(["data", "prepare", "-i", str(latin), "--encoding", "latin-1", "-t", str(tmp_path / "tok"),
+                 "-o", str(tmp_path / "l1"), "--quiet"]) == 0
+    assert main(["data", "prepare", "-i", str(binary), "--encoding-errors", "replace", "-t", str(tmp_path / "tok"),
+                 "-o", str(tmp_path / "rep"), "--quiet"]) == 0
+    assert len(IndexedDataset(tmp_path / "l1")) == 1
+    assert main(["data", "prepare", "-i", str(latin), "--encoding", "klingon", "-t", str(tmp_path / "tok"),
+                 "-o", str(tmp_path / "k"), "--quiet"]) == 1
+    assert "'klingon' is not a known text encoding" in capsys.readouterr().err

@@ -17,6 +17,9 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-mode", default="file", choices=["file", "line", "paragraph"],
                    help="plain text: one document per file, per line, or per blank-line paragraph")
     p.add_argument("--hf-split", default="train", help="split of a saved HF DatasetDict")
+    p.add_argument("--encoding", default="utf-8", help="text encoding of text/JSONL inputs (default utf-8)")
+    p.add_argument("--encoding-errors", default="strict", choices=["strict", "replace", "ignore"],
+                   help="what to do with bytes the encoding cannot decode (default: stop with an error)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,13 +51,15 @@ def run(args: argparse.Namespace) -> int:
                 args.input, args.tokenizer, args.output_prefix, fmt=args.format, text_key=args.text_key,
                 text_mode=args.text_mode, hf_split=args.hf_split, workers=args.workers, dtype=args.dtype,
                 append_eos=not args.no_eos, add_bos=args.add_bos, progress=not args.quiet,
+                encoding=args.encoding, encoding_errors=args.encoding_errors,
             )
             print(json.dumps(meta, indent=2))
         elif args.data_verb == "train-tokenizer":
             from nxd_data.sources import iter_documents
             from nxd_data.train_tokenizer import train_bpe_tokenizer
 
-            docs = iter_documents(args.input, args.format, args.text_key, args.text_mode, args.hf_split)
+            docs = iter_documents(args.input, args.format, args.text_key, args.text_mode, args.hf_split,
+                                  args.encoding, args.encoding_errors)
             out = train_bpe_tokenizer(docs, args.vocab_size, args.output)
             print(f"wrote {out}/tokenizer.json")
         elif args.data_verb == "quickstart":

@@ -71,6 +71,8 @@ def prepare_dataset(
     add_bos: bool = False,
     chunk_docs: int = 64,
     progress: bool = True,
+    encoding: str = "utf-8",
+    encoding_errors: str = "strict",
 ) -> dict[str, Any]:
     """Tokenize ``inputs`` into ``<output_prefix>.bin/.idx`` (+ ``<output_prefix>.json`` metadata).
 
@@ -91,7 +93,7 @@ def prepare_dataset(
     tag = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp_bin, tmp_idx, tmp_meta = (Path(str(p) + tag) for p in (out_bin, out_idx, out_meta))
     writer = IndexedDatasetWriter(tmp_bin, tmp_idx, token_dtype)
-    docs = (d for d in iter_documents(inputs, fmt, text_key, text_mode, hf_split) if d)
+    docs = (d for d in iter_documents(inputs, fmt, text_key, text_mode, hf_split, encoding, encoding_errors) if d)
     jobs = ((chunk, add_bos, append_eos) for chunk in _chunks(docs, chunk_docs))
     start = time.perf_counter()
     pool = None

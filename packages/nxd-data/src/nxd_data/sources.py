@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,22 @@ from nxd_data.hf_disk import is_saved_dataset, load_saved_dataset, require_colum
 
 FORMATS = ("auto", "text", "jsonl", "parquet", "hf")
 TEXT_MODES = ("file", "line", "paragraph")
+ENCODING_ERRORS = ("strict", "replace", "ignore")
+
+
+@contextmanager
+def _decoding(path: Path, encoding: str) -> Iterator[None]:
+    """Turn a decode failure into an error naming the file, the byte offset and the ways out."""
+    try:
+        yield
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not valid {encoding} text at byte {exc.start} ({exc.reason}); if the file is text in "
+            "another encoding pass --encoding (e.g. latin-1), to replace undecodable bytes pass "
+            "--encoding-errors replace, and binary files cannot be prepared"
+        ) from None
+    except LookupError as exc:  # an unknown codec name
+        raise ConfigError(f"--encoding {encoding!r} is not a known text encoding ({exc})") from None
 
 
 def detect_format(path: Path) -> str:
@@ -30,9 +47,9 @@ def detect_format(path: Path) -> str:
     return "text"
 
 
-def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def read_jsonl(path: Path, encoding: str = "utf-8", errors: str = "strict") -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, record)`` for every non-blank line; a malformed line names file:line."""
-    with open(path, encoding="utf-8") as fh:
+    with _decoding(path, encoding), open(path, encoding=encoding, errors=errors) as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
@@ -54,8 +71,9 @@ def field(record: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _text_docs(path: Path, mode: str) -> Iterator[str]:
-    text = path.read_text(encoding="utf-8")
+def _text_docs(path: Path, mode: str, encoding: str, errors: str) -> Iterator[str]:
+    with _decoding(path, encoding):
+        text = path.read_text(encoding=encoding, errors=errors)
     if mode == "file":
         yield text
     elif mode == "line":
@@ -96,9 +114,14 @@ def iter_documents(
     text_key: str = "text",
     text_mode: str = "file",
     hf_split: str = "train",
+    encoding: str = "utf-8",
+    encoding_errors: str = "strict",
 ) -> Iterator[str]:
     """Documents of ``inputs`` in order. ``text_mode`` splits plain text files: one document per
-    ``file``, per non-blank ``line``, or per blank-line separated ``paragraph``."""
+    ``file``, per non-blank ``line``, or per blank-line separated ``paragraph``. Text and JSONL
+    files are decoded with ``encoding``; ``encoding_errors`` is Python's ``errors`` policy."""
+    if encoding_errors not in ENCODING_ERRORS:
+        raise ConfigError(f"encoding_errors={encoding_errors!r} is not known; valid: {', '.join(ENCODING_ERRORS)}")
     if fmt not in FORMATS:
         raise ConfigError(f"format={fmt!r} is not known; valid: {', '.join(FORMATS)}")
     if text_mode not in TEXT_MODES:
@@ -109,9 +132,9 @@ def iter_documents(
             raise ConfigError(f"input {path} does not exist")
         kind = detect_format(path) if fmt == "auto" else fmt
         if kind == "text":
-            yield from _text_docs(path, text_mode)
+            yield from _text_docs(path, text_mode, encoding, encoding_errors)
         elif kind == "jsonl":
-            for lineno, record in read_jsonl(path):
+            for lineno, record in read_jsonl(path, encoding, encoding_errors):
                 yield field(record, text_key, f"{path}:{lineno}")
         elif kind == "parquet":
             yield from _parquet_docs(path, text_key)

@@ -1,0 +1,373 @@
+"""The Megatron GPT decoder on nxd-core-parallel layers (batch-first ``[batch, seq, hidden]``).
+
+Module names follow Megatron-core's GPTModel (local layer spec): ``embedding.word_embeddings``,
+``embedding.position_embeddings``, ``decoder.layers.N.{input_layernorm, self_attention.linear_qkv,
+self_attention.linear_proj, pre_mlp_layernorm, mlp.linear_fc1, mlp.linear_fc2}``,
+``decoder.final_layernorm``, ``output_layer``. ``linear_qkv`` holds Megatron's interleaved layout:
+per query group ``[its query heads; its key head; its value head]``, groups contiguous, so a TP rank's
+rows are a plain contiguous slice (rank r holds groups ``[r*G/tp, (r+1)*G/tp)``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nxd.errors import ConfigError
+from nxd_core_parallel import parallel_state
+from nxd_core_parallel.modules.rms_norm import RMSNorm
+from nxd_core_parallel.parallel_layers import (
+    ColumnParallelLinear,
+    LayerNorm,
+    ParallelEmbedding,
+    RowParallelLinear,
+    get_rng_tracker,
+    scatter_to_sequence_parallel_region,
+    set_tensor_model_parallel_attributes,
+)
+from nxd_models_gpt.attention_mask import build_attention_mask
+from nxd_models_gpt.config import GPTConfig
+from nxd_models_gpt.loss import causal_lm_loss
+from nxd_models_gpt.rope import RotaryEmbedding, apply_rotary
+
+#: Batch-first activations: sequence parallelism splits dimension 1.
+SEQUENCE_DIM = 1
+
+
+@dataclass
+class CausalLMOutput:
+    loss: torch.Tensor | None
+    #: this TP rank's slice of the (padded) vocabulary; padded entries hold the dtype's minimum
+    logits: torch.Tensor
+
+
+def _tp() -> int:
+    return parallel_state.get_tensor_model_parallel_size()
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool, rank_local: bool) -> torch.Tensor:
+    """Dropout; ``rank_local`` activations (TP-sharded heads, sequence shards) draw from the
+    tracker's per-TP-rank state when one is seeded, as Megatron does."""
+    if not training or p == 0.0:
+        return x
+    tracker = get_rng_tracker()
+    if rank_local and tracker.states:
+        with tracker.fork():
+            return F.dropout(x, p, True)
+    return F.dropout(x, p, True)
+
+
+def _norm(config: GPTConfig, sequence_parallel: bool, device: torch.device | str | None) -> nn.Module:
+    if config.normalization == "RMSNorm":
+        return RMSNorm(config.hidden_size, eps=config.layernorm_epsilon, sequence_parallel_enabled=sequence_parallel,
+                       dtype=config.torch_dtype, device=device)
+    return LayerNorm(config.hidden_size, eps=config.layernorm_epsilon, sequence_parallel_enabled=sequence_parallel,
+                     dtype=config.torch_dtype, device=device)
+
+
+def init_methods(config: GPTConfig) -> tuple[partial, partial]:
+    """``(init, output_init)``: N(0, init_method_std), and for the layers that write into the
+    residual stream (``linear_proj``, ``linear_fc2``) std / sqrt(2 * num_layers) when
+    ``use_scaled_init_method`` (Megatron's ``scaled_init_method_normal``)."""
+    std = config.init_method_std
+    out_std = std / math.sqrt(2.0 * config.num_layers) if config.use_scaled_init_method else std
+    return partial(nn.init.normal_, mean=0.0, std=std), partial(nn.init.normal_, mean=0.0, std=out_std)
+
+
+class GPTCoreAttention(nn.Module):
+    """softmax(QK^T / sqrt(d)) V with causal or given mask; what selective checkpointing recomputes."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        p = self.dropout if self.training else 0.0
+        if p:
+            with get_rng_tracker().fork() if get_rng_tracker().states else _null():
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class GPTSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        tp = _tp()
+        if config.num_query_groups % tp:
+            raise ConfigError(f"gpt: num_query_groups ({config.num_query_groups}) must be divisible by "
+                              f"tensor_parallel_size ({tp}) for Megatron's interleaved QKV layout")
+        self.head_dim = config.kv_channels
+        self.heads_per_group = config.num_attention_heads // config.num_query_groups
+        self.local_groups = config.num_query_groups // tp
+        init, out_init = init_methods(config)
+        common = dict(dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
+                      sequence_dimension=SEQUENCE_DIM)
+        qkv_rows = (config.num_attention_heads + 2 * config.num_query_groups) * self.head_dim
+        self.linear_qkv = ColumnParallelLinear(config.hidden_size, qkv_rows, bias=config.has_bias,
+                                               gather_output=False, init_method=init, **common)
+        self.core_attention = GPTCoreAttention(config.attention_dropout)
+        self.linear_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size,
+                                             bias=config.has_bias, input_is_parallel=True, init_method=out_init,
+                                             **common)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        qkv = self.linear_qkv(x)
+        b, s = qkv.shape[0], qkv.shape[1]
+        qpg, hd = self.heads_per_group, self.head_dim
+        qkv = qkv.view(b, s, self.local_groups, qpg + 2, hd)
+        q = qkv[:, :, :, :qpg].reshape(b, s, self.local_groups * qpg, hd).transpose(1, 2)
+        k = qkv[:, :, :, qpg].transpose(1, 2)
+        v = qkv[:, :, :, qpg + 1].transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if qpg > 1:
+            k, v = k.repeat_interleave(qpg, dim=1), v.repeat_interleave(qpg, dim=1)
+        out = self.core_attention(q, k, v, mask)
+        return self.linear_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class GPTMLP(nn.Module):
+    """``fc2(act(fc1(x)))``; for swiglu ``fc1`` holds ``[gate; up]`` (each TP rank ``[gate_r; up_r]``)."""
+
+    def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        tp = _tp()
+        if config.ffn_hidden_size % tp:
+            raise ConfigError(f"gpt: ffn_hidden_size ({config.ffn_hidden_size}) must be divisible by "
+                              f"tensor_parallel_size ({tp})")
+        self.gated = config.activation == "swiglu"
+        self.openai_gelu = config.openai_gelu
+        self.ffn_dropout = config.ffn_dropout
+        self.local_ffn = config.ffn_hidden_size // tp
+        init, out_init = init_methods(config)
+        common = dict(dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
+                      sequence_dimension=SEQUENCE_DIM)
+        width = 2 * config.ffn_hidden_size if self.gated else config.ffn_hidden_size
+        # stride 2 (gated): rank r keeps row blocks r and tp+r of [gate; up], i.e. [gate_r; up_r].
+        self.linear_fc1 = ColumnParallelLinear(config.hidden_size, width, bias=config.has_bias, gather_output=False,
+                                               stride=2 if self.gated else 1, init_method=init, **common)
+        if self.gated:
+            for param in (self.linear_fc1.weight, self.linear_fc1.bias):
+                if param is not None:  # describe the local layout as two contiguous pieces (docs/parallel.md)
+                    param.fused_splits = (self.local_ffn, self.local_ffn)
+                    param.partition_stride = 1
+        self.linear_fc2 = RowParallelLinear(config.ffn_hidden_size, config.hidden_size, bias=config.has_bias,
+                                            input_is_parallel=True, init_method=out_init, **common)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear_fc1(x)
+        if self.gated:
+            gate, up = h.split(self.local_ffn, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate="tanh" if self.openai_gelu else "none")
+        h = _dropout(h, self.ffn_dropout, self.training, rank_local=True)
+        return self.linear_fc2(h)
+
+
+class GPTTransformerLayer(nn.Module):
+    """One block: pre-LN ``x + attn(ln(x))``, ``x + mlp(ln(x))``; parallel residual
+    ``x + attn(ln1(x)) + mlp(ln2(x))``; or post-LN (NeMo) ``h = ln1(x + attn(x))``, ``ln2(h + mlp(h))``."""
+
+    def __init__(self, config: GPTConfig, layer_number: int, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.layer_number = layer_number
+        self.post_ln = config.transformer_block_type == "post_ln"
+        self.parallel_residual = config.parallel_residual
+        self.hidden_dropout = config.hidden_dropout
+        self.sequence_parallel = sequence_parallel
+        self.self_attention = GPTSelfAttention(config, sequence_parallel, device)
+        self.mlp = GPTMLP(config, sequence_parallel, device)
+        if self.post_ln:
+            self.post_attention_layernorm = _norm(config, sequence_parallel, device)
+            self.post_mlp_layernorm = _norm(config, sequence_parallel, device)
+        else:
+            self.input_layernorm = _norm(config, sequence_parallel, device)
+            self.pre_mlp_layernorm = _norm(config, sequence_parallel, device)
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        return _dropout(x, self.hidden_dropout, self.training, rank_local=self.sequence_parallel)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        if self.post_ln:
+            h = self.post_attention_layernorm(x + self._drop(self.self_attention(x, rope, mask)))
+            return self.post_mlp_layernorm(h + self._drop(self.mlp(h)))
+        attn = self._drop(self.self_attention(self.input_layernorm(x), rope, mask))
+        if self.parallel_residual:
+            return x + attn + self._drop(self.mlp(self.pre_mlp_layernorm(x)))
+        h = x + attn
+        return h + self._drop(self.mlp(self.pre_mlp_layernorm(h)))
+
+
+class GPTEmbedding(nn.Module):
+    """Vocabulary-parallel word embeddings (+ replicated learned positions), dropout, and the
+    scatter to sequence shards under sequence parallelism (Megatron's order)."""
+
+    def __init__(self, config: GPTConfig, padded_vocab: int, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        init, _ = init_methods(config)
+        self.sequence_parallel = sequence_parallel
+        self.dropout = config.hidden_dropout
+        self.word_embeddings = ParallelEmbedding(padded_vocab, config.hidden_size, init_method=init,
+                                                 dtype=config.torch_dtype, device=device)
+        self.position_embeddings = None
+        if config.position_embedding_type == "learned_absolute":
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size,
+                                                    dtype=config.torch_dtype, device=device)
+            set_tensor_model_parallel_attributes(self.position_embeddings.weight, False, -1, 1)
+            self._init = init
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.position_embeddings is not None and not self.position_embeddings.weight.is_meta:
+            with torch.no_grad():
+                self._init(self.position_embeddings.weight)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.word_embeddings(input_ids)
+        if self.position_embeddings is not None:
+            if position_ids is None:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+            if int(position_ids.max()) >= self.position_embeddings.num_embeddings:
+                raise ValueError(f"position {int(position_ids.max())} exceeds max_position_embeddings "
+                                 f"({self.position_embeddings.num_embeddings})")
+            h = h + self.position_embeddings(position_ids)
+        if self.sequence_parallel:
+            h = scatter_to_sequence_parallel_region(h, SEQUENCE_DIM)
+        return _dropout(h, self.dropout, self.training, rank_local=self.sequence_parallel)
+
+
+class GPTDecoder(nn.Module):
+    def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(GPTTransformerLayer(config, i + 1, sequence_parallel, device)
+                                    for i in range(config.num_layers))
+        # NeMo's post-LN stack ends with the last block's norm (no final layernorm)
+        self.final_layernorm = None if config.transformer_block_type == "post_ln" else \
+            _norm(config, sequence_parallel, device)
+
+
+class GPTForCausalLM(nn.Module):
+    """Megatron GPT with a vocabulary-parallel output layer and vocabulary-parallel cross-entropy."""
+
+    #: Blocks wrapped by full activation checkpointing and used as pipeline cut points.
+    nxd_transformer_layer_classes = (GPTTransformerLayer,)
+    #: Recomputed by selective activation checkpointing.
+    nxd_core_attention_classes = (GPTCoreAttention,)
+
+    def __init__(self, config: GPTConfig | dict, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        config = GPTConfig.from_dict(config) if isinstance(config, dict) else config
+        self.config = config
+        self.sequence_parallel = sequence_parallel
+        tp = _tp()
+        if config.num_attention_heads % tp:
+            raise ConfigError(f"gpt: num_attention_heads ({config.num_attention_heads}) must be divisible by "
+                              f"tensor_parallel_size ({tp})")
+        self.padded_vocab_size = config.padded_vocab_size(tp)
+        self.embedding = GPTEmbedding(config, self.padded_vocab_size, sequence_parallel, device)
+        self.decoder = GPTDecoder(config, sequence_parallel, device)
+        self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rotary_base) \
+            if config.position_embedding_type == "rope" else None
+        init, _ = init_methods(config)
+        self.output_layer = ColumnParallelLinear(
+            config.hidden_size, self.padded_vocab_size, bias=False, gather_output=False, init_method=init,
+            dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
+            sequence_dimension=SEQUENCE_DIM)
+        if config.share_embeddings_and_output_weights:
+            self.output_layer.weight = self.embedding.word_embeddings.weight
+
+    @staticmethod
+    def init_weights(module: nn.Module) -> None:
+        """``param_init_fn`` for meta-device init: each layer re-runs its own initialisation."""
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+
+    # -- pieces shared by forward() and the pipeline stages
+    def layer_inputs(self, input_ids: torch.Tensor, dtype: torch.dtype, position_ids: torch.Tensor | None = None,
+                     attention_mask: torch.Tensor | None = None
+                     ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
+        """``(rope cos/sin or None, mask)`` every layer takes, recomputed from the batch alone."""
+        b, s = input_ids.shape
+        if self.sequence_parallel and s % _tp():
+            raise ValueError(f"sequence length {s} must be divisible by tensor_parallel_size {_tp()} with "
+                             "sequence parallelism")
+        rope = None
+        if self.rotary_emb is not None:
+            if position_ids is None:
+                position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
+            rope = self.rotary_emb(position_ids, dtype)
+        return rope, build_attention_mask(attention_mask, b, s, input_ids.device)
+
+    def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + output layer; padded vocabulary entries get the dtype's minimum (no probability)."""
+        if self.decoder.final_layernorm is not None:
+            hidden = self.decoder.final_layernorm(hidden)
+        logits = self.output_layer(hidden)
+        if self.padded_vocab_size != self.config.vocab_size:
+            local = logits.shape[-1]
+            start = parallel_state.get_tensor_model_parallel_rank() * local
+            padded = torch.arange(start, start + local, device=logits.device) >= self.config.vocab_size
+            logits = logits.masked_fill(padded, torch.finfo(logits.dtype).min)
+        return logits
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                loss_mask: torch.Tensor | None = None, segment_ids: torch.Tensor | None = None) -> CausalLMOutput:
+        """``labels`` are aligned with ``input_ids`` (no shift here); ``attention_mask``/``segment_ids``
+        as in docs/plugins/models.md."""
+        if attention_mask is None and segment_ids is not None:
+            attention_mask = segment_ids
+        hidden = self.embedding(input_ids, position_ids)
+        rope, mask = self.layer_inputs(input_ids, hidden.dtype, position_ids, attention_mask)
+        for layer in self.decoder.layers:
+            hidden = layer(hidden, rope, mask)
+        logits = self.vocab_logits(hidden)
+        loss = None if labels is None else causal_lm_loss(logits, labels, loss_mask)
+        return CausalLMOutput(loss=loss, logits=logits)
+
+    # -- pipeline contract (docs/pipeline.md), duck-typed: no nxd-pipeline import
+    def nxd_pipeline_layout(self) -> dict[str, object]:
+        head = (["decoder.final_layernorm"] if self.decoder.final_layernorm is not None else []) + ["output_layer"]
+        return {"embed": ["embedding"], "layers": "decoder.layers", "head": head}
+
+    def nxd_pipeline_embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                           **batch: object) -> torch.Tensor:
+        return self.embedding(input_ids, position_ids)
+
+    def nxd_pipeline_layer(self, layer: nn.Module, hidden: torch.Tensor, input_ids: torch.Tensor | None = None,
+                           position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                           segment_ids: torch.Tensor | None = None, **batch: object) -> torch.Tensor:
+        if input_ids is None:
+            raise ValueError("the GPT pipeline stages need the micro-batch's input_ids (for positions and masks)")
+        if attention_mask is None and segment_ids is not None:
+            attention_mask = segment_ids
+        rope, mask = self.layer_inputs(input_ids, hidden.dtype, position_ids, attention_mask)
+        return layer(hidden, rope, mask)
+
+    def nxd_pipeline_head(self, hidden: torch.Tensor, labels: torch.Tensor | None = None,
+                          loss_mask: torch.Tensor | None = None, **batch: object) -> torch.Tensor:
+        if labels is None:
+            raise ValueError("pipeline training needs 'labels' in the batch (the last stage returns the loss)")
+        return causal_lm_loss(self.vocab_logits(hidden), labels, loss_mask)

@@ -1,0 +1,69 @@
+"""The ``gpt`` :class:`nxd.specs.ModelSpec`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from nxd.specs import ModelSpec
+from nxd_models_gpt.config import GPTConfig
+from nxd_models_gpt.hf_io import load_hf_checkpoint, save_hf_checkpoint
+from nxd_models_gpt.modeling import GPTCoreAttention, GPTForCausalLM, GPTTransformerLayer
+from nxd_models_gpt.presets import PRESETS, preset
+
+#: nxd module names of the attention projections (the fused QKV and the output projection).
+DEFAULT_LORA_TARGETS = ("linear_qkv", "linear_proj")
+
+#: NxDT/NeMo config ``name``s whose model section describes this family (the YAML trainer looks
+#: this up through the registry to pick the spec when a config names no architecture).
+NXDT_CONFIG_NAMES = ("megatron_gpt",)
+
+
+def config_from_dict(data: dict[str, Any] | GPTConfig) -> GPTConfig:
+    """Megatron/NeMo/NxDT or Hugging Face (GPT-2, GPT-NeoX) keys -> :class:`GPTConfig`;
+    ``{"preset": name, ...}`` starts from a preset and overrides it."""
+    if isinstance(data, dict) and "preset" in data:
+        rest = {k: v for k, v in data.items() if k != "preset"}
+        data = preset(data["preset"], **rest)
+    return GPTConfig.from_dict(data)
+
+
+def build(config: GPTConfig | dict, nxd_config: dict | None = None) -> nn.Module:
+    """This rank's model for the current parallel state (``sequence_parallel`` from ``nxd_config``)."""
+    cfg = config_from_dict(config) if isinstance(config, dict) else config
+    return GPTForCausalLM(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")))
+
+
+def flops_per_token(config: GPTConfig | dict, seq_length: int | None = None) -> float:
+    """``6 * matmul parameters`` (+ ``12 * layers * heads * head_dim * seq_length`` attention)."""
+    c = config_from_dict(config) if isinstance(config, dict) else config
+    h, hd = c.hidden_size, c.kv_channels
+    q, kv = c.num_attention_heads * hd, c.num_query_groups * hd
+    ffn_in = 2 * c.ffn_hidden_size if c.activation == "swiglu" else c.ffn_hidden_size
+    per_layer = h * (q + 2 * kv) + q * h + h * ffn_in + c.ffn_hidden_size * h
+    flops = 6.0 * (c.num_layers * per_layer + h * c.vocab_size)
+    if seq_length:
+        flops += 12.0 * c.num_layers * q * seq_length
+    return flops
+
+
+SPEC = ModelSpec(
+    name="gpt",
+    config_from_dict=config_from_dict,
+    build=build,
+    transformer_layer_classes=(GPTTransformerLayer,),
+    core_attention_classes=(GPTCoreAttention,),
+    lora_target_modules=DEFAULT_LORA_TARGETS,
+    load_hf=load_hf_checkpoint,
+    save_hf=save_hf_checkpoint,
+    flops_per_token=flops_per_token,
+    presets=PRESETS,
+    extras={
+        "model_class": GPTForCausalLM,
+        "config_class": GPTConfig,
+        "sequence_dimension": 1,
+        "nxdt_config_names": NXDT_CONFIG_NAMES,
+        "hf_layouts": ("gpt2", "gpt_neox"),
+    },
+)

@@ -1,0 +1,91 @@
+"""Mixtral configuration: Hugging Face ``MixtralConfig`` keys (plus NxDT's ``moe`` section) in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nxd.errors import ConfigError
+from nxd_models_llama import LlamaConfig
+from nxd_moe import MoEConfig
+
+#: NxDT ``model.moe`` keys that restate a Hugging Face field (the HF name wins when both are given).
+_MOE_TO_HF = {"num_experts": "num_local_experts", "top_k": "num_experts_per_tok",
+              "router_aux_loss_coef": "router_aux_loss_coef", "output_router_logits": "output_router_logits"}
+
+
+@dataclass
+class MixtralConfig(LlamaConfig):
+    """A Llama-style decoder whose MLPs are sparse MoE blocks (field names are Hugging Face's).
+
+    ``moe`` holds nxd-moe's routing settings beyond HF's (``capacity_factor``, ``dropless``,
+    ``routing_algorithm``, ...; NxDT's ``model.moe`` keys). HF's Mixtral is dropless top-k with
+    renormalised affinities, which is the default here."""
+
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 14336
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = 8
+    max_position_embeddings: int = 4096 * 32
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 1e6
+    sliding_window: int | None = None
+    num_local_experts: int = 8
+    num_experts_per_tok: int = 2
+    router_aux_loss_coef: float = 0.001
+    output_router_logits: bool = False
+    router_jitter_noise: float = 0.0
+    moe: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.router_jitter_noise:
+            raise ConfigError(f"mixtral config: router_jitter_noise={self.router_jitter_noise} is not implemented "
+                              "(only 0.0, the Mixtral default)")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window < 1):
+            raise ConfigError(f"mixtral config: sliding_window must be a positive integer or null, "
+                              f"got {self.sliding_window!r}")
+        if self.attention_bias or self.mlp_bias:
+            raise ConfigError("mixtral config: attention_bias/mlp_bias are not part of Mixtral")
+        self.moe_config()  # validates the moe section
+
+    def moe_config(self) -> MoEConfig:
+        """nxd-moe settings: HF's expert count/top-k/aux-loss fields plus the ``moe`` section."""
+        moe = dict(self.moe or {})
+        for key, hf_name in _MOE_TO_HF.items():
+            if key in moe and moe[key] != getattr(self, hf_name):
+                raise ConfigError(f"mixtral config: moe.{key}={moe[key]!r} conflicts with {hf_name}="
+                                  f"{getattr(self, hf_name)!r}")
+            moe[key] = getattr(self, hf_name)
+        moe.setdefault("dropless", moe.get("capacity_factor") is None)
+        if moe.get("frequency", 1) != 1:
+            raise ConfigError(f"mixtral config: moe.frequency={moe['frequency']} is not supported: every Mixtral "
+                              "layer is a MoE layer (frequency 1)")
+        return MoEConfig.from_dict(moe)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MixtralConfig:
+        if isinstance(data, MixtralConfig):
+            return data
+        if isinstance(data, dict):
+            data = dict(data)
+            moe = dict(data.get("moe") or {})
+            for key, hf_name in _MOE_TO_HF.items():  # NxDT puts these under model.moe
+                if key in moe and hf_name not in data:
+                    data[hf_name] = moe[key]
+            data["moe"] = moe
+        return super().from_dict(data)  # type: ignore[return-value]
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        out = super().to_hf_dict()
+        for key in ("attention_bias", "mlp_bias", "rope_scaling"):
+            out.pop(key, None)
+        out.update({
+            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "sliding_window": self.sliding_window,
+            "num_local_experts": self.num_local_experts, "num_experts_per_tok": self.num_experts_per_tok,
+            "router_aux_loss_coef": self.router_aux_loss_coef, "output_router_logits": self.output_router_logits,
+            "router_jitter_noise": self.router_jitter_noise,
+        })
+        return out

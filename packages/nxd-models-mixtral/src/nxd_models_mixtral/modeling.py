@@ -1,0 +1,184 @@
+"""Mixtral on nxd's parallel layers: Llama's attention (GQA, RoPE) with an nxd-moe sparse MoE block
+in place of the MLP, plus Hugging Face's sliding-window mask and router auxiliary loss.
+
+Module names follow Hugging Face's checkpoint names (``block_sparse_moe``) except where TP/EP fuse
+or stack weights (:mod:`nxd_models_mixtral.hf_io` holds the mapping).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import nn
+
+from nxd.errors import ConfigError
+from nxd_core_parallel import parallel_state
+from nxd_core_parallel.modules.rms_norm import RMSNorm
+from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding
+from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention
+from nxd_models_llama.attention_mask import build_attention_mask
+from nxd_models_llama.modeling import causal_lm_loss
+from nxd_models_llama.rope import RotaryEmbedding
+from nxd_models_mixtral.config import MixtralConfig
+from nxd_moe import MoELayer, load_balancing_loss, router_z_loss
+
+SEQUENCE_DIM = 1
+
+
+@dataclass
+class MoECausalLMOutput:
+    """``loss`` = cross-entropy + ``router_aux_loss_coef`` x load-balancing loss (as HF computes it
+    with ``output_router_logits``) + z-loss when configured; ``aux_loss``: the load-balancing loss;
+    ``router_logits``: one ``[batch*seq, num_experts]`` tensor per layer."""
+
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+    aux_loss: torch.Tensor | None = None
+    router_logits: tuple[torch.Tensor, ...] = ()
+
+
+def sliding_window_mask(mask: torch.Tensor | None, batch: int, seq: int, past: int, window: int | None,
+                        device: torch.device) -> torch.Tensor | None:
+    """AND Hugging Face's sliding window (query ``i`` sees keys ``j`` with ``i - j < window``) into
+    ``mask`` (``None`` = plain causal); ``None`` again when the window hides nothing."""
+    if window is None or past + seq <= window:
+        return mask
+    q = torch.arange(past, past + seq, device=device)[:, None]
+    k = torch.arange(past + seq, device=device)[None, :]
+    allowed = (k <= q) & (q - k < window)
+    if mask is None:
+        return allowed[None, None].expand(batch, 1, seq, past + seq)
+    return mask & allowed
+
+
+class MixtralDecoderLayer(nn.Module):
+    """Pre-norm block: ``h + attn(norm(h))`` then ``h + moe(norm(h))``; the MoE block keeps its
+    router logits in ``last_router_logits`` for the model's auxiliary loss."""
+
+    def __init__(self, config: MixtralConfig, layer_idx: int, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps,
+                       sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device)
+        self.input_layernorm = norm()
+        self.self_attn = LlamaAttention(config, layer_idx, sequence_parallel, device)
+        self.post_attention_layernorm = norm()
+        self.block_sparse_moe = MoELayer(config.moe_config(), config.hidden_size, config.intermediate_size,
+                                         sequence_parallel=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
+                                         dtype=config.torch_dtype, device=device, init_std=config.initializer_range)
+        self.last_router_logits: torch.Tensor | None = None
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        h = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, attention_mask, kv_cache)
+        out, self.last_router_logits = self.block_sparse_moe(self.post_attention_layernorm(h))
+        return h + out
+
+
+class MixtralModel(nn.Module):
+    def __init__(self, config: MixtralConfig, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.sequence_parallel = sequence_parallel
+        init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
+        self.embed_tokens = ParallelEmbedding(
+            config.vocab_size, config.hidden_size, init_method=init, dtype=config.torch_dtype, device=device,
+            sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
+        )
+        self.layers = nn.ModuleList(
+            MixtralDecoderLayer(config, i, sequence_parallel, device) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, sequence_parallel_enabled=sequence_parallel,
+                            dtype=config.torch_dtype, device=device)
+        self.rotary_emb = RotaryEmbedding(config)
+
+    def layer_inputs(self, input_ids: torch.Tensor, dtype: torch.dtype, position_ids: torch.Tensor | None = None,
+                     attention_mask: torch.Tensor | None = None, past: int = 0
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        b, s = input_ids.shape
+        tp = parallel_state.get_tensor_model_parallel_size()
+        if self.sequence_parallel and s % tp:
+            raise ValueError(f"sequence length {s} must be divisible by tensor_parallel_size {tp} with sequence "
+                             "parallelism")
+        if position_ids is None:
+            position_ids = torch.arange(past, past + s, device=input_ids.device).unsqueeze(0).expand(b, s)
+        cos, sin = self.rotary_emb(position_ids, dtype)
+        mask = build_attention_mask(attention_mask, b, s, past, dtype, input_ids.device)
+        return cos, sin, sliding_window_mask(mask, b, s, past, self.config.sliding_window, input_ids.device)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        past = kv_cache.length if kv_cache is not None else 0
+        cos, sin, mask = self.layer_inputs(input_ids, self.embed_tokens.weight.dtype, position_ids, attention_mask, past)
+        hidden = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, mask, kv_cache)
+        return self.norm(hidden)
+
+
+class MixtralForCausalLM(nn.Module):
+    """Mixtral with a vocabulary-parallel LM head, vocabulary-parallel cross-entropy and the router
+    auxiliary loss."""
+
+    nxd_transformer_layer_classes = (MixtralDecoderLayer,)
+    nxd_core_attention_classes = (LlamaCoreAttention,)
+
+    def __init__(self, config: MixtralConfig | dict, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        config = MixtralConfig.from_dict(config) if isinstance(config, dict) else config
+        tp = parallel_state.get_tensor_model_parallel_size()
+        if config.vocab_size % tp:
+            raise ConfigError(f"vocab_size ({config.vocab_size}) must be divisible by tensor_parallel_size ({tp})")
+        self.config = config
+        self.moe_config = config.moe_config()
+        self.model = MixtralModel(config, sequence_parallel, device)
+        init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
+        self.lm_head = ColumnParallelLinear(
+            config.hidden_size, config.vocab_size, bias=False, gather_output=False, init_method=init,
+            dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
+            sequence_dimension=SEQUENCE_DIM,
+        )
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.model.sequence_parallel
+
+    @staticmethod
+    def init_weights(module: nn.Module) -> None:
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+
+    def router_losses(self, router_logits: tuple[torch.Tensor, ...],
+                      attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(load-balancing loss, weighted sum of the router losses added to the LM loss)``."""
+        cfg = self.moe_config
+        # a [batch, seq] padding/segment mask restricts the loss to real tokens, as HF's does
+        mask = (attention_mask != 0).long() if attention_mask is not None and attention_mask.dim() == 2 else None
+        aux = load_balancing_loss(router_logits, cfg.num_experts, cfg.top_k, mask)
+        total = self.config.router_aux_loss_coef * aux
+        if cfg.router_z_loss_coef:
+            total = total + cfg.router_z_loss_coef * router_z_loss(router_logits)
+        return aux, total
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                loss_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                segment_ids: torch.Tensor | None = None) -> MoECausalLMOutput:
+        if attention_mask is None and segment_ids is not None:
+            attention_mask = segment_ids
+        hidden = self.model(input_ids, position_ids, attention_mask, kv_cache)
+        logits = self.lm_head(hidden)
+        router_logits = tuple(layer.last_router_logits for layer in self.model.layers)
+        loss = aux = None
+        if labels is not None:
+            loss = causal_lm_loss(logits, labels, loss_mask)
+            if self.config.output_router_logits:
+                aux, extra = self.router_losses(router_logits, attention_mask)
+                loss = loss + extra
+        return MoECausalLMOutput(loss=loss, logits=logits, aux_loss=aux, router_logits=router_logits)

@@ -1,0 +1,16 @@
+"""nxd plugin entry point for nxd-models-mixtral: registers the ``mixtral`` model spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import nxd
+
+NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
+
+
+@nxd.hookimpl
+def nxd_register_models(registry: Any) -> None:
+    from nxd_models_mixtral.spec import SPEC
+
+    registry.add("mixtral", SPEC, presets=sorted(SPEC.presets))

@@ -1,0 +1,56 @@
+"""The ``mixtral`` :class:`nxd.specs.ModelSpec`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from nxd.specs import ModelSpec
+from nxd_models_llama import LlamaCoreAttention
+from nxd_models_mixtral.config import MixtralConfig
+from nxd_models_mixtral.hf_io import load_hf_checkpoint, save_hf_checkpoint
+from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralForCausalLM
+from nxd_models_mixtral.presets import PRESETS, preset
+
+
+def config_from_dict(data: dict[str, Any] | MixtralConfig) -> MixtralConfig:
+    """Hugging Face ``config.json`` keys (plus a ``moe`` section of NxDT keys) -> :class:`MixtralConfig`;
+    ``{"preset": name, ...}`` starts from a preset."""
+    if isinstance(data, dict) and "preset" in data:
+        data = preset(data["preset"], **{k: v for k, v in data.items() if k != "preset"})
+    return MixtralConfig.from_dict(data)
+
+
+def build(config: MixtralConfig | dict, nxd_config: dict | None = None) -> nn.Module:
+    """This rank's model for the current parallel state (TP, EP, ``sequence_parallel``)."""
+    cfg = config_from_dict(config) if isinstance(config, dict) else config
+    return MixtralForCausalLM(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")))
+
+
+def flops_per_token(config: MixtralConfig | dict, seq_length: int | None = None) -> float:
+    """Training FLOPs per token: ``6 x`` the matmul parameters a token touches (attention, the router,
+    ``top_k`` experts, LM head), plus attention scores when ``seq_length`` is given."""
+    c = config_from_dict(config) if isinstance(config, dict) else config
+    h, hd = c.hidden_size, c.head_dim
+    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+    per_layer = h * (q + 2 * kv) + q * h + h * c.num_local_experts + c.num_experts_per_tok * 3 * h * c.intermediate_size
+    flops = 6.0 * (c.num_hidden_layers * per_layer + h * c.vocab_size)
+    if seq_length:
+        flops += 12.0 * c.num_hidden_layers * q * seq_length
+    return flops
+
+
+SPEC = ModelSpec(
+    name="mixtral",
+    config_from_dict=config_from_dict,
+    build=build,
+    transformer_layer_classes=(MixtralDecoderLayer,),
+    core_attention_classes=(LlamaCoreAttention,),
+    lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj"),
+    load_hf=load_hf_checkpoint,
+    save_hf=save_hf_checkpoint,
+    flops_per_token=flops_per_token,
+    presets=PRESETS,
+    extras={"model_class": MixtralForCausalLM, "config_class": MixtralConfig, "sequence_dimension": 1},
+)

@@ -1,0 +1,23 @@
+"""Expert capacity and token dropping (NxD's ``forward_capacity_factor`` semantics)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
+    """``min(ceil(tokens * top_k * capacity_factor / num_experts), tokens)``."""
+    return min(math.ceil(num_tokens * top_k * capacity_factor / num_experts), num_tokens)
+
+
+def kept_assignments(expert_index: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """``[T, k]`` bool: which (token, choice) assignments fit. Tokens are taken in order: a token's
+    position in expert ``e`` is the number of tokens ``<=`` it (in token order) routed to ``e``; those
+    past ``capacity`` are dropped."""
+    t, k = expert_index.shape
+    onehot = torch.zeros(t, num_experts, dtype=torch.int64, device=expert_index.device)
+    onehot.scatter_(1, expert_index, 1)
+    position = onehot.cumsum(dim=0)  # [T, E], 1-based position of each token in each expert
+    return position.gather(1, expert_index) <= capacity

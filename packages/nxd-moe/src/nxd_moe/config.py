@@ -1,0 +1,82 @@
+"""MoE settings: NxDT's ``model.moe`` keys in, a validated dataclass out."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from nxd.errors import ConfigError
+
+#: Routing algorithms (NxDT ``model.moe.routing_algorithm``).
+ROUTING_ALGORITHMS = ("top_k", "sinkhorn")
+
+
+@dataclass
+class MoEConfig:
+    """One MoE layer's routing and expert settings (NxDT's ``model.moe`` names)."""
+
+    num_experts: int = 8
+    top_k: int = 2
+    #: ``None`` or ``dropless=True``: no token is dropped. Otherwise each expert takes at most
+    #: ``ceil(tokens * top_k * capacity_factor / num_experts)`` tokens of this rank's batch.
+    capacity_factor: float | None = None
+    dropless: bool = False
+    routing_algorithm: str = "top_k"
+    #: every ``frequency``-th layer is MoE (NxDT ``moe.frequency``; 1 = all layers)
+    frequency: int = 1
+    #: dropout on the expert output (NxDT ``moe.dropout``); only 0.0 is implemented
+    dropout: float = 0.0
+    #: renormalise the chosen experts' affinities to sum to 1 (Mixtral does)
+    normalize_top_k_affinities: bool = True
+    output_router_logits: bool = True
+    router_aux_loss_coef: float = 0.02
+    router_z_loss_coef: float = 0.0
+    sinkhorn_iterations: int = 30
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "top_k", "frequency", "sinkhorn_iterations"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "sinkhorn_iterations" else 1):
+                raise ConfigError(f"moe.{name} must be a positive integer, got {value!r}")
+        if self.dropout != 0.0:
+            raise ConfigError(f"moe.dropout={self.dropout!r} is not implemented by nxd-moe (only 0.0); "
+                              "NxDT's Mixtral configs use 0.0")
+        if self.top_k > self.num_experts:
+            raise ConfigError(f"moe.top_k ({self.top_k}) must be <= moe.num_experts ({self.num_experts})")
+        if self.routing_algorithm not in ROUTING_ALGORITHMS:
+            raise ConfigError(f"moe.routing_algorithm must be one of {list(ROUTING_ALGORITHMS)}, "
+                              f"got {self.routing_algorithm!r}")
+        if self.routing_algorithm == "sinkhorn" and self.top_k != 1:
+            raise ConfigError(f"moe.routing_algorithm 'sinkhorn' routes top-1 only (as NxD); got top_k={self.top_k}")
+        if self.capacity_factor is not None and not self.dropless:
+            if isinstance(self.capacity_factor, bool) or not isinstance(self.capacity_factor, (int, float)) \
+                    or self.capacity_factor <= 0:
+                raise ConfigError(f"moe.capacity_factor must be a positive number or null, got {self.capacity_factor!r}")
+            self.capacity_factor = float(self.capacity_factor)
+        if not self.dropless and self.capacity_factor is None:
+            raise ConfigError("moe.dropless=false needs moe.capacity_factor (how many tokens each expert may take)")
+        if self.top_k == 1 and self.normalize_top_k_affinities:
+            self.normalize_top_k_affinities = False  # one affinity renormalised would always be 1
+
+    @property
+    def effective_capacity_factor(self) -> float | None:
+        """``None`` when no token can be dropped (dropless, or a factor so large every token fits)."""
+        if self.dropless or self.capacity_factor is None or self.capacity_factor >= self.num_experts / self.top_k:
+            return None
+        return self.capacity_factor
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | MoEConfig) -> MoEConfig:
+        """NxDT ``model.moe`` keys (unknown keys are an error naming them)."""
+        if isinstance(data, MoEConfig):
+            return data
+        if not isinstance(data, dict):
+            raise ConfigError(f"moe config must be a mapping, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"moe: unknown keys {unknown}; valid: {sorted(known)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,77 @@
+"""SwiGLU expert MLPs, sharded over experts (EP) and over the intermediate dimension (TP)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nxd.errors import ConfigError
+
+
+class ExpertMLPs(nn.Module):
+    """This rank's experts: ``num_experts / ep`` of them (EP rank ``r`` holds experts
+    ``[r*E/ep, (r+1)*E/ep)``), each with the TP rank's slice of the intermediate dimension, as
+    NxD's column-parallel gate/up and row-parallel down projections.
+
+    * ``gate_up_proj`` ``[E_local, 2*I/tp, H]``: rows ``[gate rows of this TP rank; up rows]``
+      (``partition_dim=1``, ``fused_splits=(I/tp, I/tp)``)
+    * ``down_proj`` ``[E_local, H, I/tp]`` (``partition_dim=2``)
+
+    Both carry ``expert_model_parallel=True`` (dimension 0 is the expert dimension, split over EP):
+    gradient sync reduces them over the expert-data-parallel group, clipping counts each expert
+    once, checkpoints gather them over EP.
+
+    :meth:`forward` takes tokens already grouped by local expert; it returns this TP rank's partial
+    output (summing over TP is the caller's job, after the affinity weighting).
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, tp_size: int = 1,
+                 ep_size: int = 1, ep_rank: int = 0, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None, init_std: float = 0.02) -> None:
+        super().__init__()
+        if num_experts % ep_size:
+            raise ConfigError(f"num_experts ({num_experts}) must be divisible by expert_model_parallel_size ({ep_size})")
+        if intermediate_size % tp_size:
+            raise ConfigError(f"intermediate_size ({intermediate_size}) must be divisible by tensor_parallel_size "
+                              f"({tp_size})")
+        self.num_experts, self.ep_size, self.ep_rank = num_experts, ep_size, ep_rank
+        self.num_local_experts = num_experts // ep_size
+        self.local_intermediate = intermediate_size // tp_size
+        self.hidden_size, self.init_std = hidden_size, init_std
+        e, i, h = self.num_local_experts, self.local_intermediate, hidden_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype, device=device))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i, dtype=dtype, device=device))
+        tp_sharded = tp_size > 1
+        for param, dim in ((self.gate_up_proj, 1), (self.down_proj, 2)):
+            param.expert_model_parallel = ep_size > 1
+            param.tensor_model_parallel = tp_sharded
+            param.partition_dim = dim
+            param.partition_stride = 1
+        if tp_sharded:
+            self.gate_up_proj.fused_splits = (i, i)
+        self.reset_parameters()
+
+    @property
+    def first_local_expert(self) -> int:
+        return self.ep_rank * self.num_local_experts
+
+    def reset_parameters(self) -> None:
+        for param in (self.gate_up_proj, self.down_proj):
+            if not param.is_meta:
+                nn.init.normal_(param, 0.0, self.init_std)
+
+    def forward(self, tokens: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """``tokens`` ``[N, H]`` grouped by local expert (``counts[e]`` rows for local expert ``e``)
+        -> ``[N, H]`` partial over TP."""
+        outputs = []
+        for e, chunk in enumerate(tokens.split(counts, dim=0)):
+            if chunk.shape[0] == 0:
+                continue
+            gate, up = F.linear(chunk, self.gate_up_proj[e]).split(self.local_intermediate, dim=-1)
+            outputs.append(F.linear(F.silu(gate) * up, self.down_proj[e]))
+        if not outputs:
+            # no token reached this rank's experts: keep them in the graph (zero gradients), so every
+            # rank's backward produces the same set of gradients for the collectives that follow
+            return tokens.new_zeros(0, self.hidden_size) + 0 * (self.gate_up_proj.sum() + self.down_proj.sum())
+        return torch.cat(outputs, dim=0)

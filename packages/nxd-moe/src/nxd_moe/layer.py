@@ -1,0 +1,114 @@
+"""The MoE layer: router -> (capacity) -> dispatch -> SwiGLU experts -> combine.
+
+Tensor parallelism (NxD's layout): the router is replicated, each TP rank holds every local
+expert's slice of the intermediate dimension, and the partial outputs are summed over TP after
+the affinity weighting (all-reduce; reduce-scatter under sequence parallelism). Expert
+parallelism: experts are split over the EP group and tokens travel by all-to-all
+(:mod:`nxd_moe.dispatch`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nxd_core_parallel import parallel_state
+from nxd_core_parallel.parallel_layers.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+)
+from nxd_moe.capacity import expert_capacity, kept_assignments
+from nxd_moe.config import MoEConfig
+from nxd_moe.dispatch import combine, dispatch
+from nxd_moe.experts import ExpertMLPs
+from nxd_moe.groups import expert_parallel_groups
+from nxd_moe.routing import make_router
+
+
+class MoELayer(nn.Module):
+    """``forward(hidden [batch, seq(/tp under SP), hidden]) -> (output same shape, router_logits)``.
+
+    ``router_logits`` ``[batch*seq, num_experts]`` (batch-major rows, all of this rank's tokens
+    even under sequence parallelism) feed :func:`nxd_moe.load_balancing_loss`.
+
+    Capacity dropping (``capacity_factor`` without ``dropless``) counts tokens in NxD's order,
+    sequence position first (NxD's activations are ``[seq, batch, hidden]``), over this rank's
+    micro-batch.
+    """
+
+    def __init__(self, config: MoEConfig, hidden_size: int, intermediate_size: int, sequence_parallel: bool = False,
+                 sequence_dimension: int = 1, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None, init_std: float = 0.02) -> None:
+        super().__init__()
+        if sequence_dimension != 1:
+            raise ValueError("MoELayer takes batch-first activations [batch, seq, hidden] (sequence_dimension=1)")
+        self.config = MoEConfig.from_dict(config)
+        self.sequence_parallel = sequence_parallel
+        groups = expert_parallel_groups()
+        self.ep_size = groups.ep_size
+        tp = parallel_state.get_tensor_model_parallel_size()
+        self.router = make_router(self.config.routing_algorithm, self.config.num_experts, self.config.top_k,
+                                  hidden_size, self.config.sinkhorn_iterations, dtype=dtype, device=device,
+                                  init_std=init_std)
+        if sequence_parallel and tp > 1:
+            # under SP each TP rank routes only its sequence slice: the router's gradient is partial
+            # and the optimizer sums it over TP (like norm weights)
+            self.router.weight.sequence_parallel_enabled = True
+        self.experts = ExpertMLPs(self.config.num_experts, hidden_size, intermediate_size, tp_size=tp,
+                                  ep_size=groups.ep_size, ep_rank=groups.ep_rank, dtype=dtype, device=device,
+                                  init_std=init_std)
+
+    def route(self, probs: torch.Tensor, index: torch.Tensor, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights [T, k], kept [T, k])`` from the softmax ``probs`` and chosen ``index``."""
+        cfg = self.config
+        weights = probs.gather(1, index)
+        factor = cfg.effective_capacity_factor
+        if factor is None:
+            kept = torch.ones_like(index, dtype=torch.bool)
+        else:
+            capacity = expert_capacity(index.shape[0], cfg.num_experts, cfg.top_k, factor)
+            seq_major = torch.arange(index.shape[0], device=index.device).view(batch, seq).T.reshape(-1)
+            kept = torch.empty_like(index, dtype=torch.bool)
+            kept[seq_major] = kept_assignments(index[seq_major], cfg.num_experts, capacity)
+            weights = weights * kept
+        if cfg.normalize_top_k_affinities:
+            weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+        return weights, kept
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sp = self.sequence_parallel and parallel_state.get_tensor_model_parallel_size() > 1
+        logits, probs = self.router.logits_and_probs(hidden)
+        if sp:
+            # every TP rank routes the whole micro-batch: the gradient of the gathered affinities is
+            # partial per rank (experts are TP-sharded) and is reduce-scattered back; the logits that
+            # feed the replicated auxiliary loss take the local slice of theirs
+            full = gather_from_sequence_parallel_region(hidden, 1, to_model_parallel=True)
+            probs = gather_from_sequence_parallel_region(probs, 1, to_model_parallel=True)
+            logits = gather_from_sequence_parallel_region(logits, 1, to_model_parallel=False)
+        else:
+            full = copy_to_tensor_model_parallel_region(hidden)
+            # the weighted sum below is partial over TP until the final reduction: sum the
+            # affinities' gradient over TP so the router sees the whole of it
+            probs = copy_to_tensor_model_parallel_region(probs)
+        b, s, h = full.shape
+        tokens = full.reshape(b * s, h)
+        probs = probs.reshape(b * s, -1)
+        logits = logits.reshape(b * s, -1)
+        with torch.no_grad():
+            index = self.router.choose(probs.detach(), logits.detach())
+        weights, kept = self.route(probs, index, b, s)
+        token_ids = torch.arange(b * s, device=tokens.device).unsqueeze(1).expand_as(index)[kept]
+        expert_ids, weights = index[kept], weights[kept]
+        groups = expert_parallel_groups()
+        grouped, plan = dispatch(tokens[token_ids], expert_ids, self.config.num_experts, groups.ep_size,
+                                 groups.ep_group)
+        out = combine(self.experts(grouped, plan.local_counts), plan)
+        out = torch.zeros_like(tokens).index_add(0, token_ids, out * weights.unsqueeze(1).to(out.dtype))
+        out = out.view(b, s, h)
+        if sp:
+            out = reduce_scatter_to_sequence_parallel_region(out, 1)
+        else:
+            out = reduce_from_tensor_model_parallel_region(out)
+        return out, logits

@@ -1,0 +1,96 @@
+"""Routers: which experts each token goes to, and with which affinity.
+
+Both routers own one replicated ``weight`` ``[num_experts, hidden]`` (Hugging Face's
+``MixtralTopKRouter.weight`` / ``block_sparse_moe.gate.weight``) and return
+``(router_logits [T, E], expert_probs [T, E] fp32 softmax, expert_index [T, k])``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class _RouterBase(nn.Module):
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None, init_std: float | None = None) -> None:
+        super().__init__()
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
+        self.num_experts, self.top_k, self.hidden_size = num_experts, top_k, hidden_size
+        self.init_std = init_std
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype, device=device))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight.is_meta:
+            return
+        if self.init_std is None:
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        else:
+            nn.init.normal_(self.weight, 0.0, self.init_std)
+
+    def logits_and_probs(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(hidden_states, self.weight)
+        return logits, F.softmax(logits.float(), dim=-1)
+
+    def choose(self, probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """``[T, top_k]`` chosen experts (no gradient) from ``[T, E]`` probabilities and logits."""
+        raise NotImplementedError
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits, probs = self.logits_and_probs(hidden_states)
+        with torch.no_grad():
+            index = self.choose(probs.detach(), logits.detach())
+        return logits, probs, index
+
+
+class RouterTopK(_RouterBase):
+    """Each token goes to its ``top_k`` most probable experts (train with the load-balancing loss)."""
+
+    def choose(self, probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return torch.topk(probs, self.top_k, dim=-1).indices
+
+
+class RouterSinkhorn(_RouterBase):
+    """Top-1 routing where, in training, the expert choice is balanced by a fixed number of Sinkhorn
+    iterations on ``exp(logits)`` (Megatron/NxD); affinities are still the plain softmax. Evaluation
+    routes by the raw logits."""
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, sinkhorn_iterations: int = 30,
+                 **kwargs: object) -> None:
+        if top_k != 1:
+            raise ValueError("RouterSinkhorn routes top-1 only (as NxD's RouterSinkhorn)")
+        super().__init__(num_experts, top_k, hidden_size, **kwargs)
+        self.sinkhorn_iterations = sinkhorn_iterations
+
+    def choose(self, probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        scores = sinkhorn(logits.float(), self.sinkhorn_iterations) if self.training else logits
+        return scores.argmax(dim=-1, keepdim=True)
+
+
+def sinkhorn(cost: torch.Tensor, num_iters: int, eps: float = 1e-8) -> torch.Tensor:
+    """Balance ``exp(cost)`` ``[T, E]`` towards equal row and column sums with ``num_iters``
+    alternating normalisations (not run to convergence, as in Megatron-LM and NxD)."""
+    if num_iters == 0:
+        return cost
+    cost = torch.exp(cost)
+    d0 = torch.ones(cost.shape[0], dtype=cost.dtype, device=cost.device)
+    d1 = torch.ones(cost.shape[1], dtype=cost.dtype, device=cost.device)
+    for _ in range(num_iters):
+        d0 = (1.0 / d0.numel()) / ((d1 * cost).sum(1) + eps)
+        d1 = (1.0 / d1.numel()) / ((d0.unsqueeze(1) * cost).sum(0) + eps)
+    return d1 * cost * d0.unsqueeze(1)
+
+
+def make_router(routing_algorithm: str, num_experts: int, top_k: int, hidden_size: int,
+                sinkhorn_iterations: int = 30, **kwargs: object) -> nn.Module:
+    """``"top_k"`` -> :class:`RouterTopK`, ``"sinkhorn"`` -> :class:`RouterSinkhorn`."""
+    if routing_algorithm == "top_k":
+        return RouterTopK(num_experts, top_k, hidden_size, **kwargs)
+    if routing_algorithm == "sinkhorn":
+        return RouterSinkhorn(num_experts, top_k, hidden_size, sinkhorn_iterations=sinkhorn_iterations, **kwargs)
+    raise ValueError(f"routing_algorithm must be 'top_k' or 'sinkhorn', got {routing_algorithm!r}")

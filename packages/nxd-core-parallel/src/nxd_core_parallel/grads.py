@@ -78,6 +78,32 @@ def allreduce_sequence_parallel_gradients(parameters: Any) -> None:
     _allreduce_flat(grads, parallel_state.get_tensor_model_parallel_group(), average=False, cap_bytes=BUCKET_CAP_BYTES)
 
 
+def is_expert_parallel(param: torch.Tensor) -> bool:
+    """Whether ``param`` is split over an expert-parallel group (``expert_model_parallel=True``, set
+    by nxd-moe's experts): each EP rank holds different experts, so its gradient is reduced over the
+    expert-data-parallel group (``param.expert_data_parallel_group``), not the data-parallel group."""
+    return bool(getattr(param, "expert_model_parallel", False))
+
+
+def allreduce_expert_parallel_gradients(parameters: Any) -> None:
+    """Gradients of expert-parallel parameters: sum over their expert-data-parallel group and divide
+    by the data-parallel size. Each expert already received (through the all-to-all backward) the
+    gradient from every EP rank's tokens, so this is the mean over all DP ranks' losses, exactly what
+    the DP average gives a replicated parameter."""
+    if not parallel_state.model_parallel_is_initialized():
+        return
+    by_group: dict[int, tuple[Any, list[torch.Tensor]]] = {}
+    for p in _as_list(parameters):
+        if is_expert_parallel(p) and p.grad is not None:
+            group = p.expert_data_parallel_group
+            by_group.setdefault(id(group), (group, []))[1].append(p.grad)
+    dp = parallel_state.get_data_parallel_size()
+    for group, grads in by_group.values():
+        _allreduce_flat(grads, group, average=False, cap_bytes=BUCKET_CAP_BYTES)
+        for g in grads:
+            g.div_(dp)
+
+
 def _counted_on_this_rank(param: torch.Tensor) -> bool:
     """Whether this rank owns ``param``'s gradient for the norm: replicated parameters count on
     TP rank 0 only; GQA KV weights replicated ``m`` times count on the first rank of each block
@@ -111,9 +137,14 @@ def get_grad_norm(parameters: Any, norm_type: float = 2) -> torch.Tensor:
     device = params[0].grad.device if params else torch.device("cpu")
     initialized = parallel_state.model_parallel_is_initialized()
     pieces: list[tuple[torch.Tensor, bool]] = []
+    expert_pieces: dict[int, tuple[Any, list[tuple[torch.Tensor, bool]]]] = {}
     for p in params:
         grad = p.grad.detach()
-        if initialized and getattr(p, "fused_splits", None) is not None:
+        if initialized and is_expert_parallel(p):
+            # different experts on each EP rank: their norms add up over the EP group
+            group = p.expert_model_parallel_group
+            expert_pieces.setdefault(id(group), (group, []))[1].append((grad, _counted_on_this_rank(p)))
+        elif initialized and getattr(p, "fused_splits", None) is not None:
             pieces.extend(_fused_pieces(p, grad))
         else:
             pieces.append((grad, _counted_on_this_rank(p) if initialized else True))
@@ -128,6 +159,15 @@ def get_grad_norm(parameters: Any, norm_type: float = 2) -> torch.Tensor:
             if counted:
                 local = local + grad.float().norm(norm_type) ** norm_type
         op = dist.ReduceOp.SUM
+    for group, group_pieces in expert_pieces.values():
+        part = torch.zeros((), dtype=torch.float32, device=device)
+        for grad, counted in group_pieces:
+            if norm_type == math.inf:
+                part = torch.maximum(part, grad.abs().max().float())
+            elif counted:
+                part = part + grad.float().norm(norm_type) ** norm_type
+        dist.all_reduce(part, op=op, group=group)
+        local = torch.maximum(local, part) if norm_type == math.inf else local + part
     if initialized:
         for size, group in ((parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_group()),
                             (parallel_state.get_pipeline_model_parallel_size(), parallel_state.get_pipeline_model_parallel_group())):

@@ -10,7 +10,13 @@ import torch
 from torch import nn
 
 from nxd_core_parallel import dp_overlap, parallel_state
-from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients, bucket_allreduce_gradients, clip_grad_norm
+from nxd_core_parallel.grads import (
+    allreduce_expert_parallel_gradients,
+    allreduce_sequence_parallel_gradients,
+    bucket_allreduce_gradients,
+    clip_grad_norm,
+    is_expert_parallel,
+)
 
 
 def _loss_of(output: Any) -> torch.Tensor:
@@ -144,7 +150,9 @@ class NxDOptimizer(torch.optim.Optimizer):
         if overlap_grad_sync:
             sp = nxd_config.get("sequence_parallel", False)
             # SP-tagged grads keep the after-backward order (TP sum, then DP average) in step().
-            params = [p for p in self._params() if not (sp and getattr(p, "sequence_parallel_enabled", False))]
+            # SP-tagged and expert-parallel grads are reduced in step() (expert ones over their own group)
+            params = [p for p in self._params() if not (sp and getattr(p, "sequence_parallel_enabled", False))
+                      and not is_expert_parallel(p)]
             self._reducer = dp_overlap.OverlappedGradReducer(
                 params, parallel_state.get_data_parallel_group(), bucket_cap_bytes=bucket_cap_bytes,
                 first_bucket_cap_bytes=min(dp_overlap.FIRST_BUCKET_CAP_BYTES, bucket_cap_bytes))
@@ -193,6 +201,8 @@ class NxDOptimizer(torch.optim.Optimizer):
         params = self._params()
         if self.nxd_config.get("sequence_parallel", False):
             allreduce_sequence_parallel_gradients(params)
+        allreduce_expert_parallel_gradients(params)
+        params = [p for p in params if not is_expert_parallel(p)]
         if parallel_state.model_parallel_is_initialized() and parallel_state.get_data_parallel_size() > 1:
             if self._reducer is None:
                 bucket_allreduce_gradients([p.grad for p in params if p.grad is not None])

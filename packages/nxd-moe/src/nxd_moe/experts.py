@@ -27,7 +27,7 @@ class ExpertMLPs(nn.Module):
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, tp_size: int = 1,
-                 ep_size: int = 1, ep_rank: int = 0, dtype: torch.dtype = torch.float32,
+                 ep_size: int = 1, ep_rank: int = 0, ep_group: object = None, edp_group: object = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, init_std: float = 0.02) -> None:
         super().__init__()
         if num_experts % ep_size:
@@ -45,6 +45,9 @@ class ExpertMLPs(nn.Module):
         tp_sharded = tp_size > 1
         for param, dim in ((self.gate_up_proj, 1), (self.down_proj, 2)):
             param.expert_model_parallel = ep_size > 1
+            if ep_size > 1:  # the groups nxd-core-parallel's grad sync and clipping use for these
+                param.expert_model_parallel_group = ep_group
+                param.expert_data_parallel_group = edp_group
             param.tensor_model_parallel = tp_sharded
             param.partition_dim = dim
             param.partition_stride = 1

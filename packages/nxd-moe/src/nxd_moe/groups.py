@@ -29,6 +29,8 @@ class ExpertParallelGroups:
     edp_group: Any
     edp_ranks: list[int]
     dp_size: int
+    tp_size: int = 1
+    pp_size: int = 1
 
 
 _GROUPS: ExpertParallelGroups | None = None
@@ -42,16 +44,16 @@ def initialize_expert_parallel(expert_model_parallel_size: int = 1) -> ExpertPar
     dp = parallel_state.get_data_parallel_size()
     if ep < 1 or dp % ep:
         raise ConfigError(f"expert_model_parallel_size ({ep}) must be >= 1 and divide the data-parallel size ({dp})")
-    if _GROUPS is not None and _GROUPS.ep_size == ep and _GROUPS.dp_size == dp:
+    tp, pp = parallel_state.get_tensor_model_parallel_size(), parallel_state.get_pipeline_model_parallel_size()
+    if _GROUPS is not None and (_GROUPS.ep_size, _GROUPS.dp_size, _GROUPS.tp_size, _GROUPS.pp_size) == (ep, dp, tp, pp):
         return _GROUPS
     rank = dist.get_rank() if dist.is_initialized() else 0
     if ep == 1:
         dp_group = parallel_state.get_data_parallel_group() if parallel_state.model_parallel_is_initialized() else None
         dp_ranks = parallel_state.get_data_parallel_ranks() if parallel_state.model_parallel_is_initialized() else [rank]
         _GROUPS = ExpertParallelGroups(1, 0, None, [rank], dp, parallel_state.get_data_parallel_rank(), dp_group,
-                                       dp_ranks, dp)
+                                       dp_ranks, dp, tp, pp)
         return _GROUPS
-    tp, pp = parallel_state.get_tensor_model_parallel_size(), parallel_state.get_pipeline_model_parallel_size()
     edp = dp // ep
     mine: dict[str, tuple[Any, list[int]]] = {}
     for p in range(pp):
@@ -65,14 +67,15 @@ def initialize_expert_parallel(expert_model_parallel_size: int = 1) -> ExpertPar
                         mine[name] = (group, ranks)
     d = parallel_state.get_data_parallel_rank()
     _GROUPS = ExpertParallelGroups(ep, d % ep, mine["ep"][0], mine["ep"][1], edp, d // ep, mine["edp"][0],
-                                   mine["edp"][1], dp)
+                                   mine["edp"][1], dp, tp, pp)
     return _GROUPS
 
 
 def expert_parallel_groups() -> ExpertParallelGroups:
     """The current groups (EP=1 when :func:`initialize_expert_parallel` has not run)."""
-    if _GROUPS is None or (parallel_state.model_parallel_is_initialized()
-                           and _GROUPS.dp_size != parallel_state.get_data_parallel_size()):
+    current = (parallel_state.get_data_parallel_size(), parallel_state.get_tensor_model_parallel_size(),
+               parallel_state.get_pipeline_model_parallel_size())
+    if _GROUPS is None or (_GROUPS.dp_size, _GROUPS.tp_size, _GROUPS.pp_size) != current:
         return initialize_expert_parallel(1)
     return _GROUPS
 

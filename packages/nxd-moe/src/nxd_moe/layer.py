@@ -57,7 +57,8 @@ class MoELayer(nn.Module):
             # and the optimizer sums it over TP (like norm weights)
             self.router.weight.sequence_parallel_enabled = True
         self.experts = ExpertMLPs(self.config.num_experts, hidden_size, intermediate_size, tp_size=tp,
-                                  ep_size=groups.ep_size, ep_rank=groups.ep_rank, dtype=dtype, device=device,
+                                  ep_size=groups.ep_size, ep_rank=groups.ep_rank, ep_group=groups.ep_group,
+                                  edp_group=groups.edp_group, dtype=dtype, device=device,
                                   init_std=init_std)
 
     def route(self, probs: torch.Tensor, index: torch.Tensor, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:

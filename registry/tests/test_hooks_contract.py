@@ -103,7 +103,7 @@ class RecordingPlugin:
     @nxd.hookimpl
     def nxd_initialize_parallel(self, nxd_config):
         self.calls.append(("initialize_parallel", nxd_config["tensor_parallel_size"]))
-        return True
+        return _world_context()
 
     @nxd.hookimpl
     def nxd_build_model(self, nxd_config, model_fn, model_args, model_kwargs):
@@ -124,6 +124,19 @@ class RecordingPlugin:
     @nxd.hookimpl
     def nxd_checkpoint_extras(self, model, path, tag, phase):
         self.calls.append(("checkpoint_extras", type(model).__name__, path, tag, phase))
+
+
+def _world_context() -> nxd.parallel.ParallelContext:
+    """Every rank one tensor-parallel group: the smallest context a toy runtime can return."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    ranks = tuple(range(world))
+
+    def dim(name: str, size: int) -> nxd.parallel.ParallelDim:
+        mine = ranks if size > 1 else (rank,)
+        return nxd.parallel.ParallelDim(name, size, mine.index(rank), mine, dist.group.WORLD if size > 1 else None)
+
+    dims = {name: dim(name, world if name == "tp" else 1) for name in nxd.parallel.DIMENSIONS}
+    return nxd.parallel.ParallelContext(world, rank, None, torch.device("cpu"), nxd.parallel.DEFAULT_TIMEOUT, **dims)
 
 
 class SecondWrapper:
@@ -189,11 +202,13 @@ def _initialize_parallel_on_rank() -> list:
     plugin = RecordingPlugin()
     nxd.register_plugin(plugin, name="recording", distribution="tests")
     nxd.neuronx_distributed_config(tensor_parallel_size=2)
-    return [call for call in plugin.calls if call[0] == "initialize_parallel"] + [dist.get_world_size()]
+    context = nxd.parallel.get_parallel_context()
+    nxd.parallel.set_parallel_context(None)
+    return [call for call in plugin.calls if call[0] == "initialize_parallel"] + [dist.get_world_size(), context.tp.size]
 
 
 def test_initialize_parallel_runs_when_distributed_is_up(rank_pool):
-    assert rank_pool(2).run(_initialize_parallel_on_rank) == [[("initialize_parallel", 2), 2]] * 2
+    assert rank_pool(2).run(_initialize_parallel_on_rank) == [[("initialize_parallel", 2), 2, 2]] * 2
 
 
 def test_docs_describe_every_hook(repo_root):

@@ -279,3 +279,26 @@ def test_rank_layout_four_ranks(rank_pool):
     res = rank_pool(4).run(layout_body, 2, 1)
     assert [r["dp"][2] for r in res] == [[0, 2], [1, 3], [0, 2], [1, 3]]
     assert [r["dp"][0] for r in res] == [0, 0, 1, 1]
+
+
+def context_body(tp: int) -> dict:
+    nxd.neuronx_distributed_config(tensor_parallel_size=tp)
+    ctx = nxd.get_parallel_context()
+    return {
+        "sizes": ctx.sizes(), "coords": ctx.coordinates(), "device": str(ctx.device), "backend": ctx.backend.name,
+        "timeout": ctx.timeout == nxd.parallel.DEFAULT_TIMEOUT,
+        # size-1 dimensions share one singleton group rather than creating one each
+        "shared_singletons": ctx.cp.group is ctx.ep.group,
+        "facade": (ps.get_context_model_parallel_size(), ps.get_expert_model_parallel_size(),
+                   ps.get_expert_data_parallel_group(as_list=True), ps.get_context_model_parallel_group(as_list=True)),
+        "current_backend": backends.current_backend() is ctx.backend,
+    }
+
+
+def test_parallel_context_carries_every_dimension(rank_pool, monkeypatch):
+    r0, r1 = rank_pool(2).run(context_body, 1)
+    assert r0["sizes"] == {"tp": 1, "cp": 1, "dp": 2, "pp": 1, "ep": 1, "edp": 2, "dp_cp": 2}
+    assert r1["coords"] == {"tp": 0, "cp": 0, "dp": 1, "pp": 0, "ep": 0, "edp": 1, "dp_cp": 1}
+    assert r0["device"] == "cpu" and r0["backend"] == "cpu" and r0["timeout"] and r0["current_backend"]
+    assert r0["shared_singletons"]
+    assert r0["facade"] == (1, 1, [0, 1], [0]) and r1["facade"] == (1, 1, [0, 1], [1])

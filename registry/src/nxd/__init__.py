@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from nxd import parallel
 from nxd.components import Command
 from nxd.config import neuronx_distributed_config
 from nxd.errors import ComponentNotFound, ConfigError, NxdError, PluginError
@@ -26,6 +27,7 @@ from nxd.lookup import (
     get_storage,
     list_components,
 )
+from nxd.parallel import ParallelContext, ParallelDim, current_parallel_context, get_parallel_context
 from nxd.plugins import register_plugin
 from nxd.trainer import (
     finalize_checkpoint,
@@ -37,7 +39,8 @@ from nxd.trainer import (
 )
 
 __all__ = [
-    "PLUGIN_API_VERSION", "Command", "ComponentNotFound", "ConfigError", "NxdError", "PluginError",
+    "PLUGIN_API_VERSION", "Command", "ComponentNotFound", "ConfigError", "NxdError", "ParallelContext", "ParallelDim",
+    "PluginError", "current_parallel_context", "get_parallel_context", "parallel",
     "finalize_checkpoint", "get_adapter", "get_backend", "get_checkpoint_format", "get_checkpointer",
     "get_command", "get_component", "get_data_module", "get_model", "get_optimizer", "get_schedule",
     "get_storage", "has_checkpoint", "hookimpl", "hookspec", "initialize_parallel_model",

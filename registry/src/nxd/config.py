@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from nxd.errors import ComponentNotFound, ConfigError
+from nxd.errors import ComponentNotFound, ConfigError, PluginError
 from nxd.lookup import get_component
+from nxd.parallel import ParallelContext, current_parallel_context, set_parallel_context
 from nxd.plugins import state
 
 DEFAULT_OPTIMIZER_CONFIG: dict[str, Any] = {"zero_one_enabled": False, "grad_clipping": True, "max_grad_norm": 1.0}
@@ -87,8 +88,10 @@ def neuronx_distributed_config(
     """
     tp = _positive_int("tensor_parallel_size", tensor_parallel_size)
     pp = _positive_int("pipeline_parallel_size", pipeline_parallel_size)
-    for field, value in (("expert_parallel_size", expert_parallel_size), ("context_parallel_size", context_parallel_size)):
-        if _positive_int(field, value) != 1:
+    ep = _positive_int("expert_parallel_size", expert_parallel_size)
+    cp = _positive_int("context_parallel_size", context_parallel_size)
+    for field, value in (("expert_parallel_size", ep), ("context_parallel_size", cp)):
+        if value != 1:
             raise ConfigError(f"{field}={value} is not supported by nxd yet; use 1")
     _positive_int("lnc_size", lnc_size)
     optimizer = _merge("optimizer_config", optimizer_config, DEFAULT_OPTIMIZER_CONFIG)
@@ -123,8 +126,8 @@ def neuronx_distributed_config(
         "model_init_config": model_init,
         "lora_config": lora_config,
         "mixed_precision_config": dict(mixed_precision_config) if mixed_precision_config else None,
-        "expert_parallel_size": 1,
-        "context_parallel_size": 1,
+        "expert_parallel_size": ep,
+        "context_parallel_size": cp,
         "lnc_size": lnc_size,
         CONFIG_MARKER: 1,
     }
@@ -147,14 +150,22 @@ def _require_plugins(config: dict) -> None:
         get_component("adapter", "lora", need="lora_config")
 
 
-def initialize_parallel(config: dict) -> None:
-    """Set up process groups for ``config`` through the ``nxd_initialize_parallel`` hook."""
-    handled = state().pm.hook.nxd_initialize_parallel(nxd_config=config)
-    if not handled:
+def initialize_parallel(config: dict) -> ParallelContext:
+    """Set up process groups for ``config`` through the ``nxd_initialize_parallel`` hook and make
+    the returned :class:`~nxd.parallel.ParallelContext` current."""
+    context = state().pm.hook.nxd_initialize_parallel(nxd_config=config)
+    if context is None:
         raise ComponentNotFound(
             "setting up tensor/pipeline/data parallel groups needs a parallel runtime plugin: "
             "pip install nxd-core-parallel"
         )
+    if not isinstance(context, ParallelContext):
+        raise PluginError(
+            f"nxd_initialize_parallel must return the nxd.parallel.ParallelContext it built, got {type(context).__name__}"
+        )
+    if current_parallel_context() is not context:
+        set_parallel_context(context)
+    return context
 
 
 def check_config(nxd_config: Any) -> dict:

@@ -91,9 +91,9 @@ def nxd_register_commands(registry: Any) -> None:
 # --------------------------------------------------------------------------- lifecycle hooks
 @hookspec(firstresult=True)
 def nxd_initialize_parallel(nxd_config: dict) -> Any:
-    """Set up process groups and parallel state for ``nxd_config`` (called by
-    ``neuronx_distributed_config`` when ``torch.distributed`` is initialized). Return a truthy
-    value when handled."""
+    """Set up the process groups of every parallel dimension for ``nxd_config`` (called by
+    ``neuronx_distributed_config`` when ``torch.distributed`` is initialized) and return the
+    :class:`nxd.parallel.ParallelContext` built; the core makes it current."""
 
 
 @hookspec(firstresult=True)

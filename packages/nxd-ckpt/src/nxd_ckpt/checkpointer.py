@@ -8,6 +8,7 @@ from typing import Any
 import torch.distributed as dist
 
 import nxd.trainer
+from nxd.parallel import process_group_timeout
 from nxd_ckpt.errors import CheckpointError
 from nxd_ckpt.layout import checkpoint_dir, newest_complete_tag, validate_tag
 from nxd_ckpt.load import Reader, load_model, load_optimizer, restore_rng
@@ -79,7 +80,7 @@ class Checkpointer:
         if not (dist.is_available() and dist.is_initialized()):
             return None
         if self._side_group is None:
-            self._side_group = dist.new_group(backend="gloo")
+            self._side_group = dist.new_group(backend="gloo", timeout=process_group_timeout())
         return self._side_group
 
     # ------------------------------------------------------------------ load

@@ -1,4 +1,4 @@
-"""This rank's place in the (TP, DP, PP) layout, read from nxd-core-parallel's parallel_state.
+"""This rank's place in the (TP, DP, PP) layout, read from the core's parallel context.
 
 Without model parallelism initialised every rank is a data-parallel replica (TP = PP = 1); without
 torch.distributed there is one rank.
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
+
+from nxd import current_parallel_context
 
 
 @dataclass(frozen=True)
@@ -31,26 +33,15 @@ class Topology:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "world": self.world}
 
 
-def _parallel_state() -> Any:
-    try:
-        from nxd_core_parallel import parallel_state
-    except ImportError:
-        return None
-    return parallel_state if parallel_state.model_parallel_is_initialized() else None
-
-
 def current_topology() -> Topology:
     if not (dist.is_available() and dist.is_initialized()):
         return Topology(0, 1, 1, 1, 1, 0, 0, 0)
     rank, world = dist.get_rank(), dist.get_world_size()
-    ps = _parallel_state()
-    if ps is None:
+    context = current_parallel_context()
+    if context is None:
         return Topology(rank, world, 1, 1, world, 0, 0, rank)
-    return Topology(
-        rank, world,
-        ps.get_tensor_model_parallel_size(), ps.get_pipeline_model_parallel_size(), ps.get_data_parallel_size(),
-        ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank(),
-    )
+    return Topology(rank, world, context.tp.size, context.pp.size, context.dp.size,
+                    context.tp.rank, context.pp.rank, context.dp.rank)
 
 
 def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:

@@ -1,8 +1,9 @@
 """Device backends: where tensors live, which process-group backend to use, how to synchronise.
 
-``cpu`` (gloo) is the default; ``cuda`` (NCCL) when the default process group uses NCCL or a GPU
-is present; ``xla`` (torch-xla, incl. Neuron) when selected with ``NXD_BACKEND=xla``. The
-environment variable ``NXD_BACKEND`` always wins.
+The backend in use is the parallel context's (``nxd.get_parallel_context().backend``: the registered
+backend whose ``process_group_backend`` the default process group runs). Before a context exists
+it follows the default process group the same way, ``cpu`` without one; a user may pin it with
+``NXD_BACKEND`` (e.g. ``xla`` for the XLA smoke test). Every lookup goes through ``nxd.get_backend``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import os
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+import nxd
 
 
 class CpuBackend:
@@ -86,21 +88,17 @@ BACKENDS: dict[str, Any] = {"cpu": CpuBackend(), "cuda": CudaBackend(), "xla": X
 
 
 def current_backend() -> Any:
-    """The backend in use: ``NXD_BACKEND`` if set, else follow the default process group
-    (NCCL -> cuda), else cpu."""
+    """The backend in use: the parallel context's; else ``NXD_BACKEND`` if the user set it; else
+    the one the default process group uses (NCCL -> cuda); else cpu."""
+    context = nxd.current_parallel_context()
+    if context is not None and context.backend is not None:
+        return context.backend
     chosen = os.environ.get("NXD_BACKEND")
     if chosen:
-        if chosen not in BACKENDS:
-            raise ValueError(f"NXD_BACKEND={chosen!r} is not a backend; valid: {', '.join(BACKENDS)}")
-        return BACKENDS[chosen]
-    if dist.is_available() and dist.is_initialized():
-        pg = dist.get_backend()
-        if "nccl" in pg:
-            return BACKENDS["cuda"]
-        if "xla" in pg:
-            return BACKENDS["xla"]
-        return BACKENDS["cpu"]
-    return BACKENDS["cpu"]
+        if chosen not in nxd.list_components("backend"):
+            raise ValueError(f"NXD_BACKEND={chosen!r} is not a backend; valid: {', '.join(nxd.list_components('backend'))}")
+        return nxd.get_backend(chosen)
+    return nxd.parallel.backend_for_process_group()
 
 
 def get_device() -> torch.device:

@@ -31,10 +31,14 @@ def default_optimizer(nxd_config: dict, optimizer_class: type, parameters: Any, 
 
 @nxd.hookimpl
 def nxd_initialize_parallel(nxd_config: dict) -> Any:
+    """Build (or keep, when the sizes match) the parallel context and return it."""
     from nxd_core_parallel import parallel_state
 
-    parallel_state.initialize_model_parallel(nxd_config["tensor_parallel_size"], nxd_config["pipeline_parallel_size"])
-    return True
+    parallel_state.initialize_model_parallel(
+        nxd_config["tensor_parallel_size"], nxd_config["pipeline_parallel_size"],
+        nxd_config.get("expert_parallel_size", 1), context_parallel_size=nxd_config.get("context_parallel_size", 1),
+    )
+    return nxd.parallel.get_parallel_context()
 
 
 @nxd.hookimpl

@@ -1,34 +1,24 @@
-"""Which processes form this rank's pipeline, from nxd-core-parallel's parallel state when it is
-initialised, else the default group (every rank one stage: tests and scripts without TP/DP)."""
+"""Which processes form this rank's pipeline, from the core's parallel context when model
+parallelism is initialised, else the default group (every rank one stage: tests and scripts
+without TP/DP)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch.distributed as dist
 
+from nxd import current_parallel_context
 from nxd.errors import ConfigError
+from nxd.parallel import process_group_timeout
 from nxd_pipeline.comm import PipelineGroup
-
-
-def _parallel_state() -> Any | None:
-    try:
-        from nxd_core_parallel import parallel_state
-    except ImportError:
-        return None
-    is_init = getattr(parallel_state, "model_parallel_is_initialized", None)
-    return parallel_state if is_init is not None and is_init() else None
 
 
 def pipeline_group(pp_size: int) -> PipelineGroup:
     """This rank's pipeline group; checks it has ``pp_size`` ranks."""
     if not dist.is_initialized():
         raise ConfigError(f"pipeline_parallel_size={pp_size} needs torch.distributed to be initialised (torchrun)")
-    state = _parallel_state()
-    if state is not None:
-        group = state.get_pipeline_model_parallel_group()
-        ranks = tuple(dist.get_process_group_ranks(group))
-        rank = state.get_pipeline_model_parallel_rank()
+    context = current_parallel_context()
+    if context is not None:
+        group, ranks, rank = context.pp.group, context.pp.ranks, context.pp.rank
     else:
         group, ranks, rank = None, tuple(range(dist.get_world_size())), dist.get_rank()
     if len(ranks) != pp_size:
@@ -41,9 +31,12 @@ def pipeline_group(pp_size: int) -> PipelineGroup:
 
 def all_pipeline_rank_lists(pg: PipelineGroup) -> list[tuple[int, ...]]:
     """The global ranks of every pipeline group of the job (NxD layout: pipeline outermost)."""
-    world = dist.get_world_size()
-    stride = world // pg.size
-    groups = [tuple(i + k * stride for k in range(pg.size)) for i in range(stride)]
+    context = current_parallel_context()
+    if context is not None:
+        groups = list(context.pp.all_ranks)
+    else:
+        stride = dist.get_world_size() // pg.size
+        groups = [tuple(i + k * stride for k in range(pg.size)) for i in range(stride)]
     if pg.ranks not in groups:
         raise RuntimeError(f"pipeline group {pg.ranks} does not follow the pipeline-outermost rank layout")
     return groups
@@ -55,14 +48,12 @@ def subgroup(pg: PipelineGroup, pp_ranks: tuple[int, ...]) -> dist.ProcessGroup 
     mine = None
     for ranks in all_pipeline_rank_lists(pg):
         members = [ranks[i] for i in pp_ranks]
-        group = dist.new_group(members)
+        group = dist.new_group(members, timeout=process_group_timeout())
         if dist.get_rank() in members:
             mine = group
     return mine
 
 
 def data_parallel_group() -> dist.ProcessGroup | None:
-    state = _parallel_state()
-    if state is None:
-        return None
-    return state.get_data_parallel_group()
+    context = current_parallel_context()
+    return None if context is None else context.dp.group

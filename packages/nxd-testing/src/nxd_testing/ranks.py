@@ -58,10 +58,9 @@ def _load_function(file: str, qualname: str) -> Callable[..., Any]:
 
 def _reset_parallel_state() -> None:
     # Bodies may leave model-parallel groups behind; drop them so the next body starts clean.
-    # Looked up in sys.modules so the pool works without any nxd plugin installed.
-    state = sys.modules.get("nxd_core_parallel.parallel_state")
-    if state is not None and state.model_parallel_is_initialized():
-        state.destroy_model_parallel()
+    from nxd.parallel import destroy_parallel_context
+
+    destroy_parallel_context()
 
 
 def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any, timeout: float, env: dict) -> None:

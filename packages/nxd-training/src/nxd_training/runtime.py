@@ -4,25 +4,25 @@ from __future__ import annotations
 
 import os
 import random
-from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+import nxd
 from nxd import ConfigError
+from nxd.parallel import DEFAULT_TIMEOUT
 from nxd_training.config.schema import TrainingConfig
 
 
 def select_backend(config: TrainingConfig) -> str:
-    """``trainer.accelerator`` -> the nxd backend name; exported as ``NXD_BACKEND`` for this
-    process (the config, not the caller's environment, decides)."""
+    """``trainer.accelerator`` -> the nxd backend name. The process group starts with that
+    backend's ``process_group_backend``, and the parallel context picks the backend from it."""
     choice = config.trainer.accelerator
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
         raise ConfigError("trainer.accelerator=cuda but no CUDA device is visible; use cpu or auto")
-    os.environ["NXD_BACKEND"] = choice
     return choice
 
 
@@ -36,14 +36,14 @@ def ensure_process_group(world_size: int, backend: str) -> bool:
                 "(trainer.devices x trainer.num_nodes)"
             )
         return False
-    pg_backend = {"cpu": "gloo", "cuda": "nccl", "xla": "xla"}[backend]
+    pg_backend = nxd.get_backend(backend).process_group_backend
     if world_size == 1 and "RANK" not in os.environ:
         dist.init_process_group(pg_backend, store=dist.HashStore(), rank=0, world_size=1)
         return True
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
     if env_world != world_size:
         raise ConfigError(f"launched with WORLD_SIZE={env_world} but the config asks for {world_size} ranks")
-    dist.init_process_group(pg_backend, timeout=timedelta(minutes=10))
+    dist.init_process_group(pg_backend, timeout=DEFAULT_TIMEOUT)
     return True
 
 

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch.distributed as dist
 
+from nxd import current_parallel_context
+from nxd.parallel import process_group_timeout
 
-def _parallel_state() -> Any | None:
-    """nxd-core-parallel's parallel_state when it is initialised, else None."""
-    try:
-        ps = importlib.import_module("nxd_core_parallel.parallel_state")
-    except ImportError:
-        return None
-    return ps if ps.model_parallel_is_initialized() else None
+_DEFAULT_DIMS = {"data": "dp", "tensor": "tp", "pipeline": "pp"}
 
 
 def resolve_group(spec: Any, default: str) -> Any:
@@ -26,19 +21,16 @@ def resolve_group(spec: Any, default: str) -> Any:
     global ranks (every rank must pass the same lists; a group is created per list and this
     rank's is returned).
     """
+    context = current_parallel_context()
     if spec is None:
-        ps = _parallel_state()
-        if default == "data":
-            return ps.get_data_parallel_group() if ps is not None else dist.group.WORLD
-        if ps is None:
-            return None
-        return ps.get_tensor_model_parallel_group() if default == "tensor" else ps.get_pipeline_model_parallel_group()
+        if context is None:
+            return dist.group.WORLD if default == "data" else None
+        return context.dim(_DEFAULT_DIMS[default]).group
     if isinstance(spec, (list, tuple)) and spec and all(isinstance(r, int) for r in spec):
         # parallel_state's ``as_list=True`` form: this rank's own group as a list of ranks
-        ps = _parallel_state()
-        for kind in ("data", "tensor_model", "pipeline_model"):
-            if ps is not None and list(getattr(ps, f"get_{kind}_parallel_group")(as_list=True)) == list(spec):
-                return getattr(ps, f"get_{kind}_parallel_group")()
+        for name in ("dp", "tp", "pp"):
+            if context is not None and list(context.dim(name).ranks) == list(spec):
+                return context.dim(name).group
         raise ValueError(f"rank list {list(spec)} is not one of parallel_state's DP/TP/PP groups; pass a "
                          "ProcessGroup or a list of lists of ranks (one per group) instead")
     if isinstance(spec, (list, tuple)):
@@ -46,7 +38,7 @@ def resolve_group(spec: Any, default: str) -> Any:
             raise ValueError(f"a rank-list group spec must be a list of lists of global ranks, got {spec!r}")
         me, mine = dist.get_rank(), None
         for ranks in spec:
-            group = dist.new_group([int(r) for r in ranks])
+            group = dist.new_group([int(r) for r in ranks], timeout=process_group_timeout())
             if me in ranks:
                 mine = group
         if mine is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients
 from nxd_zero1 import checkpoint as _ckpt
 from nxd_zero1.groups import backend_name, group_rank, group_size, resolve_group
 from nxd_zero1.layout import FlatLayout, flatten_into
@@ -253,8 +253,7 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         if not sp or group_size(self.grad_norm_group) == 1:
             return
         if not any(hasattr(p, "main_grad") for p in sp):
-            grads = importlib.import_module("nxd_core_parallel.grads")
-            grads.allreduce_sequence_parallel_gradients(sp)
+            allreduce_sequence_parallel_gradients(sp)
             return
         bufs = [p.main_grad for p in sp]
         flat = torch.cat([b.reshape(-1) for b in bufs])

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+import nxd
 from nxd import ConfigError
 from nxd.config import check_config
 from nxd_training.lightning.checkpoint_io import NeuronCheckpointIO
@@ -77,7 +78,7 @@ class NxDStrategy(DDPStrategy):
     def _get_process_group_backend(self) -> str:
         if self._process_group_backend:
             return self._process_group_backend
-        return {"cuda": "nccl", "xla": "xla"}.get(self.root_device.type, "gloo")
+        return nxd.get_backend(self.root_device.type).process_group_backend
 
     def set_world_ranks(self) -> None:
         if isinstance(self.cluster_environment, ProcessGroupEnvironment):

@@ -1,0 +1,65 @@
+"""Build the :class:`nxd.parallel.ParallelContext`: NxD's rank layout turned into process groups."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from nxd.parallel import DEFAULT_TIMEOUT, ParallelContext, ParallelDim, kv_shared_layout, rank_layout
+
+
+class _GroupMaker:
+    """Creates each distinct rank list's group once, with the configured timeout.
+
+    ``new_group`` is collective over the world: every rank creates every group, in the same order;
+    a dimension of size 1 re-uses the singleton groups another dimension already made.
+    """
+
+    def __init__(self, rank: int, timeout: timedelta) -> None:
+        self.rank, self.timeout = rank, timeout
+        self._made: dict[tuple[int, ...], Any] = {}
+
+    def dim(self, name: str, all_ranks: list[list[int]]) -> ParallelDim:
+        mine: ParallelDim | None = None
+        frozen = tuple(tuple(ranks) for ranks in all_ranks)
+        for ranks in frozen:
+            if ranks not in self._made:
+                self._made[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
+            if self.rank in ranks:
+                mine = ParallelDim(name, len(ranks), ranks.index(self.rank), ranks, self._made[ranks], frozen)
+        if mine is None:
+            raise RuntimeError(f"rank {self.rank} is in no {name} group of {all_ranks}")
+        return mine
+
+
+def build_parallel_context(
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    context_parallel_size: int = 1,
+    expert_model_parallel_size: int = 1,
+    *,
+    backend: Any = None,
+    timeout: timedelta | None = None,
+) -> ParallelContext:
+    """Create every group of every dimension. Collective: every rank calls it with the same sizes.
+
+    ``backend`` is a registered backend object (default: the one the default process group uses,
+    found through ``nxd.get_backend``); it supplies the device.
+    """
+    from nxd.parallel import backend_for_process_group
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("initialize_model_parallel needs torch.distributed.init_process_group() to have run first")
+    tp, pp = int(tensor_model_parallel_size), int(pipeline_model_parallel_size)
+    cp, ep = int(context_parallel_size), int(expert_model_parallel_size)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    layout = rank_layout(world, tp=tp, pp=pp, cp=cp, ep=ep)
+    backend = backend if backend is not None else backend_for_process_group()
+    timeout = timeout or DEFAULT_TIMEOUT
+    make = _GroupMaker(rank, timeout)
+    dims = {name: make.dim(name, layout[name]) for name in ("tp", "dp", "pp", "cp", "dp_cp", "ep", "edp")}
+    kv_shared = {m: make.dim("kv_shared", kv_shared_layout(layout["tp"], m)) for m in range(2, tp + 1) if tp % m == 0}
+    return ParallelContext(world_size=world, rank=rank, backend=backend, device=backend.device(), timeout=timeout,
+                           kv_shared=kv_shared, **dims)

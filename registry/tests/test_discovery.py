@@ -117,6 +117,9 @@ def test_missing_component_names_the_distribution_to_install():
         nxd.get_schedule("1f1b")
     with pytest.raises(nxd.ComponentNotFound, match="no data module named 'mystery' is installed; installed data modules: none"):
         nxd.get_data_module("mystery")
+    with pytest.raises(nxd.ComponentNotFound, match=r"model_alignment_strategy.dpo needs the workflow 'dpo': "
+                       r"pip install nxd-alignment"):
+        nxd.get_workflow("dpo", need="model_alignment_strategy.dpo")
 
 
 def test_in_process_registration():

@@ -89,6 +89,10 @@ class RecordingPlugin:
         registry.add("toy-data", "data")
 
     @nxd.hookimpl
+    def nxd_register_workflows(self, registry):
+        registry.add("toy-workflow", "workflow")
+
+    @nxd.hookimpl
     def nxd_register_commands(self, registry):
         registry.add("toy", nxd.Command(help="toy verb", add_arguments=lambda p: p.add_argument("--n", type=int),
                                         run=lambda args: self.calls.append(("command", args.n)) or 0))
@@ -160,8 +164,9 @@ def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
     nxd.register_plugin(SecondWrapper(), name="second", distribution="tests")
     for kind, name in [("backend", "toy-backend"), ("model", "toy-model"), ("pipeline_schedule", "1f1b"),
                        ("adapter", "lora"), ("checkpoint_format", "toy-format"), ("storage", "toy-storage"),
-                       ("data_module", "toy-data")]:
+                       ("data_module", "toy-data"), ("workflow", "toy-workflow")]:
         assert nxd.get_component(kind, name) is not None
+    assert nxd.get_workflow("toy-workflow") == "workflow"
 
     config = nxd.neuronx_distributed_config(tensor_parallel_size=1, pipeline_parallel_size=2)
     assert ("validate", 1) in plugin.calls

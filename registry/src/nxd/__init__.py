@@ -25,6 +25,7 @@ from nxd.lookup import (
     get_optimizer,
     get_schedule,
     get_storage,
+    get_workflow,
     list_components,
 )
 from nxd.parallel import ParallelContext, ParallelDim, current_parallel_context, get_parallel_context
@@ -43,7 +44,7 @@ __all__ = [
     "PluginError", "current_parallel_context", "get_parallel_context", "parallel",
     "finalize_checkpoint", "get_adapter", "get_backend", "get_checkpoint_format", "get_checkpointer",
     "get_command", "get_component", "get_data_module", "get_model", "get_optimizer", "get_schedule",
-    "get_storage", "has_checkpoint", "hookimpl", "hookspec", "initialize_parallel_model",
+    "get_storage", "get_workflow", "has_checkpoint", "hookimpl", "hookspec", "initialize_parallel_model",
     "initialize_parallel_optimizer", "list_components", "load_checkpoint", "neuronx_distributed_config",
     "register_plugin", "save_checkpoint",
 ]

@@ -22,7 +22,8 @@ CATALOG: dict[str, dict[str, str]] = {
     "checkpoint_format": {"torch": "nxd-ckpt", "safetensors": "nxd-ckpt"},
     "storage": {"file": "nxd-ckpt", "s3": "nxd-ckpt"},
     "checkpointer": {"default": "nxd-ckpt"},
-    "data_module": {"indexed": "nxd-data", "sft": "nxd-data", "hf": "nxd-data"},
+    "data_module": {"indexed": "nxd-data", "sft": "nxd-data", "hf": "nxd-data", "preference": "nxd-data"},
+    "workflow": {"dpo": "nxd-alignment", "orpo": "nxd-alignment"},
     "command": {
         "train": "nxd-training",
         "plot": "nxd-training",
@@ -44,6 +45,7 @@ KIND_WORDS: dict[str, str] = {
     "storage": "checkpoint storage",
     "checkpointer": "checkpoint engine",
     "data_module": "data module",
+    "workflow": "workflow",
     "command": "command",
 }
 

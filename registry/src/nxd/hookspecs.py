@@ -84,6 +84,12 @@ def nxd_register_data_modules(registry: Any) -> None:
 
 
 @hookspec
+def nxd_register_workflows(registry: Any) -> None:
+    """Register training workflows (``dpo``, ``orpo``, ...) selected by the YAML's
+    ``model_alignment_strategy`` key. A workflow is a :class:`nxd.specs.WorkflowFactory`."""
+
+
+@hookspec
 def nxd_register_commands(registry: Any) -> None:
     """Register verbs of the ``nxd`` command. A command is a :class:`nxd.components.Command`."""
 

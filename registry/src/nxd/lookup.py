@@ -66,5 +66,10 @@ def get_data_module(name: str) -> Any:
     return get_component("data_module", name)
 
 
+def get_workflow(name: str, *, need: str | None = None) -> Any:
+    """The training workflow ``name`` (``dpo``, ``orpo``): a :class:`nxd.specs.WorkflowFactory`."""
+    return get_component("workflow", name, need=need)
+
+
 def get_command(name: str) -> Any:
     return get_component("command", name)

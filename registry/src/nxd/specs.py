@@ -81,3 +81,30 @@ class DataModuleFactory(Protocol):
         dp_size: int,
         seed: int,
     ) -> DataModule: ...
+
+
+@runtime_checkable
+class Workflow(Protocol):
+    """A training objective other than next-token prediction (DPO, ORPO, ...), for one run.
+
+    Attributes: ``data_module`` (the data module it trains on, e.g. ``"preference"``),
+    ``data_options`` (keys it adds to the data section, e.g. ``max_prompt_length``) and
+    ``supports_pipeline`` (whether it runs under pipeline parallelism).
+    """
+
+    def prepare(self, model: torch.nn.Module, data: DataModule, *, device: torch.device, dp_group: Any,
+                resumed_step: int) -> None:
+        """Once per run on every rank, after any resume and before the first step (e.g. computing
+        reference log-probs). Collective: every rank calls it."""
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The micro-batch's differentiable loss and its metrics (detached scalars, means over the
+        micro-batch, named as the user reads them, e.g. ``rewards/chosen``)."""
+
+
+class WorkflowFactory(Protocol):
+    """Registered under a name (``dpo``, ``orpo``) via ``nxd_register_workflows``; called with the
+    options under ``model_alignment_strategy.<name>``. Raises :class:`nxd.errors.ConfigError`
+    naming the key for options it cannot honour (called before launch to validate)."""
+
+    def __call__(self, options: dict[str, Any]) -> Workflow: ...

@@ -13,9 +13,11 @@ NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive r
 def nxd_register_data_modules(registry: Any) -> None:
     from nxd_data.factories import indexed, sft
     from nxd_data.hf_module import hf
+    from nxd_data.preference_module import preference
 
     registry.add("indexed", indexed, description="Megatron indexed (.bin/.idx) pretraining data: blends, splits")
     registry.add("sft", sft, description="JSONL prompt/completion or chat SFT data, packed or padded")
+    registry.add("preference", preference, description="prompt/chosen/rejected pairs for DPO/ORPO (JSONL or saved HF dataset)")
     registry.add("hf", hf, description="Hugging Face dataset saved with save_to_disk: token ids or text (needs nxd-data[hf])")
 
 

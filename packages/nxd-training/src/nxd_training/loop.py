@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,6 +40,8 @@ class TrainResult:
     final_step: int
     losses: dict[int, float] = field(default_factory=dict)
     valid_losses: dict[int, float] = field(default_factory=dict)
+    #: workflow metrics per step (DPO/ORPO: rewards/chosen, rewards/accuracies, ...), DP means
+    metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     resumed_from: str | None = None
     samples: list[str] = field(default_factory=list)
     wall_time_s: float = 0.0
@@ -93,6 +94,10 @@ class Trainer:
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.data = build.build_data(config, self.plan, self.dp_rank)
+        #: model_alignment_strategy's workflow (dpo, orpo, ...): its loss replaces the model's
+        self.workflow = self.plan.workflow
+        self.step_metrics: dict[str, float] = {}
+        self.valid_metrics: dict[str, float] = {}
         self.step = 0
         self.logger = MetricsLogger(config, self.log_dir, enabled=self.rank == 0)
         self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config)
@@ -145,7 +150,23 @@ class Trainer:
     # ------------------------------------------------------------------ steps
     def _batch(self, it: Iterator[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         batch = next(it)
-        return {k: v.to(self.device) for k, v in batch.items() if k in MODEL_INPUTS}
+        return {k: v.to(self.device) for k, v in batch.items() if self.workflow is not None or k in MODEL_INPUTS}
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The micro-batch loss: the workflow's (with its metrics), else the model's own."""
+        if self.workflow is not None:
+            return self.workflow.loss(self.model, batch)
+        return self.model(**batch).loss, {}
+
+    def _dp_mean_metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]:
+        if not sums:
+            return {}
+        names = sorted(sums)
+        stacked = torch.stack([sums[n].detach().float() / count for n in names])
+        if self.plan.dp > 1:
+            dist.all_reduce(stacked, group=self.dp_group)
+            stacked /= self.plan.dp
+        return dict(zip(names, stacked.tolist()))
 
     def _autocast(self) -> Any:
         if self.config.precision.type == "autocast":
@@ -182,14 +203,18 @@ class Trainer:
                 total = self.model.run_train(**batch).detach()
         else:
             total = torch.zeros((), device=self.device)
+            sums: dict[str, torch.Tensor] = {}
             for i in range(num_mb):
                 batch = self._batch(it)
                 # forward and backward both inside: the overlap hooks check the context as they fire
                 with self._grad_sync(last=i == num_mb - 1):
                     with self._autocast():
-                        loss = self.model(**batch).loss
+                        loss, extra = self._loss(batch)
                     (loss / num_mb).backward()
                 total += loss.detach().float() / num_mb
+                for name, value in extra.items():
+                    sums[name] = sums.get(name, 0) + value.detach().float()
+            self.step_metrics = self._dp_mean_metrics(sums, num_mb)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -203,7 +228,8 @@ class Trainer:
         for n, batch in enumerate(self.data.valid_batches()):
             if cap is not None and n >= cap:
                 break
-            parts.append({k: v.to(self.device) for k, v in batch.items() if k in MODEL_INPUTS})
+            parts.append({k: v.to(self.device) for k, v in batch.items()
+                          if self.workflow is not None or k in MODEL_INPUTS})
             if len(parts) == group:
                 yield parts[0] if group == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
                 parts = []
@@ -223,14 +249,18 @@ class Trainer:
             return None
         self.model.eval()
         total, n = torch.zeros((), device=self.device), 0
+        sums: dict[str, torch.Tensor] = {}
         for batch in self._valid_groups(cap):
             with self._autocast():
                 if self.plan.pp > 1:
-                    loss = self.model.run_eval(**batch)  # mean over the group's micro-batches
+                    loss, extra = self.model.run_eval(**batch), {}  # mean over the group's micro-batches
                 else:
-                    loss = self.model(**batch).loss
+                    loss, extra = self._loss(batch)
             total += loss.detach().float()
+            for name, value in extra.items():
+                sums[name] = sums.get(name, 0) + value.detach().float()
             n += 1
+        self.valid_metrics = self._dp_mean_metrics(sums, n) if n else {}
         self.model.train()
         if n == 0:
             if self.plan.pp > 1 and cap:
@@ -279,6 +309,9 @@ class Trainer:
     def fit(self) -> TrainResult:
         wall_start = time.monotonic()
         resumed = self.resume()
+        if self.workflow is not None:  # after resume: a restored data state may already hold what it needs
+            self.workflow.prepare(self.model, self.data, device=self.device, dp_group=self.dp_group,
+                                  resumed_step=self.step)
         result = TrainResult(str(self.log_dir), self.step, self.step, resumed_from=resumed)
         max_steps, tr = self._max_steps(), self.config.trainer
         max_time = parse_max_time(tr.max_time)
@@ -296,16 +329,18 @@ class Trainer:
                 self.step += 1
                 elapsed = time.perf_counter() - t0
                 result.losses[self.step] = loss
+                if self.step_metrics:
+                    result.metrics[self.step] = dict(self.step_metrics)
                 if self.step % tr.log_every_n_steps == 0 or self.step == max_steps:
                     self._log(loss, lr, elapsed)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
+                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", **metrics.progress_fields(self.step_metrics))
                 if val_every and self.step % val_every == 0:
                     vloss = self.validate()
                     if vloss is not None:
                         result.valid_losses[self.step] = vloss
-                        self.logger.log(self.step, {"loss": vloss}, prefix="valid")
+                        self.logger.log(self.step, {"loss": vloss, **self.valid_metrics}, prefix="valid")
                 if should_save(self.config, self.step, last_save, time.monotonic()):
                     self.save(wall_start)
                     last_save = time.monotonic()
@@ -350,6 +385,7 @@ class Trainer:
             "consumed_samples": self.step * self.config.data.global_batch_size,
             "peak_memory_mb": metrics.peak_memory_mb(self.backend),
         }
+        record.update(self.step_metrics)
         grad_norm = getattr(self.optimizer, "grad_norm", None)
         if grad_norm is not None and self.config.exp_manager.log_gradient_norm:
             record["grad_norm"] = float(grad_norm)
@@ -359,13 +395,6 @@ class Trainer:
         self.logger.log(self.step, record)
 
     def close(self) -> None:
-        # An in-flight async save agrees on its commit over the process group: let it finish (or
-        # fail, if a rank died) before the group goes. fit() has already raised a failed save on
-        # the normal path; here one can only be the echo of the error that is propagating.
-        try:
-            nxd.finalize_checkpoint()
-        except Exception as exc:  # noqa: BLE001 - reported, never masks the training error
-            print(f"nxd train: rank {self.rank}: {exc}", file=sys.stderr, flush=True)
         if self.owns_group and dist.is_initialized():
             with contextlib.suppress(Exception):
                 self.ps.destroy_model_parallel()

@@ -47,3 +47,12 @@ def peak_memory_mb(backend: str) -> float:
         return torch.cuda.max_memory_allocated() / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
+
+
+#: workflow metrics shown in the progress bar (all of them go to metrics.jsonl / TensorBoard)
+PROGRESS_METRICS = {"rewards/accuracies": "acc", "rewards/margins": "margin"}
+
+
+def progress_fields(values: dict[str, float]) -> dict[str, str]:
+    """Short progress-bar fields for a workflow's step metrics (DPO/ORPO reward accuracy, margin)."""
+    return {short: f"{values[name]:.3f}" for name, short in PROGRESS_METRICS.items() if name in values}

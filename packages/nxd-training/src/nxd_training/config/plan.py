@@ -16,6 +16,7 @@ import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.schedules import SCHEDULES, schedule_names
+from nxd_training.workflow import build_workflow, workflow_name
 
 #: NxDT key in ``model`` -> Hugging Face ``config.json`` key (what model plugins accept)
 MODEL_KEY_MAP: dict[str, str] = {
@@ -50,6 +51,8 @@ class RunPlan:
     model_config: Any
     spec: Any
     notes: list[str] = field(default_factory=list)
+    #: the nxd.specs.Workflow of model_alignment_strategy.<name> (dpo, orpo, ...), or None
+    workflow: Any = None
 
 
 def _world(config: TrainingConfig) -> tuple[int, int, int, int]:
@@ -175,6 +178,9 @@ def default_data_module(config: TrainingConfig) -> str:
         return config.data.module
     if config.model_alignment_strategy is not None and config.model_alignment_strategy.sft is not None:
         return "sft"
+    workflow = build_workflow(config)
+    if workflow is not None and getattr(workflow, "data_module", None):
+        return workflow.data_module
     return "indexed" if config.model_source == "megatron" or "data_prefix" in (config.data.model_extra or {}) else "hf"
 
 
@@ -200,6 +206,9 @@ def data_section(config: TrainingConfig, seq_length: int) -> dict[str, Any]:
     align = config.model_alignment_strategy
     if align is not None and align.sft is not None:
         section.setdefault("packing", align.sft.packing)  # NxDT's switch; data.packing wins if both are set
+    workflow = build_workflow(config)
+    for key, value in (getattr(workflow, "data_options", None) or {}).items():
+        section.setdefault(key, value)  # e.g. dpo.max_prompt_length, truncation_mode
     return section
 
 
@@ -282,8 +291,6 @@ def _plugins(config: TrainingConfig, pp: int) -> None:
         _need("optimizer", "zero1", "distributed_strategy.zero1", "nxd-zero1")
     align = config.model_alignment_strategy
     if align is not None:
-        if align.dpo is not None or align.orpo is not None:
-            raise ConfigError("model_alignment_strategy: dpo and orpo are not supported yet; use sft and/or peft")
         if align.peft is not None:
             if pp > 1:
                 raise ConfigError(f"model_alignment_strategy.peft: LoRA does not support pipeline parallelism "
@@ -317,5 +324,14 @@ def make_plan(config: TrainingConfig) -> RunPlan:
     if pp > 1 and config.trainer.val_check_interval and isinstance(limit, int) and 0 < limit < num_mb:
         raise ConfigError(f"trainer.limit_val_batches={limit}: with pipeline parallelism validation runs "
                           f"num_microbatches={num_mb} batches at a time; allow at least {num_mb}")
+    workflow = build_workflow(config)
+    if workflow is not None and pp > 1 and not getattr(workflow, "supports_pipeline", False):
+        raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} does not support pipeline parallelism "
+                          f"(pipeline_model_parallel_size={pp}): the pipeline schedule computes the next-token loss "
+                          "itself; use tensor/data parallelism")
     data_module = _data(config, seq)
-    return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec)
+    needs = getattr(workflow, "data_module", None)
+    if needs and data_module != needs:
+        raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} trains on the {needs!r} data module, but "
+                          f"data.module={data_module!r}; remove data.module or set it to {needs!r}")
+    return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec, workflow=workflow)

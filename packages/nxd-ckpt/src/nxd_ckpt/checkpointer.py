@@ -18,7 +18,7 @@ from nxd_ckpt.retention import remove_incomplete
 from nxd_ckpt.save import is_zero1, plan_save, run_save
 from nxd_ckpt.snapshot import SnapshotBuffers
 from nxd_ckpt.storage import open_storage
-from nxd_ckpt.topology import barrier, current_topology
+from nxd_ckpt.topology import Ranks, current_topology
 from nxd_ckpt.writer import AsyncWriter
 
 
@@ -66,19 +66,26 @@ class Checkpointer:
                          fmt_name=fmt, zero1=is_zero1(optimizer, zero1_optimizer),
                          buffers=self._buffers if async_save else None, save_rng=save_rng, num_kept=num_kept_ckpts)
         if not async_save:
-            saved_tag = run_save(storage, plan)
+            saved_tag = run_save(storage, plan, Ranks.current())
             # Plugins' own exports (e.g. nxd-lora's adapter) go next to the committed checkpoint.
             # Async saves skip this: the model keeps changing while the writer runs.
             nxd.trainer.checkpoint_extras(model, path, saved_tag, "saved")
             return
-        group = self._async_group()
-        self._writer.submit(lambda: run_save(storage, plan, group), storage.describe(tag))
+        # the group is fixed now, on the training thread: the writer's agreements need all its ranks
+        ranks = Ranks.current(self._async_group())
+        self._writer.submit(lambda: run_save(storage, plan, ranks), storage.describe(tag))
 
     def _async_group(self) -> Any:
         """A separate gloo group so the writer thread's agreement never interleaves with the
-        training thread's collectives on the default group."""
+        training thread's collectives on the default group (made afresh if the job destroyed and
+        re-created its process groups since the last save)."""
         if not (dist.is_available() and dist.is_initialized()):
             return None
+        if self._side_group is not None:
+            try:
+                dist.get_process_group_ranks(self._side_group)
+            except (KeyError, ValueError, RuntimeError):  # destroyed with the default group
+                self._side_group = None
         if self._side_group is None:
             self._side_group = dist.new_group(backend="gloo", timeout=process_group_timeout())
         return self._side_group
@@ -107,7 +114,7 @@ class Checkpointer:
             if topo.rank == 0:  # auto-resume: finish or drop interrupted overwrites, drop partial saves
                 recover_all(storage)
                 remove_incomplete(storage)
-            barrier()
+            Ranks.current().barrier(f"resuming from {storage.describe('')}")
             tag = newest_complete_tag(storage)
             if tag is None:
                 raise CheckpointError(f"{storage.describe('')}: no complete checkpoint (no tag has a 'done' marker)")

@@ -26,7 +26,7 @@ from nxd_ckpt.retention import apply_retention
 from nxd_ckpt.rng import capture_rng_state
 from nxd_ckpt.snapshot import SnapshotBuffers, to_cpu, unwrap_model
 from nxd_ckpt.storage import Storage
-from nxd_ckpt.topology import Topology, all_gather_objects
+from nxd_ckpt.topology import Ranks, Topology
 
 TORCH = "torch"
 
@@ -86,16 +86,21 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
     return plan
 
 
-def run_save(storage: Storage, plan: SavePlan, group: Any = None) -> str:
-    """Agree, write and commit (collective over ``group``); returns the tag saved."""
+def run_save(storage: Storage, plan: SavePlan, ranks: Ranks) -> str:
+    """Agree, write and commit (collective over ``ranks``, the group the save started with);
+    returns the tag saved. Every agreement needs all ``plan.topo.world`` ranks: if the group went
+    away (a rank died and the loop tore it down) the save raises and is never committed."""
     rank = plan.topo.rank
+    if ranks.world != plan.topo.world:
+        raise CheckpointError(f"checkpoint {storage.describe(plan.tag)}: the save was planned for {plan.topo.world} "
+                              f"ranks but its process group has {ranks.world}")
     target, failure = plan.tag, None
     if rank == 0:  # before the agreement, so no rank writes before the target is ready
         try:
             target = prepare_target(storage, plan.tag)
         except Exception as exc:  # noqa: BLE001 - every rank raises it after the agreement
             failure = f"rank 0: preparing {storage.describe(plan.tag)} failed: {type(exc).__name__}: {exc}"
-    gathered = all_gather_objects((plan.tag, target, failure, plan.tensors), group)
+    gathered = ranks.all_gather((plan.tag, target, failure, plan.tensors), f"checkpoint {storage.describe(plan.tag)}")
     tag, target, failure = gathered[0][:3]
     if failure:
         raise CheckpointError(f"checkpoint {storage.describe(tag)} was not saved: {failure}")
@@ -106,7 +111,7 @@ def run_save(storage: Storage, plan: SavePlan, group: Any = None) -> str:
             merged.update(part)
         metadata = build_metadata(tag, plan.topo, plan.fmt, merged, **plan.flags)
     error = write_files(storage, target, plan, metadata)
-    commit(storage, tag, target, plan, error, group)
+    commit(storage, tag, target, plan, error, ranks)
     return tag
 
 
@@ -128,10 +133,15 @@ def write_files(storage: Storage, tag: str, plan: SavePlan, metadata: dict | Non
     return None
 
 
-def commit(storage: Storage, tag: str, target: str, plan: SavePlan, error: str | None, group: Any = None) -> None:
-    """Agree across ranks; rank 0 marks ``target`` complete, swaps it in for ``tag`` when it is a
-    temporary (an overwrite), and applies retention."""
-    errors = [e for e in all_gather_objects(error, group) if e]
+def commit(storage: Storage, tag: str, target: str, plan: SavePlan, error: str | None, ranks: Ranks) -> None:
+    """Agree across all ranks; rank 0 marks ``target`` complete, swaps it in for ``tag`` when it is
+    a temporary (an overwrite), and applies retention. Without every rank's word, no commit."""
+    what = f"committing checkpoint {storage.describe(tag)}"
+    answers = ranks.all_gather((plan.topo.rank, error), what)
+    if sorted(r for r, _ in answers) != list(range(plan.topo.world)):  # never fewer voices than writers
+        raise CheckpointError(f"{what}: expected the word of ranks 0..{plan.topo.world - 1}, got "
+                              f"{sorted(r for r, _ in answers)}; not committed")
+    errors = [e for _, e in answers if e]
     if errors:
         raise CheckpointError(
             f"checkpoint {storage.describe(tag)} was not saved (no 'done' marker written; earlier "
@@ -163,6 +173,6 @@ def commit(storage: Storage, tag: str, target: str, plan: SavePlan, error: str |
                 except Exception as exc:  # noqa: BLE001 - the new checkpoint is safe; never hang the other ranks
                     warnings.warn(f"retention in {storage.describe('')} failed: {exc}", stacklevel=2)
     # nobody returns before 'done' exists, and everyone learns if it could not be written
-    failure = all_gather_objects(failure, group)[0]
+    failure = ranks.all_gather(failure, what)[0]
     if failure:
         raise CheckpointError(failure)

@@ -12,6 +12,7 @@ from typing import Any
 import torch.distributed as dist
 
 from nxd import current_parallel_context
+from nxd_ckpt.errors import CheckpointError
 
 
 @dataclass(frozen=True)
@@ -44,15 +45,58 @@ def current_topology() -> Topology:
                     context.tp.rank, context.pp.rank, context.dp.rank)
 
 
-def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:
-    """Every rank's ``obj`` (one element when not distributed)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
+class GroupGone(CheckpointError):
+    """The process group a collective step was meant for no longer exists (or changed size)."""
 
 
-def barrier(group: Any = None) -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier(group=group)
+@dataclass(frozen=True)
+class Ranks:
+    """The process group a save (or load) started with, and its size.
+
+    Recorded on the training thread when the operation starts and used for every agreement after
+    that, so an agreement can never quietly shrink to one rank: if the group was destroyed in the
+    meantime (a training loop's ``finally`` after another rank died, say) every collective here
+    raises :class:`GroupGone` instead of answering for the ranks that are not there.
+    """
+
+    group: Any
+    world: int
+
+    @classmethod
+    def current(cls, group: Any = None) -> Ranks:
+        """The live group (``group`` or the default one); a single process when not distributed."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls(None, 1)
+        group = group if group is not None else dist.group.WORLD
+        return cls(group, dist.get_world_size(group))
+
+    def check(self, what: str) -> None:
+        """Raise :class:`GroupGone` unless the group this started with still exists, whole."""
+        if self.group is None:
+            return
+        try:
+            alive = dist.is_initialized() and len(dist.get_process_group_ranks(self.group)) == self.world
+        except (KeyError, ValueError, RuntimeError):  # torch forgets destroyed groups: KeyError
+            alive = False
+        if not alive:
+            raise GroupGone(f"{what}: the process group of the {self.world} ranks it started with is gone "
+                            "(destroyed, or a rank failed); it needs every one of them, so it did not happen")
+
+    def all_gather(self, obj: Any, what: str) -> list[Any]:
+        """Every rank's ``obj``, by rank; raises :class:`GroupGone` rather than answer for fewer ranks."""
+        if self.group is None:
+            return [obj]
+        self.check(what)
+        out: list[Any] = [None] * self.world
+        try:
+            dist.all_gather_object(out, obj, group=self.group)
+        except RuntimeError as exc:  # a rank died or hung: gloo/NCCL report it on the others
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(f"{what}: the agreement of the {self.world} ranks failed, so it did not "
+                                  f"happen (a rank failed or is gone?): {first}") from exc
+        return out
+
+    def barrier(self, what: str) -> None:
+        if self.group is not None:
+            self.check(what)
+            dist.barrier(group=self.group)

@@ -4,7 +4,9 @@ raised by the next save, load or ``finalize_checkpoint``.
 One long-lived worker thread takes jobs from a queue: handing a job over is a queue put, where
 starting a thread per save made the training thread wait for the new thread to be scheduled
 (milliseconds on a busy host). The worker is a daemon so it never keeps a finished program alive
-by itself; an ``atexit`` hook waits for the in-flight save, so exiting normally never loses one.
+by itself; an ``atexit`` hook waits for the in-flight save, so exiting normally never loses one,
+and reports on stderr a save that failed with nobody left to raise it to (a job whose training
+thread already died).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -28,7 +31,7 @@ class AsyncWriter:
         self._error: BaseException | None = None
         self._what = ""
         ref = weakref.ref(self)
-        atexit.register(lambda: (w := ref()) is not None and w._idle.wait())
+        atexit.register(lambda: (w := ref()) is not None and w._at_exit())
         # a forked child has no worker thread: start it afresh instead of waiting on the parent's job
         os.register_at_fork(after_in_child=lambda: (w := ref()) is not None and w._reset())
 
@@ -37,6 +40,12 @@ class AsyncWriter:
         self._idle = threading.Event()
         self._idle.set()
         self._thread, self._error = None, None
+
+    def _at_exit(self) -> None:
+        self._idle.wait()
+        if self._error is not None:
+            print(f"nxd-ckpt: the asynchronous save of {self._what} was not committed: {self._error}",
+                  file=sys.stderr, flush=True)
 
     @property
     def busy(self) -> bool:

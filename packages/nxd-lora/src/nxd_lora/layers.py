@@ -57,7 +57,7 @@ class LoraPiece(nn.Module):
     """``lora_A`` ``[r, in (local)]`` and ``lora_B`` ``[out (local), r]`` for one HF module."""
 
     def __init__(self, slot: Slot, in_full: int, in_local: int, out_local: int, config: LoraConfig,
-                 dtype: torch.dtype, device: torch.device | None) -> None:
+                 dtype: torch.dtype, device: torch.device | None, generator: torch.Generator | None = None) -> None:
         super().__init__()
         self.slot = slot
         r = config.lora_rank
@@ -65,17 +65,19 @@ class LoraPiece(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(out_local, r, dtype=dtype, device=device))
         self.dropout = nn.Dropout(config.lora_dropout) if config.lora_dropout > 0 else nn.Identity()  # PEFT's layout
         if not self.lora_A.is_meta:
-            self.reset_parameters(config.init_lora_weights, in_full)
+            self.reset_parameters(config.init_lora_weights, in_full, generator)
 
     @torch.no_grad()
-    def reset_parameters(self, init: str, in_full: int) -> None:
-        """Initialise the full A (same RNG on every rank) and keep this rank's columns, so one
-        seed gives the same adapter at any TP size; B starts at zero (PEFT's defaults)."""
+    def reset_parameters(self, init: str, in_full: int, generator: torch.Generator | None = None) -> None:
+        """Initialise the full A and keep this rank's columns, so one seed gives the same adapter
+        at any TP size; B starts at zero (PEFT's defaults). ``generator`` must be in the same state
+        on every rank (see :func:`nxd_lora.model.shared_init_generator`): a replicated A that
+        differed between TP or DP ranks would train a model no export can describe."""
         full = torch.empty(self.lora_A.shape[0], in_full, dtype=torch.float32)
         if init == "gaussian":
-            nn.init.normal_(full, std=1.0 / self.lora_A.shape[0])
+            nn.init.normal_(full, std=1.0 / self.lora_A.shape[0], generator=generator)
         else:
-            nn.init.kaiming_uniform_(full, a=math.sqrt(5))
+            nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=generator)
         if self.slot.dim == 1:
             full = full[:, list(self.slot.index)]
         self.lora_A.copy_(full.to(self.lora_A.dtype))
@@ -89,7 +91,8 @@ class LoraPiece(nn.Module):
 class LoraAdapter(nn.Module):
     """The adapters of one base layer; ``pieces`` maps HF short names to :class:`LoraPiece`."""
 
-    def __init__(self, base: nn.Module, slots: list[Slot], targeted: list[bool], config: LoraConfig) -> None:
+    def __init__(self, base: nn.Module, slots: list[Slot], targeted: list[bool], config: LoraConfig,
+                 generator: torch.Generator | None = None) -> None:
         super().__init__()
         self.kind = layer_kind(base)
         self.scaling = config.scaling
@@ -108,7 +111,7 @@ class LoraAdapter(nn.Module):
         for i, (slot, on) in enumerate(zip(slots, targeted)):
             if not on:
                 continue
-            piece = LoraPiece(slot, in_full, in_local, self.out_sizes[i], config, dtype, device)
+            piece = LoraPiece(slot, in_full, in_local, self.out_sizes[i], config, dtype, device, generator)
             _tag(piece, self.kind, slot, sp, kv=self.kind == "qkv" and i > 0 and multiplier > 1, multiplier=multiplier)
             if slot.short_name in self.pieces:
                 raise ValueError(f"two projections of one layer map to the same HF name {slot.short_name!r}")

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from nxd.errors import ConfigError
@@ -76,6 +77,7 @@ class LoRAModel(nn.Module):
     def _inject(self) -> None:
         targets = self._targets()
         tp, rank = tp_size_rank()
+        generator = shared_init_generator()
         for name, sub in self.module.named_modules():
             if not name:
                 continue
@@ -91,7 +93,7 @@ class LoRAModel(nn.Module):
             targeted = [_matches(targets, [name, s.hf_module]) for s in slots]
             if not any(targeted):
                 continue
-            adapter = LoraAdapter(sub, slots, targeted, self.lora_config)
+            adapter = LoraAdapter(sub, slots, targeted, self.lora_config, generator)
             self.lora_layers[_safe(name)] = adapter
             self._bases[name] = sub
             self._hooks.append(sub.register_forward_hook(_make_hook(adapter), with_kwargs=True))
@@ -171,6 +173,16 @@ class LoRAModel(nn.Module):
         """Switch the adapters off (base model outputs) or back on."""
         for adapter in self.lora_layers.values():
             adapter.disabled = not enabled
+
+
+def shared_init_generator() -> torch.Generator:
+    """A generator in the same state on every rank, seeded from global rank 0's default RNG (so
+    ``torch.manual_seed`` still decides the adapter). Ranks' default RNGs need not agree: model
+    building consumes them differently per TP/PP rank. Collective when torch.distributed is up."""
+    seed = [int(torch.randint(0, 2**62, (1,)).item())]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(seed, src=0)
+    return torch.Generator().manual_seed(seed[0])
 
 
 def _make_hook(adapter: LoraAdapter):

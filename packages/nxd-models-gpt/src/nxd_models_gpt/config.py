@@ -17,6 +17,8 @@ BLOCK_TYPES = ("pre_ln", "post_ln")
 #: Megatron / NeMo / NxDT spellings accepted next to the field names.
 _ALIASES = {
     "num_kv_heads": "num_query_groups",
+    "num_key_value_heads": "num_query_groups",
+    "rms_norm_eps": "layernorm_epsilon",
     "head_dim": "kv_channels",
     "rotary_base": "rotary_base",
     "position_freq_base": "rotary_base",

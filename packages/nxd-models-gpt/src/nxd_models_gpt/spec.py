@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from torch import nn
@@ -15,10 +16,15 @@ from nxd_models_gpt.presets import PRESETS, preset
 #: nxd module names of the attention projections (the fused QKV and the output projection).
 DEFAULT_LORA_TARGETS = ("linear_qkv", "linear_proj")
 
-#: NxDT/NeMo config ``name``s whose model section describes this family (the YAML trainer looks
-#: this up through the registry to pick the spec when a config names no architecture).
-NXDT_CONFIG_NAMES = ("megatron_gpt",)
+#: NxD Training model keys this model implements (NxDT names; the YAML trainer refuses them for
+#: models that do not list them and passes them to ``config_from_dict`` under these names).
+NXDT_FEATURES = frozenset(f"model.{key}" for key in (
+    "normalization", "activation", "position_embedding_type", "rotary_percentage", "transformer_block_type",
+    "has_bias", "use_scaled_init_method", "apply_query_key_layer_scaling", "make_vocab_size_divisible_by",
+    "hidden_dropout", "attention_dropout", "ffn_dropout"))
 
+#: NxDT ``activations_checkpoint_recompute`` names -> the classes they select in this model.
+RECOMPUTE_MODULES = {"CoreAttention": (GPTCoreAttention,), "ParallelTransformerLayer": (GPTTransformerLayer,)}
 
 def config_from_dict(data: dict[str, Any] | GPTConfig) -> GPTConfig:
     """Megatron/NeMo/NxDT or Hugging Face (GPT-2, GPT-NeoX) keys -> :class:`GPTConfig`;
@@ -48,6 +54,11 @@ def flops_per_token(config: GPTConfig | dict, seq_length: int | None = None) -> 
     return flops
 
 
+#: ModelSpec fields newer than nxd's first plugin API (feature keys, recompute names, HF model
+#: types); given when the installed nxd defines them.
+_NEWER_FIELDS = {"implements": NXDT_FEATURES, "recompute_modules": RECOMPUTE_MODULES,
+                 "hf_model_types": ("gpt2", "gpt_neox")}
+
 SPEC = ModelSpec(
     name="gpt",
     config_from_dict=config_from_dict,
@@ -63,7 +74,7 @@ SPEC = ModelSpec(
         "model_class": GPTForCausalLM,
         "config_class": GPTConfig,
         "sequence_dimension": 1,
-        "nxdt_config_names": NXDT_CONFIG_NAMES,
         "hf_layouts": ("gpt2", "gpt_neox"),
     },
+    **{k: v for k, v in _NEWER_FIELDS.items() if k in {f.name for f in fields(ModelSpec)}},
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -395,6 +396,13 @@ class Trainer:
         self.logger.log(self.step, record)
 
     def close(self) -> None:
+        # An in-flight async save agrees on its commit over the process group: let it finish (or
+        # fail, if a rank died) before the group goes. fit() has already raised a failed save on
+        # the normal path; here one can only be the echo of the error that is propagating.
+        try:
+            nxd.finalize_checkpoint()
+        except Exception as exc:  # noqa: BLE001 - reported, never masks the training error
+            print(f"nxd train: rank {self.rank}: {exc}", file=sys.stderr, flush=True)
         if self.owns_group and dist.is_initialized():
             with contextlib.suppress(Exception):
                 self.ps.destroy_model_parallel()

@@ -102,3 +102,34 @@ def test_process_killed_mid_save_leaves_previous_checkpoint(tmp_path, mode):
     assert torch.equal(model.fc1.weight, TinyNet().fc1.weight)  # step_1's weights (seed 1)
     assert not partial.exists()  # the partial was cleaned up
     assert sorted(os.listdir(ckpt)) == ["newest", "step_1"]
+
+
+DYING_JOB = Path(__file__).with_name("dying_rank_job.py")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("teardown", ["destroy", "finalize"])
+def test_async_save_of_a_dead_rank_is_never_committed(tmp_path, teardown):
+    """Rank 1 dies with its async save in flight; rank 0's training thread fails and tears the
+    group down (``destroy``: with the writer still running). The save must not be marked done,
+    retention (num_kept_ckpts=1) must keep step_1, and auto-resume must use step_1."""
+    ckpt, store = tmp_path / "ckpt", tmp_path / "rendezvous"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(DYING_JOB), str(ckpt), str(store), str(r), teardown],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[1].returncode == 9, outs[1]
+    assert procs[0].returncode != 0, outs[0]  # its training step failed when rank 1 died
+    assert "rank 1 never died" not in outs[0]
+    assert not (ckpt / "step_2" / "done").exists(), outs[0]
+    assert (ckpt / "step_1" / "done").exists(), outs[0]
+    assert "did not happen" in outs[0], outs[0]  # the lost save is reported
+    model = TinyNet()
+    assert nxd.load_checkpoint(str(ckpt), model=model, load_rng=False) == {"step": 1}  # auto-resume
+    torch.manual_seed(1)
+    assert torch.equal(model.fc1.weight, TinyNet().fc1.weight)

@@ -22,7 +22,7 @@ import nxd
         ({"model_init_config": {"meta_device_init": True}}, "param_init_fn must be a callable when meta_device_init is True"),
         ({"activation_checkpoint_config": "some"}, "activation_checkpoint_config must be None, 'full', or an nn.Module class"),
         ({"sequence_parallel": 1}, "sequence_parallel must be True or False, got 1"),
-        ({"mixed_precision_config": {"use_master_weights": True}}, "only valid with optimizer_config.zero_one_enabled=True"),
+        ({"mixed_precision_config": {"use_master_weights": True}}, "use_master_weights=True needs optimizer_config.zero_one_enabled=True"),
         ({"context_parallel_size": 2}, "context_parallel_size=2 is not supported"),
     ],
 )

@@ -173,7 +173,7 @@ def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
     with pytest.raises(nxd.ConfigError, match="toy_key must be 'good'"):
         nxd.neuronx_distributed_config(pipeline_config={"toy_key": "bad"})
 
-    model = nxd.initialize_parallel_model(config, torch.nn.Linear, 3, 2, bias=False)
+    model = nxd.initialize_parallel_model(config, torch.nn.Linear, False, 3, 2, bias=False)
     assert ("build", (3, 2), {"bias": False}) in plugin.calls
     phases = [call[1] for call in plugin.calls if call[0] == "wrap"]
     assert phases == ["adapter", "checkpointing", "pipeline", "wrapper"]

@@ -74,7 +74,7 @@ def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
 def tp_sp_body() -> tuple[list[float], dict[str, torch.Tensor], list[bool]]:
     cfg = nxd.neuronx_distributed_config(tensor_parallel_size=2, sequence_parallel=True,
                                          optimizer_config={"grad_clipping": False})
-    model = nxd.initialize_parallel_model(cfg, build, True)
+    model = nxd.initialize_parallel_model(cfg, build, False, True)
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=LR)
     losses = []
     for step in range(STEPS):

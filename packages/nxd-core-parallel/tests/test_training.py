@@ -107,7 +107,7 @@ def train_body(tp: int, sp: bool, checkpointing: str | None) -> tuple[list[float
         tensor_parallel_size=tp, sequence_parallel=sp, activation_checkpoint_config=checkpointing,
         optimizer_config={"zero_one_enabled": False, "grad_clipping": True, "max_grad_norm": MAX_NORM},
     )
-    model = nxd.initialize_parallel_model(cfg, build, sp)
+    model = nxd.initialize_parallel_model(cfg, build, False, sp)
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=LR)
     dp, dp_rank = ps.get_data_parallel_size(), ps.get_data_parallel_rank()
     losses, norms = [], []

@@ -129,7 +129,7 @@ def test_meta_device_init_through_initialize_parallel_model(tmp_path):
     config = LlamaConfig.from_dict(CONFIGS["llama3_rope"])
     nxd_config = nxd.neuronx_distributed_config(
         model_init_config={"meta_device_init": True, "param_init_fn": LlamaForCausalLM.init_weights})
-    wrapped = nxd.initialize_parallel_model(nxd_config, nxd.get_model("llama").build, config, nxd_config)
+    wrapped = nxd.initialize_parallel_model(nxd_config, nxd.get_model("llama").build, False, config, nxd_config)
     load_hf_checkpoint(wrapped, hf_dir)
     eager = LlamaForCausalLM(config)
     load_hf_checkpoint(eager, hf_dir)

@@ -89,7 +89,7 @@ def zero1_body() -> tuple[list[float], list[float], str]:
         tensor_parallel_size=2, sequence_parallel=True,
         optimizer_config={"zero_one_enabled": True, "grad_clipping": True, "max_grad_norm": MAX_NORM},
     )
-    model = nxd.initialize_parallel_model(cfg, build, True)
+    model = nxd.initialize_parallel_model(cfg, build, False, True)
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=LR)
     dp, dp_rank = ps.get_data_parallel_size(), ps.get_data_parallel_rank()
     losses, norms = [], []

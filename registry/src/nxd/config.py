@@ -20,6 +20,8 @@ DEFAULT_MODEL_INIT_CONFIG: dict[str, Any] = {
     "param_init_fn": None,
 }
 DEFAULT_PIPELINE_SCHEDULE = "1f1b"
+#: mixed_precision_config keys only the ZeRO-1 optimizer honours.
+MIXED_PRECISION_ZERO1_KEYS = ("use_master_weights", "use_fp32_grad_acc", "use_master_weights_in_ckpt")
 CONFIG_MARKER = "_nxd_config_version"
 
 
@@ -63,6 +65,24 @@ def _activation_checkpoint(value: Any) -> Any:
                 f"got {value!r}"
             )
     return value
+
+
+def _mixed_precision(given: Any, zero1: bool) -> dict[str, Any]:
+    """NxD's derivation: missing keys follow ZeRO-1 (master weights and fp32 gradient accumulation
+    on with it, off without); master weights in checkpoints default off. Other keys (e.g. nxd-zero1's
+    ``stochastic_rounding``) are kept for the optimizer plugin to check."""
+    if given is None:
+        given = {}
+    if not isinstance(given, dict):
+        raise ConfigError(f"mixed_precision_config must be a dict, got {type(given).__name__}")
+    merged = {"use_master_weights": zero1, "use_fp32_grad_acc": zero1, "use_master_weights_in_ckpt": False, **given}
+    if not zero1:
+        # NxD raises the same at initialize_parallel_optimizer; here it is refused before anything runs.
+        for key in MIXED_PRECISION_ZERO1_KEYS:
+            if merged[key] is True:
+                raise ConfigError(f"mixed_precision_config.{key}=True needs optimizer_config.zero_one_enabled=True "
+                                  "(NxD keeps fp32 master weights and gradient accumulation in the ZeRO-1 optimizer)")
+    return merged
 
 
 def neuronx_distributed_config(
@@ -109,11 +129,7 @@ def neuronx_distributed_config(
         raise ConfigError("model_init_config.param_init_fn must be a callable when meta_device_init is True")
     if pipeline_config is not None and not isinstance(pipeline_config, dict):
         raise ConfigError(f"pipeline_config must be a dict, got {type(pipeline_config).__name__}")
-    if mixed_precision_config is not None:
-        if not isinstance(mixed_precision_config, dict):
-            raise ConfigError(f"mixed_precision_config must be a dict, got {type(mixed_precision_config).__name__}")
-        if not optimizer["zero_one_enabled"]:
-            raise ConfigError("mixed_precision_config is only valid with optimizer_config.zero_one_enabled=True (as in NxD)")
+    mixed_precision = _mixed_precision(mixed_precision_config, optimizer["zero_one_enabled"])
 
     config: dict[str, Any] = {
         "tensor_parallel_size": tp,
@@ -125,7 +141,7 @@ def neuronx_distributed_config(
         "sequence_parallel": _bool("sequence_parallel", sequence_parallel),
         "model_init_config": model_init,
         "lora_config": lora_config,
-        "mixed_precision_config": dict(mixed_precision_config) if mixed_precision_config else None,
+        "mixed_precision_config": mixed_precision,
         "expert_parallel_size": ep,
         "context_parallel_size": cp,
         "lnc_size": lnc_size,

@@ -103,9 +103,11 @@ def nxd_initialize_parallel(nxd_config: dict) -> Any:
 
 
 @hookspec(firstresult=True)
-def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kwargs: dict) -> Any:
+def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kwargs: dict,
+                    include_buffers: bool) -> Any:
     """Build the user's model for ``initialize_parallel_model`` (meta-device init, bounded
-    concurrent materialisation, device placement). Return the ``nn.Module`` or ``None``."""
+    concurrent materialisation, device placement). Return the ``nn.Module`` or ``None``.
+    ``include_buffers``: meta-device init also puts buffers on the meta device (NxD's argument)."""
 
 
 @hookspec

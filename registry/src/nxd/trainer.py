@@ -19,15 +19,26 @@ WRAP_PHASES: tuple[str, ...] = ("adapter", "checkpointing", "pipeline", "wrapper
 CHECKPOINT_PHASES: tuple[str, ...] = ("saved", "loaded")
 
 
-def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn.Module], *model_args: Any, **model_kwargs: Any):
+def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn.Module], include_buffers: bool = False,
+                              *model_args: Any, **model_kwargs: Any):
     """Build ``model_fn(*model_args, **model_kwargs)`` with every optimisation in ``nxd_config``
-    applied, and return a model usable as a regular ``nn.Module`` (NxD's ``NxDModel``)."""
+    applied, and return a model usable as a regular ``nn.Module`` (NxD's ``NxDModel``).
+
+    NxD's signature: ``include_buffers`` (third, positional) says whether meta-device init
+    (``model_init_config.meta_device_init``) also creates buffers on the meta device."""
     config = check_config(nxd_config)
     if not callable(model_fn):
         raise ConfigError(f"model_fn must be a callable that returns an nn.Module, got {model_fn!r}")
+    if not isinstance(include_buffers, bool):
+        raise ConfigError(
+            f"initialize_parallel_model's third argument is include_buffers (True/False), got {include_buffers!r}; "
+            "NxD's signature is initialize_parallel_model(nxd_config, model_fn, include_buffers, *model_args, "
+            "**model_kwargs): pass model_fn's arguments after include_buffers"
+        )
     plugins = state()
     model = plugins.pm.hook.nxd_build_model(
-        nxd_config=config, model_fn=model_fn, model_args=model_args, model_kwargs=model_kwargs
+        nxd_config=config, model_fn=model_fn, model_args=model_args, model_kwargs=model_kwargs,
+        include_buffers=include_buffers,
     )
     if model is None:
         raise ComponentNotFound("initialize_parallel_model needs a parallel runtime plugin: pip install nxd-core-parallel")
@@ -69,7 +80,10 @@ def save_checkpoint(
     zero1_optimizer: bool = False,
     **options: Any,
 ) -> None:
-    """Save a checkpoint under ``path/tag`` (NxD's signature; see nxd-ckpt for the layout)."""
+    """Save a checkpoint under ``path/tag`` (NxD's signature; see nxd-ckpt for the layout).
+    ``num_kept_ckpts`` None or -1 keeps every checkpoint (as NxD)."""
+    if num_kept_ckpts == -1:
+        num_kept_ckpts = None
     _checkpointer().save(
         path, tag=tag, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
         num_workers=num_workers, use_xser=use_xser, num_kept_ckpts=num_kept_ckpts, async_save=async_save,

@@ -75,21 +75,32 @@ def apply_activation_checkpointing(model: nn.Module, classes: type | Iterable[ty
     return count
 
 
+def _classes_named(model: nn.Module, names: Iterable[str]) -> tuple[type, ...]:
+    wanted = set(names)
+    return tuple(dict.fromkeys(type(m) for m in model.modules() if type(m).__name__ in wanted))
+
+
 def transformer_layer_classes(model: nn.Module) -> tuple[type, ...]:
     """The classes ``"full"`` checkpointing recomputes: ``nxd_transformer_layer_classes`` of the
-    model (looked up through wrappers such as adapters)."""
+    model (looked up through wrappers such as adapters), else, for a Hugging Face model, the
+    classes its ``_no_split_modules`` names (NxD's rule), found among the model's own modules."""
     seen: list[Any] = [model]
     while seen:
         obj = seen.pop()
         classes = getattr(type(obj), "nxd_transformer_layer_classes", None)
         if classes:
             return tuple(classes) if not isinstance(classes, type) else (classes,)
+        no_split = getattr(obj, "_no_split_modules", None)
+        if no_split and isinstance(obj, nn.Module):
+            found = _classes_named(obj, no_split)
+            if found:
+                return found
         for attr in ("module", "model", "base_model"):
             inner = obj.__dict__.get("_modules", {}).get(attr)
             if inner is not None:
                 seen.append(inner)
     raise ValueError(
         f"activation_checkpoint_config='full' needs the model class to define nxd_transformer_layer_classes "
-        f"(a tuple of its transformer layer classes); {type(model).__name__} does not. "
-        "Pass the classes explicitly instead: activation_checkpoint_config=[MyLayer]"
+        f"(a tuple of its transformer layer classes) or, for a Hugging Face model, _no_split_modules; "
+        f"{type(model).__name__} has neither. Pass the classes explicitly instead: activation_checkpoint_config=[MyLayer]"
     )

@@ -4,9 +4,11 @@ does not hold every rank's full copy in memory at once."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -53,7 +55,41 @@ def materialize(model: nn.Module, device: torch.device, param_init_fn: Callable[
         _keep_param_attributes(module, lambda m: m.to_empty(device=device, recurse=False))
         if param_init_fn is not None:
             with torch.no_grad():
-                param_init_fn(module)
+                if _takes_device(param_init_fn):
+                    param_init_fn(module, device)  # NxD's param_init_fn(module, device)
+                else:
+                    param_init_fn(module)
+
+
+def _takes_device(fn: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Create parameters on the meta device and leave buffers where they are made (NxD's meta
+    init with ``include_buffers=False``: buffers such as RoPE tables keep their computed values)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: Any) -> None:
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            meta = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+            meta.__dict__.update(param.__dict__)
+            module._parameters[name] = meta
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 def move_to_device(model: nn.Module, device: torch.device) -> None:
@@ -61,11 +97,12 @@ def move_to_device(model: nn.Module, device: torch.device) -> None:
         _keep_param_attributes(module, lambda m: m._apply(lambda t: t.to(device), recurse=False))
 
 
-def build_model(nxd_config: dict, model_fn: Callable[..., nn.Module], args: tuple, kwargs: dict) -> nn.Module:
+def build_model(nxd_config: dict, model_fn: Callable[..., nn.Module], args: tuple, kwargs: dict,
+                include_buffers: bool = False) -> nn.Module:
     init = nxd_config["model_init_config"]
     device = get_device()
     if init["meta_device_init"]:
-        with torch.device("meta"):
+        with torch.device("meta") if include_buffers else parameters_on_meta():
             model = model_fn(*args, **kwargs)
         run_in_waves(lambda: materialize(model, device, init["param_init_fn"]), init["sequential_move_factor"])
         leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]

@@ -42,10 +42,11 @@ def nxd_initialize_parallel(nxd_config: dict) -> Any:
 
 
 @nxd.hookimpl
-def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kwargs: dict) -> Any:
+def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kwargs: dict,
+                    include_buffers: bool) -> Any:
     from nxd_core_parallel.model_init import build_model
 
-    return build_model(nxd_config, model_fn, model_args, model_kwargs)
+    return build_model(nxd_config, model_fn, model_args, model_kwargs, include_buffers=include_buffers)
 
 
 @nxd.hookimpl

@@ -84,7 +84,7 @@ class Trainer:
         self.device = get_device()
         model_parallel_manual_seed(config.seed)
         model_config = build.model_config_for_rank(config, self.plan)
-        self.model = nxd.initialize_parallel_model(self.nxd_config, self.plan.spec.build, model_config, self.nxd_config)
+        self.model = nxd.initialize_parallel_model(self.nxd_config, self.plan.spec.build, False, model_config, self.nxd_config)
         self.lora = lora_export.lora_enabled(config)
         self.trainable = lora_export.trainable_counts(self.model)
         if self.lora and dist.get_rank() == 0:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nxd_core_parallel import parallel_state
+from nxd_core_parallel.parallel_layers import comm
 from nxd_core_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -55,8 +56,26 @@ def init_sharded_(param: torch.Tensor, full_shape: tuple[int, ...], dim: int, st
         param.copy_(shard_of(master, dim, stride, rank, size).to(param.dtype))
 
 
-def _tp_size_rank() -> tuple[int, int]:
+def _tp_size_rank(group: Any = None) -> tuple[int, int]:
+    """TP size and rank: of ``group`` (NxD's ``tensor_model_parallel_group=``) or of the TP group."""
+    if group is not None:
+        return comm.group_size(group), comm.group_rank(group)
     return parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_rank()
+
+
+def _check_nxd_options(layer: str, pad: bool, padded: int, rank_ordering: Any) -> None:
+    """NxD options nxd does not implement are refused, never ignored."""
+    if pad and padded:
+        raise ValueError(f"{layer}(pad=True): padding a dimension to a multiple of the tensor parallel size is not "
+                         "supported by nxd yet; choose sizes divisible by tensor_parallel_size")
+    if rank_ordering is not None and list(rank_ordering) != sorted(rank_ordering):
+        raise ValueError(f"{layer}(rank_ordering={rank_ordering!r}): a custom shard-to-rank order is not supported "
+                         "by nxd; leave rank_ordering=None")
+
+
+def _sequence_dimension(sequence_parallel_enabled: bool, sequence_dimension: Optional[int]) -> int:
+    # NxD: None means 0 (the [s, b, h] layout) when sequence parallelism is on.
+    return 0 if sequence_dimension is None else int(sequence_dimension)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -73,16 +92,27 @@ class ColumnParallelLinear(nn.Module):
         stride: int = 1,
         init_method: Optional[InitMethod] = None,
         sequence_parallel_enabled: bool = False,
-        sequence_dimension: int = 0,
+        sequence_dimension: Optional[int] = None,
+        keep_master_weight: bool = False,
         skip_bias_add: bool = False,
+        pad: bool = False,
+        pad_alignment_size_per_rank: int = 1,
+        keep_padded_output: bool = False,
+        tensor_model_parallel_group: Any = None,
+        reduce_dtype: torch.dtype = torch.float32,
+        rank_ordering: Optional[list] = None,
     ) -> None:
         super().__init__()
-        tp, _ = _tp_size_rank()
+        self.tensor_parallel_group = tensor_model_parallel_group
+        tp, _ = _tp_size_rank(tensor_model_parallel_group)
+        _check_nxd_options("ColumnParallelLinear", pad, output_size % (tp * pad_alignment_size_per_rank), rank_ordering)
         self.input_size, self.output_size = input_size, output_size
         self.output_size_per_partition = divide(output_size, tp, "ColumnParallelLinear output_size")
         self.gather_output, self.stride = gather_output, stride
-        self.sequence_parallel_enabled, self.sequence_dimension = sequence_parallel_enabled, sequence_dimension
-        self.skip_bias_add = skip_bias_add
+        self.sequence_parallel_enabled = sequence_parallel_enabled
+        self.sequence_dimension = _sequence_dimension(sequence_parallel_enabled, sequence_dimension)
+        self.skip_bias_add, self.keep_master_weight, self.reduce_dtype = skip_bias_add, keep_master_weight, reduce_dtype
+        self.pad, self.keep_padded_output = pad, keep_padded_output
         self.init_method = init_method or default_linear_init
         if sequence_parallel_enabled and gather_output:
             raise ValueError("ColumnParallelLinear: sequence_parallel_enabled=True needs gather_output=False")
@@ -96,19 +126,30 @@ class ColumnParallelLinear(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init_sharded_(self.weight, (self.output_size, self.input_size), 0, self.stride, self.init_method)
+        init_sharded_(self.weight, (self.output_size, self.input_size), 0, self.stride, self.init_method,
+                      *self._rank_size())
         if self.bias is not None and not self.bias.is_meta:
             with torch.no_grad():
                 self.bias.zero_()
 
+    def _rank_size(self) -> tuple[int, int]:
+        size, rank = _tp_size_rank(self.tensor_parallel_group)
+        return rank, size
+
+    def init_weight_cpu(self) -> None:
+        """NxD's name for re-initialising the weights (e.g. after meta-device init)."""
+        self.reset_parameters()
+
     def forward(self, x: torch.Tensor):
+        group = self.tensor_parallel_group
         if self.sequence_parallel_enabled:
-            x = gather_from_sequence_parallel_region(x, self.sequence_dimension, to_model_parallel=True)
+            x = gather_from_sequence_parallel_region(x, self.sequence_dimension, to_model_parallel=True,
+                                                     process_group=group)
         else:
-            x = copy_to_tensor_model_parallel_region(x)
+            x = copy_to_tensor_model_parallel_region(x, process_group=group)
         out = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)
         if self.gather_output:
-            out = gather_from_tensor_model_parallel_region(out)
+            out = gather_from_tensor_model_parallel_region(out, process_group=group)
         return (out, self.bias) if self.skip_bias_add else out
 
     def extra_repr(self) -> str:
@@ -131,16 +172,28 @@ class RowParallelLinear(nn.Module):
         stride: int = 1,
         init_method: Optional[InitMethod] = None,
         sequence_parallel_enabled: bool = False,
-        sequence_dimension: int = 0,
+        sequence_dimension: Optional[int] = None,
+        keep_master_weight: bool = False,
         skip_bias_add: bool = False,
+        pad: bool = False,
+        reduce_output: bool = True,
+        tensor_model_parallel_group: Any = None,
+        reduce_dtype: torch.dtype = torch.float32,
+        tile_cc: bool = False,
+        rank_ordering: Optional[list] = None,
     ) -> None:
         super().__init__()
-        tp, _ = _tp_size_rank()
+        self.tensor_parallel_group = tensor_model_parallel_group
+        tp, _ = _tp_size_rank(tensor_model_parallel_group)
+        _check_nxd_options("RowParallelLinear", pad, input_size % tp, rank_ordering)
         self.input_size, self.output_size = input_size, output_size
         self.input_size_per_partition = divide(input_size, tp, "RowParallelLinear input_size")
         self.input_is_parallel, self.stride = input_is_parallel, stride
-        self.sequence_parallel_enabled, self.sequence_dimension = sequence_parallel_enabled, sequence_dimension
-        self.skip_bias_add = skip_bias_add
+        self.sequence_parallel_enabled = sequence_parallel_enabled
+        self.sequence_dimension = _sequence_dimension(sequence_parallel_enabled, sequence_dimension)
+        self.skip_bias_add, self.keep_master_weight, self.reduce_dtype = skip_bias_add, keep_master_weight, reduce_dtype
+        # reduce_output=False (NxD): return this rank's partial sum; the caller reduces it.
+        self.reduce_output, self.pad = reduce_output, pad
         self.init_method = init_method or default_linear_init
         if sequence_parallel_enabled and not input_is_parallel:
             raise ValueError("RowParallelLinear: sequence_parallel_enabled=True needs input_is_parallel=True")
@@ -156,19 +209,31 @@ class RowParallelLinear(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init_sharded_(self.weight, (self.output_size, self.input_size), 1, self.stride, self.init_method)
+        init_sharded_(self.weight, (self.output_size, self.input_size), 1, self.stride, self.init_method,
+                      *self._rank_size())
         if self.bias is not None and not self.bias.is_meta:
             with torch.no_grad():
                 self.bias.zero_()
 
+    def _rank_size(self) -> tuple[int, int]:
+        size, rank = _tp_size_rank(self.tensor_parallel_group)
+        return rank, size
+
+    def init_weight_cpu(self) -> None:
+        """NxD's name for re-initialising the weights (e.g. after meta-device init)."""
+        self.reset_parameters()
+
     def forward(self, x: torch.Tensor):
+        group = self.tensor_parallel_group
         if not self.input_is_parallel:
-            x = scatter_to_tensor_model_parallel_region(x)
+            x = scatter_to_tensor_model_parallel_region(x, process_group=group)
         out = F.linear(x, self.weight)
-        if self.sequence_parallel_enabled:
-            out = reduce_scatter_to_sequence_parallel_region(out, self.sequence_dimension)
+        if not self.reduce_output:
+            pass
+        elif self.sequence_parallel_enabled:
+            out = reduce_scatter_to_sequence_parallel_region(out, self.sequence_dimension, process_group=group)
         else:
-            out = reduce_from_tensor_model_parallel_region(out)
+            out = reduce_from_tensor_model_parallel_region(out, process_group=group)
         if self.skip_bias_add:
             return out, self.bias
         return out + self.bias if self.bias is not None else out
@@ -187,17 +252,36 @@ class ParallelEmbedding(nn.Module):
         num_embeddings: int,
         embedding_dim: int,
         padding_idx: Optional[int] = None,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
         init_method: Optional[InitMethod] = None,
-        dtype: torch.dtype = torch.float32,
         device: Optional[torch.device] = None,
+        dtype: torch.dtype = torch.float32,
         shard_across_embedding: bool = False,
+        pad: bool = False,
         sequence_parallel_enabled: bool = False,
-        sequence_dimension: int = 0,
+        tensor_model_parallel_group: Any = None,
+        use_spmd_rank: bool = False,
+        sequence_dimension: Optional[int] = None,
+        tile_cc: bool = False,
+        rank_ordering: Optional[list] = None,
+        collect_output: bool = True,
     ) -> None:
         super().__init__()
-        tp, rank = _tp_size_rank()
+        self.tensor_model_parallel_group = tensor_model_parallel_group
+        tp, rank = _tp_size_rank(tensor_model_parallel_group)
+        _check_nxd_options("ParallelEmbedding", pad, (embedding_dim if shard_across_embedding else num_embeddings) % tp,
+                           rank_ordering)
+        if max_norm is not None or sparse:
+            raise ValueError("ParallelEmbedding: max_norm and sparse=True are not supported by nxd (as NxD on Neuron); "
+                             "leave max_norm=None, sparse=False")
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
-        self.shard_across_embedding = shard_across_embedding
+        self.norm_type, self.scale_grad_by_freq, self.collect_output = norm_type, scale_grad_by_freq, collect_output
+        self.shard_across_embedding, self.pad = shard_across_embedding, pad
+        # None (NxD's default): the output is transposed to NxD's [s, b, h] and split on dim 0 under
+        # sequence parallelism; an explicit dimension splits the [b, s, h] output on that dimension.
         self.sequence_parallel_enabled, self.sequence_dimension = sequence_parallel_enabled, sequence_dimension
         self.init_method = init_method or nn.init.normal_
         if shard_across_embedding:
@@ -213,31 +297,52 @@ class ParallelEmbedding(nn.Module):
         set_tensor_model_parallel_attributes(self.weight, True, self.partition_dim, 1)
         self.reset_parameters()
 
+    def init_weight_cpu(self) -> None:
+        """NxD's name for re-initialising the weights (e.g. after meta-device init)."""
+        self.reset_parameters()
+
     def reset_parameters(self) -> None:
-        init_sharded_(self.weight, (self.num_embeddings, self.embedding_dim), self.partition_dim, 1, self.init_method)
+        size, rank = _tp_size_rank(self.tensor_model_parallel_group)
+        init_sharded_(self.weight, (self.num_embeddings, self.embedding_dim), self.partition_dim, 1, self.init_method,
+                      rank, size)
         if self.padding_idx is not None and not self.weight.is_meta:
             local = self.padding_idx - self.vocab_start_index
             if 0 <= local < self.weight.size(0):
                 with torch.no_grad():
                     self.weight[local].zero_()
 
+    def _sequence_layout(self, out: torch.Tensor) -> tuple[torch.Tensor, int]:
+        if self.sequence_dimension is None:
+            return out.transpose(0, 1).contiguous(), 0  # [b, s, h] -> NxD's [s, b, h]
+        return out, self.sequence_dimension
+
+    def _embed(self, ids: torch.Tensor, padding_idx: Optional[int]) -> torch.Tensor:
+        return F.embedding(ids, self.weight, padding_idx, None, self.norm_type, self.scale_grad_by_freq)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        group = self.tensor_model_parallel_group
         if self.shard_across_embedding:
-            out = F.embedding(input_ids, self.weight, self.padding_idx)
-            out = gather_from_tensor_model_parallel_region(out)
+            out = self._embed(input_ids, self.padding_idx)
+            if not self.collect_output:
+                return out
+            out = gather_from_tensor_model_parallel_region(out, process_group=group)
             if self.sequence_parallel_enabled:
-                out = scatter_to_sequence_parallel_region(out, self.sequence_dimension)
+                out, dim = self._sequence_layout(out)
+                out = scatter_to_sequence_parallel_region(out, dim, process_group=group)
             return out
         outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)
         local_ids = (input_ids - self.vocab_start_index).masked_fill(outside, 0)
         local_pad = None
         if self.padding_idx is not None and self.vocab_start_index <= self.padding_idx < self.vocab_end_index:
             local_pad = self.padding_idx - self.vocab_start_index
-        out = F.embedding(local_ids, self.weight, local_pad)
+        out = self._embed(local_ids, local_pad)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        if not self.collect_output:
+            return out
         if self.sequence_parallel_enabled:
-            return reduce_scatter_to_sequence_parallel_region(out, self.sequence_dimension)
-        return reduce_from_tensor_model_parallel_region(out)
+            out, dim = self._sequence_layout(out)
+            return reduce_scatter_to_sequence_parallel_region(out, dim, process_group=group)
+        return reduce_from_tensor_model_parallel_region(out, process_group=group)
 
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, sharded_dim={self.partition_dim}, "

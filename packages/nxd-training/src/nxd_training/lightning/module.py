@@ -47,8 +47,10 @@ class NeuronLTModule(LightningModule):
     ) -> None:
         super().__init__()
         self.nxd_config = check_config(nxd_config)
-        if model_fn is None or not callable(model_fn):
-            raise ConfigError(f"NeuronLTModule: model_fn must be a callable that returns an nn.Module, got {model_fn!r}")
+        # As NxD: model_fn may be None when a subclass builds the model in its own setup().
+        if model_fn is None and type(self).setup is NeuronLTModule.setup or model_fn is not None and not callable(model_fn):
+            raise ConfigError(f"NeuronLTModule: model_fn must be a callable that returns an nn.Module (or override "
+                              f"setup() to build self.model), got {model_fn!r}")
         if isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
             raise ConfigError(f"NeuronLTModule: grad_accum_steps must be a positive integer, got {grad_accum_steps!r}")
         self.model_fn = model_fn
@@ -69,10 +71,10 @@ class NeuronLTModule(LightningModule):
         self.should_print = False
 
     # ------------------------------------------------------------------ building
-    def setup(self, stage: str | None = None) -> None:
+    def setup(self, stage: str | None = None, include_buffers: bool = False) -> None:
         if self.model is None:
-            self.model = nxd.initialize_parallel_model(self.nxd_config, self.model_fn, *self.model_args,
-                                                       **self.model_kwargs)
+            self.model = nxd.initialize_parallel_model(self.nxd_config, self.model_fn, include_buffers,
+                                                       *self.model_args, **self.model_kwargs)
         self.averaged_loss = torch.zeros((), device=self.device_for_loss())
         if self.automatic_optimization and self._trainer is not None:
             # Lightning's own accumulation (loss / N per micro-batch, one step every N batches).

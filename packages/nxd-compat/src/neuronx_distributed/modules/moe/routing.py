@@ -1,0 +1,7 @@
+"""``neuronx_distributed.modules.moe.routing`` (RouterTopK): from the nxd-moe plugin."""
+
+from nxd_compat.optional import require
+
+require("nxd_moe", "neuronx_distributed.modules.moe.routing", "nxd-moe")
+
+from nxd_moe import *  # noqa: E402, F403

@@ -1,0 +1,3 @@
+"""``neuronx_distributed.modules.rms_norm``: RMSNorm with sequence-parallel tagging."""
+
+from nxd_core_parallel.modules.rms_norm import *  # noqa: F403

@@ -1,0 +1,3 @@
+"""``neuronx_distributed.parallel_layers.loss_functions``: vocab-parallel cross entropy."""
+
+from nxd_core_parallel.parallel_layers.loss_functions import *  # noqa: F403

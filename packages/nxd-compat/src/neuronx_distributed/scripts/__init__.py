@@ -1,0 +1,1 @@
+"""``neuronx_distributed.scripts``."""

@@ -1,0 +1,16 @@
+"""``neuronx_distributed.trainer``: NxD's training entry points (nxd's facade)."""
+
+from nxd import (
+    finalize_checkpoint,
+    has_checkpoint,
+    initialize_parallel_model,
+    initialize_parallel_optimizer,
+    load_checkpoint,
+    neuronx_distributed_config,
+    save_checkpoint,
+)
+
+__all__ = [
+    "finalize_checkpoint", "has_checkpoint", "initialize_parallel_model", "initialize_parallel_optimizer",
+    "load_checkpoint", "neuronx_distributed_config", "save_checkpoint",
+]

@@ -1,0 +1,3 @@
+"""``neuronx_distributed.utils``."""
+
+from neuronx_distributed.utils import adamw_fp32_optim_params, batch_utils, logger, model_utils  # noqa: F401

@@ -1,0 +1,46 @@
+"""NxD's NKI attention kernels, computed with torch: flash attention on SDPA, ring attention on nxd's
+context-parallel ring."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def _check_dropout(dropout_p: float, seed: Any) -> None:
+    if dropout_p:
+        raise NotImplementedError(f"attention dropout (dropout_p={dropout_p}) with NxD's kernel RNG is not provided by "
+                                  "nxd-compat; use dropout_p=0.0")
+
+
+def nki_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lnc: int = 1, dropout_p: float = 0.0,
+                        softmax_scale: float | None = None, causal: bool = True, mixed_precision: bool = True,
+                        seed: Any = None, hardware_type: Any = None, transpose_nki_inputs: bool = True) -> torch.Tensor:
+    """NxD's flash attention: ``q``/``k``/``v`` ``[b, heads, s, d]``, or ``[b, heads, d, s]`` with
+    ``transpose_nki_inputs`` (the kernel's layout); returns ``[b, heads, s, d]``. ``mixed_precision``
+    keeps the softmax in fp32 as the kernel does."""
+    _check_dropout(dropout_p, seed)
+    if transpose_nki_inputs:
+        q, k, v = (t.transpose(-1, -2) for t in (q, k, v))
+    dtype = q.dtype
+    if mixed_precision and dtype in (torch.bfloat16, torch.float16):
+        q, k, v = q.float(), k.float(), v.float()
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=softmax_scale)
+    return out.to(dtype)
+
+
+def nki_ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank_id: int, src_tgt_pairs: Any,
+                       dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = True,
+                       mixed_precision: bool = True, seed: Any = None) -> torch.Tensor:
+    """NxD's ring attention over the context-parallel group: ``q``/``k``/``v`` ``[b, heads, local_s, d]``
+    hold this CP rank's contiguous slice of the sequence (NxD's ``get_batch_on_this_context_parallel_rank``);
+    returns ``[b, heads, local_s, d]``. ``rank_id`` / ``src_tgt_pairs`` describe the same ring nxd builds
+    from the CP group."""
+    _check_dropout(dropout_p, seed)
+    from neuronx_distributed.parallel_layers import parallel_state
+    from nxd_core_parallel.context_parallel import ring_attention
+
+    return ring_attention(q, k, v, parallel_state.get_context_model_parallel_group(), causal=causal,
+                          load_balance=False, scale=softmax_scale)

@@ -1,0 +1,49 @@
+"""``nxd-compat-run SCRIPT [ARGS...]``: run an NxD script written for torch-xla, unchanged, on CPU or CUDA.
+
+Where torch-xla is not installed, a stand-in for the ``torch_xla`` modules NxD's examples import
+(``core.xla_model``, ``runtime``, ``distributed.parallel_loader``, ``distributed.xla_multiprocessing``,
+``utils.checkpoint``) is put on the path, ``init_process_group("xla")`` gets gloo (CPU) or NCCL (CUDA),
+and tensors made on ``device="xla"`` land on nxd's device. Where torch-xla is installed the script
+runs as is. Launch ranks with torchrun: ``torchrun --nproc-per-node 2 -m nxd_compat.run train.py ...``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import sys
+from pathlib import Path
+
+STAND_IN = Path(__file__).parent / "xla_stand_in"
+
+
+def _say(message: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        print(f"nxd-compat-run: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        raise SystemExit(0 if args else 2)
+    script = Path(args[0])
+    if not script.is_file():
+        raise SystemExit(f"nxd-compat-run: {script} is not a file; usage: nxd-compat-run SCRIPT [ARGS...]")
+    if importlib.util.find_spec("torch_xla") is not None:
+        _say("torch-xla is installed; running the script on it as is")
+    else:
+        sys.path.insert(0, str(STAND_IN))
+        from nxd_compat import xla_emulation
+
+        xla_emulation.install()
+        _say(f"torch-xla is not installed; its calls run on nxd's {os.environ['NXD_BACKEND']} backend "
+             "(process group 'xla' = gloo on CPU, NCCL on CUDA)")
+    sys.argv = [str(script), *args[1:]]
+    sys.path.insert(0, str(script.resolve().parent))
+    runpy.run_path(str(script), run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""What ``nxd-compat-run`` sets up so a script written for torch-xla runs on CPU or CUDA: the
+``"xla"`` process-group backend (gloo on CPU, NCCL on CUDA) and tensors created on ``device="xla"``
+landing on nxd's device. Only ever installed by the runner, and only when torch-xla is absent."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_installed: list[Any] = []  # keeps the torch.library registration alive
+
+
+def backend_name() -> str:
+    """nxd's backend for the stand-in: NXD_BACKEND if set (never xla), else cuda when available, else cpu."""
+    chosen = os.environ.get("NXD_BACKEND") or ("cuda" if torch.cuda.is_available() else "cpu")
+    if chosen == "xla":
+        raise RuntimeError("nxd-compat-run emulates torch-xla on CPU/CUDA; NXD_BACKEND=xla needs the real torch-xla")
+    return chosen
+
+
+def _make_process_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
+    if backend_name() == "cuda":
+        return dist.ProcessGroupNCCL(store, rank, size)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def _empty_on_nxd_device(size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None,
+                         pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
+    from nxd_core_parallel.backends import get_device
+
+    return torch.empty(size, dtype=dtype, layout=layout, device=get_device(), memory_format=memory_format)
+
+
+def install() -> None:
+    """Register the ``xla`` process-group backend and the ``xla`` device allocation (idempotent)."""
+    if _installed:
+        return
+    os.environ["NXD_BACKEND"] = backend_name()
+    if "xla" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("xla", _make_process_group, devices=[backend_name()])
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("empty.memory_format", _empty_on_nxd_device, "XLA")
+    _installed.append(library)
+
+
+def installed() -> bool:
+    return bool(_installed)

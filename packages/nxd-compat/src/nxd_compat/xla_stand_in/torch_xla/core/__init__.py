@@ -1,0 +1,1 @@
+"""torch_xla.core (nxd-compat stand-in)."""

@@ -1,0 +1,1 @@
+"""torch_xla.experimental (nxd-compat stand-in)."""

@@ -1,0 +1,1 @@
+"""torch_xla.utils (nxd-compat stand-in)."""

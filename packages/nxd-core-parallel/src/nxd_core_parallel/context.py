@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
+import nxd
 from nxd.parallel import DEFAULT_TIMEOUT, ParallelContext, ParallelDim, kv_shared_layout, rank_layout
 
 
@@ -45,8 +47,8 @@ def build_parallel_context(
 ) -> ParallelContext:
     """Create every group of every dimension. Collective: every rank calls it with the same sizes.
 
-    ``backend`` is a registered backend object (default: the one the default process group uses,
-    found through ``nxd.get_backend``); it supplies the device.
+    ``backend`` is a registered backend object (default: the one ``NXD_BACKEND`` pins, else the one
+    the default process group uses, found through ``nxd.get_backend``); it supplies the device.
     """
     from nxd.parallel import backend_for_process_group
 
@@ -56,7 +58,10 @@ def build_parallel_context(
     cp, ep = int(context_parallel_size), int(expert_model_parallel_size)
     world, rank = dist.get_world_size(), dist.get_rank()
     layout = rank_layout(world, tp=tp, pp=pp, cp=cp, ep=ep)
-    backend = backend if backend is not None else backend_for_process_group()
+    if backend is None:
+        # A pin wins (e.g. nxd-compat-run: an "xla"-named process group emulated on gloo/NCCL).
+        pinned = os.environ.get("NXD_BACKEND")
+        backend = nxd.get_backend(pinned) if pinned else backend_for_process_group()
     timeout = timeout or DEFAULT_TIMEOUT
     make = _GroupMaker(rank, timeout)
     dims = {name: make.dim(name, layout[name]) for name in ("tp", "dp", "pp", "cp", "dp_cp", "ep", "edp")}

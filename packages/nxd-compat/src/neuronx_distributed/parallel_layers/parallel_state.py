@@ -1,8 +1,8 @@
 """``neuronx_distributed.parallel_layers.parallel_state``: nxd's process groups with NxD's names.
 
-NxD's ``get_*_replica_groups()`` list every group of a kind (XLA's replica-group form), and the
-context-parallel getters describe the CP dimension; until nxd-core-parallel's parallel context
-provides them they are derived here from nxd's rank layout, with context parallel size 1.
+Everything is nxd-core-parallel's facade over the parallel context; added here are NxD's
+``get_*_replica_groups()`` (every group of a dimension, XLA's replica-group form), the ring pairs
+of the context-parallel group, ``arrange_kv_groups`` and NxD's log helpers.
 """
 
 from __future__ import annotations
@@ -11,79 +11,54 @@ from typing import Any
 
 import torch.distributed as dist
 
+import nxd
 from nxd_core_parallel.parallel_state import *  # noqa: F403
 from nxd_core_parallel.parallel_state import (
+    get_context_model_parallel_rank,
     get_data_parallel_rank,
-    get_data_parallel_size,
     get_pipeline_model_parallel_rank,
-    get_pipeline_model_parallel_size,
     get_tensor_model_parallel_rank,
-    get_tensor_model_parallel_size,
     model_parallel_is_initialized,
 )
 
 
-def _sizes() -> tuple[int, int, int]:
-    return get_tensor_model_parallel_size(), get_data_parallel_size(), get_pipeline_model_parallel_size()
+def _replica_groups(dimension: str) -> list[list[int]]:
+    return [list(ranks) for ranks in nxd.get_parallel_context().dim(dimension).all_ranks]
 
 
 def get_tensor_model_parallel_replica_groups() -> list[list[int]]:
-    tp, dp, pp = _sizes()
-    return [[p * dp * tp + d * tp + t for t in range(tp)] for p in range(pp) for d in range(dp)]
+    return _replica_groups("tp")
 
 
 def get_data_parallel_replica_groups() -> list[list[int]]:
-    tp, dp, pp = _sizes()
-    return [[p * dp * tp + d * tp + t for d in range(dp)] for p in range(pp) for t in range(tp)]
+    return _replica_groups("dp")
 
 
 def get_pipeline_model_parallel_replica_groups() -> list[list[int]]:
-    tp, dp, pp = _sizes()
-    return [[p * dp * tp + d * tp + t for p in range(pp)] for d in range(dp) for t in range(tp)]
-
-
-try:  # the parallel context's CP dimension, once nxd-core-parallel has it
-    from nxd_core_parallel.parallel_state import (
-        get_context_model_parallel_group,
-        get_context_model_parallel_rank,
-        get_context_model_parallel_size,
-    )
-except ImportError:
-    _CP_GROUPS: dict[int, Any] = {}
-
-    def get_context_model_parallel_size() -> int:
-        return 1
-
-    def get_context_model_parallel_rank() -> int:
-        return 0
-
-    def get_context_model_parallel_group(as_list: bool = False) -> Any:
-        """This rank alone (context parallel size 1)."""
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        if as_list:
-            return [rank]
-        if rank not in _CP_GROUPS:
-            _CP_GROUPS[rank] = dist.new_group([rank], use_local_synchronization=True)
-        return _CP_GROUPS[rank]
+    return _replica_groups("pp")
 
 
 def get_context_model_parallel_replica_groups() -> list[list[int]]:
-    if get_context_model_parallel_size() == 1:
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        return [[r] for r in range(world)]
-    raise NotImplementedError("get_context_model_parallel_replica_groups at context parallel size > 1 needs "
-                              "nxd-core-parallel's parallel context")
+    return _replica_groups("cp")
+
+
+def get_expert_model_parallel_replica_groups() -> list[list[int]]:
+    return _replica_groups("ep")
+
+
+def get_expert_data_parallel_replica_groups() -> list[list[int]]:
+    return _replica_groups("edp")
+
+
+def get_zero1_sharding_groups() -> list[list[int]]:
+    """NxD's ZeRO-1 sharding groups: data parallel, joined with context parallel when CP > 1."""
+    return _replica_groups("dp_cp")
 
 
 def get_context_model_parallel_src_tgt_pairs() -> list[list[int]]:
     """The ring of this rank's CP group as ``[source, target]`` pairs (NxD's ring-attention input)."""
-    group = get_context_model_parallel_group(as_list=True)
-    ranks = list(group[0] if group and isinstance(group[0], list) else group)
+    ranks = list(nxd.get_parallel_context().cp.ranks)
     return [[ranks[i], ranks[(i + 1) % len(ranks)]] for i in range(len(ranks))]
-
-
-def get_zero1_sharding_groups() -> list[list[int]]:
-    return get_data_parallel_replica_groups()
 
 
 def arrange_kv_groups(num_tensor_model_parallel_groups: int = 1, tensor_model_parallel_size: int = 1,

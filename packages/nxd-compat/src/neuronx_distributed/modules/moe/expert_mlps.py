@@ -1,7 +1,9 @@
-"""``neuronx_distributed.modules.moe.expert_mlps`` (ExpertMLPs): from the nxd-moe plugin."""
+"""``neuronx_distributed.modules.moe.expert_mlps``: nxd-moe's ``ExpertMLPs``."""
 
 from nxd_compat.optional import require
 
 require("nxd_moe", "neuronx_distributed.modules.moe.expert_mlps", "nxd-moe")
 
-from nxd_moe import *  # noqa: E402, F403
+from nxd_moe import ExpertMLPs  # noqa: E402
+
+__all__ = ["ExpertMLPs"]

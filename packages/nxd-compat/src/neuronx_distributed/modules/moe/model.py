@@ -1,7 +1,10 @@
-"""``neuronx_distributed.modules.moe.model`` (MoE): from the nxd-moe plugin."""
+"""``neuronx_distributed.modules.moe.model``: NxD's ``MoE`` name for nxd-moe's ``MoELayer`` (its
+constructor takes nxd-moe's arguments; see docs/migration.md)."""
 
 from nxd_compat.optional import require
 
 require("nxd_moe", "neuronx_distributed.modules.moe.model", "nxd-moe")
 
-from nxd_moe import *  # noqa: E402, F403
+from nxd_moe import MoELayer as MoE  # noqa: E402
+
+__all__ = ["MoE"]

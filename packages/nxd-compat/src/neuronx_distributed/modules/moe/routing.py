@@ -1,7 +1,9 @@
-"""``neuronx_distributed.modules.moe.routing`` (RouterTopK): from the nxd-moe plugin."""
+"""``neuronx_distributed.modules.moe.routing``: nxd-moe's routers."""
 
 from nxd_compat.optional import require
 
 require("nxd_moe", "neuronx_distributed.modules.moe.routing", "nxd-moe")
 
-from nxd_moe import *  # noqa: E402, F403
+from nxd_moe import RouterSinkhorn, RouterTopK  # noqa: E402
+
+__all__ = ["RouterSinkhorn", "RouterTopK"]

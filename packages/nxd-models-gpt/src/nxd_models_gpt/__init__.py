@@ -4,7 +4,12 @@ Megatron-LM / NeMo checkpoint loading."""
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.generate import gather_vocab_logits, generate
 from nxd_models_gpt.hf_io import collect_hf_state_dict, load_hf_checkpoint, save_hf_checkpoint
-from nxd_models_gpt.megatron_ckpt import config_from_megatron_args, load_megatron_checkpoint, read_megatron_state_dict
+from nxd_models_gpt.megatron_ckpt import (
+    config_from_megatron_args,
+    load_megatron_checkpoint,
+    read_megatron_state_dict,
+    save_megatron_checkpoint,
+)
 from nxd_models_gpt.modeling import (
     GPTMLP,
     CausalLMOutput,
@@ -20,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "GPTMLP", "PRESETS", "SPEC", "CausalLMOutput", "GPTConfig", "GPTCoreAttention", "GPTForCausalLM",
-    "GPTSelfAttention", "GPTTransformerLayer", "build", "collect_hf_state_dict", "config_from_megatron_args", "flops_per_token",
-    "gather_vocab_logits", "generate", "load_hf_checkpoint", "load_megatron_checkpoint", "preset", "read_megatron_state_dict", "save_hf_checkpoint",
+    "GPTSelfAttention", "GPTTransformerLayer", "build", "collect_hf_state_dict", "config_from_megatron_args",
+    "flops_per_token", "gather_vocab_logits", "generate", "load_hf_checkpoint", "load_megatron_checkpoint", "preset",
+    "read_megatron_state_dict", "save_hf_checkpoint", "save_megatron_checkpoint",
 ]

@@ -19,6 +19,7 @@ of the checkpoint is dropped and this model's padding added (zeros).
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Mapping
@@ -299,3 +300,88 @@ def _check_args(args: Any, config: Any, path: Any) -> None:
     for key, ours in checks.items():
         if a.get(key) is not None and a[key] != ours:
             raise MegatronCheckpointError(f"{path}: checkpoint args.{key}={a[key]!r} but the model has {key}={ours!r}")
+
+
+_LEGACY_NAMES = (("self_attention.linear_qkv.", "self_attention.query_key_value."),
+                 ("self_attention.linear_proj.", "self_attention.dense."),
+                 ("pre_mlp_layernorm.", "post_attention_layernorm."),
+                 ("mlp.linear_fc1.", "mlp.dense_h_to_4h."), ("mlp.linear_fc2.", "mlp.dense_4h_to_h."))
+
+
+def _legacy_key(name: str, post_ln: bool) -> list[str]:
+    """nxd name (stage-local layer number) -> path inside ``model['language_model']``."""
+    if name.startswith("embedding."):
+        return ["embedding", name.split(".")[1], name.rsplit(".", 1)[1]]
+    if name.startswith("output_layer."):
+        return ["output_layer", name.rsplit(".", 1)[1]]
+    key = name.replace("decoder.", "", 1)
+    if post_ln:
+        key = key.replace("post_attention_layernorm.", "input_layernorm.").replace(
+            "post_mlp_layernorm.", "post_attention_layernorm.")
+    for ours, theirs in _LEGACY_NAMES:
+        key = key.replace(ours, theirs)
+    return ["encoder", key]
+
+
+@torch.no_grad()
+def save_megatron_checkpoint(state: dict[str, torch.Tensor], config: Any, out_dir: str | os.PathLike,
+                             tp: int = 1, pp: int = 1, iteration: int = 0) -> None:
+    """Write a full (TP=1, nxd-named) GPT state dict as a Megatron-LM checkpoint in the legacy layout:
+    ``out_dir/iter_XXXXXXX/mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt`` (weights, ``args``,
+    ``checkpoint_version`` 3.0; no optimizer) and ``latest_checkpointed_iteration.txt``. The
+    vocabulary is padded Megatron's way for ``tp`` (zero rows)."""
+    from nxd_models_gpt.config import GPTConfig
+
+    config = GPTConfig.from_dict(config) if isinstance(config, dict) else config
+    if config.num_layers % pp:
+        raise ValueError(f"num_layers ({config.num_layers}) must be divisible by pp ({pp})")
+    gated, post_ln = config.activation == "swiglu", config.transformer_block_type == "post_ln"
+    padded = config.padded_vocab_size(tp)
+    per = config.num_layers // pp
+    args = argparse.Namespace(
+        num_layers=config.num_layers, hidden_size=config.hidden_size, ffn_hidden_size=config.ffn_hidden_size,
+        num_attention_heads=config.num_attention_heads, kv_channels=config.kv_channels,
+        group_query_attention=config.num_query_groups != config.num_attention_heads,
+        num_query_groups=config.num_query_groups, max_position_embeddings=config.max_position_embeddings,
+        padded_vocab_size=padded, make_vocab_size_divisible_by=config.make_vocab_size_divisible_by,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, swiglu=gated,
+        normalization=config.normalization, norm_epsilon=config.layernorm_epsilon,
+        position_embedding_type=config.position_embedding_type, rotary_percent=config.rotary_percentage,
+        rotary_base=config.rotary_base, add_bias_linear=config.has_bias,
+        untie_embeddings_and_output_weights=not config.share_embeddings_and_output_weights,
+        openai_gelu=config.openai_gelu, init_method_std=config.init_method_std,
+        apply_query_key_layer_scaling=config.apply_query_key_layer_scaling,
+        hidden_dropout=config.hidden_dropout, attention_dropout=config.attention_dropout)
+    root = Path(out_dir)
+    iter_dir = root / f"iter_{iteration:07d}"
+    for name in list(state):
+        if name.endswith(("word_embeddings.weight", "output_layer.weight")):
+            real = state[name][: config.vocab_size]
+            state = {**state, name: torch.cat([real, real.new_zeros(padded - config.vocab_size, real.shape[1])])}
+    for pp_rank in range(pp):
+        first, last = pp_rank == 0, pp_rank == pp - 1
+        for tp_rank in range(tp):
+            lm: dict[str, Any] = {}
+            for name, tensor in state.items():
+                if name.startswith("embedding.") and not first:
+                    continue
+                if name.startswith(("output_layer.", "decoder.final_layernorm.")) and not last:
+                    continue
+                if name == "output_layer.weight" and config.share_embeddings_and_output_weights:
+                    continue
+                m = re.match(r"^decoder\.layers\.(\d+)\.(.+)$", name)
+                local = name
+                if m:
+                    if int(m.group(1)) // per != pp_rank:
+                        continue
+                    local = f"decoder.layers.{int(m.group(1)) % per}.{m.group(2)}"
+                path = _legacy_key(local, post_ln)
+                node = lm
+                for part in path[:-1]:
+                    node = node.setdefault(part, {})
+                node[path[-1]] = _shard(name, tensor, tp, tp_rank, gated).clone()
+            d = iter_dir / (f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else ""))
+            d.mkdir(parents=True, exist_ok=True)
+            torch.save({"args": args, "checkpoint_version": 3.0, "iteration": iteration,
+                        "model": {"language_model": lm}}, d / "model_optim_rng.pt")
+    (root / "latest_checkpointed_iteration.txt").write_text(f"{iteration}\n")

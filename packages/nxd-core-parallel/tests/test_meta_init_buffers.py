@@ -1,0 +1,39 @@
+"""NxD's ``include_buffers`` under meta-device init, and NxD's ``param_init_fn(module, device)``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import nxd
+
+
+class WithBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("table", torch.arange(4.0))
+
+
+def _init(module: nn.Module, device: torch.device) -> None:
+    if isinstance(module, nn.Linear):
+        module.weight.fill_(0.5)
+        module.bias.zero_()
+    if isinstance(module, WithBuffer):  # only reached when its buffer was on meta (include_buffers=True)
+        module.table.fill_(7.0)
+
+
+def build(include_buffers: bool) -> WithBuffer:
+    config = nxd.neuronx_distributed_config(model_init_config={"meta_device_init": True, "param_init_fn": _init})
+    return nxd.initialize_parallel_model(config, WithBuffer, include_buffers).module
+
+
+def test_buffers_keep_their_values_without_include_buffers():
+    model = build(False)
+    assert torch.equal(model.table, torch.arange(4.0))  # made for real, never on meta
+    assert torch.equal(model.linear.weight, torch.full((4, 4), 0.5))  # param_init_fn(module, device) ran
+
+
+def test_include_buffers_puts_buffers_on_meta_too():
+    model = build(True)
+    assert torch.equal(model.table, torch.full((4,), 7.0))  # re-initialised by param_init_fn after meta

@@ -90,3 +90,17 @@ def all_reduce(reduce_type: str, inputs: torch.Tensor | list[torch.Tensor], scal
         if scale != 1.0:
             t.mul_(scale)
     return inputs if isinstance(inputs, list) else tensors[0]
+
+
+def add_step_closure(closure: Any, args: tuple = (), run_async: bool = False) -> None:
+    """XLA runs ``closure(*args)`` once the step's graph has executed; eager execution already has."""
+    closure(*args)
+
+
+def rendezvous(tag: str, payload: bytes = b"", replicas: Sequence[int] = ()) -> list[bytes]:
+    """Every rank meets here; returns every rank's ``payload`` (XLA's ``xm.rendezvous``)."""
+    if not dist.is_initialized():
+        return [payload]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, payload)
+    return gathered

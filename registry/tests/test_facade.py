@@ -23,7 +23,7 @@ import nxd
         ({"activation_checkpoint_config": "some"}, "activation_checkpoint_config must be None, 'full', or an nn.Module class"),
         ({"sequence_parallel": 1}, "sequence_parallel must be True or False, got 1"),
         ({"mixed_precision_config": {"use_master_weights": True}}, "use_master_weights=True needs optimizer_config.zero_one_enabled=True"),
-        ({"context_parallel_size": 2}, "context_parallel_size=2 is not supported"),
+        ({"context_parallel_size": 0}, "context_parallel_size must be a positive integer, got 0"),
     ],
 )
 def test_bad_config_names_the_field(kwargs, message):

@@ -51,6 +51,8 @@ BAD = [
     ({"trainer": {"max_steps": -1}}, ["max_steps", "max_epochs"]),
     ({"precision": {"type": "mixed_precision"}}, ["precision.type=mixed_precision", "zero1"]),
     ({"distributed_strategy": {"context_parallel_size": 2}}, ["context_parallel_size"]),
+    ({"distributed_strategy": {"context_parallel_size": 2, "tensor_model_parallel_size": 1}, "data": {"seq_length": 30}},
+     ["seq_length=30", "2 x context_parallel_size = 4"]),
     ({"exp_manager": {"checkpoint_callback_params": {"filename": "{nope}"}}}, ["filename", "{step}"]),
     ({"trainer": {"num_nodes": 2}}, ["launcher.rdzv_endpoint"]),
     ({"model": {"optim": {"sched": {"name": "cosine", "warmup_steps": 10}}}}, ["warmup_steps", "exceeds"]),

@@ -109,10 +109,9 @@ def neuronx_distributed_config(
     tp = _positive_int("tensor_parallel_size", tensor_parallel_size)
     pp = _positive_int("pipeline_parallel_size", pipeline_parallel_size)
     ep = _positive_int("expert_parallel_size", expert_parallel_size)
-    cp = _positive_int("context_parallel_size", context_parallel_size)
-    for field, value in (("expert_parallel_size", ep), ("context_parallel_size", cp)):
-        if value != 1:
-            raise ConfigError(f"{field}={value} is not supported by nxd yet; use 1")
+    cp = _positive_int("context_parallel_size", context_parallel_size)  # any size: the model spec decides (CP)
+    if ep != 1:
+        raise ConfigError(f"expert_parallel_size={ep} is not supported by nxd yet; use 1")
     _positive_int("lnc_size", lnc_size)
     optimizer = _merge("optimizer_config", optimizer_config, DEFAULT_OPTIMIZER_CONFIG)
     _bool("optimizer_config.zero_one_enabled", optimizer["zero_one_enabled"])

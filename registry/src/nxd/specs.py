@@ -46,6 +46,11 @@ class ModelSpec:
     presets: dict[str, dict] = field(default_factory=dict)
     #: anything else a plugin wants to publish (HF key mapping, ...)
     extras: dict[str, Any] = field(default_factory=dict)
+    #: the model runs under context parallelism (``context_parallel_size > 1``): given this CP
+    #: rank's chunks of each sample (``nxd_core_parallel.context_parallel.split_batch_for_context_parallel``)
+    #: its attention spans the CP ranks (ring attention) and its loss is the mean over every CP
+    #: rank's tokens. Models without it are refused under CP before launch.
+    context_parallel: bool = False
 
 
 @runtime_checkable

@@ -63,12 +63,12 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
     if model is not None:
         module = unwrap_model(model)
         state = module.state_dict() if hasattr(module, "state_dict") else dict(module)
-        if topo.dp_rank == 0:
+        if topo.writes_replica:
             # safetensors refuses tied (shared-storage) tensors, so its snapshot always copies
             data = snap(state, "model", copy=not fmt.nested)
             plan.files.append((f"model/{shard_name(0, topo.tp_rank, topo.pp_rank, fmt.suffix)}", fmt, data))
             plan.tensors = tensor_entries(data, shardings_of(module), topo)
-    if optimizer is not None and (zero1 or topo.dp_rank == 0):
+    if optimizer is not None and topo.cp_rank == 0 and (zero1 or topo.dp_rank == 0):
         plan.files.append((f"optim/{shard_name(topo.dp_rank if zero1 else 0, topo.tp_rank, topo.pp_rank)}",
                            torch_fmt, snap(optimizer.state_dict(), "optim")))
     if topo.rank == 0:

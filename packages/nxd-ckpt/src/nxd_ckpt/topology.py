@@ -25,10 +25,17 @@ class Topology:
     tp_rank: int
     pp_rank: int
     dp_rank: int
+    #: context-parallel rank: CP ranks hold the same weights and optimizer state, only CP rank 0 writes
+    cp_rank: int = 0
 
     @property
     def distributed(self) -> bool:
         return self.world > 1
+
+    @property
+    def writes_replica(self) -> bool:
+        """Whether this rank writes the (DP- and CP-replicated) model and plain optimizer state."""
+        return self.dp_rank == 0 and self.cp_rank == 0
 
     def degrees(self) -> dict[str, int]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "world": self.world}
@@ -42,7 +49,7 @@ def current_topology() -> Topology:
     if context is None:
         return Topology(rank, world, 1, 1, world, 0, 0, rank)
     return Topology(rank, world, context.tp.size, context.pp.size, context.dp.size,
-                    context.tp.rank, context.pp.rank, context.dp.rank)
+                    context.tp.rank, context.pp.rank, context.dp.rank, context.cp.rank)
 
 
 class GroupGone(CheckpointError):

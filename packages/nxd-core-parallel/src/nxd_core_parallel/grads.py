@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nxd.parallel import get_parallel_context
 from nxd_core_parallel import parallel_state
 
 #: Bytes per all-reduce bucket (NxD uses 512 MB on device; smaller buckets suit CPU caches).
@@ -59,13 +60,32 @@ def _allreduce_flat(tensors: list[torch.Tensor], group: Any, average: bool, cap_
 
 def bucket_allreduce_gradients(grads: Iterable[torch.Tensor], group: Any = None,
                                bucket_cap_bytes: int = BUCKET_CAP_BYTES) -> None:
-    """Average ``grads`` in place over the data-parallel group (or ``group``), packed into
-    flat buckets so each bucket is one collective. Buckets go in reverse order, like NxD."""
+    """Average ``grads`` in place over the data-parallel group (data x context parallel under CP;
+    or ``group``), packed into flat buckets so each bucket is one collective. Buckets go in reverse
+    order, like NxD."""
     if group is None:
         if not parallel_state.model_parallel_is_initialized():
             return
-        group = parallel_state.get_data_parallel_group()
+        group = gradient_reduction_group()
     _allreduce_flat(list(grads)[::-1], group, average=True, cap_bytes=bucket_cap_bytes)
+
+
+def allreduce_context_parallel_gradients(parameters: Any, bucket_cap_bytes: int = BUCKET_CAP_BYTES) -> None:
+    """Average every gradient over the context-parallel group (NxD's name). CP ranks hold the same
+    parameters but different tokens; the CP loss (``context_parallel_token_mean``) scales each
+    rank's gradient by the CP size, so the average is the exact gradient of the global mean loss."""
+    if not parallel_state.model_parallel_is_initialized() or parallel_state.get_context_model_parallel_size() == 1:
+        return
+    grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
+    _allreduce_flat(grads[::-1], parallel_state.get_context_model_parallel_group(), average=True,
+                    cap_bytes=bucket_cap_bytes)
+
+
+def gradient_reduction_group() -> Any:
+    """The group replicated parameters' gradients are averaged over: data x context parallel
+    (one collective for both; the DP group alone when CP is 1)."""
+    context = get_parallel_context()
+    return context.dp_cp.group if context.cp.size > 1 else context.dp.group
 
 
 def allreduce_sequence_parallel_gradients(parameters: Any) -> None:

@@ -15,6 +15,7 @@ from nxd_core_parallel.grads import (
     allreduce_sequence_parallel_gradients,
     bucket_allreduce_gradients,
     clip_grad_norm,
+    gradient_reduction_group,
     is_expert_parallel,
 )
 
@@ -114,7 +115,8 @@ class NxDModel(nn.Module):
 def _overlap_possible(nxd_config: dict) -> bool:
     from nxd_core_parallel.backends import current_backend
 
-    if not parallel_state.model_parallel_is_initialized() or parallel_state.get_data_parallel_size() == 1:
+    if not parallel_state.model_parallel_is_initialized() or \
+            parallel_state.get_data_parallel_size() * parallel_state.get_context_model_parallel_size() == 1:
         return False
     # Pipeline schedules run one backward per micro-batch; lazy XLA tensors have no eager hooks.
     if nxd_config.get("pipeline_parallel_size", 1) > 1 or parallel_state.get_pipeline_model_parallel_size() > 1:
@@ -154,7 +156,7 @@ class NxDOptimizer(torch.optim.Optimizer):
             params = [p for p in self._params() if not (sp and getattr(p, "sequence_parallel_enabled", False))
                       and not is_expert_parallel(p)]
             self._reducer = dp_overlap.OverlappedGradReducer(
-                params, parallel_state.get_data_parallel_group(), bucket_cap_bytes=bucket_cap_bytes,
+                params, gradient_reduction_group(), bucket_cap_bytes=bucket_cap_bytes,
                 first_bucket_cap_bytes=min(dp_overlap.FIRST_BUCKET_CAP_BYTES, bucket_cap_bytes))
 
     @property
@@ -203,7 +205,8 @@ class NxDOptimizer(torch.optim.Optimizer):
             allreduce_sequence_parallel_gradients(params)
         allreduce_expert_parallel_gradients(params)
         params = [p for p in params if not is_expert_parallel(p)]
-        if parallel_state.model_parallel_is_initialized() and parallel_state.get_data_parallel_size() > 1:
+        if parallel_state.model_parallel_is_initialized() and \
+                parallel_state.get_data_parallel_size() * parallel_state.get_context_model_parallel_size() > 1:
             if self._reducer is None:
                 bucket_allreduce_gradients([p.grad for p in params if p.grad is not None])
             else:

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from nxd.errors import ConfigError
 from nxd_core_parallel import parallel_state
+from nxd_core_parallel.context_parallel import context_parallel_token_mean, local_positions, ring_attention
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import (
@@ -75,13 +77,37 @@ class KVCache:
         return k, v
 
 
+def _context_parallel_size() -> int:
+    return parallel_state.get_context_model_parallel_size() if parallel_state.model_parallel_is_initialized() else 1
+
+
+def _plain_causal_under_cp(attention_mask: torch.Tensor) -> None:
+    """Ring attention is plain causal attention: accept a ``[batch, seq]`` mask only when it is one
+    segment without padding on every CP rank (checked together, so all ranks agree)."""
+    if attention_mask.dim() == 2:
+        bounds = torch.stack([attention_mask.min(), -attention_mask.max()]).to(torch.float64)
+        dist.all_reduce(bounds, op=dist.ReduceOp.MIN, group=parallel_state.get_context_model_parallel_group())
+        if bounds[0] == -bounds[1] and bounds[0] != 0:
+            return None
+    raise ValueError(
+        "context parallelism runs causal attention only: this batch's attention_mask / segment_ids has padding, "
+        "several packed segments or an explicit mask (use context_parallel_size=1 for packed/padded batches)"
+    )
+
+
 class LlamaCoreAttention(nn.Module):
-    """softmax(QK^T / sqrt(d)) V through SDPA; the part selective activation checkpointing recomputes."""
+    """softmax(QK^T / sqrt(d)) V through SDPA, or ring attention over the CP ranks under context
+    parallelism; the part selective activation checkpointing recomputes."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``q`` ``[b, heads, s_q, d]``, ``k``/``v`` ``[b, kv_heads, s_k, d]``; without a mask,
         causal when ``s_q == s_k`` and unmasked for single-token decoding."""
+        if _context_parallel_size() > 1:
+            if attention_mask is not None or q.shape[2] != k.shape[2]:
+                raise ValueError("context parallelism runs causal attention only: no attention mask, segment ids "
+                                 "or KV cache (use context_parallel_size=1 for packed/padded batches or decoding)")
+            return ring_attention(q, k, v, parallel_state.get_context_model_parallel_group(), causal=True)
         groups = q.shape[1] // k.shape[1]
         if groups > 1:  # each local KV head serves `groups` consecutive local query heads
             k = k.repeat_interleave(groups, dim=1)
@@ -220,9 +246,16 @@ class LlamaModel(nn.Module):
                 f"sequence length {s} must be divisible by tensor_parallel_size "
                 f"{parallel_state.get_tensor_model_parallel_size()} with sequence parallelism"
             )
+        cp = _context_parallel_size()
+        if position_ids is None and cp > 1:
+            # this rank's chunks of the sequence (the batch was split with the same layout)
+            position_ids = local_positions(s, parallel_state.get_context_model_parallel_rank(), cp, past=past,
+                                           device=input_ids.device).unsqueeze(0).expand(b, s)
         if position_ids is None:
             position_ids = torch.arange(past, past + s, device=input_ids.device).unsqueeze(0).expand(b, s)
         cos, sin = self.rotary_emb(position_ids, dtype)
+        if cp > 1 and attention_mask is not None:
+            attention_mask = _plain_causal_under_cp(attention_mask)
         return cos, sin, build_attention_mask(attention_mask, b, s, past, dtype, input_ids.device)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -341,5 +374,9 @@ def causal_lm_loss(vocab_parallel_logits: torch.Tensor, labels: torch.Tensor,
     else:
         per_token = parallel_cross_entropy(vocab_parallel_logits, targets)
     keep = keep.to(per_token.dtype)
+    if _context_parallel_size() > 1:
+        # the mean over the supervised tokens of every CP rank (they hold parts of the same samples)
+        return context_parallel_token_mean((per_token * keep).sum(), keep.sum(),
+                                           parallel_state.get_context_model_parallel_group())
     # An all-masked batch gives 0 (not NaN) so gradient accumulation stays finite.
     return (per_token * keep).sum() / keep.sum().clamp(min=1.0)

@@ -68,6 +68,7 @@ SPEC = ModelSpec(
     save_hf=save_hf_checkpoint,
     flops_per_token=flops_per_token,
     presets=PRESETS,
+    context_parallel=True,
     extras={
         "hf_key_mapping": HF_KEY_MAPPING,
         "hf_module_to_nxd": HF_MODULE_TO_NXD,

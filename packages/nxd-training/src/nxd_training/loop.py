@@ -150,8 +150,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def _batch(self, it: Iterator[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        batch = next(it)
-        return {k: v.to(self.device) for k, v in batch.items() if self.workflow is not None or k in MODEL_INPUTS}
+        return self._model_inputs(next(it))
+
+    def _model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The keys the model (or the workflow) takes, on the device; under context parallelism
+        this CP rank's chunks of every sequence (with their positions)."""
+        from nxd_core_parallel.context_parallel import get_batch_on_this_context_parallel_rank
+
+        moved = {k: v.to(self.device) for k, v in batch.items() if self.workflow is not None or k in MODEL_INPUTS}
+        return moved if self.workflow is not None else get_batch_on_this_context_parallel_rank(moved)
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The micro-batch loss: the workflow's (with its metrics), else the model's own."""
@@ -229,8 +236,7 @@ class Trainer:
         for n, batch in enumerate(self.data.valid_batches()):
             if cap is not None and n >= cap:
                 break
-            parts.append({k: v.to(self.device) for k, v in batch.items()
-                          if self.workflow is not None or k in MODEL_INPUTS})
+            parts.append(self._model_inputs(batch))
             if len(parts) == group:
                 yield parts[0] if group == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
                 parts = []

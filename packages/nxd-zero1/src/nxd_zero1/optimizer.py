@@ -248,6 +248,24 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
     def _grads(self, params: list[torch.Tensor]) -> list[torch.Tensor | None]:
         return [getattr(p, "main_grad", None) if hasattr(p, "main_grad") else p.grad for p in params]
 
+    def _allreduce_context_parallel(self) -> None:
+        """Context-parallel ranks hold the same parameters but different tokens of the same samples:
+        average their gradients first; sharding and the norm then follow the DP path unchanged."""
+        from nxd_core_parallel import parallel_state
+
+        if not parallel_state.model_parallel_is_initialized() or parallel_state.get_context_model_parallel_size() == 1:
+            return
+        bufs = [g for g in self._grads(self._all_params()) if g is not None]
+        if not bufs:
+            return
+        flat = torch.cat([b.reshape(-1) for b in bufs])
+        dist.all_reduce(flat, group=parallel_state.get_context_model_parallel_group())
+        flat.div_(parallel_state.get_context_model_parallel_size())
+        off = 0
+        for b in bufs:
+            b.copy_(flat[off:off + b.numel()].view_as(b))
+            off += b.numel()
+
     def _allreduce_sequence_parallel(self) -> None:
         sp = [p for p in self._all_params() if getattr(p, "sequence_parallel_enabled", False)]
         if not sp or group_size(self.grad_norm_group) == 1:
@@ -361,6 +379,7 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
                 loss = closure()
         if self.sequence_parallel:
             self._allreduce_sequence_parallel()
+        self._allreduce_context_parallel()
         grad_shards = [self._reduce_grad_shard(gi) for gi in range(len(self._layouts))]
         if self.grad_clipping:
             self.grad_norm = self._total_norm(grad_shards)

@@ -38,3 +38,16 @@ def split_batch_for_context_parallel(batch: dict[str, Any], cp_rank: int, cp_siz
                                  f"input_ids has {seq}: every per-token tensor must match to be split over CP")
             out[key] = value.index_select(seq_dim, index)
     return out
+
+
+def get_batch_on_this_context_parallel_rank(batch: dict[str, Any], load_balance: bool = True) -> dict[str, Any]:
+    """NxD's name: this rank's part of a batch-first ``batch`` under the current CP degree and rank
+    (the batch unchanged when CP is 1). See :func:`split_batch_for_context_parallel` for the layout
+    and why labels are not shifted here."""
+    from nxd_core_parallel import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return batch
+    return split_batch_for_context_parallel(batch, parallel_state.get_context_model_parallel_rank(),
+                                            parallel_state.get_context_model_parallel_size(),
+                                            load_balance=load_balance)

@@ -59,19 +59,41 @@ def _world(config: TrainingConfig) -> tuple[int, int, int, int]:
     ds, tr = config.distributed_strategy, config.trainer
     world = tr.devices * tr.num_nodes
     tp, pp, cp = ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size, ds.context_parallel_size
-    if cp != 1:
-        raise ConfigError(f"distributed_strategy.context_parallel_size={cp}: context parallelism is not supported yet; use 1")
     if ds.expert_model_parallel_size != 1:
         raise ConfigError("distributed_strategy.expert_model_parallel_size must be 1 (no MoE models are installed)")
-    if world % (tp * pp):
+    if world % (tp * pp * cp):
         raise ConfigError(
             f"world size {world} (trainer.devices={tr.devices} x trainer.num_nodes={tr.num_nodes}) is not divisible "
-            f"by tensor_model_parallel_size x pipeline_model_parallel_size = {tp} x {pp}; world size must equal TP x PP x DP"
+            f"by tensor_model_parallel_size x pipeline_model_parallel_size x context_parallel_size = {tp} x {pp} x {cp}; "
+            "world size must equal TP x PP x CP x DP"
         )
     vpp = ds.virtual_pipeline_model_parallel_size or 1
     if vpp > 1 and pp == 1:
         raise ConfigError("distributed_strategy.virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size > 1")
-    return world, tp, pp, world // (tp * pp)
+    return world, tp, pp, world // (tp * pp * cp)
+
+
+def _context_parallel(config: TrainingConfig, spec: Any, seq: int, tp: int) -> None:
+    """CP needs a model whose attention spans CP ranks, and a sequence that cuts into 2 x CP chunks."""
+    cp = config.distributed_strategy.context_parallel_size
+    if cp == 1:
+        return
+    if not getattr(spec, "context_parallel", False):
+        raise ConfigError(
+            f"distributed_strategy.context_parallel_size={cp}: model.architecture {spec.name!r} does not support "
+            "context parallelism (its ModelSpec has no context_parallel capability: ring attention across CP "
+            "ranks); use context_parallel_size=1 or a model that has it (llama)"
+        )
+    if seq % (2 * cp):
+        raise ConfigError(
+            f"distributed_strategy.context_parallel_size={cp}: seq_length={seq} must be divisible by "
+            f"2 x context_parallel_size = {2 * cp} (each CP rank holds two equal chunks of every sequence)"
+        )
+    if config.distributed_strategy.sequence_parallel and (seq // cp) % tp:
+        raise ConfigError(
+            f"distributed_strategy.sequence_parallel with context_parallel_size={cp}: each CP rank's "
+            f"{seq // cp} tokens must be divisible by tensor_model_parallel_size={tp}"
+        )
 
 
 def _batches(config: TrainingConfig, dp: int) -> int:
@@ -310,6 +332,7 @@ def make_plan(config: TrainingConfig) -> RunPlan:
     _plugins(config, pp)
     spec, as_dict, model_config = _model(config)
     _heads(config, model_config, tp)
+    _context_parallel(config, spec, seq, tp)
     max_pos = getattr(model_config, "max_position_embeddings", None)
     if max_pos is not None and seq > max_pos:
         raise ConfigError(f"data.seq_length={seq} exceeds the model's max_position_embeddings={max_pos}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +43,39 @@ def pairs_file(tmp_path_factory: pytest.TempPathFactory) -> str:
             a, b = rng.sample([x for x in WORDS if x != w], 2)
             f.write(json.dumps({"prompt": f"Say {w} twice:", "chosen": f" {w} {w}", "rejected": f" {a} {b}"}) + "\n")
     return str(path)
+
+
+CONF = Path(__file__).parent / "configs"
+DPO = str(CONF / "hf_llama3_8B_DPO_config.yaml")
+ORPO = str(CONF / "hf_llama3_8B_ORPO_config.yaml")
+
+#: size and learning-rate overrides only (NxDT's beta/lr are for an 8B model over thousands of steps)
+SHRINK = ["trainer.num_nodes=1", "trainer.max_steps=12", "trainer.log_every_n_steps=1",
+          "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "data.global_batch_size=8",
+          "data.micro_batch_size=2", "data.seq_length=32", "model.encoder_seq_length=32", "model.num_layers=2",
+          "model.hidden_size=32", "model.max_position_embeddings=64", "model.optim.lr=0.003",
+          "model.optim.sched.warmup_steps=1", "model.optim.sched.max_steps=12",
+          "exp_manager.create_tensorboard_logger=false", "exp_manager.resume_from_checkpoint=null",
+          "precision.type=fp32"]
+
+
+def config_overrides(source: str, pairs: str, tokenizer: str, tiny_json: str, exp_dir: Path, *, devices: int, tp: int,
+                     extra: list[str] = ()) -> list[str]:
+    """Point NxDT's paths at local files, shrink the run, then ``extra``."""
+    paths = [f"data.train_dir={pairs}", f"data.tokenizer.type={tokenizer}", f"model.model_config={tiny_json}",
+             f"exp_manager.exp_dir={exp_dir}"]
+    workflow = ["model_alignment_strategy.dpo.kl_beta=0.1"] if source == DPO else []
+    key = "dpo" if source == DPO else "orpo"
+    return [*paths, *SHRINK, f"model_alignment_strategy.{key}.max_prompt_length=16", *workflow,
+            f"trainer.devices={devices}", f"distributed_strategy.tensor_model_parallel_size={tp}", *extra]
+
+
+@pytest.fixture(scope="session")
+def args_for(corpus: dict[str, str], pairs_file: str, tiny_json: str):
+    """``args_for(source, exp_dir, devices=, tp=, extra=)``: the overrides of a shrunk NxDT config."""
+
+    def make(source: str, exp_dir: Path, *, devices: int, tp: int, extra: list[str] = ()) -> list[str]:
+        return config_overrides(source, pairs_file, corpus["tokenizer"], tiny_json, exp_dir, devices=devices, tp=tp,
+                                extra=list(extra))
+
+    return make

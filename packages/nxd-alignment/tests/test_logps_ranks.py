@@ -64,6 +64,7 @@ def test_tp2_log_probs_match_one_process(rank_pool) -> None:
         assert torch.equal(got["chosen"], got["seq"][:2]) and torch.equal(got["rejected"], got["seq"][2:])
 
 
+@pytest.mark.slow  # importing trl (transformers, accelerate) takes ~30 s on 2 cores
 def test_matches_trl_get_batch_logps() -> None:
     """TRL shifts inside (logits[:, :-1] against labels[:, 1:], -100 = ignored); nxd's labels are
     already aligned, so the same pairs are compared."""

@@ -69,6 +69,7 @@ def _orpo_formula(c, r, nll, beta):
     return nll - beta * F.logsigmoid(log_odds).mean()
 
 
+@pytest.mark.slow  # importing trl (transformers, accelerate) takes ~30 s on 2 cores
 def test_orpo_matches_formula_and_trl() -> None:
     c, r, _, _ = [x / 10 for x in _logps(3)]  # length-averaged log-probs are small negatives
     c, r = c.detach().float().requires_grad_(), r.detach().float().requires_grad_()

@@ -14,25 +14,6 @@ CONF = Path(__file__).parent / "configs"
 DPO = str(CONF / "hf_llama3_8B_DPO_config.yaml")
 ORPO = str(CONF / "hf_llama3_8B_ORPO_config.yaml")
 
-#: size and learning-rate overrides only (NxDT's beta/lr are for an 8B model over thousands of steps)
-SHRINK = ["trainer.num_nodes=1", "trainer.max_steps=12", "trainer.log_every_n_steps=1",
-          "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "data.global_batch_size=8",
-          "data.micro_batch_size=2", "data.seq_length=32", "model.encoder_seq_length=32", "model.num_layers=2",
-          "model.hidden_size=32", "model.max_position_embeddings=64", "model.optim.lr=0.003",
-          "model.optim.sched.warmup_steps=1", "model.optim.sched.max_steps=12",
-          "exp_manager.create_tensorboard_logger=false", "exp_manager.resume_from_checkpoint=null",
-          "precision.type=fp32"]
-
-
-def overrides(source: str, pairs: str, tokenizer: str, tiny_json: str, exp_dir: Path, *, devices: int, tp: int,
-              extra: list[str] = ()) -> list[str]:
-    paths = [f"data.train_dir={pairs}", f"data.tokenizer.type={tokenizer}", f"model.model_config={tiny_json}",
-             f"exp_manager.exp_dir={exp_dir}"]
-    workflow = ["model_alignment_strategy.dpo.kl_beta=0.1"] if source == DPO else []
-    key = "dpo" if source == DPO else "orpo"
-    return [*paths, *SHRINK, f"model_alignment_strategy.{key}.max_prompt_length=16", *workflow, f"trainer.devices={devices}", f"distributed_strategy.tensor_model_parallel_size={tp}",
-            *extra]
-
 
 def _run(source: str, args: list[str], log_dir: str) -> dict[str, Any]:
     from nxd_training.config import load_config
@@ -56,19 +37,18 @@ def _rel(got: dict[int, float], ref: dict[int, float]) -> float:
 
 
 @pytest.fixture(scope="module")
-def single(corpus, pairs_file: str, tiny_json: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def single(args_for, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("dpo1")
-    args = overrides(DPO, pairs_file, corpus["tokenizer"], tiny_json, out, devices=1, tp=1,
-                     extra=["distributed_strategy.sequence_parallel=false"])
+    args = args_for(DPO, out, devices=1, tp=1, extra=["distributed_strategy.sequence_parallel=false"])
     return _run(DPO, args, str(out / "run"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tp", [2, 1], ids=["tp2", "dp2"])
-def test_dpo_config_two_ranks_equals_one_process(tp: int, rank_pool, corpus, pairs_file: str, tiny_json: str,
-                                                 tmp_path: Path, single: dict[str, Any]) -> None:
-    args = overrides(DPO, pairs_file, corpus["tokenizer"], tiny_json, tmp_path, devices=2, tp=tp,
-                     extra=[] if tp == 2 else ["distributed_strategy.sequence_parallel=false"])
+def test_dpo_config_two_ranks_equals_one_process(tp: int, rank_pool, args_for, tmp_path: Path,
+                                                 single: dict[str, Any]) -> None:
+    args = args_for(DPO, tmp_path, devices=2, tp=tp,
+                    extra=[] if tp == 2 else ["distributed_strategy.sequence_parallel=false"])
     results = rank_pool(2).run(_run, DPO, args, str(tmp_path / "run"))
     got, ref = results[0], single
     rel = _rel(got["losses"], ref["losses"])
@@ -86,3 +66,38 @@ def test_dpo_config_two_ranks_equals_one_process(tp: int, rank_pool, corpus, pai
     assert _late(ref["losses"]) < ref["losses"][1] - 0.05
     assert last["rewards/margins"] > 0.1 and last["rewards/accuracies"] >= 0.75
 
+
+
+@pytest.mark.slow
+def test_orpo_config_learns_on_two_ranks(rank_pool, args_for, tmp_path: Path) -> None:
+    args = args_for(ORPO, tmp_path, devices=2, tp=2)
+    results = rank_pool(2).run(_run, ORPO, args, str(tmp_path / "run"))
+    losses, metrics = results[0]["losses"], results[0]["metrics"]
+    first, last = metrics[1], _late(metrics)
+    print(f"ORPO TP=2: loss {losses[1]:.4f} -> {_late(losses):.4f} (nll {first['nll_loss']:.3f} -> "
+          f"{last['nll_loss']:.3f}), accuracy {first['rewards/accuracies']:.2f} -> {last['rewards/accuracies']:.2f}, "
+          f"margin {first['rewards/margins']:.4f} -> {last['rewards/margins']:.4f}")
+    assert results[1]["losses"] == losses
+    assert _late(losses) < losses[1] - 0.5
+    assert last["rewards/margins"] > first["rewards/margins"]
+
+
+@pytest.mark.slow
+def test_stop_and_resume_with_precomputed_reference_is_exact(rank_pool, args_for, tmp_path: Path) -> None:
+    """Straight 6 steps vs 3 steps, stop, auto-resume to 6: the resumed run takes the reference
+    log-probs from the checkpoint's data state (recomputing them from the trained policy would
+    change every loss)."""
+    six = ["trainer.max_steps=6", "model.optim.sched.max_steps=6"]
+    pool = rank_pool(2)
+    straight = pool.run(_run, DPO, args_for(DPO, tmp_path / "a", devices=2, tp=2, extra=six),
+                        str(tmp_path / "a" / "run"))[0]
+    pool.run(_run, DPO, args_for(DPO, tmp_path / "b", devices=2, tp=2, extra=[*six, "trainer.max_steps=3"]),
+             str(tmp_path / "b" / "run"))
+    resumed = pool.run(_run, DPO, args_for(DPO, tmp_path / "b", devices=2, tp=2, extra=six),
+                       str(tmp_path / "b" / "run"))[0]
+    assert resumed["start"] == 3 and resumed["resumed"]
+    diffs = [abs(resumed["losses"][s] - straight["losses"][s]) for s in (4, 5, 6)]
+    print(f"DPO stop at 3 / resume to 6 vs straight: loss diffs {diffs}")
+    assert sorted(resumed["losses"]) == [4, 5, 6]
+    assert diffs == [0.0, 0.0, 0.0]
+    assert all(resumed["metrics"][s] == straight["metrics"][s] for s in (4, 5, 6))

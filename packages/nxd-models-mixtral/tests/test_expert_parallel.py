@@ -17,7 +17,8 @@ from mixtral_test_utils import batch, hf_named_grads, quiet_transformers, rel_er
 quiet_transformers()
 
 
-def ep_body(tp: int, ep: int, hf_dir: str, data: dict[str, torch.Tensor]) -> dict | None:
+def ep_body(tp: int, ep: int, hf_dir: str, data: dict[str, torch.Tensor], sequence_parallel: bool = False
+            ) -> dict | None:
     """Every rank: its DP shard of ``data``, forward/backward, NxDOptimizer's gradient sync; rank 0
     returns the DP-mean loss, HF-named full grads and the global grad norm."""
     import json
@@ -37,13 +38,14 @@ def ep_body(tp: int, ep: int, hf_dir: str, data: dict[str, torch.Tensor]) -> dic
         per = data["input_ids"].shape[0] // dp
         shard = {k: v[d * per:(d + 1) * per] for k, v in data.items()}
         config = MixtralConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-        model = MixtralForCausalLM(config)
+        model = MixtralForCausalLM(config, sequence_parallel=sequence_parallel)
         load_hf_checkpoint(model, hf_dir)
         experts = model.model.layers[0].block_sparse_moe.experts
         assert experts.num_local_experts == config.num_local_experts // ep
         out = model(shard["input_ids"], labels=shard["labels"])
         out.loss.backward()
-        opt = NxDOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), {"optimizer_config": {"grad_clipping": False}},
+        opt = NxDOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), {"optimizer_config": {"grad_clipping": False},
+                                                                  "sequence_parallel": sequence_parallel},
                            overlap_grad_sync=False)
         opt.sync_gradients()
         norm = get_grad_norm(list(model.parameters()))
@@ -91,6 +93,15 @@ def test_ep2_matches_single_process(rank_pool, tmp_path):
     result = rank_pool(2).run(ep_body, 1, 2, str(src), data)[0]
     worst = _check(result, hf_sharded_reference(src, data, 2))
     print(f"\nEP=2 (DP=2): worst relative error {worst:.3g}")
+
+
+def test_tp2_and_tp2_sequence_parallel_match_single_process(rank_pool, tmp_path):
+    src = save_hf(tmp_path / "hf", seed=2)
+    data = batch(seed=4)
+    ref = hf_sharded_reference(src, data, 1)
+    pool = rank_pool(2)
+    worst = {sp: _check(pool.run(ep_body, 2, 1, str(src), data, sp)[0], ref) for sp in (False, True)}
+    print(f"\nTP=2: worst relative error {worst[False]:.3g}; TP=2 + SP: {worst[True]:.3g}")
 
 
 @pytest.mark.slow

@@ -230,6 +230,12 @@ class NxDOptimizer(torch.optim.Optimizer):
             self._reducer.reset()
 
     def state_dict(self) -> dict:
+        if any(is_expert_parallel(p) for p in self._params()):
+            # checkpointers write DP rank 0's optimizer state; the other EP ranks' expert moments would be lost
+            raise NotImplementedError(
+                "optimizer state of expert-parallel parameters (expert_model_parallel_size > 1) cannot be "
+                "checkpointed yet: save the weights only (optimizer=None; they reshard across EP) or train with "
+                "expert_model_parallel_size=1")
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -72,8 +72,9 @@ class MixtralConfig(LlamaConfig):
         if isinstance(data, dict):
             data = dict(data)
             moe = dict(data.get("moe") or {})
-            for key, hf_name in _MOE_TO_HF.items():  # NxDT puts these under model.moe
-                if key in moe and hf_name not in data:
+            for key, hf_name in _MOE_TO_HF.items():
+                # NxDT's model.moe values override the HF config.json it points at (as NxDT's Mixtral does)
+                if key in moe:
                     data[hf_name] = moe[key]
             data["moe"] = moe
         return super().from_dict(data)  # type: ignore[return-value]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -35,7 +36,7 @@ class ExpertMLPs(nn.Module):
         if intermediate_size % tp_size:
             raise ConfigError(f"intermediate_size ({intermediate_size}) must be divisible by tensor_parallel_size "
                               f"({tp_size})")
-        self.num_experts, self.ep_size, self.ep_rank = num_experts, ep_size, ep_rank
+        self.num_experts, self.ep_size, self.ep_rank, self._ep_group = num_experts, ep_size, ep_rank, ep_group
         self.num_local_experts = num_experts // ep_size
         self.local_intermediate = intermediate_size // tp_size
         self.hidden_size, self.init_std = hidden_size, init_std
@@ -54,6 +55,28 @@ class ExpertMLPs(nn.Module):
         if tp_sharded:
             self.gate_up_proj.fused_splits = (i, i)
         self.reset_parameters()
+
+    # -- checkpoints hold every expert: state_dict() gathers the EP shards (collective over the EP
+    # group, so every rank must call it, as nxd-ckpt's save and load do), and loading keeps this
+    # rank's experts. A checkpoint saved at one EP degree therefore loads at any other.
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.ep_size == 1:
+            return
+        for name in ("gate_up_proj", "down_proj"):
+            local = getattr(self, name).detach().contiguous()
+            shards = [torch.empty_like(local) for _ in range(self.ep_size)]
+            dist.all_gather(shards, local, group=self._ep_group)
+            destination[prefix + name] = torch.cat(shards, dim=0)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object, **kwargs: object) -> None:
+        if self.ep_size > 1:
+            first = self.first_local_expert
+            for name in ("gate_up_proj", "down_proj"):
+                full = state_dict.get(prefix + name)
+                if full is not None and full.shape[0] == self.num_experts:
+                    state_dict[prefix + name] = full[first:first + self.num_local_experts]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def first_local_expert(self) -> int:

@@ -41,10 +41,9 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     from nxd_core_parallel import parallel_state
-    from nxd_moe import MoEConfig, MoELayer, initialize_expert_parallel
+    from nxd_moe import MoEConfig, MoELayer
 
-    parallel_state.initialize_model_parallel(1)
-    initialize_expert_parallel(2)
+    parallel_state.initialize_model_parallel(1, expert_model_parallel_size=2)
     torch.manual_seed(0)
     layer = MoELayer(MoEConfig(num_experts=E, top_k=TOP_K, dropless=True), args.hidden, args.intermediate)
     router = layer.router.weight.detach().clone().requires_grad_()

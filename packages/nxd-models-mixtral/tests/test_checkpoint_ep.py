@@ -24,22 +24,17 @@ def ckpt_body(ep: int, hf_dir: str | None, ckpt_dir: str, action: str) -> dict |
     import nxd
     from nxd_core_parallel import parallel_state
     from nxd_models_mixtral import MixtralConfig, MixtralForCausalLM, collect_hf_state_dict, load_hf_checkpoint
-    from nxd_moe import destroy_expert_parallel, initialize_expert_parallel
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-    initialize_expert_parallel(ep)
-    try:
-        config = MixtralConfig.from_dict(json.loads((Path(ckpt_dir) / "config.json").read_text()))
-        model = MixtralForCausalLM(config)
-        if action == "save":
-            load_hf_checkpoint(model, hf_dir)
-            nxd.save_checkpoint(ckpt_dir, tag="step1", model=model)
-            return None
-        nxd.load_checkpoint(ckpt_dir, tag="step1", model=model)
-        state = collect_hf_state_dict(model)
-        return state if dist.get_rank() == 0 else None
-    finally:
-        destroy_expert_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, expert_model_parallel_size=ep)
+    config = MixtralConfig.from_dict(json.loads((Path(ckpt_dir) / "config.json").read_text()))
+    model = MixtralForCausalLM(config)
+    if action == "save":
+        load_hf_checkpoint(model, hf_dir)
+        nxd.save_checkpoint(ckpt_dir, tag="step1", model=model)
+        return None
+    nxd.load_checkpoint(ckpt_dir, tag="step1", model=model)
+    state = collect_hf_state_dict(model)
+    return state if dist.get_rank() == 0 else None
 
 
 def _source(hf_dir: Path) -> dict[str, torch.Tensor]:
@@ -56,8 +51,8 @@ def test_save_ep2_load_ep1_and_save_ep1_load_ep2(rank_pool, tmp_path):
         ckpt = tmp_path / f"ckpt-ep{save_ep}"
         ckpt.mkdir()
         (ckpt / "config.json").write_text((src / "config.json").read_text())
-        pool.run(ckpt_body, save_ep, str(src), str(ckpt), "save")
-        loaded = pool.run(ckpt_body, load_ep, None, str(ckpt), "load")[0]
+        pool.run(ckpt_body, save_ep, str(src), str(ckpt), "save", timeout=600)
+        loaded = pool.run(ckpt_body, load_ep, None, str(ckpt), "load", timeout=600)[0]
         assert set(loaded) == set(expected)
         for key, tensor in expected.items():
             assert torch.equal(loaded[key], tensor), f"EP={save_ep} -> EP={load_ep}: {key} differs"

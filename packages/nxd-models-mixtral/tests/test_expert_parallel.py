@@ -17,8 +17,8 @@ from mixtral_test_utils import batch, hf_named_grads, quiet_transformers, rel_er
 quiet_transformers()
 
 
-def ep_body(tp: int, ep: int, hf_dir: str, data: dict[str, torch.Tensor], sequence_parallel: bool = False
-            ) -> dict | None:
+def ep_body(tp: int, ep: int, hf_dir: str, data: dict[str, torch.Tensor], sequence_parallel: bool = False,
+            checkpointing: bool = False) -> dict | None:
     """Every rank: its DP shard of ``data``, forward/backward, NxDOptimizer's gradient sync; rank 0
     returns the DP-mean loss, HF-named full grads and the global grad norm."""
     import json
@@ -29,35 +29,36 @@ def ep_body(tp: int, ep: int, hf_dir: str, data: dict[str, torch.Tensor], sequen
     from nxd_core_parallel.grads import get_grad_norm
     from nxd_core_parallel.trainer import NxDOptimizer
     from nxd_models_mixtral import MixtralConfig, MixtralForCausalLM, collect_hf_state_dict, load_hf_checkpoint
-    from nxd_moe import destroy_expert_parallel, initialize_expert_parallel
+    from nxd_moe import expert_parallel_groups
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-    groups = initialize_expert_parallel(ep)
-    try:
-        dp, d = parallel_state.get_data_parallel_size(), parallel_state.get_data_parallel_rank()
-        per = data["input_ids"].shape[0] // dp
-        shard = {k: v[d * per:(d + 1) * per] for k, v in data.items()}
-        config = MixtralConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-        model = MixtralForCausalLM(config, sequence_parallel=sequence_parallel)
-        load_hf_checkpoint(model, hf_dir)
-        experts = model.model.layers[0].block_sparse_moe.experts
-        assert experts.num_local_experts == config.num_local_experts // ep
-        out = model(shard["input_ids"], labels=shard["labels"])
-        out.loss.backward()
-        opt = NxDOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), {"optimizer_config": {"grad_clipping": False},
-                                                                  "sequence_parallel": sequence_parallel},
-                           overlap_grad_sync=False)
-        opt.sync_gradients()
-        norm = get_grad_norm(list(model.parameters()))
-        loss = out.loss.detach().clone()
-        dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
-        with torch.no_grad():
-            for p in model.parameters():
-                p.data = p.grad.detach().clone()
-        grads = collect_hf_state_dict(model)
-        return {"loss": loss / dp, "grads": grads, "norm": norm, "edp": groups.edp_size} if dist.get_rank() == 0 else None
-    finally:
-        destroy_expert_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    groups = expert_parallel_groups()
+    dp, d = parallel_state.get_data_parallel_size(), parallel_state.get_data_parallel_rank()
+    per = data["input_ids"].shape[0] // dp
+    shard = {k: v[d * per:(d + 1) * per] for k, v in data.items()}
+    config = MixtralConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
+    model = MixtralForCausalLM(config, sequence_parallel=sequence_parallel)
+    load_hf_checkpoint(model, hf_dir)
+    if checkpointing:  # full activation checkpointing: each decoder layer (all-to-alls included) recomputed
+        from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing
+
+        assert apply_activation_checkpointing(model, MixtralForCausalLM.nxd_transformer_layer_classes) == 2
+    experts = model.model.layers[0].block_sparse_moe.experts
+    assert experts.num_local_experts == config.num_local_experts // ep
+    out = model(shard["input_ids"], labels=shard["labels"])
+    out.loss.backward()
+    opt = NxDOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), {"optimizer_config": {"grad_clipping": False},
+                                                              "sequence_parallel": sequence_parallel},
+                       overlap_grad_sync=False)
+    opt.sync_gradients()
+    norm = get_grad_norm(list(model.parameters()))
+    loss = out.loss.detach().clone()
+    dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.grad.detach().clone()
+    grads = collect_hf_state_dict(model)
+    return {"loss": loss / dp, "grads": grads, "norm": norm, "edp": groups.edp_size} if dist.get_rank() == 0 else None
 
 
 def hf_sharded_reference(hf_dir: Path, data: dict[str, torch.Tensor], shards: int) -> dict:
@@ -88,11 +89,13 @@ def _check(result: dict, ref: dict, tol: float = 1e-5) -> float:
 
 
 def test_ep2_matches_single_process(rank_pool, tmp_path):
+    """EP=2 (DP=2), plain and with full activation checkpointing."""
     src = save_hf(tmp_path / "hf")
     data = batch(batch_size=4)
-    result = rank_pool(2).run(ep_body, 1, 2, str(src), data)[0]
-    worst = _check(result, hf_sharded_reference(src, data, 2))
-    print(f"\nEP=2 (DP=2): worst relative error {worst:.3g}")
+    ref = hf_sharded_reference(src, data, 2)
+    pool = rank_pool(2)
+    worst = {ckpt: _check(pool.run(ep_body, 1, 2, str(src), data, False, ckpt, timeout=600)[0], ref) for ckpt in (False, True)}
+    print(f"\nEP=2 (DP=2): worst relative error {worst[False]:.3g}; with activation checkpointing {worst[True]:.3g}")
 
 
 def test_tp2_and_tp2_sequence_parallel_match_single_process(rank_pool, tmp_path):
@@ -100,7 +103,7 @@ def test_tp2_and_tp2_sequence_parallel_match_single_process(rank_pool, tmp_path)
     data = batch(seed=4)
     ref = hf_sharded_reference(src, data, 1)
     pool = rank_pool(2)
-    worst = {sp: _check(pool.run(ep_body, 2, 1, str(src), data, sp)[0], ref) for sp in (False, True)}
+    worst = {sp: _check(pool.run(ep_body, 2, 1, str(src), data, sp, timeout=600)[0], ref) for sp in (False, True)}
     print(f"\nTP=2: worst relative error {worst[False]:.3g}; TP=2 + SP: {worst[True]:.3g}")
 
 
@@ -109,8 +112,8 @@ def test_ep2_with_tp2_and_with_expert_dp2_match_single_process(rank_pool, tmp_pa
     src = save_hf(tmp_path / "hf", seed=3)
     data = batch(seed=5, batch_size=4)
     pool = rank_pool(4)
-    tp2 = pool.run(ep_body, 2, 2, str(src), data)[0]  # TP=2 x EP=2 (DP=2)
-    edp2 = pool.run(ep_body, 1, 2, str(src), data)[0]  # DP=4 = EP=2 x expert-DP=2
+    tp2 = pool.run(ep_body, 2, 2, str(src), data, timeout=600)[0]  # TP=2 x EP=2 (DP=2)
+    edp2 = pool.run(ep_body, 1, 2, str(src), data, timeout=600)[0]  # DP=4 = EP=2 x expert-DP=2
     assert edp2["edp"] == 2
     worst_tp = _check(tp2, hf_sharded_reference(src, data, 2))
     worst_edp = _check(edp2, hf_sharded_reference(src, data, 4))

@@ -110,8 +110,8 @@ def neuronx_distributed_config(
     pp = _positive_int("pipeline_parallel_size", pipeline_parallel_size)
     ep = _positive_int("expert_parallel_size", expert_parallel_size)
     cp = _positive_int("context_parallel_size", context_parallel_size)  # any size: the model spec decides (CP)
-    if ep != 1:
-        raise ConfigError(f"expert_parallel_size={ep} is not supported by nxd yet; use 1")
+    # expert_parallel_size > 1 splits MoE experts (nxd-moe) over ranks of the data-parallel group;
+    # the parallel context checks that it divides the DP size
     _positive_int("lnc_size", lnc_size)
     optimizer = _merge("optimizer_config", optimizer_config, DEFAULT_OPTIMIZER_CONFIG)
     _bool("optimizer_config.zero_one_enabled", optimizer["zero_one_enabled"])

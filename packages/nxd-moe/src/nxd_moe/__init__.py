@@ -5,17 +5,7 @@ from nxd_moe.capacity import expert_capacity, kept_assignments
 from nxd_moe.config import ROUTING_ALGORITHMS, MoEConfig
 from nxd_moe.dispatch import DispatchPlan, all_to_all, combine, dispatch
 from nxd_moe.experts import ExpertMLPs
-from nxd_moe.groups import (
-    ExpertParallelGroups,
-    destroy_expert_parallel,
-    expert_parallel_groups,
-    get_expert_data_parallel_group,
-    get_expert_data_parallel_size,
-    get_expert_model_parallel_group,
-    get_expert_model_parallel_rank,
-    get_expert_model_parallel_size,
-    initialize_expert_parallel,
-)
+from nxd_moe.groups import ExpertParallelGroups, expert_parallel_groups
 from nxd_moe.layer import MoELayer
 from nxd_moe.losses import load_balancing_loss, router_z_loss
 from nxd_moe.routing import RouterSinkhorn, RouterTopK, make_router, sinkhorn
@@ -24,9 +14,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ROUTING_ALGORITHMS", "DispatchPlan", "ExpertMLPs", "ExpertParallelGroups", "MoEConfig", "MoELayer",
-    "RouterSinkhorn", "RouterTopK", "all_to_all", "combine", "destroy_expert_parallel", "dispatch",
-    "expert_capacity", "expert_parallel_groups", "get_expert_data_parallel_group", "get_expert_data_parallel_size",
-    "get_expert_model_parallel_group", "get_expert_model_parallel_rank", "get_expert_model_parallel_size",
-    "initialize_expert_parallel", "kept_assignments", "load_balancing_loss", "make_router", "router_z_loss",
+    "RouterSinkhorn", "RouterTopK", "all_to_all", "combine", "dispatch", "expert_capacity",
+    "expert_parallel_groups", "kept_assignments", "load_balancing_loss", "make_router", "router_z_loss",
     "sinkhorn",
 ]

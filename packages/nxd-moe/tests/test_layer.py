@@ -183,3 +183,10 @@ def test_nxdt_dropless_config_values_validate():
                                    routing_algorithm="top_k", top_k=2, output_router_logits=True,
                                    router_aux_loss_coef=0.02, normalize_top_k_affinities=True))
     assert cfg.effective_capacity_factor is None
+
+
+def test_zero1_with_expert_parallelism_is_refused_before_launch():
+    import nxd
+
+    with pytest.raises(ConfigError, match="ZeRO-1"):
+        nxd.neuronx_distributed_config(expert_parallel_size=2, optimizer_config={"zero_one_enabled": True})

@@ -46,3 +46,26 @@ def test_lora_reference_is_the_base_with_adapters_off(args_for, tmp_path: Path) 
     assert fly[1] == pytest.approx(math.log(2), abs=1e-6)  # fresh adapters (B = 0): policy == base
     assert _rel(fly, pre) <= 1e-5
     assert fly[4] != fly[1]  # the adapters train
+
+
+@pytest.mark.slow
+def test_validation_uses_precomputed_reference_and_logs_rewards(args_for, pairs_file: str, tmp_path: Path) -> None:
+    """``data.val_dir`` gets its own precomputed reference table; validation logs the loss and the
+    reward metrics under split ``valid`` in metrics.jsonl (TensorBoard: ``valid/rewards/...``)."""
+    import json
+
+    from nxd_training.config import load_config
+    from nxd_training.loop import train
+
+    out = tmp_path / "val"
+    args = args_for(DPO, out, devices=1, tp=1, extra=[*STEPS, f"data.val_dir={pairs_file}",
+                                                       "trainer.val_check_interval=2", "trainer.limit_val_batches=2"])
+    result = train(load_config(DPO, args), log_dir=str(out / "run"))
+    assert sorted(result.valid_losses) == [2, 4]
+    records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["split"] == "valid"]
+    train_records = [r for r in records if r["split"] == "train"]
+    assert [r["step"] for r in valid] == [2, 4]
+    for r in valid + train_records:
+        assert {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins"} <= set(r)
+    print(f"DPO validation: losses {result.valid_losses}, accuracies {[r['rewards/accuracies'] for r in valid]}")

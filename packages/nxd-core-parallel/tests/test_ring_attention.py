@@ -3,6 +3,8 @@ real gloo ranks: CP=2 and CP=4, load-balanced and contiguous layouts, causal and
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -66,13 +68,18 @@ def test_ring_attention_cp4_and_two_rings_match_sdpa(rank_pool, cp: int) -> None
     assert worst < TOL, results
 
 
-def test_single_rank_ring_is_plain_attention() -> None:
-    # without an initialised group the ring has one rank: the block arithmetic alone
-    q, k, v, grad, out = reference(1, 2, 2, 6, 4, True)
+@pytest.mark.parametrize("fused", [True, False])
+def test_single_rank_ring_is_plain_attention(monkeypatch, fused: bool) -> None:
+    # without an initialised group the ring has one rank: the block arithmetic alone, through
+    # torch's fused CPU kernels or the explicit fp32 path other devices take
+    module = importlib.import_module("nxd_core_parallel.context_parallel.ring_attention")  # the package exports the function
+    monkeypatch.setattr(module, "_fused", lambda t: fused)
+    q, k, v, grad, out = reference(1, 4, 2, 8, 4, True)
     lq, lk, lv = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    local = ring_attention(lq, lk, lv, causal=True, load_balance=False)
+    local = ring_attention(lq, lk, lv, causal=True, load_balance=True)
     local.backward(grad)
     assert rel(local, out) < TOL and rel(lq.grad, q.grad) < TOL and rel(lk.grad, k.grad) < TOL
+    assert rel(lv.grad, v.grad) < TOL
 
 
 def test_layout_and_refusals() -> None:

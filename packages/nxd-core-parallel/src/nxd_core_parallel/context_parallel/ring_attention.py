@@ -63,6 +63,39 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, diag: bool) -> torch
     return s
 
 
+def _fused(t: torch.Tensor) -> bool:
+    """Whether torch's fused flash kernels (which return the log-sum-exp) serve this device;
+    elsewhere the blocks use the explicit fp32 arithmetic below."""
+    return t.device.type == "cpu"
+
+
+def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                   diag: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` of one block (fp32, equal head counts); ``diag``: causal within the block."""
+    if _fused(q):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q.contiguous(), k.contiguous(), v.contiguous(), 0.0, diag, scale=scale)
+        return out, lse
+    s = _scores(q, k, scale, diag)
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v), lse
+
+
+def _block_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, delta: torch.Tensor, scale: float,
+                    diag: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` of one block given the *merged* output and log-sum-exp of its query rows."""
+    if _fused(q):
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(), lse.contiguous(),
+            0.0, diag, scale=scale)
+        return dq, dk, dv
+    p = torch.exp(_scores(q, k, scale, diag) - lse.unsqueeze(-1))
+    dv = torch.matmul(p.transpose(-1, -2), grad)
+    ds = p * (torch.matmul(grad, v.transpose(-1, -2)) - delta.unsqueeze(-1))
+    return torch.matmul(ds, k) * scale, torch.matmul(ds.transpose(-1, -2), q) * scale, dv
+
+
 def _expand(kv: torch.Tensor, groups: int) -> torch.Tensor:
     # each KV head serves `groups` consecutive query heads (as LlamaCoreAttention's repeat_interleave)
     return kv.repeat_interleave(groups, dim=1) if groups > 1 else kv
@@ -106,9 +139,8 @@ class _RingAttention(torch.autograd.Function):
                     kind = _kind(qi, kj, causal)
                     if kind == _SKIP:
                         continue
-                    s = _scores(q_chunks[i], _expand(k_chunks[j], groups), scale, kind == _DIAG)
-                    block_lse = torch.logsumexp(s, dim=-1)
-                    block_out = torch.matmul(torch.exp(s - block_lse.unsqueeze(-1)), _expand(v_chunks[j], groups))
+                    block_out, block_lse = _block_forward(q_chunks[i], _expand(k_chunks[j], groups),
+                                                          _expand(v_chunks[j], groups), scale, kind == _DIAG)
                     outs[i], lses[i] = _merge(outs[i], lses[i], block_out, block_lse)
             if pending is not None:
                 kv, works = pending
@@ -129,7 +161,7 @@ class _RingAttention(torch.autograd.Function):
         scale, causal = ctx.scale, ctx.causal
         qf, do = q.float(), grad_out.float()
         delta = (do * out).sum(-1)  # rowsum(dO * O): the softmax backward's correction term
-        q_chunks, do_chunks = qf.chunk(n, dim=2), do.chunk(n, dim=2)
+        q_chunks, do_chunks, out_chunks = qf.chunk(n, dim=2), do.chunk(n, dim=2), out.chunk(n, dim=2)
         lse_chunks, delta_chunks = lse.chunk(n, dim=2), delta.chunk(n, dim=2)
         q_ids = chunk_ids(ring.rank, ring.size, ctx.load_balance)
         dq = torch.zeros_like(qf)
@@ -146,12 +178,12 @@ class _RingAttention(torch.autograd.Function):
                     kind = _kind(qi, kj, causal)
                     if kind == _SKIP:
                         continue
-                    kx, vx = _expand(k_chunks[j], groups), _expand(v_chunks[j], groups)
-                    p = torch.exp(_scores(q_chunks[i], kx, scale, kind == _DIAG) - lse_chunks[i].unsqueeze(-1))
-                    dv_chunks[j].add_(_fold(torch.matmul(p.transpose(-1, -2), do_chunks[i]), groups))
-                    ds = p * (torch.matmul(do_chunks[i], vx.transpose(-1, -2)) - delta_chunks[i].unsqueeze(-1))
-                    dq_chunks[i].add_(torch.matmul(ds, kx) * scale)
-                    dk_chunks[j].add_(_fold(torch.matmul(ds.transpose(-1, -2), q_chunks[i]) * scale, groups))
+                    dq_b, dk_b, dv_b = _block_backward(
+                        do_chunks[i], q_chunks[i], _expand(k_chunks[j], groups), _expand(v_chunks[j], groups),
+                        out_chunks[i], lse_chunks[i], delta_chunks[i], scale, kind == _DIAG)
+                    dq_chunks[i].add_(dq_b)
+                    dk_chunks[j].add_(_fold(dk_b, groups))
+                    dv_chunks[j].add_(_fold(dv_b, groups))
             if ring.size > 1:
                 # the block's gradient follows the block; after `size` hops it is back with its owner
                 dkv, works = ring.shift(dkv, tag=2 * step + 1)

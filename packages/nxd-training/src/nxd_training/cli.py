@@ -17,6 +17,7 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    from nxd_training.cluster import apply_cluster
     from nxd_training.config.loader import dump_config, load_config
     from nxd_training.config.plan import make_plan
     from nxd_training.data_prep import prepare_data
@@ -28,7 +29,7 @@ def _run_train(args: argparse.Namespace) -> int:
             args.overrides = [o for o in args.overrides if o != flag]
             setattr(args, flag[2:].replace("-", "_"), True)
     try:
-        config = prepare_data(load_config(args.config, args.overrides, check=False))
+        config, cluster_note = apply_cluster(prepare_data(load_config(args.config, args.overrides, check=False)))
         plan = make_plan(config)
     except (ConfigError, ComponentNotFound) as exc:
         print(f"nxd train: {exc}", file=sys.stderr)
@@ -37,6 +38,8 @@ def _run_train(args: argparse.Namespace) -> int:
         print(dump_config(config))
     print(f"nxd train: {config.name}: world size {plan.world_size} = TP {plan.tp} x PP {plan.pp} x DP {plan.dp}, "
           f"{plan.num_microbatches} micro-batch(es) per step, seq length {plan.seq_length}, data module {plan.data_module!r}")
+    if cluster_note:
+        print(f"nxd train: {cluster_note}")
     if args.validate:
         print("config is valid")
         return 0

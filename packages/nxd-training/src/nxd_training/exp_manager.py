@@ -39,6 +39,9 @@ def resolve_log_dir(config: TrainingConfig) -> Path:
     versions = _versions(base)
     if em.resume_if_exists and versions:
         return base / f"version_{versions[-1]}"
+    if config.trainer.num_nodes > 1 and config.launcher.rdzv_id:
+        # every node resolves the directory on its own: a counter could differ between them
+        return base / f"version_{config.launcher.rdzv_id}"
     return base / f"version_{versions[-1] + 1 if versions else 0}"
 
 

@@ -7,13 +7,16 @@ file (``python -m nxd_training.worker``), so all ranks see the same resolved con
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 
 from nxd_training.config.loader import dump_config
 from nxd_training.config.schema import TrainingConfig
+from nxd_training.run_lock import run_dir_lock
 
 
 def torchrun_command(config: TrainingConfig, config_path: Path) -> list[str]:
@@ -28,7 +31,8 @@ def torchrun_command(config: TrainingConfig, config_path: Path) -> list[str]:
         f"--monitor-interval={lc.monitor_interval}",
         f"--rdzv-backend={lc.rdzv_backend}",
         f"--rdzv-endpoint={lc.rdzv_endpoint or '127.0.0.1:0'}",
-        f"--rdzv-id={lc.rdzv_id or uuid.uuid4().hex}",
+        # every node must present the same id: derive it from the shared endpoint when none is set
+        f"--rdzv-id={lc.rdzv_id or (f'nxd-{lc.rdzv_endpoint}' if tr.num_nodes > 1 else uuid.uuid4().hex)}",
     ]
     if lc.node_rank is not None:
         cmd.append(f"--node-rank={lc.node_rank}")
@@ -49,14 +53,30 @@ def write_run_config(config: TrainingConfig, log_dir: Path) -> Path:
 
 
 def launch(config: TrainingConfig, log_dir: Path) -> int:
-    """Run training; returns the exit code (torchrun's for multi-rank runs)."""
-    config_path = write_run_config(config, log_dir)
-    if config.trainer.devices * config.trainer.num_nodes == 1:
-        from nxd_training.loop import train
+    """Run training; returns the exit code (torchrun's for multi-rank runs). The run directory is
+    locked against a second live writer (on multi-node runs, by node 0 only: one shared directory)."""
+    lock = run_dir_lock(log_dir) if not config.launcher.node_rank else nullcontext()
+    with lock:
+        config_path = write_run_config(config, log_dir)
+        if config.trainer.devices * config.trainer.num_nodes == 1:
+            from nxd_training.loop import train
 
-        train(config, log_dir=log_dir)
-        return 0
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    return subprocess.call(torchrun_command(config, config_path), env=env)
+            train(config, log_dir=log_dir)
+            return 0
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        return run_forwarding_signals(torchrun_command(config, config_path), env)
+
+
+def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
+    """Run torchrun and pass SIGTERM/SIGINT/SIGHUP on to it, so stopping ``nxd train`` stops the
+    agent and, through it, every rank (a plain wait would leave them training as orphans)."""
+    proc = subprocess.Popen(cmd, env=env)
+    forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum)) for sig in forwarded}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

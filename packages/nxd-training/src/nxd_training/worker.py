@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sys
 
+from torch.distributed.elastic.multiprocessing.errors import record
 
+
+@record  # writes torchrun's error file, so the agent reports the rank that failed first, with its traceback
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:

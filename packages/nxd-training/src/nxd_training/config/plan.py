@@ -259,7 +259,9 @@ def _training(config: TrainingConfig, world: int) -> None:
         raise ConfigError("trainer.max_steps and trainer.max_epochs are both -1: set one of them so training ends")
     if tr.num_nodes > 1 and not config.launcher.rdzv_endpoint:
         raise ConfigError(f"trainer.num_nodes={tr.num_nodes}: set launcher.rdzv_endpoint (host:port reachable from every "
-                          "node) so the nodes can find each other")
+                          "node) so the nodes can find each other, or run under SLURM (srun) or a torchrun-style "
+                          "environment (MASTER_ADDR/MASTER_PORT, e.g. a Kubernetes PyTorchJob) that says it; "
+                          "see docs/cluster.md")
     if tr.max_steps == 0:
         raise ConfigError("trainer.max_steps must be -1 or a positive number of steps, got 0")
     optim = config.model.optim

@@ -1,0 +1,127 @@
+"""Multi-node runs: the scheduler's environment (SLURM, torchrun-style / Kubernetes PyTorchJob)
+fills the launcher keys, and two `nxd train` launchers on loopback, as two "nodes" of one process
+each, train with the per-step losses of one node with two processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nxd.errors import ConfigError
+from nxd_training.cluster import DEFAULT_RDZV_PORT, apply_cluster, detect_cluster, expand_hostlist
+from nxd_training.config.loader import load_config
+from nxd_training.exp_manager import read_metrics
+
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "trn1-[007-008]", "SLURM_NNODES": "2",
+         "SLURM_NODEID": "1", "SLURM_STEP_ID": "0", "SLURM_NTASKS_PER_NODE": "1"}
+
+
+def test_expand_hostlist() -> None:
+    assert expand_hostlist("gpu[001-003,7],login1") == ["gpu001", "gpu002", "gpu003", "gpu7", "login1"]
+    assert expand_hostlist("a1,b[2-3]-ib") == ["a1", "b2-ib", "b3-ib"]
+    assert expand_hostlist("single") == ["single"]
+    with pytest.raises(ConfigError, match="cannot read the range"):
+        expand_hostlist("n[5-2]")
+
+
+def test_slurm_environment() -> None:
+    cluster = detect_cluster(SLURM)
+    assert (cluster.scheduler, cluster.num_nodes, cluster.node_rank) == ("slurm", 2, 1)
+    assert cluster.rdzv_endpoint == f"trn1-007:{DEFAULT_RDZV_PORT}" and cluster.rdzv_id == "slurm-4242"
+    assert detect_cluster({**SLURM, "NXD_RDZV_PORT": "31000"}).rdzv_endpoint == "trn1-007:31000"
+    with pytest.raises(ConfigError, match="srun --ntasks-per-node=1"):
+        detect_cluster({k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"})  # the batch script itself
+    with pytest.raises(ConfigError, match="run one nxd train per node"):
+        detect_cluster({**SLURM, "SLURM_NTASKS_PER_NODE": "32"})
+    assert detect_cluster({**SLURM, "LOCAL_RANK": "0"}) is None  # inside a rank torchrun started
+
+
+def test_torchrun_style_environments() -> None:
+    pet = {"PET_NNODES": "4", "PET_NODE_RANK": "3", "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456"}
+    cluster = detect_cluster(pet)
+    assert (cluster.scheduler, cluster.num_nodes, cluster.node_rank, cluster.rdzv_endpoint) == (
+        "torchrun", 4, 3, "job-master-0:23456")
+    pods = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "23456"}
+    assert (detect_cluster(pods).num_nodes, detect_cluster(pods).node_rank) == (2, 1)
+    assert detect_cluster({"PATH": "/bin"}) is None
+
+
+def _config(tmp_path: Path, make_config, **sections):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(make_config(**sections)))
+    return load_config(path, [], check=False)
+
+
+def test_apply_cluster_fills_launcher_and_refuses_mismatches(make_config, tmp_path: Path) -> None:
+    config = _config(tmp_path, make_config, trainer={"devices": 1, "num_nodes": 2})
+    filled, note = apply_cluster(config, SLURM)
+    assert (filled.launcher.rdzv_endpoint, filled.launcher.node_rank, filled.launcher.rdzv_id) == (
+        f"trn1-007:{DEFAULT_RDZV_PORT}", 1, "slurm-4242")
+    assert "slurm: node 1 of 2" in note and config.launcher.rdzv_endpoint is None  # the input is not changed
+    mine = _config(tmp_path, make_config, trainer={"devices": 1, "num_nodes": 2},
+                   launcher={"rdzv_endpoint": "head:1234", "node_rank": 0})
+    assert apply_cluster(mine, SLURM)[0].launcher.rdzv_endpoint == "head:1234"  # the user's keys win
+    wrong = _config(tmp_path, make_config, trainer={"devices": 1, "num_nodes": 4})
+    with pytest.raises(ConfigError, match=r"trainer.num_nodes=4 but the slurm job has 2 nodes \(SLURM_NNODES\)"):
+        apply_cluster(wrong, SLURM)
+    single = _config(tmp_path, make_config)
+    assert apply_cluster(single, {**SLURM, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n1"}) == (single, "")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _nxd_train(config_path: Path, env: dict[str, str], *overrides: str) -> subprocess.Popen:
+    code = "import sys; from nxd.cli import main; sys.exit(main())"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_", "MASTER_", "NXD_RDZV"))}
+    return subprocess.Popen([sys.executable, "-c", code, "train", str(config_path), *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**clean, "OMP_NUM_THREADS": "1", **env})
+
+
+def _losses(log_dir: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(log_dir) if "loss" in r]
+
+
+@pytest.mark.slow
+def test_two_loopback_nodes_train_like_one_node(make_config, tmp_path: Path) -> None:
+    def config(log: str, **trainer):
+        return yaml.safe_dump(make_config(trainer={"max_steps": 4, **trainer}, exp_manager={
+            "explicit_log_dir": str(tmp_path / log), "create_checkpoint_callback": False}))
+
+    one = tmp_path / "one_node.yaml"
+    one.write_text(config("one"))
+    proc = _nxd_train(one, {})
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    reference = _losses(tmp_path / "one")
+    assert len(reference) == 4
+
+    # SLURM: one `nxd train` per node (as srun starts them), TP=2 across the two nodes
+    two = tmp_path / "two_nodes.yaml"
+    two.write_text(config("slurm", devices=1, num_nodes=2))
+    port = str(_free_port())
+    slurm = {**SLURM, "SLURM_JOB_NODELIST": "127.0.0.1", "NXD_RDZV_PORT": port}
+    nodes = [_nxd_train(two, {**slurm, "SLURM_NODEID": str(rank)}) for rank in (0, 1)]
+    outs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outs
+    assert "slurm: node 1 of 2, rendezvous at 127.0.0.1:" in outs[1]
+    assert _losses(tmp_path / "slurm") == reference  # bit-identical on CPU
+
+    # a Kubernetes PyTorchJob-style environment, no launcher keys in the config either
+    port = str(_free_port())
+    pet = {"PET_NNODES": "2", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port}
+    nodes = [_nxd_train(two, {**pet, "PET_NODE_RANK": str(rank)}, f"exp_manager.explicit_log_dir={tmp_path / 'k8s'}")
+             for rank in (0, 1)]
+    outs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outs
+    assert _losses(tmp_path / "k8s") == reference

@@ -40,7 +40,7 @@ def all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[int
 class DispatchPlan:
     """What :func:`combine` needs to reverse :func:`dispatch`."""
 
-    order: torch.Tensor           # assignments sorted by expert
+    order: torch.Tensor           # assignments sorted by expert (stable)
     local_counts: list[int]       # rows per local expert in the dispatched tokens
     send_splits: list[int] | None = None
     recv_splits: list[int] | None = None
@@ -48,13 +48,14 @@ class DispatchPlan:
     group: Any = None
 
 
-def dispatch(tokens: torch.Tensor, expert_ids: torch.Tensor, num_experts: int, ep_size: int = 1,
-             ep_group: Any = None) -> tuple[torch.Tensor, DispatchPlan]:
-    """``tokens`` ``[N, H]`` (one row per assignment) bound for global experts ``expert_ids`` ``[N]``
-    -> (rows for this rank's experts grouped by local expert, the plan to undo it)."""
+def dispatch(tokens: torch.Tensor, token_ids: torch.Tensor, expert_ids: torch.Tensor, num_experts: int,
+             ep_size: int = 1, ep_group: Any = None) -> tuple[torch.Tensor, DispatchPlan]:
+    """Assignment ``i`` sends row ``token_ids[i]`` of ``tokens`` ``[T, H]`` to global expert
+    ``expert_ids[i]``. Returns (rows for this rank's experts grouped by local expert, the plan).
+    Assignments are taken in ``plan.order`` (sorted by expert)."""
     order = torch.argsort(expert_ids, stable=True)
     counts = torch.bincount(expert_ids, minlength=num_experts)
-    grouped = tokens[order]
+    grouped = tokens[token_ids[order]]
     if ep_size == 1:
         return grouped, DispatchPlan(order, counts.tolist())
     local = num_experts // ep_size
@@ -71,8 +72,8 @@ def dispatch(tokens: torch.Tensor, expert_ids: torch.Tensor, num_experts: int, e
 
 
 def combine(outputs: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
-    """Expert outputs in dispatched order -> one row per assignment in the original order."""
-    if plan.recv_order is not None:
-        outputs = outputs[torch.argsort(plan.recv_order)]
-        outputs = all_to_all(outputs, plan.send_splits, plan.recv_splits, plan.group)
-    return outputs[torch.argsort(plan.order)]
+    """Expert outputs in dispatched order -> one row per assignment, in ``plan.order``."""
+    if plan.recv_order is None:
+        return outputs
+    received = torch.zeros_like(outputs).index_copy(0, plan.recv_order, outputs)
+    return all_to_all(received, plan.send_splits, plan.recv_splits, plan.group)

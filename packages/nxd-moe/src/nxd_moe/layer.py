@@ -103,10 +103,11 @@ class MoELayer(nn.Module):
         token_ids = torch.arange(b * s, device=tokens.device).unsqueeze(1).expand_as(index)[kept]
         expert_ids, weights = index[kept], weights[kept]
         groups = expert_parallel_groups()
-        grouped, plan = dispatch(tokens[token_ids], expert_ids, self.config.num_experts, groups.ep_size,
+        grouped, plan = dispatch(tokens, token_ids, expert_ids, self.config.num_experts, groups.ep_size,
                                  groups.ep_group)
-        out = combine(self.experts(grouped, plan.local_counts), plan)
-        out = torch.zeros_like(tokens).index_add(0, token_ids, out * weights.unsqueeze(1).to(out.dtype))
+        out = combine(self.experts(grouped, plan.local_counts), plan)  # rows in plan.order
+        weights = weights[plan.order].unsqueeze(1).to(out.dtype)
+        out = torch.zeros_like(tokens).index_add(0, token_ids[plan.order], out * weights)
         out = out.view(b, s, h)
         if sp:
             out = reduce_scatter_to_sequence_parallel_region(out, 1)

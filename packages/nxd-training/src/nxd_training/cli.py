@@ -23,6 +23,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from nxd_training.data_prep import prepare_data
     from nxd_training.exp_manager import resolve_log_dir
     from nxd_training.launcher import launch
+    from nxd_training.preflight import preflight
 
     for flag in ("--validate", "--print-config"):
         if flag in args.overrides:
@@ -31,6 +32,7 @@ def _run_train(args: argparse.Namespace) -> int:
     try:
         config, cluster_note = apply_cluster(prepare_data(load_config(args.config, args.overrides, check=False)))
         plan = make_plan(config)
+        preflight(config, resolve_log_dir(config), plan.world_size)
     except (ConfigError, ComponentNotFound) as exc:
         print(f"nxd train: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,108 @@
+"""Checks of the machine and the file system that ``nxd train`` runs before it starts any rank:
+each failure here would otherwise surface inside the ranks, after minutes of start-up or training
+(a log directory that is a file, an accelerator that is not there, a checkpoint to resume that does
+not exist, a tokenizer that generation needs only at the end, a model that cannot fit)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+import nxd
+from nxd.errors import ConfigError
+from nxd_training.config.plan import tokenizer_path
+from nxd_training.config.schema import TrainingConfig
+from nxd_training.loop import parse_max_time
+
+#: bytes per parameter for fp32 weights + grads + Adam's two moments (the common worst case)
+_BYTES_PER_PARAM = 16
+
+
+def preflight(config: TrainingConfig, log_dir: Path, world_size: int) -> None:
+    """Raise :class:`ConfigError` naming the key and what would be valid for anything that cannot work."""
+    _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
+    _accelerator(config.trainer.accelerator)
+    parse_max_time(config.trainer.max_time)
+    _resume(config)
+    if config.exp_manager.create_checkpoint_callback or config.exp_manager.resume_from_checkpoint:
+        nxd.get_component("checkpoint_format", config.exp_manager.checkpoint_format,
+                          need=f"exp_manager.checkpoint_format={config.exp_manager.checkpoint_format}")
+    _generation_tokenizer(config)
+    _memory(config, world_size)
+
+
+def _writable_dir(path: Path, what: str) -> None:
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{what}: {probe} is a file, not a directory; choose another path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what}: cannot write under {probe} (permission denied)")
+
+
+def _accelerator(name: str) -> None:
+    if name == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ConfigError(f"trainer.accelerator=cuda but no CUDA device is visible (torch {torch.__version__} is "
+                          f"{build}); use trainer.accelerator=cpu or auto")
+    if name == "xla":
+        try:
+            import torch_xla  # noqa: F401
+        except ImportError:
+            raise ConfigError("trainer.accelerator=xla needs torch-xla (pip install torch-xla matching your torch); "
+                              "use trainer.accelerator=cpu or auto") from None
+
+
+def _resume(config: TrainingConfig) -> None:
+    source = config.exp_manager.resume_from_checkpoint
+    if not source or "://" in source:
+        return  # remote URLs are checked by the storage plugin when the ranks open them
+    path = Path(source)
+    if not path.exists():
+        raise ConfigError(f"exp_manager.resume_from_checkpoint: {path} does not exist (give a checkpoint directory "
+                          "<dir>/<tag> written by nxd)")
+
+
+def _generation_tokenizer(config: TrainingConfig) -> None:
+    gen = config.generation
+    if gen is None or not gen.prompts:
+        return
+    path = tokenizer_path(config)
+    if path is not None and "://" not in str(path) and not Path(path).exists():
+        raise ConfigError(f"generation.prompts need the tokenizer, and {path} does not exist (data.tokenizer / "
+                          "model.tokenizer); fix the path or drop generation.prompts")
+
+
+def _estimated_parameters(config: TrainingConfig) -> int | None:
+    m = config.model
+    h, layers, vocab = m.hidden_size, m.num_layers, m.vocab_size
+    if not (h and layers):
+        return None
+    ffn = m.ffn_hidden_size or 4 * h
+    experts = max(int(getattr(m.moe, "num_experts", 1) or 1), 1) if getattr(m, "moe", None) is not None else 1
+    per_layer = 4 * h * h + 3 * h * ffn * experts
+    return layers * per_layer + 2 * (vocab or 0) * h
+
+
+def _memory(config: TrainingConfig, world_size: int) -> None:
+    """Refuse sizes that cannot fit by a wide margin (weights + grads + Adam, sharded over all ranks,
+    against the machine's RAM for CPU runs); borderline cases are left to the run."""
+    params = _estimated_parameters(config)
+    if params is None or config.trainer.accelerator not in ("cpu", "auto") or torch.cuda.is_available():
+        return
+    try:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that reports it
+        return
+    needed = params * _BYTES_PER_PARAM / config.trainer.num_nodes  # at least one full copy per node's share
+    if needed > 4 * available:
+        raise ConfigError(
+            f"model: about {params / 1e9:.1f}B parameters need ~{needed / 2**30:.0f} GiB for weights, gradients and "
+            f"optimizer state, but this machine has {available / 2**30:.0f} GiB (over {world_size} ranks); reduce "
+            "model.num_layers / hidden_size, or run on more or larger machines"
+        )

@@ -354,6 +354,11 @@ def make_plan(config: TrainingConfig) -> RunPlan:
         raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} does not support pipeline parallelism "
                           f"(pipeline_model_parallel_size={pp}): the pipeline schedule computes the next-token loss "
                           "itself; use tensor/data parallelism")
+    cp = config.distributed_strategy.context_parallel_size
+    if workflow is not None and cp > 1:
+        raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} does not support context parallelism "
+                          f"(context_parallel_size={cp}): its loss reads whole sequences (pairs of responses), "
+                          "which CP splits over ranks; use context_parallel_size=1")
     data_module = _data(config, seq)
     needs = getattr(workflow, "data_module", None)
     if needs and data_module != needs:

@@ -342,7 +342,8 @@ def make_plan(config: TrainingConfig) -> RunPlan:
         raise ConfigError(f"distributed_strategy.sequence_parallel: seq_length={seq} must be divisible by "
                           f"tensor_model_parallel_size={tp}")
     vocab = getattr(model_config, "vocab_size", None)
-    if vocab is not None and tp > 1 and vocab % tp:
+    pads_vocab = callable(getattr(model_config, "padded_vocab_size", None))  # Megatron-style padding in the model
+    if vocab is not None and tp > 1 and vocab % tp and not pads_vocab:
         raise ConfigError(f"model vocab_size={vocab} must be divisible by tensor_model_parallel_size={tp} "
                           "(vocab-parallel embedding)")
     limit = config.trainer.limit_val_batches

@@ -93,6 +93,10 @@ class RecordingPlugin:
         registry.add("toy-workflow", "workflow")
 
     @nxd.hookimpl
+    def nxd_register_checkpoint_converters(self, registry):
+        registry.add("toy-converter", "converter")
+
+    @nxd.hookimpl
     def nxd_register_commands(self, registry):
         registry.add("toy", nxd.Command(help="toy verb", add_arguments=lambda p: p.add_argument("--n", type=int),
                                         run=lambda args: self.calls.append(("command", args.n)) or 0))
@@ -164,7 +168,8 @@ def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
     nxd.register_plugin(SecondWrapper(), name="second", distribution="tests")
     for kind, name in [("backend", "toy-backend"), ("model", "toy-model"), ("pipeline_schedule", "1f1b"),
                        ("adapter", "lora"), ("checkpoint_format", "toy-format"), ("storage", "toy-storage"),
-                       ("data_module", "toy-data"), ("workflow", "toy-workflow")]:
+                       ("data_module", "toy-data"), ("workflow", "toy-workflow"),
+                       ("checkpoint_converter", "toy-converter")]:
         assert nxd.get_component(kind, name) is not None
     assert nxd.get_workflow("toy-workflow") == "workflow"
 
@@ -221,3 +226,12 @@ def test_docs_describe_every_hook(repo_root):
     for name in sorted(_hookspec_names()):
         params = ", ".join(inspect.signature(getattr(hookspecs, name)).parameters)
         assert re.search(rf"^### `{name}\({re.escape(params)}\)`", text, re.M), f"docs/hooks.md lacks '### `{name}({params})`'"
+
+
+def test_wrap_phase_is_an_enum_the_core_validates():
+    from nxd.trainer import WrapPhase, wrap_phase
+
+    assert [p.value for p in nxd.trainer.WRAP_PHASES] == ["adapter", "checkpointing", "pipeline", "wrapper"]
+    assert wrap_phase("adapter") is WrapPhase.ADAPTER and WrapPhase.ADAPTER == "adapter"
+    with pytest.raises(nxd.ConfigError, match="phase must be one of adapter, checkpointing, pipeline, wrapper, got 'adaptor'"):
+        wrap_phase("adaptor")

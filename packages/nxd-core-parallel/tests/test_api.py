@@ -302,3 +302,31 @@ def test_parallel_context_carries_every_dimension(rank_pool, monkeypatch):
     assert r0["device"] == "cpu" and r0["backend"] == "cpu" and r0["timeout"] and r0["current_backend"]
     assert r0["shared_singletons"]
     assert r0["facade"] == (1, 1, [0, 1], [0]) and r1["facade"] == (1, 1, [0, 1], [1])
+
+
+# ------------------------------------------------------------------ the step contract
+class _TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.out = nn.Embedding(11, 8), nn.Linear(8, 11)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.out(self.emb(input_ids)).flatten(0, 1), labels.flatten())
+
+
+def test_run_train_with_micro_batches_accumulates_like_a_manual_loop():
+    torch.manual_seed(0)
+    wrapped, twin = _TinyLM(), _TinyLM()
+    twin.load_state_dict(wrapped.state_dict())
+    micro = [{"input_ids": torch.randint(0, 11, (2, 5)), "labels": torch.randint(0, 11, (2, 5))} for _ in range(3)]
+    loss = NxDModel(wrapped).run_train(*micro)
+    expected = torch.zeros(())
+    for batch in micro:
+        part = twin(**batch)
+        (part / 3).backward()
+        expected += part.detach() / 3
+    assert torch.equal(loss, expected)
+    for (name, p), q in zip(wrapped.named_parameters(), twin.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    with torch.no_grad():
+        assert torch.equal(NxDModel(wrapped).run_eval(*micro), torch.stack([twin(**b) for b in micro]).mean())

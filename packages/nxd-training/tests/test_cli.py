@@ -33,3 +33,22 @@ def test_bad_config_exits_2_with_message(make_config, tmp_path: Path, capsys) ->
     err = capsys.readouterr().err
     assert "trainer.max_stepz: unknown key (did you mean 'max_steps'?)" in err
     assert "Traceback" not in err
+
+
+def test_samples_come_from_the_model_spec(make_config) -> None:
+    import dataclasses
+
+    import nxd
+    from nxd_training.config import load_config
+    from nxd_training.samples import generate_samples
+
+    config = load_config(make_config(generation={"prompts": ["The "], "max_new_tokens": 4}))
+    # a model family without generate gets no samples (and no model call at all)
+    assert generate_samples(config, model=None, spec=dataclasses.replace(nxd.get_model("llama"), generate=None)) == []
+    calls = []
+
+    def generate(model, ids, max_new_tokens, **kwargs):
+        calls.append((model, ids.shape[0], max_new_tokens))
+        return ids
+    texts = generate_samples(config, model="m", spec=dataclasses.replace(nxd.get_model("llama"), generate=generate))
+    assert texts == ["The "] and calls == [("m", 1, 4)]

@@ -16,6 +16,7 @@ from nxd.hookspecs import PLUGIN_API_VERSION, hookimpl, hookspec
 from nxd.lookup import (
     get_adapter,
     get_backend,
+    get_checkpoint_converter,
     get_checkpoint_format,
     get_checkpointer,
     get_command,
@@ -42,7 +43,7 @@ from nxd.trainer import (
 __all__ = [
     "PLUGIN_API_VERSION", "Command", "ComponentNotFound", "ConfigError", "NxdError", "ParallelContext", "ParallelDim",
     "PluginError", "current_parallel_context", "get_parallel_context", "parallel",
-    "finalize_checkpoint", "get_adapter", "get_backend", "get_checkpoint_format", "get_checkpointer",
+    "finalize_checkpoint", "get_adapter", "get_backend", "get_checkpoint_converter", "get_checkpoint_format", "get_checkpointer",
     "get_command", "get_component", "get_data_module", "get_model", "get_optimizer", "get_schedule",
     "get_storage", "get_workflow", "has_checkpoint", "hookimpl", "hookspec", "initialize_parallel_model",
     "initialize_parallel_optimizer", "list_components", "load_checkpoint", "neuronx_distributed_config",

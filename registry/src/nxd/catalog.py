@@ -24,12 +24,13 @@ CATALOG: dict[str, dict[str, str]] = {
     "checkpointer": {"default": "nxd-ckpt"},
     "data_module": {"indexed": "nxd-data", "sft": "nxd-data", "hf": "nxd-data", "preference": "nxd-data"},
     "workflow": {"dpo": "nxd-alignment", "orpo": "nxd-alignment"},
+    "checkpoint_converter": {"hf": "nxd-ckpt", "nxd": "nxd-ckpt", "full": "nxd-ckpt", "nnm": "nxd-migrate"},
     "command": {
         "train": "nxd-training",
         "plot": "nxd-training",
         "data": "nxd-data",
         "ckpt": "nxd-ckpt",
-        "migrate": "nxd-training",
+        "migrate": "nxd-migrate",
         "plugins": "nxd",
     },
 }
@@ -46,6 +47,7 @@ KIND_WORDS: dict[str, str] = {
     "checkpointer": "checkpoint engine",
     "data_module": "data module",
     "workflow": "workflow",
+    "checkpoint_converter": "checkpoint converter",
     "command": "command",
 }
 

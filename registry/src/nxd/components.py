@@ -22,6 +22,7 @@ REGISTRATION_HOOKS: dict[str, str] = {
     "nxd_register_checkpointers": "checkpointer",
     "nxd_register_data_modules": "data_module",
     "nxd_register_workflows": "workflow",
+    "nxd_register_checkpoint_converters": "checkpoint_converter",
     "nxd_register_commands": "command",
 }
 

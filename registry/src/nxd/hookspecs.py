@@ -90,6 +90,13 @@ def nxd_register_workflows(registry: Any) -> None:
 
 
 @hookspec
+def nxd_register_checkpoint_converters(registry: Any) -> None:
+    """Register checkpoint converters for ``nxd ckpt convert --from NAME --to NAME`` (``hf``,
+    ``nxd``, ``full``, ``nnm``, ...): objects with ``read(request) -> FullState`` and/or
+    ``write(full_state, request)`` (nxd-ckpt's ``nxd_ckpt.Converter``)."""
+
+
+@hookspec
 def nxd_register_commands(registry: Any) -> None:
     """Register verbs of the ``nxd`` command. A command is a :class:`nxd.components.Command`."""
 

@@ -71,5 +71,9 @@ def get_workflow(name: str, *, need: str | None = None) -> Any:
     return get_component("workflow", name, need=need)
 
 
+def get_checkpoint_converter(name: str) -> Any:
+    return get_component("checkpoint_converter", name)
+
+
 def get_command(name: str) -> Any:
     return get_component("command", name)

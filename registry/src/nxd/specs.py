@@ -42,6 +42,10 @@ class ModelSpec:
     save_hf: Callable[[torch.nn.Module, str], None] | None = None
     #: (model config) -> training FLOPs per token (for MFU estimates)
     flops_per_token: Callable[[Any], float] | None = None
+    #: (model, input_ids [batch, prompt], max_new_tokens, *, do_sample, temperature, top_k,
+    #: eos_token_id, generator) -> ids [batch, prompt + new]; collective under TP. ``None``: the
+    #: trainer writes no samples for this family.
+    generate: Callable[..., torch.Tensor] | None = None
     #: named config presets (e.g. "llama3-8b") -> config dict
     presets: dict[str, dict] = field(default_factory=dict)
     #: anything else a plugin wants to publish (HF key mapping, ...)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 import torch
@@ -12,11 +13,37 @@ from nxd.errors import ComponentNotFound, ConfigError
 from nxd.lookup import get_component
 from nxd.plugins import state
 
-#: The order in which ``nxd_wrap_model`` phases run: adapters see the plain model, activation
-#: checkpointing sees adapted layers, the pipeline cuts the result, the wrapper comes last.
-WRAP_PHASES: tuple[str, ...] = ("adapter", "checkpointing", "pipeline", "wrapper")
-#: The ``phase`` values of the ``nxd_checkpoint_extras`` hook.
-CHECKPOINT_PHASES: tuple[str, ...] = ("saved", "loaded")
+
+class WrapPhase(str, Enum):
+    """The ``phase`` of ``nxd_wrap_model``, in the order the phases run: adapters see the plain
+    model, activation checkpointing sees adapted layers, the pipeline cuts the result, the wrapper
+    comes last. A ``str`` enum: ``phase == "adapter"`` holds, but compare with the members
+    (``phase is WrapPhase.ADAPTER``) so a misspelling fails loudly."""
+
+    ADAPTER = "adapter"
+    CHECKPOINTING = "checkpointing"
+    PIPELINE = "pipeline"
+    WRAPPER = "wrapper"
+
+
+class CheckpointPhase(str, Enum):
+    """The ``phase`` of ``nxd_checkpoint_extras``."""
+
+    SAVED = "saved"
+    LOADED = "loaded"
+
+
+WRAP_PHASES: tuple[WrapPhase, ...] = tuple(WrapPhase)
+CHECKPOINT_PHASES: tuple[CheckpointPhase, ...] = tuple(CheckpointPhase)
+
+
+def wrap_phase(value: Any) -> WrapPhase:
+    """``value`` as a :class:`WrapPhase`; a ``ConfigError`` naming the valid phases otherwise."""
+    try:
+        return WrapPhase(value)
+    except ValueError:
+        raise ConfigError(f"nxd_wrap_model phase must be one of {', '.join(p.value for p in WrapPhase)}, "
+                          f"got {value!r}") from None
 
 
 def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn.Module], include_buffers: bool = False,
@@ -43,7 +70,7 @@ def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn
     if model is None:
         raise ComponentNotFound("initialize_parallel_model needs a parallel runtime plugin: pip install nxd-core-parallel")
     for phase in WRAP_PHASES:
-        model = plugins.call_chain("nxd_wrap_model", "model", model, nxd_config=config, phase=phase)
+        model = plugins.call_chain("nxd_wrap_model", "model", model, nxd_config=config, phase=wrap_phase(phase))
     return model
 
 
@@ -113,8 +140,11 @@ def checkpoint_extras(model: Any, path: str, tag: str, phase: str) -> None:
     """Run the ``nxd_checkpoint_extras`` hook; checkpointers call it after a committed save
     (``phase="saved"``) and after a load (``phase="loaded"``) so plugins such as LoRA can write or
     read their own export of ``model`` under ``path/tag``."""
-    if phase not in CHECKPOINT_PHASES:
-        raise ValueError(f"checkpoint_extras phase must be one of {CHECKPOINT_PHASES}, got {phase!r}")
+    try:
+        phase = CheckpointPhase(phase)
+    except ValueError:
+        raise ValueError(f"checkpoint_extras phase must be one of {', '.join(p.value for p in CheckpointPhase)}, "
+                         f"got {phase!r}") from None
     if model is None:
         return
     state().pm.hook.nxd_checkpoint_extras(model=model, path=str(path), tag=str(tag), phase=phase)

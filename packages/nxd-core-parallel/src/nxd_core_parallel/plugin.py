@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import nxd
+from nxd.trainer import WrapPhase
 
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
 
@@ -51,7 +52,7 @@ def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kw
 
 @nxd.hookimpl
 def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
-    if phase == "checkpointing":
+    if phase is WrapPhase.CHECKPOINTING:
         setting = nxd_config.get("activation_checkpoint_config")
         if setting is None:
             return None
@@ -60,7 +61,7 @@ def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
         classes = transformer_layer_classes(model) if setting == "full" else setting
         apply_activation_checkpointing(model, classes)
         return model
-    if phase == "wrapper":
+    if phase is WrapPhase.WRAPPER:
         from nxd_core_parallel.trainer import NxDModel
 
         return model if isinstance(model, NxDModel) else NxDModel(model, nxd_config)

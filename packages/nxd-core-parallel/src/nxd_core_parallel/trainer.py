@@ -33,6 +33,18 @@ def _loss_of(output: Any) -> torch.Tensor:
     return loss
 
 
+def _is_micro_batches(args: tuple, kwargs: dict) -> bool:
+    return bool(args) and not kwargs and all(isinstance(a, dict) for a in args)
+
+
+def autocast_context(batch: dict, dtype: torch.dtype | None) -> Any:
+    """``torch.autocast`` on the batch's device for ``dtype``; no-op for ``None``."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    device = next((v.device for v in batch.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
 class NxDModel(nn.Module):
     """Wraps the built model. Behaves as the wrapped module: attributes, ``named_parameters`` and
     ``state_dict`` are the local module's, with unprefixed names."""
@@ -65,16 +77,51 @@ class NxDModel(nn.Module):
         with dp_overlap.no_sync():
             yield
 
-    def run_train(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """Forward + ``loss.backward()``; returns the detached loss. A pipeline-parallel module
-        runs its schedule instead."""
+    def run_train(self, *args: Any, autocast: torch.dtype | None = None, **kwargs: Any) -> torch.Tensor:
+        """Forward + backward; returns the detached loss.
+
+        Two forms: NxD's ``run_train(**batch)`` (one batch), and nxd's step contract
+        ``run_train(*micro_batches, autocast=None)``: one optimizer step's micro-batches (dicts of
+        model inputs), gradients accumulated (synced once, by the last), the mean loss returned;
+        forward passes run under ``torch.autocast(dtype=autocast)`` when given. A pipeline-parallel
+        module runs its schedule instead, in both forms.
+        """
+        if _is_micro_batches(args, kwargs):
+            if hasattr(self.module, "run_train"):
+                return self.module.run_train(*args, autocast=autocast)
+            return self._accumulate(args, autocast)
         if hasattr(self.module, "run_train"):
             return self.module.run_train(*args, **kwargs)
         loss = _loss_of(self.module(*args, **kwargs))
         loss.backward()
         return loss.detach()
 
-    def run_eval(self, *args: Any, **kwargs: Any) -> Any:
+    def _accumulate(self, micro_batches: tuple[dict, ...], autocast: torch.dtype | None) -> torch.Tensor:
+        n = len(micro_batches)
+        total: torch.Tensor | None = None
+        for i, batch in enumerate(micro_batches):
+            # forward and backward both inside: the overlap hooks check no_sync as they fire
+            with self.no_sync() if i < n - 1 else contextlib.nullcontext():
+                with autocast_context(batch, autocast):
+                    loss = _loss_of(self.module(**batch))
+                (loss / n).backward()
+            part = loss.detach().float() / n
+            total = part if total is None else total + part
+        assert total is not None
+        return total
+
+    def run_eval(self, *args: Any, autocast: torch.dtype | None = None, **kwargs: Any) -> Any:
+        """Forward only: NxD's ``run_eval(**batch)``, or ``run_eval(*micro_batches, autocast=None)``
+        returning the mean loss over the micro-batches."""
+        if _is_micro_batches(args, kwargs):
+            if hasattr(self.module, "run_eval"):
+                return self.module.run_eval(*args, autocast=autocast)
+            with torch.no_grad():
+                losses = []
+                for batch in args:
+                    with autocast_context(batch, autocast):
+                        losses.append(_loss_of(self.module(**batch)).detach().float())
+                return torch.stack(losses).mean()
         if hasattr(self.module, "run_eval"):
             return self.module.run_eval(*args, **kwargs)
         with torch.no_grad():

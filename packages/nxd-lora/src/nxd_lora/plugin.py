@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import nxd
+from nxd.trainer import CheckpointPhase, WrapPhase
 
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
 
@@ -35,7 +36,7 @@ def nxd_validate_config(nxd_config: dict) -> None:
 
 @nxd.hookimpl
 def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
-    if phase != "adapter":
+    if phase is not WrapPhase.ADAPTER:
         return None
     from nxd_lora.checkpoint import check_lora_config, lora_model_from_config
 
@@ -61,11 +62,11 @@ def nxd_checkpoint_extras(model: Any, path: str, tag: str, phase: str) -> None:
                       "supported; call nxd_lora.checkpoint.save_lora_checkpoint with a local folder", stacklevel=2)
         return
     local = path.removeprefix("file://")
-    if phase == "saved":
+    if phase is CheckpointPhase.SAVED:
         from nxd_lora.checkpoint import save_lora_checkpoint
 
         save_lora_checkpoint(lora, local, tag)
-    elif phase == "loaded" and lora.lora_config.load_lora_from_ckpt:
+    elif phase is CheckpointPhase.LOADED and lora.lora_config.load_lora_from_ckpt:
         from nxd_lora.peft_format import CONFIG_NAME, load_adapter
 
         adapter_dir = Path(local) / tag / ADAPTER_DIR

@@ -8,6 +8,7 @@ from torch import nn
 
 from nxd.specs import ModelSpec
 from nxd_models_llama.config import LlamaConfig
+from nxd_models_llama.generate import generate
 from nxd_models_llama.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_llama.hf_mapping import HF_KEY_MAPPING, HF_MODULE_TO_NXD, plan_for
 from nxd_models_llama.modeling import LlamaCoreAttention, LlamaDecoderLayer, LlamaForCausalLM, kv_size_multiplier_for
@@ -67,6 +68,7 @@ SPEC = ModelSpec(
     load_hf=load_hf_checkpoint,
     save_hf=save_hf_checkpoint,
     flops_per_token=flops_per_token,
+    generate=generate,
     presets=PRESETS,
     context_parallel=True,
     extras={

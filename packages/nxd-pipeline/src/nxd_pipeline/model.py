@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nxd.errors import ConfigError
+from nxd_core_parallel.trainer import autocast_context
 from nxd_pipeline import partition as part
 from nxd_pipeline.comm import PipelineGroup
 from nxd_pipeline.config import PipelineConfig, parse_pipeline_config
@@ -148,10 +149,17 @@ class NxDPPModel(nn.Module):
                 out[i][key] = parts[i]
         return out
 
-    def run_train(self, **batch: Any) -> torch.Tensor:
-        """Forward and backward of one global batch; returns the mean micro-batch loss on every
-        pipeline rank (and averaged over data parallel with ``broadcast_and_average_loss``)."""
-        micro = self._split(batch)
+    def run_train(self, *micro_batches: dict[str, Any], autocast: torch.dtype | None = None,
+                  **batch: Any) -> torch.Tensor:
+        """Forward and backward of one global batch (NxD's ``run_train(**batch)``, split into
+        ``num_microbatches``) or of the given micro-batches (nxd's step contract); returns the mean
+        micro-batch loss on every pipeline rank (and averaged over data parallel with
+        ``broadcast_and_average_loss``). ``autocast``: run the schedule under ``torch.autocast``."""
+        micro = list(micro_batches) if micro_batches else self._split(batch)
+        with autocast_context(micro[0], autocast):
+            return self._train(micro)
+
+    def _train(self, micro: list[dict[str, Any]]) -> torch.Tensor:
         actions = self.schedule.actions(self.pg.size, self.pg.rank, len(micro), self.config.virtual_pipeline_size)
         losses = run_schedule(self._runner, self.pg, actions, micro, self.num_stages, trace=self.trace)
         for param, group in self._shared:
@@ -161,9 +169,15 @@ class NxDPPModel(nn.Module):
         return self._reduce_loss(losses, len(micro))
 
     @torch.no_grad()
-    def run_eval(self, **batch: Any) -> torch.Tensor:
-        """Forward only; returns the mean micro-batch loss on every pipeline rank."""
-        micro = self._split(batch)
+    def run_eval(self, *micro_batches: dict[str, Any], autocast: torch.dtype | None = None,
+                 **batch: Any) -> torch.Tensor:
+        """Forward only (one global batch or the given micro-batches); returns the mean
+        micro-batch loss on every pipeline rank."""
+        micro = list(micro_batches) if micro_batches else self._split(batch)
+        with autocast_context(micro[0], autocast):
+            return self._eval(micro)
+
+    def _eval(self, micro: list[dict[str, Any]]) -> torch.Tensor:
         v = self.config.virtual_pipeline_size
         actions = [Action(FORWARD, c, i) for i in range(len(micro)) for c in range(v)]
         actions.sort(key=lambda a: (a.microbatch // self.pg.size, a.chunk, a.microbatch))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import nxd
+from nxd.trainer import WrapPhase
 from nxd_pipeline.config import parse_pipeline_config
 from nxd_pipeline.schedules import BUILTIN_SCHEDULES
 
@@ -37,7 +38,7 @@ def nxd_validate_config(nxd_config: dict) -> None:
 
 @nxd.hookimpl
 def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
-    if phase != "pipeline" or nxd_config.get("pipeline_parallel_size", 1) <= 1:
+    if phase is not WrapPhase.PIPELINE or nxd_config.get("pipeline_parallel_size", 1) <= 1:
         return None
     from nxd_pipeline.model import NxDPPModel
 

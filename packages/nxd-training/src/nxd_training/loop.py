@@ -77,11 +77,11 @@ class Trainer:
         seed_everything(config.seed)
         self.nxd_config = build.nxd_config(config, self.plan)
         from nxd_core_parallel import parallel_state
-        from nxd_core_parallel.backends import get_device
         from nxd_core_parallel.parallel_layers.random import model_parallel_manual_seed
 
         self.ps = parallel_state
-        self.device = get_device()
+        self.context = nxd.get_parallel_context()
+        self.device = self.context.device
         model_parallel_manual_seed(config.seed)
         model_config = build.model_config_for_rank(config, self.plan)
         self.model = nxd.initialize_parallel_model(self.nxd_config, self.plan.spec.build, False, model_config, self.nxd_config)
@@ -92,8 +92,8 @@ class Trainer:
         self.lora_exports: list[str] = []
         self.optimizer = build.build_optimizer(config, self.nxd_config, self.model)
         self.scheduler = build.build_scheduler(config, self.optimizer)
-        self.dp_rank = parallel_state.get_data_parallel_rank()
-        self.dp_group = parallel_state.get_data_parallel_group()
+        self.dp_rank = self.context.dp.rank
+        self.dp_group = self.context.dp.group
         self.data = build.build_data(config, self.plan, self.dp_rank)
         #: model_alignment_strategy's workflow (dpo, orpo, ...): its loss replaces the model's
         self.workflow = self.plan.workflow
@@ -289,9 +289,13 @@ class Trainer:
             zero1_optimizer=self.config.distributed_strategy.zero1, format=em.checkpoint_format,
         )
         if self.lora:
-            if em.async_checkpointing and (self.ckpt_dir / tag / "done").exists():
-                nxd.finalize_checkpoint()  # an overwrite is swapped in when it commits; write after that
-            self.lora_exports.append(str(lora_export.export_lora(self.model, self.ckpt_dir, tag)))
+            # A synchronous save wrote the export already (nxd-lora's nxd_checkpoint_extras hook);
+            # an async one skips the hook while the model keeps training, so export it here.
+            if em.async_checkpointing:
+                if (self.ckpt_dir / tag / "done").exists():
+                    nxd.finalize_checkpoint()  # an overwrite is swapped in when it commits; write after that
+                lora_export.export_lora(self.model, self.ckpt_dir, tag)
+            self.lora_exports.append(str(self.ckpt_dir / tag))
 
     # ------------------------------------------------------------------ the loop
     def _max_steps(self) -> int:
@@ -373,7 +377,7 @@ class Trainer:
         if self.config.generation is not None and self.config.generation.prompts:
             from nxd_training.samples import generate_samples
 
-            result.samples = generate_samples(self.config, self.model)
+            result.samples = generate_samples(self.config, self.model, self.plan.spec)
         return result
 
     def _progress(self, total: int) -> Any:

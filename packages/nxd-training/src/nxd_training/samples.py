@@ -1,5 +1,6 @@
-"""Text samples from the trained model at the end of a run (every rank calls: generation is a
-collective under tensor parallelism); rank 0 prints them."""
+"""Text samples from the trained model at the end of a run, through the model spec's ``generate``
+(a family without one gets no samples). Every rank calls: generation is a collective under tensor
+parallelism; rank 0 prints them."""
 
 from __future__ import annotations
 
@@ -8,17 +9,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nxd.specs import ModelSpec
 from nxd_training.config.plan import tokenizer_path
 from nxd_training.config.schema import TrainingConfig
 
 
-def generate_samples(config: TrainingConfig, model: Any) -> list[str]:
+def generate_samples(config: TrainingConfig, model: Any, spec: ModelSpec) -> list[str]:
     gen = config.generation
     path = tokenizer_path(config)
-    if gen is None or not gen.prompts or path is None:
+    generate = spec.generate
+    if gen is None or not gen.prompts or path is None or generate is None:
         return []
     from nxd_data.tokenizers import load_tokenizer
-    from nxd_models_llama import generate
 
     tokenizer = load_tokenizer(path)
     generator = torch.Generator().manual_seed(config.seed)

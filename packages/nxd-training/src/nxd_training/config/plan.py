@@ -54,6 +54,11 @@ class RunPlan:
     #: the nxd.specs.Workflow of model_alignment_strategy.<name> (dpo, orpo, ...), or None
     workflow: Any = None
 
+    @property
+    def eval_microbatches(self) -> int:
+        """Micro-batches per ``run_eval`` call: a pipeline evaluates ``num_microbatches`` at once."""
+        return self.num_microbatches if self.pp > 1 else 1
+
 
 def _world(config: TrainingConfig) -> tuple[int, int, int, int]:
     ds, tr = config.distributed_strategy, config.trainer

@@ -117,7 +117,8 @@ def allreduce_expert_parallel_gradients(parameters: Any) -> None:
         if is_expert_parallel(p) and p.grad is not None:
             group = p.expert_data_parallel_group
             by_group.setdefault(id(group), (group, []))[1].append(p.grad)
-    dp = parallel_state.get_data_parallel_size()
+    # under context parallelism each rank's loss gradient is CP times its share (context_parallel_token_mean)
+    dp = parallel_state.get_data_parallel_size() * parallel_state.get_context_model_parallel_size()
     for group, grads in by_group.values():
         _allreduce_flat(grads, group, average=False, cap_bytes=BUCKET_CAP_BYTES)
         for g in grads:

@@ -52,6 +52,16 @@ def test_prompt_tokens_are_masked(tmp_path: Path, tok_dir: Path, write_jsonl) ->
         assert row["position_ids"][:n].tolist() == list(range(n))
 
 
+def test_nxdt_input_output_records_equal_prompt_completion(tmp_path: Path, tok_dir: Path, write_jsonl) -> None:
+    """NxD Training's SFT JSONL says ``input``/``output``; the rows equal prompt/completion ones."""
+    ours = write_jsonl(tmp_path / "ours.jsonl", RECORDS[:4])
+    nxdt = write_jsonl(tmp_path / "nxdt.jsonl", [{"input": r["prompt"], "output": r["completion"]} for r in RECORDS[:4]])
+    rows = [_rows(_module({"train_dir": str(path), "tokenizer": str(tok_dir), "packing": False, "shuffle": False}), 4)
+            for path in (ours, nxdt)]
+    for a, b in zip(*rows):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_chat_messages_train_only_on_assistant_turns(tmp_path: Path, tok_dir: Path, write_jsonl) -> None:
     tok = load_tokenizer(tok_dir)
     data = write_jsonl(tmp_path / "chat.jsonl", [RECORDS[4]])
@@ -159,7 +169,8 @@ def test_bad_sft_input(tmp_path: Path, tok_dir: Path, write_jsonl) -> None:
     with pytest.raises(ConfigError, match=r"m\.jsonl:1: missing field 'completion'"):
         _module({"train_dir": str(missing), "tokenizer": str(tok_dir)})
     neither = write_jsonl(tmp_path / "n.jsonl", [{"question": "?"}])
-    with pytest.raises(ConfigError, match=r"need 'prompt' and 'completion', or 'messages' \(fields present: question\)"):
+    with pytest.raises(ConfigError, match=r"need 'prompt' and 'completion' \(NxD Training: 'input' and 'output'\), or 'messages' "
+                       r"\(fields present: question\)"):
         _module({"train_dir": str(neither), "tokenizer": str(tok_dir)})
     with pytest.raises(ConfigError, match="data.train_dir is required"):
         sft.validate({"tokenizer": str(tok_dir)})

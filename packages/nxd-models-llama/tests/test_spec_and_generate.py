@@ -98,6 +98,27 @@ def test_activation_checkpointing_keeps_loss_and_grads(tmp_path):
     assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])
 
 
+def test_nxdt_recompute_names_keep_loss_and_grads(tmp_path):
+    """Every NxD Training recompute name the spec maps (CoreAttention, LlamaMLP, LlamaRMSNorm,
+    ActivationMultiplyMLP, ...) selects modules of the built model, and recomputing them changes nothing."""
+    from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing
+
+    hf_dir = save_hf("gqa", tmp_path / "gqa")
+    data = batch()
+    reference = LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["gqa"]))
+    load_hf_checkpoint(reference, hf_dir)
+    reference(**data).loss.backward()
+    spec = nxd.get_model("llama")
+    assert {"CoreAttention", "LlamaMLP", "LlamaRMSNorm", "ActivationMultiplyMLP"} <= set(spec.recompute_modules)
+    for name, classes in spec.recompute_modules.items():
+        model = LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["gqa"]))
+        assert apply_activation_checkpointing(model, classes) >= 2, name  # at least one per layer
+        load_hf_checkpoint(model, hf_dir)
+        model(**data).loss.backward()
+        for n, p in model.named_parameters():
+            assert torch.equal(p.grad, dict(reference.named_parameters())[n].grad), (name, n)
+
+
 def _tiny_model(tmp_path: Path) -> LlamaForCausalLM:
     model = LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["llama3_rope"]))
     load_hf_checkpoint(model, save_hf("llama3_rope", tmp_path / "m"))

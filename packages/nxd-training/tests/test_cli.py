@@ -52,3 +52,17 @@ def test_samples_come_from_the_model_spec(make_config) -> None:
         return ids
     texts = generate_samples(config, model="m", spec=dataclasses.replace(nxd.get_model("llama"), generate=generate))
     assert texts == ["The "] and calls == [("m", 1, 4)]
+
+
+def test_multi_node_config_validates_without_a_cluster(make_config, tmp_path, monkeypatch, capsys) -> None:
+    """Validation needs no cluster (NxDT's 4-node configs validate on a laptop); launching a
+    multi-node run without a rendezvous (config or scheduler environment) is refused before starting."""
+    for var in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "MASTER_ADDR", "PET_MASTER_ADDR", "PET_NNODES"):
+        monkeypatch.delenv(var, raising=False)
+    config = make_config(trainer={"num_nodes": 2, "devices": 1}, distributed_strategy={"tensor_model_parallel_size": 1},
+                         data={"global_batch_size": 4})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["train", str(path), "--validate"]) == 0
+    assert main(["train", str(path)]) == 2
+    assert "trainer.num_nodes=2: set launcher.rdzv_endpoint" in capsys.readouterr().err

@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nxd import ConfigError
-from nxd_training.config import hub_names, load_config, make_plan, parse_config, parse_override, read_yaml
-from nxd_training.config.overrides import apply_overrides, resolve_interpolations
+from nxd_training.config import hub_names, load_config, make_plan, parse_config, parse_override, read_yaml, resolve
 
 
 def test_valid_tiny_config_plans(make_config) -> None:
@@ -43,20 +42,27 @@ BAD = [
      ["num_kv_heads=3", "kv_replicator"]),
     ({"model": {"num_kv_heads": 1, "num_attention_heads": 4}, "distributed_strategy": {"tensor_model_parallel_size": 2, "kv_replicator": 1}},
      ["kv_replicator=1", "divisible"]),
-    ({"model": {"encoder_seq_length": 64}}, ["data.seq_length=32", "model.encoder_seq_length=64"]),
+    ({"model": {"encoder_seq_length": 16}}, ["data.seq_length=32", "exceeds model.encoder_seq_length=16"]),
     ({"data": {"seq_length": 128}}, ["seq_length=128", "max_position_embeddings=64"]),
     ({"data": {"data_prefix": "/nonexistent/prefix"}}, ["/nonexistent/prefix"]),
     ({"data": {"module": "indexd"}}, ["data.module", "indexed"]),
     ({"model": {"architecture": "gpt5"}}, ["model.architecture", "gpt5"]),
+    ({"model": {"architecture": "gpt"}}, ["model.architecture=gpt needs the model 'gpt': pip install nxd-models-gpt"]),
+    ({"model": {"moe": {"num_experts": 8}}}, ["model.moe", "the 'mixtral' model provides it", "nxd-models-mixtral"]),
+    ({"model": {"activation": "gelu", "normalization": "layernorm"}},
+     ["2 model features", "model.activation='gelu'", "model.normalization='layernorm'", "nxd-models-gpt"]),
+    ({"model": {"activations_checkpoint_granularity": "selective", "activations_checkpoint_recompute": ["Nope"]}},
+     ["activations_checkpoint_recompute", "'Nope'", "CoreAttention", "LlamaMLP"]),
+    ({"model": {"model_config": {"model_type": "mixtral"}}}, ["model_type 'mixtral'", "nxd-models-mixtral"]),
     ({"trainer": {"max_steps": -1}}, ["max_steps", "max_epochs"]),
     ({"precision": {"type": "mixed_precision"}}, ["precision.type=mixed_precision", "zero1"]),
     ({"distributed_strategy": {"context_parallel_size": 2}}, ["context_parallel_size"]),
     ({"distributed_strategy": {"context_parallel_size": 2, "tensor_model_parallel_size": 1}, "data": {"seq_length": 30}},
      ["seq_length=30", "2 x context_parallel_size = 4"]),
     ({"exp_manager": {"checkpoint_callback_params": {"filename": "{nope}"}}}, ["filename", "{step}"]),
-    ({"trainer": {"num_nodes": 2}}, ["launcher.rdzv_endpoint"]),
-    ({"model": {"optim": {"sched": {"name": "cosine", "warmup_steps": 10}}}}, ["warmup_steps", "exceeds"]),
-    ({"model_alignment_strategy": {"dpo": {"kl_beta": 0.1}}}, ["dpo"]),
+    ({"model": {"optim": {"sched": {"name": "cosine", "warmup_steps": 2, "constant_steps": 10}}}},
+     ["constant_steps", "exceeds"]),
+    ({"model_alignment_strategy": {"dpo": {"kl_beta": 0.1}}}, ["model_alignment_strategy.dpo needs the workflow 'dpo'"]),
     ({"model": {"model_config": "/nonexistent/config.json"}}, ["model.model_config", "/nonexistent/config.json"]),
     ({"model": {"vocab_size": 511}}, ["vocab_size=511", "tensor_model_parallel_size=2"]),
     ({"distributed_strategy": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2},
@@ -94,22 +100,30 @@ def test_overrides_are_typed_by_yaml(make_config) -> None:
         with pytest.raises(ConfigError, match="override"):
             parse_override(bad)
     with pytest.raises(ConfigError, match="trainer.max_steps is a int"):
-        apply_overrides({"trainer": {"max_steps": 3}}, ["trainer.max_steps.x=1"])
+        resolve({"trainer": {"max_steps": 3}}, ["trainer.max_steps.x=1"])
 
 
-def test_interpolation_like_nxdt() -> None:
+def test_interpolation_is_omegaconfs(monkeypatch) -> None:
     raw = {"distributed_strategy": {"tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 2},
-           "model": {"encoder_seq_length": 128},
-           "data": {"seq_length": "${model.encoder_seq_length}"},
+           "model": {"encoder_seq_length": 128, "max_position_embeddings": "${.encoder_seq_length}"},
+           "data": {"seq_length": "${model.encoder_seq_length}", "train_dir": "${oc.env:NXD_TEST_DATA,/default}"},
            "exp_manager": {"checkpoint_callback_params": {"model_parallel_size":
                "${multiply:${distributed_strategy.tensor_model_parallel_size}, ${distributed_strategy.pipeline_model_parallel_size}}"},
                "name": "run-${model.encoder_seq_length}"}}
-    out = resolve_interpolations(raw)
-    assert out["data"]["seq_length"] == 128
+    out = resolve(raw)
+    assert out["data"]["seq_length"] == 128 and out["model"]["max_position_embeddings"] == 128
     assert out["exp_manager"]["checkpoint_callback_params"]["model_parallel_size"] == 8
-    assert out["exp_manager"]["name"] == "run-128"
-    with pytest.raises(ConfigError, match=r"data.seq_length.*model.nope"):
-        resolve_interpolations({"data": {"seq_length": "${model.nope}"}})
+    assert out["exp_manager"]["name"] == "run-128" and out["data"]["train_dir"] == "/default"
+    monkeypatch.setenv("NXD_TEST_DATA", "/from/env")
+    assert resolve(raw)["data"]["train_dir"] == "/from/env"
+    # an override is merged before resolution, so interpolations see it (as with Hydra)
+    assert resolve(raw, ["model.encoder_seq_length=64"])["model"]["max_position_embeddings"] == 64
+    with pytest.raises(ConfigError, match=r"data.seq_length \(written '\$\{model.nope\}'\).*not found"):
+        resolve({"data": {"seq_length": "${model.nope}"}})
+    with pytest.raises(ConfigError, match=r"model.x.*NXD_NOT_SET"):
+        resolve({"model": {"x": "${oc.env:NXD_NOT_SET}"}})
+    with pytest.raises(ConfigError, match=r"model.x.*Missing mandatory value"):
+        resolve({"model": {"x": "???"}})
 
 
 def test_yaml_file_errors(tmp_path) -> None:
@@ -125,6 +139,14 @@ def test_yaml_file_errors(tmp_path) -> None:
         load_config(scalar)
     with pytest.raises(ConfigError, match="did you mean 'quickstart'"):
         read_yaml("hub:quickstrat")
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("trainer:\n  max_steps: 5\n  devices: 2\n  max_steps: 50\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml: found duplicate key max_steps at line 4.*line 2"):
+        read_yaml(dup)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin.yaml: not UTF-8 text \(byte 0xe9 at offset 9, line 1\)"):
+        load_config(latin)
 
 
 @pytest.mark.parametrize("name", ["quickstart", "llama2-7b", "llama3-8b", "llama3.1-8b", "llama3-70b"])
@@ -134,8 +156,7 @@ def test_hub_configs_validate(name: str, corpus) -> None:
     config = parse_config(raw)
     assert config.model.architecture == "llama"
     # Everything but the data (which lives on the cluster) must pass; point data at the test corpus.
-    overrides = [f"data.data_prefix={corpus['data_prefix']}", f"data.tokenizer={corpus['tokenizer']}", "data.prepare=null",
-                 "launcher.rdzv_endpoint=head:29400"]
+    overrides = [f"data.data_prefix={corpus['data_prefix']}", f"data.tokenizer={corpus['tokenizer']}", "data.prepare=null"]
     if name != "quickstart":
         overrides += ["data.seq_length=64", "model.encoder_seq_length=64"]
     if config.distributed_strategy.pipeline_model_parallel_size > 1:

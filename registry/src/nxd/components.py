@@ -97,7 +97,8 @@ class Components:
             raise PluginError(message)
 
     def names(self, kind: str) -> list[str]:
-        return sorted(self._by_kind[kind])
+        # a kind no installed hook defines yet (e.g. a newer plugin API's) simply has no components
+        return sorted(self._by_kind.get(kind, {}))
 
     def all(self, kind: str | None = None) -> list[Component]:
         kinds = [kind] if kind else list(self._by_kind)

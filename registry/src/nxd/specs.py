@@ -34,6 +34,16 @@ class ModelSpec:
     transformer_layer_classes: tuple[type, ...]
     #: classes recomputed by selective activation checkpointing ("core attention")
     core_attention_classes: tuple[type, ...] = ()
+    #: NxD Training recompute names (``model.activations_checkpoint_recompute: [CoreAttention]``)
+    #: -> this model's module classes that the name selects; names not listed are refused before launch
+    recompute_modules: dict[str, tuple[type, ...]] = field(default_factory=dict)
+    #: Hugging Face ``config.json`` ``model_type`` values this plugin builds (empty: just ``name``)
+    hf_model_types: tuple[str, ...] = ()
+    #: NxD Training config keys (dotted, e.g. ``"model.activation"``, ``"model.moe"``,
+    #: ``"distributed_strategy.context_parallel_size"``) that change the model and that this plugin
+    #: implements. A config giving any such key a non-default value is refused before launch unless
+    #: the selected model lists it here (nxd-training's ``FEATURE_KEYS`` names every such key).
+    implements: frozenset[str] = frozenset()
     #: default LoRA target module names (Hugging Face / PEFT names, e.g. "q_proj")
     lora_target_modules: tuple[str, ...] = ()
     #: (model, hf_dir) -> None: load a Hugging Face checkpoint directory into the built model

@@ -75,9 +75,12 @@ def tokenize_record(
         pieces = tok.render_chat(messages)
     elif prompt_key in record or completion_key in record:
         pieces = [(field(record, prompt_key, where), False), (field(record, completion_key, where), True)]
+    elif "input" in record or "output" in record:  # NxD Training's SFT records
+        pieces = [(field(record, "input", where), False), (field(record, "output", where), True)]
     else:
         raise ConfigError(
-            f"{where}: missing fields: need {prompt_key!r} and {completion_key!r}, or {messages_key!r} "
+            f"{where}: missing fields: need {prompt_key!r} and {completion_key!r} (NxD Training: 'input' and "
+            f"'output'), or {messages_key!r} "
             f"(fields present: {', '.join(sorted(record)) or 'none'})"
         )
     ids: list[int] = []

@@ -160,6 +160,14 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out)
 
 
+class LlamaActivationMultiply(nn.Module):
+    """``silu(gate) * up``: its own module so selective recompute can name it (NxD Training's
+    ``ActivationMultiplyMLP``); holds no parameters."""
+
+    def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate) * up
+
+
 class LlamaMLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused in one column-parallel layer."""
 
@@ -189,13 +197,14 @@ class LlamaMLP(nn.Module):
             if param is not None:
                 param.fused_splits = splits
                 param.partition_stride = 1
+        self.act_mul = LlamaActivationMultiply()
         self.down_proj = RowParallelLinear(
             config.intermediate_size, config.hidden_size, bias=config.mlp_bias, input_is_parallel=True, **common,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.local_intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act_mul(gate, up))
 
 
 class LlamaDecoderLayer(nn.Module):

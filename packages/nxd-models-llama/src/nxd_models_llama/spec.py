@@ -7,12 +7,29 @@ from typing import Any
 from torch import nn
 
 from nxd.specs import ModelSpec
+from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.generate import generate
 from nxd_models_llama.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_llama.hf_mapping import HF_KEY_MAPPING, HF_MODULE_TO_NXD, plan_for
-from nxd_models_llama.modeling import LlamaCoreAttention, LlamaDecoderLayer, LlamaForCausalLM, kv_size_multiplier_for
+from nxd_models_llama.modeling import (
+    LlamaActivationMultiply,
+    LlamaCoreAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaMLP,
+    kv_size_multiplier_for,
+)
 from nxd_models_llama.presets import PRESETS
+
+#: NxD Training's selective-recompute names (its HF Llama module classes) -> ours
+RECOMPUTE_MODULES: dict[str, tuple[type, ...]] = {
+    "CoreAttention": (LlamaCoreAttention,),
+    "LlamaMLP": (LlamaMLP,),
+    "LlamaRMSNorm": (RMSNorm,),
+    "ActivationMultiplyMLP": (LlamaActivationMultiply,),
+    "LlamaDecoderLayer": (LlamaDecoderLayer,),
+}
 
 #: Attention projections, as in NxDT's LoRA recipes (which target the fused ``qkv_proj``) plus o_proj.
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -64,6 +81,8 @@ SPEC = ModelSpec(
     build=build,
     transformer_layer_classes=(LlamaDecoderLayer,),
     core_attention_classes=(LlamaCoreAttention,),
+    recompute_modules=RECOMPUTE_MODULES,
+    hf_model_types=("llama",),
     lora_target_modules=DEFAULT_LORA_TARGETS,
     load_hf=load_hf_checkpoint,
     save_hf=save_hf_checkpoint,

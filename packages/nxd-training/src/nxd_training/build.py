@@ -8,31 +8,12 @@ import torch
 
 import nxd
 from nxd import ConfigError
+from nxd_training.config.features import recompute_classes
 from nxd_training.config.plan import RunPlan, data_section
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.schedules import make_lr_fn, make_scheduler
 
 BF16_TYPES = ("bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR")
-
-
-def _activation_checkpoint(config: TrainingConfig, spec: Any) -> Any:
-    granularity = config.model.activations_checkpoint_granularity
-    if granularity is None:
-        return None
-    if granularity == "full":
-        return "full"
-    classes = tuple(getattr(spec, "core_attention_classes", ()) or ())
-    names = config.model.activations_checkpoint_recompute
-    if names:
-        known = {cls.__name__: cls for cls in (*classes, *getattr(spec, "transformer_layer_classes", ()))}
-        missing = [n for n in names if n not in known]
-        if missing:
-            raise ConfigError(f"model.activations_checkpoint_recompute: unknown class {missing[0]!r}; "
-                              f"known: {', '.join(sorted(known))}")
-        classes = tuple(known[n] for n in names)
-    if not classes:
-        raise ConfigError("model.activations_checkpoint_granularity=selective: the model names no core-attention classes")
-    return list(classes)
 
 
 def mixed_precision_config(config: TrainingConfig) -> dict[str, Any] | None:
@@ -87,7 +68,7 @@ def nxd_config(config: TrainingConfig, plan: RunPlan) -> dict:
         expert_parallel_size=ds.expert_model_parallel_size,
         pipeline_config=pipeline or None,
         optimizer_config={"zero_one_enabled": ds.zero1, "grad_clipping": bool(clip), "max_grad_norm": float(clip or 1.0)},
-        activation_checkpoint_config=_activation_checkpoint(config, plan.spec),
+        activation_checkpoint_config=recompute_classes(config, plan.spec),
         sequence_parallel=ds.sequence_parallel,
         model_init_config={"sequential_move_factor": config.trainer.sequential_move_factor},
         lora_config=lora_config(config, plan.spec),

@@ -16,6 +16,15 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML")
 
 
+def _require_rendezvous(config) -> None:
+    tr = config.trainer
+    if tr.num_nodes > 1 and not config.launcher.rdzv_endpoint:
+        raise ConfigError(f"trainer.num_nodes={tr.num_nodes}: set launcher.rdzv_endpoint (host:port reachable from every "
+                          "node) so the nodes can find each other, or run under SLURM (srun) or a torchrun-style "
+                          "environment (MASTER_ADDR/MASTER_PORT, e.g. a Kubernetes PyTorchJob) that says it; "
+                          "see docs/cluster.md")
+
+
 def _run_train(args: argparse.Namespace) -> int:
     from nxd_training.cluster import apply_cluster
     from nxd_training.config.loader import dump_config, load_config
@@ -33,6 +42,8 @@ def _run_train(args: argparse.Namespace) -> int:
         config, cluster_note = apply_cluster(prepare_data(load_config(args.config, args.overrides, check=False)))
         plan = make_plan(config)
         preflight(config, resolve_log_dir(config), plan.world_size)
+        if not args.validate:
+            _require_rendezvous(config)  # a multi-node run needs one before anything starts; validation does not
     except (ConfigError, ComponentNotFound) as exc:
         print(f"nxd train: {exc}", file=sys.stderr)
         return 2

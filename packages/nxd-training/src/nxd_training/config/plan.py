@@ -7,13 +7,12 @@ naming the keys involved.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import nxd
 from nxd import ComponentNotFound, ConfigError
+from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.schedules import SCHEDULES, schedule_names
 from nxd_training.workflow import build_workflow, workflow_name
@@ -64,13 +63,12 @@ def _world(config: TrainingConfig) -> tuple[int, int, int, int]:
     ds, tr = config.distributed_strategy, config.trainer
     world = tr.devices * tr.num_nodes
     tp, pp, cp = ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size, ds.context_parallel_size
-    if ds.expert_model_parallel_size != 1:
-        raise ConfigError("distributed_strategy.expert_model_parallel_size must be 1 (no MoE models are installed)")
     if world % (tp * pp * cp):
+        sizes = f"{tp} x {pp}" + (f" x {cp}" if cp > 1 else "")
+        names = "tensor_model_parallel_size x pipeline_model_parallel_size" + (" x context_parallel_size" if cp > 1 else "")
         raise ConfigError(
             f"world size {world} (trainer.devices={tr.devices} x trainer.num_nodes={tr.num_nodes}) is not divisible "
-            f"by tensor_model_parallel_size x pipeline_model_parallel_size x context_parallel_size = {tp} x {pp} x {cp}; "
-            "world size must equal TP x PP x CP x DP"
+            f"by {names} = {sizes}; world size must equal TP x PP x {'CP x ' if cp > 1 else ''}DP"
         )
     vpp = ds.virtual_pipeline_model_parallel_size or 1
     if vpp > 1 and pp == 1:
@@ -113,17 +111,21 @@ def _batches(config: TrainingConfig, dp: int) -> int:
 
 
 def _seq_length(config: TrainingConfig) -> int:
+    """The training sequence length: ``data.seq_length`` (what the data module cuts), which NxDT's
+    SFT/DPO configs set below the model's ``encoder_seq_length``; longer would exceed the model."""
     data_len, model_len = config.data.seq_length, config.model.encoder_seq_length
-    if data_len is not None and model_len is not None and data_len != model_len:
-        raise ConfigError(f"data.seq_length={data_len} differs from model.encoder_seq_length={model_len}; they must match")
+    if data_len is not None and model_len is not None and data_len > model_len:
+        raise ConfigError(f"data.seq_length={data_len} exceeds model.encoder_seq_length={model_len} (the longest "
+                          "sequence the model is configured for); lower data.seq_length or raise encoder_seq_length")
     length = data_len or model_len
     if length is None:
         raise ConfigError("data.seq_length (or model.encoder_seq_length) is required")
     return length
 
 
-def model_dict(config: TrainingConfig, spec: Any) -> dict[str, Any]:
-    """The model config as Hugging Face keys: preset, then ``model_config`` file, then keys."""
+def model_dict(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The model config as Hugging Face keys: preset, then ``model_config`` file, then keys; the
+    feature keys the model implements (``spec.implements``) are passed under their NxDT names."""
     m = config.model
     result: dict[str, Any] = {}
     if m.preset is not None:
@@ -134,37 +136,31 @@ def model_dict(config: TrainingConfig, spec: Any) -> dict[str, Any]:
             raise ConfigError(f"model.preset: unknown preset {m.preset!r}{suggest(m.preset, list(presets))}; "
                               f"available: {', '.join(sorted(presets)) or 'none'}")
         result.update(presets[m.preset])
-    if isinstance(m.hf_config, dict):
-        result.update(m.hf_config)
-    elif isinstance(m.hf_config, str):
-        path = Path(m.hf_config)
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            result.update(json.loads(path.read_text()))
-        except FileNotFoundError:
-            raise ConfigError(f"model.model_config: file {str(path)!r} does not exist") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"model.model_config: {str(path)!r} is not valid JSON ({exc})") from None
+    result.update(hf if hf is not None else (hf_config_file(config) or {}))
     for ours, theirs in MODEL_KEY_MAP.items():
         value = getattr(m, ours)
         if value is not None:
             result[theirs] = value
+    for key in sorted(getattr(spec, "implements", ()) or ()):
+        if key.startswith("model."):
+            value = value_at(config, key)
+            if value is not None:
+                result[key[len("model."):]] = value
     return result
 
 
 def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any]:
-    try:
-        spec = nxd.get_model(config.model.architecture)
-    except ComponentNotFound as exc:
-        raise ConfigError(f"model.architecture: {exc}") from None
-    as_dict = model_dict(config, spec)
+    hf = hf_config_file(config)
+    spec = model_spec(config, hf)
+    check_features(config, spec)
+    recompute_classes(config, spec)
+    as_dict = model_dict(config, spec, hf)
     try:
         model_config = spec.config_from_dict(dict(as_dict))
     except ConfigError as exc:
         raise ConfigError(f"model: {exc}") from None
     except (TypeError, ValueError, KeyError) as exc:
-        raise ConfigError(f"model: the {config.model.architecture} plugin rejected the model config: {exc}") from None
+        raise ConfigError(f"model: the {spec.name} plugin rejected the model config: {exc}") from None
     return spec, as_dict, model_config
 
 
@@ -262,11 +258,6 @@ def _training(config: TrainingConfig, world: int) -> None:
     tr = config.trainer
     if tr.max_steps == -1 and tr.max_epochs == -1 and tr.max_time is None:
         raise ConfigError("trainer.max_steps and trainer.max_epochs are both -1: set one of them so training ends")
-    if tr.num_nodes > 1 and not config.launcher.rdzv_endpoint:
-        raise ConfigError(f"trainer.num_nodes={tr.num_nodes}: set launcher.rdzv_endpoint (host:port reachable from every "
-                          "node) so the nodes can find each other, or run under SLURM (srun) or a torchrun-style "
-                          "environment (MASTER_ADDR/MASTER_PORT, e.g. a Kubernetes PyTorchJob) that says it; "
-                          "see docs/cluster.md")
     if tr.max_steps == 0:
         raise ConfigError("trainer.max_steps must be -1 or a positive number of steps, got 0")
     optim = config.model.optim
@@ -282,7 +273,9 @@ def _training(config: TrainingConfig, world: int) -> None:
         raise ConfigError(f"model.optim.sched.name: unknown schedule {sched.name!r}{suggest(sched.name, schedule_names())}; "
                           f"valid: {', '.join(schedule_names())}")
     total = sched.max_steps or (tr.max_steps if tr.max_steps > 0 else None)
-    if total is not None and sched.warmup_steps + sched.constant_steps > total:
+    # warmup alone longer than the run is fine (the run ends while warming up, as in NxDT); a hold
+    # phase that does not fit is ambiguous between nxd's and NeMo's constant_steps, so it is refused
+    if total is not None and sched.constant_steps > 0 and sched.warmup_steps + sched.constant_steps > total:
         raise ConfigError(
             f"model.optim.sched: warmup_steps + constant_steps = {sched.warmup_steps + sched.constant_steps} exceeds "
             f"the schedule length {total} (model.optim.sched.max_steps or trainer.max_steps)"
@@ -330,14 +323,15 @@ def _plugins(config: TrainingConfig, pp: int) -> None:
 
 
 def make_plan(config: TrainingConfig) -> RunPlan:
-    """Check every cross-field rule and the plugins the run needs; return the derived values."""
+    """Check every cross-field rule and the plugins the run needs; return the derived values.
+    The model comes first: a config for a model nxd cannot build is refused for that reason."""
+    spec, as_dict, model_config = _model(config)
     world, tp, pp, dp = _world(config)
     num_mb = _batches(config, dp)
     seq = _seq_length(config)
     _training(config, world)
     _precision(config)
     _plugins(config, pp)
-    spec, as_dict, model_config = _model(config)
     _heads(config, model_config, tp)
     _context_parallel(config, spec, seq, tp)
     max_pos = getattr(model_config, "max_position_embeddings", None)

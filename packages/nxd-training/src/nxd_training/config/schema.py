@@ -196,9 +196,22 @@ class ModelConfig(Section):
     hidden_dropout: float = Field(0.0, ge=0, le=1)
     attention_dropout: float = Field(0.0, ge=0, le=1)
     ffn_dropout: float = Field(0.0, ge=0, le=1)
+    # Megatron model keys (model_source: megatron). Values other than the Llama-style defaults are
+    # honoured only by a model plugin that implements them (config/features.py), else refused.
     normalization: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    activation: Literal["swiglu", "gelu"] = "swiglu"
+    activation: Literal["swiglu", "gelu", "geglu", "reglu", "squared-relu", "fast-geglu", "fast-swiglu",
+                        "fast-reglu", "silu", "relu"] = "swiglu"
     position_embedding_type: Literal["rope", "learned_absolute"] = "rope"
+    rotary_percentage: float = Field(1.0, gt=0, le=1)
+    transformer_block_type: Literal["pre_ln", "post_ln", "normformer", "gpt_j"] = "pre_ln"
+    has_bias: bool = False
+    use_scaled_init_method: bool = False
+    sliding_window: Union[int, None] = Field(None, ge=1)
+    sliding_window_size: Union[int, None] = Field(None, ge=1)
+    # Numerically neutral in Megatron (Q.K^T scaled by 1/layer and the softmax by layer again) and a
+    # fused-kernel choice: accepted, no effect on the result.
+    apply_query_key_layer_scaling: bool = False
+    persist_layer_norm: bool = False
     make_vocab_size_divisible_by: int = Field(1, ge=1)
     moe: Union[MoEConfig, None] = None
     optim: OptimConfig = Field(default_factory=OptimConfig)

@@ -62,9 +62,10 @@ def _model_config(path: str | None) -> dict | None:
     if path is None:
         return None
     if path.endswith((".yaml", ".yml")):
+        from nxd_training.config import read_yaml
         from nxd_training.migrate.nnm_checkpoint import hf_config_from_nnm
 
-        return hf_config_from_nnm((yaml.safe_load(Path(path).read_text()) or {}).get("model") or {})
+        return hf_config_from_nnm(read_yaml(path).get("model") or {})
     return json.loads(Path(path).read_text())
 
 

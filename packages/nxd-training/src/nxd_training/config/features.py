@@ -1,0 +1,190 @@
+"""Which model a config describes, and whether the installed plugins can train exactly that model.
+
+NxD Training picks its model class from ``model_source`` (``megatron``: the Megatron GPT model,
+configured by keys such as ``activation`` and ``normalization``; ``hf``: Mixtral when the run name
+says so, else Llama). nxd picks a registered :class:`nxd.specs.ModelSpec` the same way (or from
+``model.architecture`` when given), then checks every key below: a key set to anything but its
+Llama-style default is honoured only when the selected model lists it in ``spec.implements`` —
+otherwise the run is refused before launch with the key and the plugin that provides it. So a
+config never trains a different model than it names, and a new plugin (MoE, GPT, context
+parallelism) makes the same config validate without a change here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nxd
+from nxd import ComponentNotFound, ConfigError
+from nxd.catalog import provider_of
+from nxd_training.config.schema import TrainingConfig
+
+
+@dataclass(frozen=True)
+class Feature:
+    key: str  # dotted config key
+    what: str  # what a non-default value asks for, in words
+    neutral: Callable[[Any, TrainingConfig], bool]  # True when the value leaves a Llama-style model unchanged
+    provider: str | None = None  # the model (component name) that implements it, for the hint
+
+
+def _is(*values: Any) -> Callable[[Any, TrainingConfig], bool]:
+    return lambda value, _config: value in values
+
+
+def _window_covers_sequence(value: Any, config: TrainingConfig) -> bool:
+    # a window at least as long as the sequence masks nothing beyond the causal mask
+    seq = config.data.seq_length or config.model.encoder_seq_length
+    return value is None or (isinstance(value, int) and seq is not None and value >= seq)
+
+
+#: Every NxDT key that changes the model beyond the common (HF Llama) keys.
+FEATURE_KEYS: tuple[Feature, ...] = (
+    Feature("model.moe", "a Mixture-of-Experts model", _is(None), "mixtral"),
+    Feature("distributed_strategy.expert_model_parallel_size", "expert parallelism", _is(1), "mixtral"),
+    Feature("model.normalization", "a different normalization", _is("rmsnorm"), "gpt"),
+    Feature("model.activation", "a different MLP activation", _is("swiglu"), "gpt"),
+    Feature("model.position_embedding_type", "a different position embedding", _is("rope"), "gpt"),
+    Feature("model.rotary_percentage", "partial rotary embeddings", _is(1, 1.0), "gpt"),
+    Feature("model.transformer_block_type", "a different transformer block layout", _is("pre_ln"), "gpt"),
+    Feature("model.has_bias", "biases in the linear layers", _is(False), "gpt"),
+    Feature("model.use_scaled_init_method", "Megatron's scaled init of output layers", _is(False), "gpt"),
+    Feature("model.sliding_window", "sliding-window attention", _window_covers_sequence, "mixtral"),
+    Feature("model.sliding_window_size", "sliding-window attention", _window_covers_sequence, "gpt"),
+    Feature("distributed_strategy.context_parallel_size", "context parallelism (ring attention)", _is(1)),
+    Feature("model.fusions.ring_attention", "ring attention (context parallelism)", _is(False, None)),
+)
+
+
+def value_at(config: TrainingConfig, dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if node is None:
+            return None
+        extra = getattr(node, "model_extra", None) or {}
+        node = getattr(node, part, extra.get(part))
+    if hasattr(node, "model_dump"):
+        return node.model_dump()
+    return node
+
+
+def hf_config_file(config: TrainingConfig) -> dict[str, Any] | None:
+    """``model.model_config`` read as JSON (a path or inline dict); None when unset."""
+    source = config.model.hf_config
+    if source is None or isinstance(source, dict):
+        return source
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"model.model_config: file {str(path)!r} does not exist (point it at a Hugging Face "
+                          "config.json, or remove the key and give the model keys in the model section)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"model.model_config: {str(path)!r} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"model.model_config: {str(path)!r} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _model_types() -> dict[str, str]:
+    """HF ``model_type`` -> registered model name."""
+    out: dict[str, str] = {}
+    for name in nxd.list_components("model"):
+        spec = nxd.get_model(name)
+        for model_type in getattr(spec, "hf_model_types", ()) or (name,):
+            out.setdefault(model_type, name)
+    return out
+
+
+def select_model(config: TrainingConfig, hf: dict[str, Any] | None) -> tuple[str, str]:
+    """(model name, why): ``model.architecture`` if given, else chosen the way NxDT chooses."""
+    m = config.model
+    if "architecture" in m.model_fields_set:
+        return m.architecture, f"model.architecture={m.architecture}"
+    if m.moe is not None:
+        return "mixtral", "model.moe (a Mixture-of-Experts model)"
+    if config.model_source == "megatron":
+        return "gpt", "model_source=megatron (NxD Training's Megatron GPT model)"
+    model_type = (hf or {}).get("model_type")
+    if model_type:
+        return _model_types().get(model_type, model_type), f"model.model_config (model_type {model_type!r})"
+    if "mixtral" in config.name.lower():
+        return "mixtral", f"name={config.name!r} (NxD Training builds Mixtral for hf runs named *mixtral*)"
+    return m.architecture, "model_source=hf (NxD Training's HF Llama model)"
+
+
+def model_spec(config: TrainingConfig, hf: dict[str, Any] | None) -> Any:
+    """The registered spec of the model this config describes, or a ConfigError naming the plugin."""
+    name, why = select_model(config, hf)
+    try:
+        spec = nxd.get_component("model", name, need=why)
+    except ComponentNotFound as exc:
+        raise ConfigError(str(exc)) from None
+    model_type = (hf or {}).get("model_type")
+    accepted = tuple(getattr(spec, "hf_model_types", ()) or (spec.name,))
+    if model_type and model_type not in accepted:
+        other = _model_types().get(model_type)
+        hint = f"set model.architecture: {other}" if other else _install_hint("model", model_type)
+        raise ConfigError(f"model.model_config describes model_type {model_type!r}, but the {spec.name!r} model builds "
+                          f"{', '.join(accepted)}; {hint}")
+    return spec
+
+
+def _install_hint(kind: str, name: str) -> str:
+    provider = provider_of(kind, name)
+    return f"pip install {provider}" if provider else f"install the plugin that provides the {kind} {name!r}"
+
+
+def check_features(config: TrainingConfig, spec: Any) -> None:
+    """Refuse every feature key the selected model does not implement (one error, all keys)."""
+    implemented = set(getattr(spec, "implements", ()) or ())
+    if getattr(spec, "context_parallel", False):  # ModelSpec.context_parallel: attention spans CP ranks
+        implemented |= {"distributed_strategy.context_parallel_size", "model.fusions.ring_attention"}
+    problems = []
+    for feature in FEATURE_KEYS:
+        value = value_at(config, feature.key)
+        if feature.neutral(value, config) or feature.key in implemented:
+            continue
+        if feature.provider and feature.provider != spec.name:
+            hint = f"the {feature.provider!r} model provides it ({_install_hint('model', feature.provider)})"
+        else:
+            hint = "no installed model plugin implements it"
+        problems.append(f"{feature.key}={value!r}: {feature.what} is not implemented by the {spec.name!r} model; "
+                        f"{hint}")
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else
+                          f"{len(problems)} model features not available:\n  " + "\n  ".join(problems))
+
+
+def recompute_classes(config: TrainingConfig, spec: Any) -> list[type] | str | None:
+    """NxD's ``activation_checkpoint_config`` from ``activations_checkpoint_granularity`` and
+    ``activations_checkpoint_recompute`` (NxDT names mapped through ``spec.recompute_modules``)."""
+    m = config.model
+    if m.activations_checkpoint_granularity is None:
+        return None
+    if m.activations_checkpoint_granularity == "full":
+        return "full"
+    table: dict[str, tuple[type, ...]] = dict(getattr(spec, "recompute_modules", {}) or {})
+    for cls in (*getattr(spec, "core_attention_classes", ()), *getattr(spec, "transformer_layer_classes", ())):
+        table.setdefault(cls.__name__, (cls,))
+    names = m.activations_checkpoint_recompute
+    if not names:
+        classes = tuple(getattr(spec, "core_attention_classes", ()) or ())
+        if not classes:
+            raise ConfigError(f"model.activations_checkpoint_granularity=selective: the {spec.name!r} model names no "
+                              "core-attention classes; list modules in model.activations_checkpoint_recompute")
+        return list(classes)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ConfigError(f"model.activations_checkpoint_recompute: the {spec.name!r} model cannot recompute "
+                          f"{', '.join(map(repr, unknown))}; it can recompute: {', '.join(sorted(table))}")
+    out: list[type] = []
+    for name in names:
+        out += [cls for cls in table[name] if cls not in out]
+    return out

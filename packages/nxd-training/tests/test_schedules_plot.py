@@ -20,11 +20,17 @@ def test_linear_warmup_then_decay() -> None:
     assert fn(7) == pytest.approx(1.0 - 0.8 * 4 / 9)
 
 
-def test_cosine_hold_and_floor() -> None:
-    fn = make_lr_fn("CosineAnnealing", 2.0, max_steps=10, warmup_steps=0, min_lr=0.5, constant_steps=2)
-    assert fn(0) == fn(1) == 2.0
-    assert fn(6) == pytest.approx(0.5 + 1.5 * 0.5 * (1 + math.cos(math.pi * 0.5)))
-    assert fn(10) == pytest.approx(0.5)
+def test_cosine_floor_and_nemo_constant_steps() -> None:
+    fn = make_lr_fn("CosineAnnealing", 2.0, max_steps=10, warmup_steps=0, min_lr=0.5)
+    assert fn(0) == 2.0 and fn(5) == pytest.approx(0.5 + 1.5 * 0.5) and fn(10) == pytest.approx(0.5)
+    # NeMo: constant_steps hold min_lr at the END; decay over max - warmup - constant steps
+    fn = make_lr_fn("CosineAnnealing", 2.0, max_steps=12, warmup_steps=2, min_lr=0.5, constant_steps=4)
+    assert [fn(s) for s in (0, 1, 2)] == [0.0, 1.0, 2.0]
+    assert fn(5) == pytest.approx(0.5 + 1.5 * 0.5 * (1 + math.cos(math.pi * 3 / 6)))
+    assert fn(8) == pytest.approx(0.5) and fn(9) == fn(12) == fn(30) == 0.5
+    # NxDT's megatron_gpt: warmup 750 + constant 80000 > max_steps 20000 -> min_lr after warmup
+    fn = make_lr_fn("CosineAnnealing", 1.5e-4, max_steps=20000, warmup_steps=750, min_lr=1e-5, constant_steps=80000)
+    assert fn(375) == pytest.approx(0.75e-4) and fn(751) == fn(19999) == 1e-5
 
 
 def test_constant_and_lambda_lr() -> None:

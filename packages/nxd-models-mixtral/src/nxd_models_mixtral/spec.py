@@ -7,11 +7,23 @@ from typing import Any
 from torch import nn
 
 from nxd.specs import ModelSpec
+from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_models_mixtral.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralForCausalLM
 from nxd_models_mixtral.presets import PRESETS, preset
+
+#: NxD Training config keys that change the model and that this plugin builds (the ``moe`` section
+#: and HF's sliding window); nxd-training passes their values to config_from_dict.
+IMPLEMENTS = frozenset({"model.moe", "model.sliding_window"})
+
+#: NxD Training's recompute names (its HF Mixtral module classes) -> ours
+RECOMPUTE_MODULES = {
+    "CoreAttention": (LlamaCoreAttention,),
+    "MixtralRMSNorm": (RMSNorm,),
+    "MixtralDecoderLayer": (MixtralDecoderLayer,),
+}
 
 
 def config_from_dict(data: dict[str, Any] | MixtralConfig) -> MixtralConfig:
@@ -47,6 +59,9 @@ SPEC = ModelSpec(
     build=build,
     transformer_layer_classes=(MixtralDecoderLayer,),
     core_attention_classes=(LlamaCoreAttention,),
+    recompute_modules=RECOMPUTE_MODULES,
+    hf_model_types=("mixtral",),
+    implements=IMPLEMENTS,
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj"),
     load_hf=load_hf_checkpoint,
     save_hf=save_hf_checkpoint,

@@ -251,7 +251,8 @@ class Trainer:
                 return None
             cap = None if available is None else max(1, int(available * limit))
         else:
-            cap = limit
+            # NxDT (Lightning) counts global batches: each is num_microbatches micro-batches per DP rank
+            cap = limit * self.plan.num_microbatches
         if cap == 0:
             return None
         self.model.eval()

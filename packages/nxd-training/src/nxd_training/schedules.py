@@ -53,9 +53,23 @@ def linear(lr: float, max_steps: int, warmup_steps: int = 0, min_lr: float = 0.0
 
 
 def cosine(lr: float, max_steps: int, warmup_steps: int = 0, min_lr: float = 0.0, constant_steps: int = 0) -> LrFn:
-    """Half-cosine from ``lr`` to ``min_lr`` at ``max_steps`` (NeMo's CosineAnnealing)."""
-    return _annealing(lr, max_steps, warmup_steps, min_lr, constant_steps,
-                      lambda frac: 0.5 * (1.0 + math.cos(math.pi * frac)))
+    """Half-cosine from ``lr`` to ``min_lr`` at ``max_steps`` (NeMo's CosineAnnealing). With
+    ``constant_steps`` it is NeMo's Megatron variant: warmup ``lr * step / warmup_steps``, cosine
+    over ``max_steps - warmup_steps - constant_steps`` steps, then ``min_lr`` held to the end (so
+    warmup + constant longer than the run means ``min_lr`` right after warmup, as in NeMo)."""
+    if constant_steps <= 0:
+        return _annealing(lr, max_steps, warmup_steps, min_lr, 0, lambda frac: 0.5 * (1.0 + math.cos(math.pi * frac)))
+    decay_steps = max_steps - warmup_steps - constant_steps
+
+    def lr_at(step: int) -> float:
+        if warmup_steps > 0 and step <= warmup_steps:
+            return lr * step / warmup_steps
+        if decay_steps <= 0 or step > warmup_steps + decay_steps or step > max_steps:
+            return min_lr
+        ratio = (step - warmup_steps) / decay_steps
+        return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * ratio))
+
+    return lr_at
 
 
 #: YAML name -> schedule factory (NxDT and NeMo spellings, plus short names)

@@ -53,6 +53,10 @@ FEATURE_KEYS: tuple[Feature, ...] = (
     Feature("model.transformer_block_type", "a different transformer block layout", _is("pre_ln"), "gpt"),
     Feature("model.has_bias", "biases in the linear layers", _is(False), "gpt"),
     Feature("model.use_scaled_init_method", "Megatron's scaled init of output layers", _is(False), "gpt"),
+    Feature("model.make_vocab_size_divisible_by", "Megatron's vocabulary padding", _is(1), "gpt"),
+    Feature("model.hidden_dropout", "dropout on the hidden states", _is(0, 0.0), "gpt"),
+    Feature("model.attention_dropout", "dropout on the attention probabilities", _is(0, 0.0), "gpt"),
+    Feature("model.ffn_dropout", "dropout in the MLP", _is(0, 0.0), "gpt"),
     Feature("model.sliding_window", "sliding-window attention", _window_covers_sequence, "mixtral"),
     Feature("model.sliding_window_size", "sliding-window attention", _window_covers_sequence, "gpt"),
     Feature("distributed_strategy.context_parallel_size", "context parallelism (ring attention)", _is(1)),
@@ -70,6 +74,20 @@ def value_at(config: TrainingConfig, dotted: str) -> Any:
     if hasattr(node, "model_dump"):
         return node.model_dump()
     return node
+
+
+def explicit_value(config: TrainingConfig, dotted: str) -> tuple[bool, Any]:
+    """(whether the config sets ``dotted`` itself, its value): schema defaults are not "set", so a
+    plugin's own defaults apply to keys the YAML leaves out (as NxDT's model classes do)."""
+    node: Any = config
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        if node is None or part not in (node.model_fields_set | set(node.model_extra or {})):
+            return False, None
+        node = getattr(node, part, (node.model_extra or {}).get(part))
+    if node is None or parts[-1] not in (node.model_fields_set | set(node.model_extra or {})):
+        return False, None
+    return True, value_at(config, dotted)
 
 
 def hf_config_file(config: TrainingConfig) -> dict[str, Any] | None:

@@ -8,11 +8,12 @@ naming the keys involved.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import nxd
 from nxd import ComponentNotFound, ConfigError
-from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
+from nxd_training.config.features import check_features, explicit_value, hf_config_file, model_spec, recompute_classes
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.schedules import SCHEDULES, schedule_names
 from nxd_training.workflow import build_workflow, workflow_name
@@ -141,12 +142,27 @@ def model_dict(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None = No
         value = getattr(m, ours)
         if value is not None:
             result[theirs] = value
+    if "vocab_size" not in result and not m.preset:
+        vocab = _tokenizer_vocab(config)
+        if vocab is not None:
+            result["vocab_size"] = vocab  # NxDT's Megatron models take the vocabulary from the tokenizer
     for key in sorted(getattr(spec, "implements", ()) or ()):
-        if key.startswith("model."):
-            value = value_at(config, key)
-            if value is not None:
-                result[key[len("model."):]] = value
+        present, value = explicit_value(config, key)
+        if key.startswith("model.") and present and value is not None:
+            result[key[len("model."):]] = value
     return result
+
+
+def _tokenizer_vocab(config: TrainingConfig) -> int | None:
+    path = tokenizer_path(config)
+    if path is None or not Path(path).exists():
+        return None
+    from nxd_data.tokenizers import load_tokenizer
+
+    try:
+        return int(load_tokenizer(path).vocab_size)
+    except (ConfigError, OSError, ValueError) as exc:
+        raise ConfigError(f"data.tokenizer: cannot read {path!r} to size the model's vocabulary: {exc}") from None
 
 
 def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any]:
@@ -204,6 +220,8 @@ def default_data_module(config: TrainingConfig) -> str:
     workflow = build_workflow(config)
     if workflow is not None and getattr(workflow, "data_module", None):
         return workflow.data_module
+    if (config.data.model_extra or {}).get("use_sft_style_data_module"):  # NxDT: HF-style SFT data, Megatron model
+        return "sft"
     return "indexed" if config.model_source == "megatron" or "data_prefix" in (config.data.model_extra or {}) else "hf"
 
 
@@ -272,14 +290,7 @@ def _training(config: TrainingConfig, world: int) -> None:
 
         raise ConfigError(f"model.optim.sched.name: unknown schedule {sched.name!r}{suggest(sched.name, schedule_names())}; "
                           f"valid: {', '.join(schedule_names())}")
-    total = sched.max_steps or (tr.max_steps if tr.max_steps > 0 else None)
-    # warmup alone longer than the run is fine (the run ends while warming up, as in NxDT); a hold
-    # phase that does not fit is ambiguous between nxd's and NeMo's constant_steps, so it is refused
-    if total is not None and sched.constant_steps > 0 and sched.warmup_steps + sched.constant_steps > total:
-        raise ConfigError(
-            f"model.optim.sched: warmup_steps + constant_steps = {sched.warmup_steps + sched.constant_steps} exceeds "
-            f"the schedule length {total} (model.optim.sched.max_steps or trainer.max_steps)"
-        )
+    # warmup (+ constant_steps) longer than the run is valid, as in NxDT/NeMo: see schedules.cosine
     if sched.min_lr > optim.lr:
         raise ConfigError(f"model.optim.sched.min_lr={sched.min_lr} is larger than model.optim.lr={optim.lr}")
     if isinstance(tr.val_check_interval, float) and not tr.val_check_interval.is_integer():
@@ -345,10 +356,6 @@ def make_plan(config: TrainingConfig) -> RunPlan:
     if vocab is not None and tp > 1 and vocab % tp and not pads_vocab:
         raise ConfigError(f"model vocab_size={vocab} must be divisible by tensor_model_parallel_size={tp} "
                           "(vocab-parallel embedding)")
-    limit = config.trainer.limit_val_batches
-    if pp > 1 and config.trainer.val_check_interval and isinstance(limit, int) and 0 < limit < num_mb:
-        raise ConfigError(f"trainer.limit_val_batches={limit}: with pipeline parallelism validation runs "
-                          f"num_microbatches={num_mb} batches at a time; allow at least {num_mb}")
     workflow = build_workflow(config)
     if workflow is not None and pp > 1 and not getattr(workflow, "supports_pipeline", False):
         raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} does not support pipeline parallelism "

@@ -59,7 +59,7 @@ BAD = [
     ({"distributed_strategy": {"context_parallel_size": 2, "tensor_model_parallel_size": 1}, "data": {"seq_length": 30}},
      ["seq_length=30", "2 x context_parallel_size = 4"]),
     ({"exp_manager": {"checkpoint_callback_params": {"filename": "{nope}"}}}, ["filename", "{step}"]),
-    ({"model_alignment_strategy": {"dpo": {"kl_beta": 0.1}}}, ["model_alignment_strategy.dpo needs the workflow 'dpo'"]),
+    ({"model_alignment_strategy": {"dpo": {"kl_beta": 0.1}}}, ["model_alignment_strategy.dpo"]),
     ({"model": {"model_config": "/nonexistent/config.json"}}, ["model.model_config", "/nonexistent/config.json"]),
     ({"model": {"vocab_size": 511}}, ["vocab_size=511", "tensor_model_parallel_size=2"]),
     ({"distributed_strategy": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2},

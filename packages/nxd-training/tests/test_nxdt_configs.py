@@ -21,6 +21,7 @@ import nxd
 from nxd import ConfigError
 from nxd.catalog import provider_of
 from nxd_training.config import load_config, make_plan, read_yaml, resolve
+from nxd_training.config.features import implemented_keys
 
 CONF = Path(__file__).parent / "data" / "nxdt_conf"
 NAMES = sorted(p.name[: -len(".yaml")] for p in CONF.glob("*.yaml"))
@@ -69,7 +70,7 @@ def unmet(name: str) -> list[tuple[str, str]]:
         if kind == "feature":
             model, key = what.split(":")
             spec = nxd.get_model(model) if model in nxd.list_components("model") else None
-            if spec is None or key not in spec.implements:
+            if spec is None or key not in implemented_keys(spec):
                 out.append((kind, key))
         elif what not in nxd.list_components(kind):
             out.append((kind, what))
@@ -96,6 +97,11 @@ class Files:
         with self.sft_jsonl.open("w") as f:  # NxD Training's SFT record fields
             for i in range(64):
                 f.write(json.dumps({"input": f"Count to {i % 7}:", "output": " one two three four five six"}) + "\n")
+        self.preference_jsonl = root / "preference.jsonl"
+        with self.preference_jsonl.open("w") as f:  # NxD Training's DPO/ORPO record fields
+            for i in range(64):
+                f.write(json.dumps({"prompt": f"Count to {i % 7}:", "chosen": " one two three",
+                                    "rejected": " three two one"}) + "\n")
         self._token_sets: dict[int, str] = {}
 
     def _json(self, name: str, data: dict[str, Any]) -> str:
@@ -129,14 +135,16 @@ class Files:
             out.append(f"data.tokenizer.type={self.corpus['tokenizer']}")
         if "data_prefix" in data:
             out.append(f"data.data_prefix={self.corpus['data_prefix']}")
+        align = raw.get("model_alignment_strategy") or {}
+        records = self.preference_jsonl if ("dpo" in align or "orpo" in align) else self.sft_jsonl
         if "train_dir" in data:
-            if "model_alignment_strategy" in raw or data.get("use_sft_style_data_module"):
-                out.append(f"data.train_dir={self.sft_jsonl}")
+            if align or data.get("use_sft_style_data_module"):
+                out.append(f"data.train_dir={records}")
             else:
                 seq = data.get("seq_length") or model.get("encoder_seq_length")
                 out.append(f"data.train_dir={self.tokenized(int(seq))}")
         if data.get("val_dir"):
-            out.append(f"data.val_dir={self.sft_jsonl}")
+            out.append(f"data.val_dir={records}")
         return out
 
 

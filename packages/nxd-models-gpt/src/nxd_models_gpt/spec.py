@@ -26,18 +26,6 @@ NXDT_FEATURES = frozenset(f"model.{key}" for key in (
 #: NxDT ``activations_checkpoint_recompute`` names -> the classes they select in this model.
 RECOMPUTE_MODULES = {"CoreAttention": (GPTCoreAttention,), "ParallelTransformerLayer": (GPTTransformerLayer,)}
 
-#: NxD Training config keys that change the model and that this plugin builds (nxd-training
-#: refuses them for models that do not list them); their values reach config_from_dict as NxDT keys.
-IMPLEMENTS = frozenset({
-    "model.normalization", "model.activation", "model.position_embedding_type", "model.rotary_percentage",
-    "model.transformer_block_type", "model.has_bias", "model.use_scaled_init_method",
-    "model.make_vocab_size_divisible_by", "model.hidden_dropout", "model.attention_dropout", "model.ffn_dropout",
-})
-
-#: NxD Training's recompute name for Megatron's core attention -> ours (layer classes by their own names)
-RECOMPUTE_MODULES = {"CoreAttention": (GPTCoreAttention,)}
-
-
 def config_from_dict(data: dict[str, Any] | GPTConfig) -> GPTConfig:
     """Megatron/NeMo/NxDT or Hugging Face (GPT-2, GPT-NeoX) keys -> :class:`GPTConfig`;
     ``{"preset": name, ...}`` starts from a preset and overrides it."""
@@ -77,9 +65,6 @@ SPEC = ModelSpec(
     build=build,
     transformer_layer_classes=(GPTTransformerLayer,),
     core_attention_classes=(GPTCoreAttention,),
-    recompute_modules=RECOMPUTE_MODULES,
-    hf_model_types=("gpt2", "gpt_neox", "gpt", "megatron_gpt"),
-    implements=IMPLEMENTS,
     lora_target_modules=DEFAULT_LORA_TARGETS,
     load_hf=load_hf_checkpoint,
     save_hf=save_hf_checkpoint,

@@ -159,11 +159,18 @@ def _install_hint(kind: str, name: str) -> str:
     return f"pip install {provider}" if provider else f"install the plugin that provides the {kind} {name!r}"
 
 
+def implemented_keys(spec: Any) -> set[str]:
+    """The FEATURE_KEYS ``spec`` implements: ``spec.implements``, plus the CP keys when
+    ``spec.context_parallel`` says its attention spans CP ranks."""
+    implemented = set(getattr(spec, "implements", ()) or ())
+    if getattr(spec, "context_parallel", False):
+        implemented |= {"distributed_strategy.context_parallel_size", "model.fusions.ring_attention"}
+    return implemented
+
+
 def check_features(config: TrainingConfig, spec: Any) -> None:
     """Refuse every feature key the selected model does not implement (one error, all keys)."""
-    implemented = set(getattr(spec, "implements", ()) or ())
-    if getattr(spec, "context_parallel", False):  # ModelSpec.context_parallel: attention spans CP ranks
-        implemented |= {"distributed_strategy.context_parallel_size", "model.fusions.ring_attention"}
+    implemented = implemented_keys(spec)
     problems = []
     for feature in FEATURE_KEYS:
         value = value_at(config, feature.key)

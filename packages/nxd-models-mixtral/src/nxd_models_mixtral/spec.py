@@ -8,7 +8,7 @@ from torch import nn
 
 from nxd.specs import ModelSpec
 from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_models_llama import LlamaCoreAttention
+from nxd_models_llama import LlamaCoreAttention, generate
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_models_mixtral.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralForCausalLM
@@ -66,6 +66,7 @@ SPEC = ModelSpec(
     load_hf=load_hf_checkpoint,
     save_hf=save_hf_checkpoint,
     flops_per_token=flops_per_token,
+    generate=generate,  # MixtralConfig extends LlamaConfig: Llama's KV-cached generate runs Mixtral
     presets=PRESETS,
     extras={"model_class": MixtralForCausalLM, "config_class": MixtralConfig, "sequence_dimension": 1},
 )

@@ -83,6 +83,14 @@ def test_all_problems_reported_together(make_config) -> None:
     assert "3 problems" in text and "trainer.devices" in text and "trainer.max_stepz" in text and "model.optim.lr" in text
 
 
+def test_valid_keys_are_listed_once_per_section(make_config) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(make_config(trainer={"max_stepz": 1, "devicez": 2, "nodes": 1}))
+    text = str(info.value)
+    assert "3 problems" in text and text.count("valid keys in trainer:") == 1
+    assert "did you mean 'max_steps'" in text and "did you mean 'devices'" in text
+
+
 def test_overrides_are_typed_by_yaml(make_config) -> None:
     assert parse_override("trainer.max_steps=50") == (["trainer", "max_steps"], 50)
     assert parse_override("model.optim.lr=1e-4") == (["model", "optim", "lr"], 1e-4)

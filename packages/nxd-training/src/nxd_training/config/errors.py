@@ -63,7 +63,9 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def describe(root: type[BaseModel], error: dict[str, Any]) -> str:
+def describe(root: type[BaseModel], error: dict[str, Any], listed: set[str] | None = None) -> str:
+    """One line for one pydantic error; ``listed`` holds the sections whose valid keys were already
+    shown (each section's list appears once per message)."""
     loc = tuple(error["loc"])
     path = dotted(loc)
     if error["type"] == "extra_forbidden":
@@ -72,7 +74,10 @@ def describe(root: type[BaseModel], error: dict[str, Any]) -> str:
         key = str(loc[-1])
         where = dotted(loc[:-1]) if len(loc) > 1 else "top level"
         hint = suggest(key, valid)
-        listing = f"; valid keys in {where}: {', '.join(valid)}" if valid else ""
+        seen = listed is not None and where in listed
+        if listed is not None:
+            listed.add(where)
+        listing = f"; valid keys in {where}: {', '.join(valid)}" if valid and not seen else ""
         return f"{path}: unknown key{hint}{listing}"
     if error["type"] == "missing":
         if loc and isinstance(loc[-1], int):
@@ -89,8 +94,9 @@ _TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "none", "function-a
 def config_error(root: type[BaseModel], exc: ValidationError, source: str = "config") -> ConfigError:
     """One ConfigError listing every problem pydantic found (deduplicated, in order)."""
     by_path: dict[str, list[str]] = {}
+    listed: set[str] = set()
     for error in exc.errors(include_url=False):
-        path, _, message = describe(root, error).partition(": ")
+        path, _, message = describe(root, error, listed).partition(": ")
         messages = by_path.setdefault(path, [])
         if message not in messages:
             messages.append(message)

@@ -15,8 +15,8 @@ from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralForCausalLM
 from nxd_models_mixtral.presets import PRESETS, preset
 
 #: NxD Training config keys that change the model and that this plugin builds (the ``moe`` section
-#: and HF's sliding window); nxd-training passes their values to config_from_dict.
-IMPLEMENTS = frozenset({"model.moe", "model.sliding_window"})
+#: and HF's sliding window; expert parallelism); nxd-training passes the model keys to config_from_dict.
+IMPLEMENTS = frozenset({"model.moe", "model.sliding_window", "distributed_strategy.expert_model_parallel_size"})
 
 #: NxD Training's recompute names (its HF Mixtral module classes) -> ours
 RECOMPUTE_MODULES = {

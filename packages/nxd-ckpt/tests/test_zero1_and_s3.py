@@ -103,3 +103,18 @@ def test_s3_errors_never_delete_last_good(s3):
     with pytest.raises(CheckpointError, match="not saved"):
         nxd.save_checkpoint("s3://no-such-bucket/run", "bad", model=model, num_kept_ckpts=1, storage_options=options)
     assert nxd.load_checkpoint(f"s3://{bucket}/run", model=TinyNet(), storage_options=options) == "good"
+
+
+def test_s3_timeout_and_retries_are_configurable(s3):
+    """An unreachable endpoint fails the save; with retries=1 and a short timeout it says so fast."""
+    import socket
+    import time
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    options = {"client_kwargs": {"endpoint_url": dead}, "skip_instance_cache": True, "timeout": 1, "retries": 1}
+    start = time.monotonic()
+    with pytest.raises(CheckpointError, match="not saved"):
+        nxd.save_checkpoint("s3://bucket/run", "a", model=TinyNet(), storage_options=options)
+    assert time.monotonic() - start < 15

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import nxd.trainer
 from nxd.parallel import process_group_timeout
 from nxd_ckpt.errors import CheckpointError
-from nxd_ckpt.layout import checkpoint_dir, newest_complete_tag, validate_tag
+from nxd_ckpt.layout import checkpoint_dir, newest_complete_tag, read_done, validate_tag
 from nxd_ckpt.load import Reader, load_model, load_optimizer, restore_rng
 from nxd_ckpt.metadata import read_metadata
 from nxd_ckpt.overwrite import recover_all
@@ -19,6 +19,7 @@ from nxd_ckpt.save import is_zero1, plan_save, run_save
 from nxd_ckpt.snapshot import SnapshotBuffers
 from nxd_ckpt.storage import open_storage
 from nxd_ckpt.topology import Ranks, current_topology
+from nxd_ckpt.verify import is_whole_unmarked, warn_unmarked
 from nxd_ckpt.writer import AsyncWriter
 
 
@@ -29,6 +30,7 @@ class Checkpointer:
         self._writer = AsyncWriter()
         self._side_group: Any = None
         self._buffers = SnapshotBuffers()
+        self._own: set[str] = set()  # tags this process saved or tried to (see retention)
 
     # ------------------------------------------------------------------ save
     def save(
@@ -65,6 +67,8 @@ class Checkpointer:
         plan = plan_save(tag, topo, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
                          fmt_name=fmt, zero1=is_zero1(optimizer, zero1_optimizer),
                          buffers=self._buffers if async_save else None, save_rng=save_rng, num_kept=num_kept_ckpts)
+        plan.own = frozenset(self._own)
+        self._own.add(tag)
         if not async_save:
             saved_tag = run_save(storage, plan, Ranks.current())
             # Plugins' own exports (e.g. nxd-lora's adapter) go next to the committed checkpoint.
@@ -120,10 +124,17 @@ class Checkpointer:
                 raise CheckpointError(f"{storage.describe('')}: no complete checkpoint (no tag has a 'done' marker)")
         where = checkpoint_dir(storage, tag)
         if where is None:
-            what = "does not exist" if not storage.exists(tag) else "is incomplete (no 'done' marker: the save was interrupted)"
+            what = "does not exist" if not storage.exists(tag) else (
+                "is incomplete (no 'done' marker: the save was interrupted)" + (
+                    f"; every file is there: `nxd ckpt verify {storage.describe('')} --tag {tag} --mark-done` checks "
+                    "their checksums and marks it complete" if is_whole_unmarked(storage, tag) else ""))
             raise CheckpointError(f"checkpoint {storage.describe(tag)} {what}")
-        meta = read_metadata(storage, where)
-        reader = Reader(storage, where)
+        meta = read_metadata(storage, where, read_done(storage, where).get("metadata"))
+        if meta is None and storage.list_files(f"{where}/rng"):
+            raise CheckpointError(f"{storage.describe(f'{where}/metadata.json')}: missing, but the checkpoint was "
+                                  "written by nxd-ckpt (it has rng/ states); without it the RNG states cannot be "
+                                  "restored (pass load_rng=False to load without them)")
+        reader = Reader(storage, where, meta)
         if model is not None:
             load_model(reader, meta, model, topo, strict)
             reader.drop()
@@ -132,14 +143,18 @@ class Checkpointer:
             reader.drop()
         if scheduler is not None:
             scheduler.load_state_dict(reader.load("scheduler.pt"))
-        user_content = reader.load("user_content.pt") if storage.exists(f"{where}/user_content.pt") else None
+        saved_content = meta.get("has_user_content") if meta is not None else reader.has("user_content.pt")
+        user_content = reader.load("user_content.pt") if saved_content else None
         if load_rng:
             restore_rng(reader, meta, topo)
         nxd.trainer.checkpoint_extras(model, path, tag, "loaded")
         return user_content
 
     def has_checkpoint(self, path: str, storage_options: dict | None = None) -> bool:
-        return newest_complete_tag(open_storage(path, storage_options)) is not None
+        storage = open_storage(path, storage_options)
+        if current_topology().rank == 0:
+            warn_unmarked(storage)
+        return newest_complete_tag(storage) is not None
 
     def finalize(self) -> None:
         """Wait for the in-flight save (raising its error) and free the snapshot buffers."""

@@ -1,9 +1,10 @@
-"""The ``nxd ckpt`` command: ``inspect``, ``list`` and ``convert`` sub-verbs."""
+"""The ``nxd ckpt`` command: ``inspect``, ``list``, ``verify`` and ``convert`` sub-verbs."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from nxd.components import Command
@@ -18,6 +19,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     insp.add_argument("--json", action="store_true", help="print the raw metadata JSON")
     lst = verbs.add_parser("list", help="list the tags under a checkpoint directory and whether they are complete")
     lst.add_argument("path")
+    ver = verbs.add_parser("verify", help="check every file of a checkpoint against the checksums recorded at save")
+    ver.add_argument("path", help="checkpoint directory (local path or URL)")
+    ver.add_argument("--tag", required=True, help="checkpoint tag")
+    ver.add_argument("--mark-done", action="store_true",
+                     help="after a clean verification, mark a whole checkpoint that lacks its 'done' marker complete "
+                          "(auto-resume then uses it)")
     conv = verbs.add_parser("convert", help="convert model weights between hf, nxd and full-state checkpoints")
     conv.add_argument("--from", dest="source", required=True, help="source kind (hf, nxd, full, or a plugin's)")
     conv.add_argument("--to", dest="target", required=True, help="target kind (hf, nxd, full, or a plugin's)")
@@ -30,12 +37,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _inspect(args: argparse.Namespace) -> int:
     from nxd_ckpt.consolidate import resolve_tag
+    from nxd_ckpt.layout import read_done
     from nxd_ckpt.metadata import read_metadata
     from nxd_ckpt.storage import open_storage
 
     storage = open_storage(args.path)
     tag = resolve_tag(args.path, args.tag)
-    meta = read_metadata(storage, tag)
+    meta = read_metadata(storage, tag, read_done(storage, tag).get("metadata"))
     if meta is None:
         print(f"{storage.describe(tag)}: no metadata.json (written by NxD itself); files:")
         for sub in ("model", "optim"):
@@ -64,8 +72,24 @@ def _list(args: argparse.Namespace) -> int:
     from nxd_ckpt.layout import list_tags
     from nxd_ckpt.storage import open_storage
 
-    for info in list_tags(open_storage(args.path)):
+    storage = open_storage(args.path)
+    if "://" not in args.path and not os.path.isdir(args.path):
+        what = "is a file" if os.path.exists(args.path) else "does not exist"
+        raise CheckpointError(f"{args.path} {what}; give the checkpoint directory (the one holding the tags)")
+    infos = list_tags(storage)
+    if not infos:
+        raise CheckpointError(f"{storage.describe('')}: no checkpoints (no tag directories with a 'checkpoint' "
+                              "marker or model/ inside)")
+    for info in infos:
         print(f"{info.tag}\t{'complete' if info.complete else 'INCOMPLETE'}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from nxd_ckpt.verify import verify_checkpoint
+
+    n = verify_checkpoint(args.path, args.tag, mark_done=args.mark_done)
+    print(f"{args.tag}: {n} files match their checksums" + (" (marked complete)" if args.mark_done else ""))
     return 0
 
 
@@ -80,10 +104,10 @@ def _convert(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        return {"inspect": _inspect, "list": _list, "convert": _convert}[args.ckpt_verb](args)
+        return {"inspect": _inspect, "list": _list, "verify": _verify, "convert": _convert}[args.ckpt_verb](args)
     except (CheckpointError, OSError) as exc:
         print(f"nxd ckpt {args.ckpt_verb}: error: {exc}", file=sys.stderr)
         return 1
 
 
-CKPT_COMMAND = Command(help="inspect, list and convert checkpoints", add_arguments=_add_arguments, run=_run)
+CKPT_COMMAND = Command(help="inspect, list, verify and convert checkpoints", add_arguments=_add_arguments, run=_run)

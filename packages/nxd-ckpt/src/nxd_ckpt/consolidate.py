@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from nxd_ckpt.errors import CheckpointError
-from nxd_ckpt.layout import checkpoint_dir, newest_complete_tag
+from nxd_ckpt.layout import checkpoint_dir, list_tags, newest_complete_tag, read_done
 from nxd_ckpt.load import Reader, model_file
 from nxd_ckpt.metadata import read_metadata
 from nxd_ckpt.sharding import Sharding, merge_shards
@@ -15,21 +15,29 @@ from nxd_ckpt.storage import open_storage
 def resolve_tag(path: str, tag: str | None, storage_options: dict | None = None) -> str:
     """The directory (under ``path``) of checkpoint ``tag``, default the newest complete one."""
     storage = open_storage(path, storage_options)
-    tag = tag or newest_complete_tag(storage)
     if tag is None:
-        raise CheckpointError(f"{storage.describe('')}: no complete checkpoint")
-    return checkpoint_dir(storage, tag) or tag
+        tag = newest_complete_tag(storage)
+        if tag is None:
+            raise CheckpointError(f"{storage.describe('')}: no complete checkpoint")
+    where = checkpoint_dir(storage, tag)
+    if where is None:
+        tags = [i.tag for i in list_tags(storage)]
+        if tag not in tags:
+            raise CheckpointError(f"checkpoint tag {tag!r} not found under {storage.describe('')}; tags there: "
+                                  f"{', '.join(tags) if tags else 'none'}")
+        raise CheckpointError(f"checkpoint {storage.describe(tag)} is incomplete (no 'done' marker)")
+    return where
 
 
 def full_model_state(path: str, tag: str | None = None, storage_options: dict | None = None) -> dict[str, torch.Tensor]:
     """``name -> full tensor`` for every model tensor of ``path/tag`` (needs our metadata.json)."""
     storage = open_storage(path, storage_options)
     tag = resolve_tag(path, tag, storage_options)
-    meta = read_metadata(storage, tag)
+    meta = read_metadata(storage, tag, read_done(storage, tag).get("metadata"))
     if meta is None:
         raise CheckpointError(f"{storage.describe(tag)}: no metadata.json (a checkpoint written by NxD itself); "
                               "consolidating needs each tensor's sharding, which only nxd-ckpt records")
-    reader = Reader(storage, tag)
+    reader = Reader(storage, tag, meta)
     out = {}
     for name, entry in meta["tensors"].items():
         pp, sh = int(entry["pp_rank"]), Sharding.from_json(entry["sharding"])

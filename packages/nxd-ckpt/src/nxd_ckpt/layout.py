@@ -77,16 +77,28 @@ def _natural(tag: str) -> list:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", tag)]
 
 
-def done_payload() -> bytes:
-    return json.dumps({"completed_ns": time.time_ns()}).encode()
+def done_payload(metadata_digest: dict | None = None) -> bytes:
+    """``done``: when the save completed and the checksum of the metadata it vouches for."""
+    payload: dict = {"completed_ns": time.time_ns()}
+    if metadata_digest is not None:
+        payload["metadata"] = metadata_digest
+    return json.dumps(payload).encode()
+
+
+def read_done(storage: Storage, tag: str) -> dict:
+    """The ``done`` payload ({} for NxD's ``done``, which holds "1")."""
+    try:
+        with storage.open_read(f"{tag}/{DONE_MARKER}") as f:
+            data = json.loads(f.read().decode() or "0")
+        return data if isinstance(data, dict) else {}
+    except (ValueError, UnicodeDecodeError):
+        return {}
 
 
 def read_completed_ns(storage: Storage, tag: str) -> int:
     try:
-        with storage.open_read(f"{tag}/{DONE_MARKER}") as f:
-            data = json.loads(f.read().decode() or "0")
-        return int(data.get("completed_ns", 0)) if isinstance(data, dict) else 0
-    except (ValueError, UnicodeDecodeError):
+        return int(read_done(storage, tag).get("completed_ns", 0))
+    except (TypeError, ValueError):
         return 0
 
 

@@ -3,12 +3,14 @@ DP differs), scheduler, RNG states, and the user content that ``load_checkpoint`
 
 from __future__ import annotations
 
+import io
 import warnings
 from typing import Any
 
 import torch
 
-from nxd_ckpt.errors import CheckpointError
+from nxd_ckpt.checksum import verify
+from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
 from nxd_ckpt.formats import format_for_file, get_format
 from nxd_ckpt.layout import parse_shard_name, rng_name, shard_name
 from nxd_ckpt.metadata import shardings_of
@@ -20,21 +22,35 @@ from nxd_ckpt.topology import Topology
 
 
 class Reader:
-    """Reads (and caches) files of one checkpoint, naming the file in every error."""
+    """Reads (and caches) files of one checkpoint, naming the file in every error; verifies each
+    file against the checksum recorded in the metadata (checkpoints saved with checksums)."""
 
-    def __init__(self, storage: Storage, tag: str) -> None:
+    def __init__(self, storage: Storage, tag: str, meta: dict | None = None) -> None:
         self.storage, self.tag = storage, tag
+        self.files: dict[str, dict] | None = (meta or {}).get("files")
         self._cache: dict[str, Any] = {}
+
+    def has(self, rel: str) -> bool:
+        return rel in self.files if self.files is not None else self.storage.exists(f"{self.tag}/{rel}")
 
     def load(self, rel: str, fmt_name: str | None = None) -> Any:
         if rel not in self._cache:
             path = f"{self.tag}/{rel}"
             where = self.storage.describe(path)
             if not self.storage.exists(path):
-                raise CheckpointError(f"{where}: missing from checkpoint (is it complete, and saved with this layout?)")
+                recorded = " (metadata.json records it: it was deleted)" if self.files and rel in self.files else ""
+                raise CheckpointError(f"{where}: missing from checkpoint{recorded}; is it complete, and saved with "
+                                      "this layout?")
             fmt = get_format(fmt_name) if fmt_name else format_for_file(rel)
             with self.storage.open_read(path) as f:
-                self._cache[rel] = fmt.load(f, where)
+                data = f.read()
+            if self.files is not None:
+                if rel not in self.files:
+                    raise CorruptCheckpointError(f"{where}: not among the files metadata.json records for this "
+                                                 "checkpoint (added after it was saved?)")
+                verify(data, self.files[rel], where, {self.storage.describe(f"{self.tag}/{p}"): d
+                                                       for p, d in self.files.items() if p != rel})
+            self._cache[rel] = fmt.load(io.BytesIO(data), where)
         return self._cache[rel]
 
     def drop(self) -> None:
@@ -61,6 +77,25 @@ def _first_shape_mismatch(target: dict[str, Any], saved_shape: dict[str, list[in
             )
 
 
+def check_shard(where: str, state: dict[str, Any], meta: dict, topo: Topology) -> None:
+    """Every tensor of a model shard has the dtype and (sharded) shape metadata.json records for
+    it at this rank's TP rank and PP stage: catches a shard file from another rank or model."""
+    entries = meta.get("tensors", {})
+    for name, t in state.items():
+        entry = entries.get(name)
+        if entry is None or not isinstance(t, torch.Tensor):
+            continue
+        sh = Sharding.from_json(entry["sharding"])
+        shape = global_shape(tuple(t.shape), sh, meta["degrees"]["tp"])
+        dtype = str(t.dtype).removeprefix("torch.")
+        if list(shape) != list(entry["shape"]) or dtype != entry["dtype"] or int(entry["pp_rank"]) != topo.pp_rank:
+            raise CorruptCheckpointError(
+                f"{where}: tensor {name!r} is {dtype} {list(t.shape)} (pipeline stage {topo.pp_rank}); metadata.json "
+                f"records {entry['dtype']} of global shape {entry['shape']} on stage {entry['pp_rank']} "
+                "(a shard file of another rank, or altered?)"
+            )
+
+
 def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, strict: bool) -> None:
     if isinstance(model, dict):  # NxD's Lightning path passes a dict to be filled
         rel, fmt = model_file(meta, reader, topo.tp_rank, topo.pp_rank)
@@ -72,6 +107,8 @@ def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, st
     if meta is None or (meta["degrees"]["tp"], meta["degrees"]["pp"]) == (topo.tp, topo.pp):
         rel, fmt = model_file(meta, reader, topo.tp_rank, topo.pp_rank)
         state = reader.load(rel, fmt)
+        if meta is not None:
+            check_shard(reader.storage.describe(f"{reader.tag}/{rel}"), state, meta, topo)
         saved = {k: list(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
         _first_shape_mismatch(target, saved, {k: list(v.shape) for k, v in target.items()})
     else:
@@ -115,18 +152,24 @@ def _reshard(reader: Reader, meta: dict, target: dict[str, Any], shardings: dict
 
 def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topology) -> None:
     zero1_now = bool(getattr(optimizer, "nxd_zero1", False))
-    files = [parse_shard_name(n) for n in reader.storage.list_files(f"{reader.tag}/optim")]
-    mine = sorted(p[0] for p in files if p and p[1:3] == (topo.tp_rank, topo.pp_rank))
     where = reader.storage.describe(f"{reader.tag}/optim")
-    if not mine:
-        raise CheckpointError(
-            f"{where}: no optimizer state for tp_rank {topo.tp_rank} pp_rank {topo.pp_rank}; "
-            "optimizer state does not reshard across TP/PP changes (pass optimizer=None to load the weights only)"
-        )
     if meta is not None and (meta["degrees"]["tp"], meta["degrees"]["pp"]) != (topo.tp, topo.pp):
         raise CheckpointError(
             f"{where}: optimizer state was saved at TP={meta['degrees']['tp']} PP={meta['degrees']['pp']} and "
             f"does not reshard to TP={topo.tp} PP={topo.pp}; pass optimizer=None to load the weights only"
+        )
+    if meta is not None and not meta.get("has_optimizer", True):
+        raise CheckpointError(f"checkpoint {reader.storage.describe(reader.tag)} was saved without optimizer state "
+                              "(pass optimizer=None to load the weights only)")
+    # the shards the save wrote (metadata.json records them), so a deleted one is named, not guessed at
+    names = ([p.split("/", 1)[1] for p in reader.files if p.startswith("optim/")] if reader.files is not None
+             else reader.storage.list_files(f"{reader.tag}/optim"))
+    files = [parse_shard_name(n) for n in names]
+    mine = sorted(p[0] for p in files if p and p[1:3] == (topo.tp_rank, topo.pp_rank))
+    if not mine:
+        raise CheckpointError(
+            f"{where}: no optimizer state for tp_rank {topo.tp_rank} pp_rank {topo.pp_rank} (the checkpoint "
+            "has no metadata.json to say what was saved; pass optimizer=None to load the weights only)"
         )
     saved_zero1 = bool(meta["zero1"]) if meta is not None else len(mine) > 1
     if not zero1_now:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from nxd_ckpt.checksum import digest_of, verify
 from nxd_ckpt.layout import METADATA
 from nxd_ckpt.sharding import Sharding, global_shape, sharding_of
 from nxd_ckpt.storage import Storage
@@ -62,19 +63,33 @@ def build_metadata(tag: str, topo: Topology, fmt: str, tensors: dict[str, dict],
     }
 
 
-def write_metadata(storage: Storage, tag: str, meta: dict[str, Any]) -> None:
+def write_metadata(storage: Storage, tag: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """Write ``metadata.json``; returns its digest (recorded in ``done``)."""
+    data = json.dumps(meta, indent=1).encode()
     with storage.open_write(f"{tag}/{METADATA}") as f:
-        f.write(json.dumps(meta, indent=1).encode())
+        f.write(data)
+    return digest_of(data)
 
 
-def read_metadata(storage: Storage, tag: str) -> dict[str, Any] | None:
-    """The metadata, or None for checkpoints written by NxD itself (no metadata file)."""
+def read_metadata(storage: Storage, tag: str, recorded: dict | None = None) -> dict[str, Any] | None:
+    """The metadata, or None for checkpoints written by NxD itself (no metadata file).
+    ``recorded``: the digest ``done`` holds for it (checkpoints since checksums were added)."""
+    from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
+
+    where = storage.describe(f"{tag}/{METADATA}")
     if not storage.exists(f"{tag}/{METADATA}"):
+        if recorded is not None:
+            raise CheckpointError(f"{where}: missing, but the checkpoint's 'done' marker says it was written; "
+                                  "without it the checkpoint cannot be verified or its RNG states restored")
         return None
-    from nxd_ckpt.errors import CorruptCheckpointError
-
+    with storage.open_read(f"{tag}/{METADATA}") as f:
+        data = f.read()
+    if recorded is not None:
+        verify(data, recorded, where)
     try:
-        with storage.open_read(f"{tag}/{METADATA}") as f:
-            return json.loads(f.read().decode())
+        meta = json.loads(data.decode())
     except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptCheckpointError(f"{storage.describe(f'{tag}/{METADATA}')}: corrupted metadata ({exc})") from exc
+        raise CorruptCheckpointError(f"{where}: corrupted metadata ({exc})") from exc
+    if not isinstance(meta, dict) or not isinstance(meta.get("degrees"), dict):
+        raise CorruptCheckpointError(f"{where}: not nxd-ckpt metadata (no 'degrees')")
+    return meta

@@ -14,13 +14,15 @@ def delete_checkpoint(storage: Storage, tag: str) -> None:
     storage.remove_tree(tag)
 
 
-def apply_retention(storage: Storage, num_kept: int, keep: str) -> list[str]:
+def apply_retention(storage: Storage, num_kept: int, keep: str, own: frozenset[str] = frozenset()) -> list[str]:
     """Keep the newest ``num_kept`` complete checkpoints (and ``keep``); remove older complete ones
-    and incomplete leftovers. Returns the removed tags. Errors warn: the new checkpoint is safe."""
+    and the incomplete leftovers of saves this process made (``own``): an incomplete checkpoint
+    some other run left may be whole but unmarked, and only its owner decides (see verify.py).
+    Returns the removed tags. Errors warn: the new checkpoint is safe."""
     infos = list_tags(storage)
     complete = [i for i in infos if i.complete]
     doomed = [i.location for i in complete[:-num_kept] if i.tag != keep] if num_kept > 0 else []
-    doomed += [i.tag for i in infos if not i.complete and i.tag != keep]
+    doomed += [i.tag for i in infos if not i.complete and i.tag != keep and i.tag in own]
     removed = []
     for tag in doomed:
         try:
@@ -32,10 +34,14 @@ def apply_retention(storage: Storage, num_kept: int, keep: str) -> list[str]:
 
 
 def remove_incomplete(storage: Storage) -> list[str]:
-    """Auto-resume's clean-up of saves that were interrupted before their ``done`` marker."""
+    """Auto-resume's clean-up of saves that were interrupted while writing (partial: no complete
+    metadata.json); whole checkpoints that only miss ``done`` are kept, with a warning."""
+    from nxd_ckpt.verify import is_whole_unmarked, warn_unmarked
+
+    warn_unmarked(storage)
     removed = []
     for info in list_tags(storage):
-        if not info.complete:
+        if not info.complete and not is_whole_unmarked(storage, info.tag):
             try:
                 storage.remove_tree(info.tag)
                 removed.append(info.tag)

@@ -17,6 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from nxd_ckpt.checksum import HashingWriter
 from nxd_ckpt.errors import CheckpointError
 from nxd_ckpt.formats import CheckpointFormat, get_format
 from nxd_ckpt.layout import CHECKPOINT_MARKER, DONE_MARKER, NEWEST_POINTER, done_payload, rng_name, shard_name
@@ -43,6 +44,8 @@ class SavePlan:
     tensors: dict[str, dict] = field(default_factory=dict)
     flags: dict[str, bool] = field(default_factory=dict)
     num_kept: int | None = None
+    #: tags this process has saved (or tried to): the only incomplete ones its retention may remove
+    own: frozenset[str] = frozenset()
 
 
 def is_zero1(optimizer: Any, zero1_flag: bool) -> bool:
@@ -63,9 +66,14 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
     if model is not None:
         module = unwrap_model(model)
         state = module.state_dict() if hasattr(module, "state_dict") else dict(module)
+<<<<<<< HEAD
         if topo.writes_replica:
             # safetensors refuses tied (shared-storage) tensors, so its snapshot always copies
             data = snap(state, "model", copy=not fmt.nested)
+=======
+        if topo.dp_rank == 0:
+            data = snap(state, "model")
+>>>>>>> 1fda430 (nxd-ckpt: per-file CRC-32 computed while streaming, verified on load; shard dtype/shape/stage checks; whole-but-unmarked checkpoints kept, warned, 'nxd ckpt verify --mark-done'; clearer errors; streaming safetensors writer; S3 timeout/retries (issue 23 items 2-4, 7 storage part))
             plan.files.append((f"model/{shard_name(0, topo.tp_rank, topo.pp_rank, fmt.suffix)}", fmt, data))
             plan.tensors = tensor_entries(data, shardings_of(module), topo)
     if optimizer is not None and topo.cp_rank == 0 and (zero1 or topo.dp_rank == 0):
@@ -110,38 +118,46 @@ def run_save(storage: Storage, plan: SavePlan, ranks: Ranks) -> str:
         for *_, part in gathered:
             merged.update(part)
         metadata = build_metadata(tag, plan.topo, plan.fmt, merged, **plan.flags)
-    error = write_files(storage, target, plan, metadata)
-    commit(storage, tag, target, plan, error, ranks)
+    error, sums = write_files(storage, target, plan)
+    commit(storage, tag, target, plan, error, sums, metadata, ranks)
     return tag
 
 
-def write_files(storage: Storage, tag: str, plan: SavePlan, metadata: dict | None) -> str | None:
-    """Write this rank's files into directory ``tag``; return an error description instead of
-    raising (for agreement)."""
+def write_files(storage: Storage, tag: str, plan: SavePlan) -> tuple[str | None, dict[str, dict]]:
+    """Write this rank's files into directory ``tag``, hashing the bytes as they stream out;
+    return an error description instead of raising (for agreement) and each file's digest."""
     rank = plan.topo.rank
+    sums: dict[str, dict] = {}
     try:
         if rank == 0:
             with storage.open_write(f"{tag}/{CHECKPOINT_MARKER}") as f:
                 f.write(b"1")
         for path, fmt, obj in plan.files:
             with storage.open_write(f"{tag}/{path}") as f:
-                fmt.dump(obj, f)
-        if metadata is not None:
-            write_metadata(storage, tag, metadata)
+                out = HashingWriter(f)
+                try:
+                    fmt.dump(obj, out)
+                except Exception as exc:
+                    if out.error is not None and out.error is not exc:  # torch.save hides it as "unexpected pos"
+                        raise out.error from exc
+                    raise
+            sums[path] = out.digest()
     except Exception as exc:  # noqa: BLE001 - reported to every rank by commit()
-        return f"rank {rank}: writing {storage.describe(tag)} failed: {type(exc).__name__}: {exc}"
-    return None
+        return f"rank {rank}: writing {storage.describe(tag)} failed: {type(exc).__name__}: {exc}", sums
+    return None, sums
 
 
-def commit(storage: Storage, tag: str, target: str, plan: SavePlan, error: str | None, ranks: Ranks) -> None:
-    """Agree across all ranks; rank 0 marks ``target`` complete, swaps it in for ``tag`` when it is
-    a temporary (an overwrite), and applies retention. Without every rank's word, no commit."""
+def commit(storage: Storage, tag: str, target: str, plan: SavePlan, error: str | None, sums: dict[str, dict],
+           metadata: dict | None, ranks: Ranks) -> None:
+    """Agree across all ranks; rank 0 writes the metadata (with every file's checksum), marks
+    ``target`` complete (``done`` holds the metadata's checksum), swaps it in for ``tag`` when it
+    is a temporary (an overwrite), and applies retention. Without every rank's word, no commit."""
     what = f"committing checkpoint {storage.describe(tag)}"
-    answers = ranks.all_gather((plan.topo.rank, error), what)
-    if sorted(r for r, _ in answers) != list(range(plan.topo.world)):  # never fewer voices than writers
+    answers = ranks.all_gather((plan.topo.rank, error, sums), what)
+    if sorted(r for r, *_ in answers) != list(range(plan.topo.world)):  # never fewer voices than writers
         raise CheckpointError(f"{what}: expected the word of ranks 0..{plan.topo.world - 1}, got "
-                              f"{sorted(r for r, _ in answers)}; not committed")
-    errors = [e for _, e in answers if e]
+                              f"{sorted(r for r, *_ in answers)}; not committed")
+    errors = [e for _, e, _ in answers if e]
     if errors:
         raise CheckpointError(
             f"checkpoint {storage.describe(tag)} was not saved (no 'done' marker written; earlier "
@@ -150,8 +166,11 @@ def commit(storage: Storage, tag: str, target: str, plan: SavePlan, error: str |
     failure = None
     if plan.topo.rank == 0:
         try:
+            assert metadata is not None
+            metadata["files"] = dict(sorted((p, d) for *_, part in answers for p, d in part.items()))
+            meta_digest = write_metadata(storage, target, metadata)
             with storage.open_write(f"{target}/{DONE_MARKER}") as f:
-                f.write(done_payload())
+                f.write(done_payload(meta_digest))
         except Exception as exc:  # noqa: BLE001 - every rank raises it after the last agreement
             failure = f"could not mark {storage.describe(target)} complete: {type(exc).__name__}: {exc}"
         else:
@@ -169,7 +188,7 @@ def commit(storage: Storage, tag: str, target: str, plan: SavePlan, error: str |
             if plan.num_kept is not None and failure is None:
                 try:
                     recover_all(storage)  # leftovers of crashed overwrites, before counting what to keep
-                    apply_retention(storage, plan.num_kept, keep=tag)
+                    apply_retention(storage, plan.num_kept, keep=tag, own=plan.own | {tag})
                 except Exception as exc:  # noqa: BLE001 - the new checkpoint is safe; never hang the other ranks
                     warnings.warn(f"retention in {storage.describe('')} failed: {exc}", stacklevel=2)
     # nobody returns before 'done' exists, and everyone learns if it could not be written

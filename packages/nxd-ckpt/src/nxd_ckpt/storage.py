@@ -102,16 +102,44 @@ class LocalStorage:
                 os.close(fd)
 
 
+#: S3 fault handling: seconds to connect / wait for a read, and attempts per request. The SDK's and
+#: s3fs's own defaults (60 s timeouts, retries with backoff in both layers) take ~40 s or more to
+#: report an unreachable endpoint; a training job usually wants to know sooner.
+S3_TIMEOUT_ENV, S3_RETRIES_ENV = "NXD_CKPT_S3_TIMEOUT", "NXD_CKPT_S3_RETRIES"
+
+
+def _s3_options(options: dict) -> tuple[dict, int | None]:
+    """``options`` with ``timeout``/``retries`` (or the environment's) turned into s3fs/botocore
+    settings; returns them and s3fs's own retry count (None: its default)."""
+    options = dict(options)
+    timeout = options.pop("timeout", os.environ.get(S3_TIMEOUT_ENV))
+    retries = options.pop("retries", os.environ.get(S3_RETRIES_ENV))
+    config = dict(options.get("config_kwargs") or {})
+    if timeout is not None:
+        config.setdefault("connect_timeout", float(timeout))
+        config.setdefault("read_timeout", float(timeout))
+    if retries is not None:
+        config.setdefault("retries", {"max_attempts": int(retries), "mode": "standard"})
+    if config:
+        options["config_kwargs"] = config
+    return options, int(retries) if retries is not None else None
+
+
 class FsspecStorage:
     """Any fsspec filesystem (``s3://``, ``gs://``, ``memory://``, ...). ``storage_options`` go
     to the filesystem (for S3, e.g. ``{"client_kwargs": {"endpoint_url": ...}}``; the standard
-    ``AWS_ENDPOINT_URL`` and credential variables work too)."""
+    ``AWS_ENDPOINT_URL`` and credential variables work too). For S3, ``timeout`` (seconds) and
+    ``retries`` (attempts per request), or the ``NXD_CKPT_S3_TIMEOUT`` / ``NXD_CKPT_S3_RETRIES``
+    environment variables, bound how long a network fault takes to surface."""
 
     def __init__(self, root: str, options: dict | None = None) -> None:
         import fsspec
 
         self.root = root.rstrip("/")
+        options, retries = _s3_options(options or {}) if self.root.startswith(("s3://", "s3a://")) else (options, None)
         self.fs, self._base = fsspec.core.url_to_fs(self.root, **(options or {}))
+        if retries is not None:
+            self.fs.retries = max(retries, 1)  # s3fs's own retry loop around each call
         self._base = self._base.rstrip("/")
 
     def _p(self, path: str) -> str:

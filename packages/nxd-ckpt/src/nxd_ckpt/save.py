@@ -66,14 +66,8 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
     if model is not None:
         module = unwrap_model(model)
         state = module.state_dict() if hasattr(module, "state_dict") else dict(module)
-<<<<<<< HEAD
         if topo.writes_replica:
-            # safetensors refuses tied (shared-storage) tensors, so its snapshot always copies
-            data = snap(state, "model", copy=not fmt.nested)
-=======
-        if topo.dp_rank == 0:
             data = snap(state, "model")
->>>>>>> 1fda430 (nxd-ckpt: per-file CRC-32 computed while streaming, verified on load; shard dtype/shape/stage checks; whole-but-unmarked checkpoints kept, warned, 'nxd ckpt verify --mark-done'; clearer errors; streaming safetensors writer; S3 timeout/retries (issue 23 items 2-4, 7 storage part))
             plan.files.append((f"model/{shard_name(0, topo.tp_rank, topo.pp_rank, fmt.suffix)}", fmt, data))
             plan.tensors = tensor_entries(data, shardings_of(module), topo)
     if optimizer is not None and topo.cp_rank == 0 and (zero1 or topo.dp_rank == 0):

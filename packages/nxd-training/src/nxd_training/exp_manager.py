@@ -45,9 +45,21 @@ def resolve_log_dir(config: TrainingConfig) -> Path:
     return base / f"version_{versions[-1] + 1 if versions else 0}"
 
 
-def checkpoint_dir(config: TrainingConfig, log_dir: Path) -> Path:
+def is_url(path: str | Path) -> bool:
+    return "://" in str(path)
+
+
+def checkpoint_dir(config: TrainingConfig, log_dir: Path) -> str:
+    """Where checkpoints go: ``dirpath`` as given (a URL such as ``s3://bucket/run`` stays a URL;
+    ``Path()`` would turn it into the local folder ``s3:/bucket/run``), else ``log_dir/checkpoints``."""
     dirpath = config.exp_manager.checkpoint_callback_params.dirpath
-    return Path(dirpath) if dirpath else log_dir / "checkpoints"
+    return str(dirpath) if dirpath else str(log_dir / "checkpoints")
+
+
+def split_checkpoint_path(path: str) -> tuple[str, str]:
+    """``(checkpoint dir, tag)`` of a path or URL to one checkpoint (``resume_from_checkpoint``)."""
+    parent, _, tag = str(path).rstrip("/").rpartition("/")
+    return parent, tag
 
 
 def checkpoint_tag(config: TrainingConfig, step: int, consumed_samples: int, epoch: int) -> str:

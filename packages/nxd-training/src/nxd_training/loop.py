@@ -22,9 +22,11 @@ from nxd_training.exp_manager import (
     MetricsLogger,
     checkpoint_dir,
     checkpoint_tag,
+    is_url,
     kept_checkpoints,
     resolve_log_dir,
     should_save,
+    split_checkpoint_path,
 )
 from nxd_training.runtime import ensure_process_group, seed_everything, select_backend
 
@@ -90,6 +92,9 @@ class Trainer:
         if self.lora and dist.get_rank() == 0:
             print(f"nxd train: LoRA: {lora_export.describe(self.trainable)}", flush=True)
         self.lora_exports: list[str] = []
+        if self.lora and is_url(self.ckpt_dir):
+            raise ConfigError(f"LoRA exports are written to a local directory, and checkpoint_callback_params.dirpath "
+                              f"is the URL {self.ckpt_dir}; use a local dirpath for LoRA runs")
         self.optimizer = build.build_optimizer(config, self.nxd_config, self.model)
         self.scheduler = build.build_scheduler(config, self.optimizer)
         self.dp_rank = self.context.dp.rank
@@ -114,8 +119,8 @@ class Trainer:
 
     def resume(self) -> str | None:
         em = self.config.exp_manager
-        path = str(self.ckpt_dir)
-        if em.resume_if_exists and self.ckpt_dir.exists() and nxd.has_checkpoint(path):
+        path = self.ckpt_dir  # a local path or a URL (s3://...): the checkpointer's storages handle both
+        if em.resume_if_exists and nxd.has_checkpoint(path):
             content = nxd.load_checkpoint(path, tag=None, model=self.model, optimizer=self.optimizer,
                                           scheduler=self.scheduler)
             self._restore(content)
@@ -124,16 +129,16 @@ class Trainer:
             raise ConfigError(f"exp_manager.resume_if_exists: no complete checkpoint in {path} "
                               "(set resume_ignore_no_checkpoint: true to start fresh)")
         if em.resume_from_checkpoint:
-            source = Path(em.resume_from_checkpoint)
+            parent, tag = split_checkpoint_path(em.resume_from_checkpoint)
             weights_only = self.config.model.weight_init_only
             # LoRA fine-tuning starts from a base model's weights: they load under the adapters
             target = lora_export.base_module(self.model) if self.lora and weights_only else self.model
-            content = nxd.load_checkpoint(str(source.parent), tag=source.name, model=target,
+            content = nxd.load_checkpoint(parent, tag=tag, model=target,
                                           optimizer=None if weights_only else self.optimizer,
                                           scheduler=None if weights_only else self.scheduler)
             if not weights_only:
                 self._restore(content)
-            return str(source)
+            return str(em.resume_from_checkpoint)
         return None
 
     def _restore(self, content: Any) -> None:
@@ -285,7 +290,7 @@ class Trainer:
                    "config_name": self.config.name}
         em = self.config.exp_manager
         nxd.save_checkpoint(
-            str(self.ckpt_dir), tag=tag, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            self.ckpt_dir, tag=tag, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             user_content=content, num_kept_ckpts=kept_checkpoints(self.config), async_save=em.async_checkpointing,
             zero1_optimizer=self.config.distributed_strategy.zero1, format=em.checkpoint_format,
         )
@@ -293,10 +298,10 @@ class Trainer:
             # A synchronous save wrote the export already (nxd-lora's nxd_checkpoint_extras hook);
             # an async one skips the hook while the model keeps training, so export it here.
             if em.async_checkpointing:
-                if (self.ckpt_dir / tag / "done").exists():
+                if (Path(self.ckpt_dir) / tag / "done").exists():
                     nxd.finalize_checkpoint()  # an overwrite is swapped in when it commits; write after that
                 lora_export.export_lora(self.model, self.ckpt_dir, tag)
-            self.lora_exports.append(str(self.ckpt_dir / tag))
+            self.lora_exports.append(str(Path(self.ckpt_dir) / tag))
 
     # ------------------------------------------------------------------ the loop
     def _max_steps(self) -> int:

@@ -4,7 +4,11 @@ Runs side by side in one process (a one-rank gloo group):
   * save throughput of ``nxd.save_checkpoint`` against a raw sequential write (+fsync) of the same
     number of bytes to the same disk, ``torch.save`` and ``torch.distributed.checkpoint.save``;
   * the time a training loop is blocked by saving: sync vs async (ours) and DCP's ``async_save``.
-Usage: python benchmarks/bench_ckpt.py [--mb 128] [--repeats 3]
+Every throughput is the median of ``--repeats`` runs, printed with the spread (min-max) so two
+runs can be compared; the header states the regime (size vs free memory: a size far below free
+memory is written through the page cache, and fsync then measures the device's flush; sizes near
+or above it are disk-bound).
+Usage: python benchmarks/bench_ckpt.py [--mb 64 1024] [--repeats 5] [--dir /scratch/on/the/disk]
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class StateModule(torch.nn.Module):
 def raw_write(path: str, state: dict[str, torch.Tensor]) -> None:
     with open(path, "wb") as f:
         for t in state.values():
-            f.write(t.numpy().tobytes())
+            f.write(memoryview(t.numpy()))  # no copy: the baseline is the disk, not Python
         f.flush()
         os.fsync(f.fileno())
 
@@ -52,30 +56,44 @@ def torch_save(path: str, state: dict[str, torch.Tensor]) -> None:
         os.fsync(f.fileno())
 
 
-def best_of(fn, repeats: int) -> float:
+def timed(fn, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return times
 
 
-def throughput(root: str, mb: int, repeats: int) -> list[tuple[str, float]]:
+def throughput(root: str, mb: int, repeats: int) -> list[tuple[str, list[float]]]:
     state = make_state(mb)
     model = StateModule(state)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     counter = iter(range(10**6))
     rows = [
-        ("raw sequential write + fsync", best_of(lambda: raw_write(os.path.join(root, f"raw{next(counter)}"), state), repeats)),
-        ("torch.save + fsync (peer)", best_of(lambda: torch_save(os.path.join(root, f"ts{next(counter)}"), state), repeats)),
-        ("torch DCP save (peer)", best_of(lambda: dcp.save({"model": state}, checkpoint_id=os.path.join(root, f"dcp{next(counter)}")), repeats)),
-        ("nxd.save_checkpoint (torch fmt)", best_of(lambda: nxd.save_checkpoint(
+        ("raw sequential write + fsync", timed(lambda: raw_write(os.path.join(root, f"raw{next(counter)}"), state), repeats)),
+        ("torch.save + fsync (peer)", timed(lambda: torch_save(os.path.join(root, f"ts{next(counter)}"), state), repeats)),
+        ("torch DCP save (peer)", timed(lambda: dcp.save({"model": state}, checkpoint_id=os.path.join(root, f"dcp{next(counter)}")), repeats)),
+        ("nxd.save_checkpoint (torch fmt)", timed(lambda: nxd.save_checkpoint(
             os.path.join(root, "nxd"), f"t{next(counter)}", model=model, save_rng=False), repeats)),
-        ("nxd.save_checkpoint (safetensors)", best_of(lambda: nxd.save_checkpoint(
+        ("nxd.save_checkpoint (safetensors)", timed(lambda: nxd.save_checkpoint(
             os.path.join(root, "nxds"), f"t{next(counter)}", model=model, format="safetensors", save_rng=False), repeats)),
     ]
-    return [(name, nbytes / t / 2**20) for name, t in rows]
+    return [(name, [nbytes / t / 2**20 for t in times]) for name, times in rows]
+
+
+def regime(root: str, mb: int) -> str:
+    """Page cache or disk-bound, from the size against the memory the kernel can cache with."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) for line in f}
+        avail = info.get("MemAvailable", 0) // 1024
+    except OSError:
+        return f"{mb} MiB (free memory unknown)"
+    where = "page cache (size << free memory; fsync flushes it)" if mb * 4 < avail else "disk-bound (size near free memory)"
+    stat = os.statvfs(root)
+    return (f"{where}; {mb} MiB vs {avail} MiB available; {os.cpu_count()} CPUs; torch {torch.__version__}; "
+            f"fs block {stat.f_bsize}")
 
 
 def training_loop(steps: int, save_every: int, save) -> tuple[float, list[float]]:
@@ -125,8 +143,8 @@ def blocking(root: str, mb: int, steps: int, save_every: int) -> list[tuple[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mb", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mb", type=int, nargs="+", default=[64, 1024])
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--save-every", type=int, default=16)
     parser.add_argument("--dir", default=None, help="scratch directory on the disk to measure (default: a temp dir)")
@@ -136,12 +154,16 @@ def main() -> None:
     store = dist.FileStore(os.path.join(root, "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        rows = throughput(root, args.mb, args.repeats)
-        raw = rows[0][1]
-        print(f"\nSave throughput, {args.mb} MiB of fp32 tensors (best of {args.repeats})")
-        print(f"{'writer':38s} {'MiB/s':>9s} {'vs raw':>8s}")
-        for name, mbps in rows:
-            print(f"{name:38s} {mbps:9.1f} {mbps / raw:8.2f}")
+        for mb in args.mb:
+            rows = throughput(root, mb, args.repeats)
+            raw = statistics.median(rows[0][1])
+            print(f"\nSave throughput, {mb} MiB of fp32 tensors, median of {args.repeats} (min-max); "
+                  f"regime: {regime(root, mb)}")
+            print(f"{'writer':38s} {'MiB/s':>9s} {'min-max':>15s} {'vs raw':>8s}")
+            for name, mbps in rows:
+                med = statistics.median(mbps)
+                print(f"{name:38s} {med:9.1f} {min(mbps):7.0f}-{max(mbps):<7.0f} {med / raw:8.2f}")
+        args.mb = args.mb[0]
         loop = blocking(root, args.mb, args.steps, args.save_every)
         sync = loop[1][2]
         sync_later = statistics.median(sync[1:]) if len(sync) > 1 else sync[0]

@@ -33,6 +33,7 @@ def test_train_checkpoints_to_s3_and_resumes(make_config, tmp_path: Path, s3_buc
     import s3fs
 
     from nxd_training.config import load_config
+    from nxd_training.exp_manager import read_metrics
     from nxd_training.loop import train
 
     monkeypatch.chdir(tmp_path)  # a local "s3:" folder would appear here
@@ -42,6 +43,8 @@ def test_train_checkpoints_to_s3_and_resumes(make_config, tmp_path: Path, s3_buc
                               "checkpoint_callback_params": {"dirpath": url, "every_n_train_steps": 2, "save_top_k": 1}}}
     first = train(load_config(make_config(**common, trainer={"devices": 1, "max_steps": 2})))
     assert first.final_step == 2
+    blocked = read_metrics(first.log_dir, split="checkpoint")  # the loop's stall per save is logged
+    assert [r["step"] for r in blocked] == [2] and blocked[0]["blocked_s"] > 0
     assert not any(p.name.startswith("s3") for p in tmp_path.iterdir()), os.listdir(tmp_path)
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     tags = [p.rsplit("/", 1)[-1] for p in fs.ls(f"{s3_bucket}/run") if fs.exists(f"{p}/done")]

@@ -289,11 +289,16 @@ class Trainer:
         content = {"step": self.step, "consumed_samples": consumed, "data": self._data_states(),
                    "config_name": self.config.name}
         em = self.config.exp_manager
+        started = time.perf_counter()
         nxd.save_checkpoint(
             self.ckpt_dir, tag=tag, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             user_content=content, num_kept_ckpts=kept_checkpoints(self.config), async_save=em.async_checkpointing,
             zero1_optimizer=self.config.distributed_strategy.zero1, format=em.checkpoint_format,
         )
+        # how long the loop stood still for this save (an async save: the snapshot copy, plus any
+        # wait for the previous save); split "checkpoint" in metrics.jsonl
+        self.logger.log(self.step, {"blocked_s": time.perf_counter() - started, "async": int(em.async_checkpointing)},
+                        prefix="checkpoint")
         if self.lora:
             # A synchronous save wrote the export already (nxd-lora's nxd_checkpoint_extras hook);
             # an async one skips the hook while the model keeps training, so export it here.

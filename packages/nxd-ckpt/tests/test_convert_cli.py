@@ -14,7 +14,7 @@ from tp_models import ShardedNet, build
 import nxd
 from nxd.cli import main
 from nxd.specs import ModelSpec
-from nxd_ckpt.convert import FullState, register_convert_source
+from nxd_ckpt.convert import Converter, FullState
 
 SEED = 321
 HF_PREFIX = "transformer."
@@ -100,11 +100,15 @@ def test_hf_round_trip_through_nxd_is_byte_equal(rank_pool, tmp_path):
     assert all(a[k].dtype == b[k].dtype and a[k].numpy().tobytes() == b[k].numpy().tobytes() for k in a)
 
 
-def test_plugins_can_add_a_source(tmp_path):
-    def read_fake(request):
-        return FullState({"w": torch.full((2,), float(request.input))})
+class FakeConverterPlugin:
+    @nxd.hookimpl
+    def nxd_register_checkpoint_converters(self, registry):
+        registry.add("fake", Converter(read=lambda request: FullState({"w": torch.full((2,), float(request.input))})))
 
-    register_convert_source("fake", read_fake)
+
+def test_plugins_can_add_a_source(tmp_path):
+    nxd.register_plugin(FakeConverterPlugin(), name="fake-converter", distribution="tests")
+    assert "fake" in nxd.list_components("checkpoint_converter")
     assert main(["ckpt", "convert", "--from", "fake", "--to", "full", "--input", "3", "--output", str(tmp_path / "o.pt")]) == 0
     assert torch.equal(torch.load(tmp_path / "o.pt", weights_only=True)["w"], torch.full((2,), 3.0))
 

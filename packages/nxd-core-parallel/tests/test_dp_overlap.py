@@ -12,6 +12,7 @@ from torch import nn
 
 from nxd_core_parallel import parallel_state as ps
 from nxd_core_parallel.trainer import NxDModel, NxDOptimizer
+from nxd_testing.reference import max_rel, train_reference
 
 HID, BATCH, STEPS, MICRO, LR, MAX_NORM = 8, 8, 5, 2, 0.05, 0.5
 TOL = 1e-5
@@ -44,16 +45,7 @@ def data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def reference() -> list[float]:
     model = build()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for step in range(STEPS):
-        x, y = data(step)
-        loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses
+    return train_reference(model, opt, (data(step) for step in range(STEPS)), max_norm=MAX_NORM).losses
 
 
 def overlap_body(overlap: bool, use_no_sync: bool) -> dict:
@@ -98,10 +90,6 @@ def overlap_body(overlap: bool, use_no_sync: bool) -> dict:
 @pytest.fixture(scope="module")
 def ref_losses() -> list[float]:
     return reference()
-
-
-def max_rel(got: list[float], want: list[float]) -> float:
-    return max(abs(a - b) / abs(b) for a, b in zip(got, want))
 
 
 @pytest.mark.parametrize("overlap,use_no_sync", [(True, True), (True, False), (False, True)],

@@ -18,6 +18,7 @@ from nxd_core_parallel.parallel_layers import (
     RowParallelLinear,
     parallel_cross_entropy,
 )
+from nxd_testing.reference import token_chain_batch, train_reference
 
 VOCAB, HID, FFN, BATCH, SEQ, STEPS, LR = 16, 8, 16, 2, 8, 4, 0.02
 TOL = 1e-5
@@ -47,11 +48,7 @@ def build(sp: bool) -> Net:
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     # Learnable: each token is followed by (3 * token + 1) mod VOCAB, from a random start.
-    tokens = [torch.randint(0, VOCAB, (BATCH,), generator=torch.Generator().manual_seed(step))]
-    for _ in range(SEQ):
-        tokens.append((3 * tokens[-1] + 1) % VOCAB)
-    ids = torch.stack(tokens, dim=1)
-    return ids[:, :-1], ids[:, 1:]
+    return token_chain_batch(step, batch=BATCH, seq=SEQ, vocab=VOCAB, seed=0)
 
 
 def norm_params(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -60,15 +57,8 @@ def norm_params(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
     model = build(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for step in range(STEPS):
-        loss = model(*batch(step))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses, norm_params(model)
+    run = train_reference(model, torch.optim.AdamW(model.parameters(), lr=LR), (batch(s) for s in range(STEPS)))
+    return run.losses, norm_params(model)
 
 
 def tp_sp_body() -> tuple[list[float], dict[str, torch.Tensor], list[bool]]:

@@ -21,6 +21,7 @@ from nxd_core_parallel.parallel_layers import (
     RowParallelLinear,
     parallel_cross_entropy,
 )
+from nxd_testing.reference import max_rel, token_chain_batch, train_reference
 
 VOCAB, HID, HEADS, KV_HEADS, FFN, LAYERS = 32, 16, 4, 1, 32, 2
 BATCH, SEQ, STEPS, LR, MAX_NORM = 4, 8, 20, 3e-3, 1.0
@@ -78,28 +79,15 @@ def build(sp: bool) -> TinyLM:
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     # Learnable data: each next token is (3 * token + 1) mod VOCAB, from a random start.
-    g = torch.Generator().manual_seed(100 + step)
-    tokens = [torch.randint(0, VOCAB, (BATCH,), generator=g)]
-    for _ in range(SEQ):
-        tokens.append((3 * tokens[-1] + 1) % VOCAB)
-    seq = torch.stack(tokens, dim=1)
-    return seq[:, :-1], seq[:, 1:]
+    return token_chain_batch(step, batch=BATCH, seq=SEQ, vocab=VOCAB, mult=3, add=1)
 
 
 def reference_losses() -> tuple[list[float], list[float]]:
     """One process, no parallel state: the same model and data with plain torch training."""
     model = build(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses, norms = [], []
-    for step in range(STEPS):
-        ids, labels = batch(step)
-        loss = model(ids, labels)
-        loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses, norms
+    run = train_reference(model, torch.optim.AdamW(model.parameters(), lr=LR), (batch(s) for s in range(STEPS)),
+                          max_norm=MAX_NORM)
+    return run.losses, run.grad_norms
 
 
 def train_body(tp: int, sp: bool, checkpointing: str | None) -> tuple[list[float], list[float]]:
@@ -121,10 +109,6 @@ def train_body(tp: int, sp: bool, checkpointing: str | None) -> tuple[list[float
         losses.append(float(loss) / dp)
         norms.append(float(opt.grad_norm))
     return losses, norms
-
-
-def max_rel(got: list[float], want: list[float]) -> float:
-    return max(abs(a - b) / abs(b) for a, b in zip(got, want))
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from nxd_core_parallel.parallel_layers import (
     RowParallelLinear,
     parallel_cross_entropy,
 )
+from nxd_testing.reference import max_rel, token_chain_batch, train_reference
 
 VOCAB, HID, HEADS, KV_HEADS, FFN = 32, 16, 4, 1, 24
 BATCH, SEQ, STEPS, LR, MAX_NORM = 4, 8, 20, 3e-3, 1.0
@@ -62,26 +63,15 @@ def build(sp: bool) -> TinyLM:
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(100 + step)
-    tokens = [torch.randint(0, VOCAB, (BATCH,), generator=g)]
-    for _ in range(SEQ):
-        tokens.append((5 * tokens[-1] + 3) % VOCAB)
-    seq = torch.stack(tokens, dim=1)
-    return seq[:, :-1], seq[:, 1:]
+    # Learnable data: each next token is (5 * token + 3) mod VOCAB, from a random start.
+    return token_chain_batch(step, batch=BATCH, seq=SEQ, vocab=VOCAB, mult=5, add=3)
 
 
 def reference() -> tuple[list[float], list[float]]:
     model = build(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses, norms = [], []
-    for step in range(STEPS):
-        loss = model(*batch(step))
-        loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses, norms
+    run = train_reference(model, torch.optim.AdamW(model.parameters(), lr=LR), (batch(s) for s in range(STEPS)),
+                          max_norm=MAX_NORM)
+    return run.losses, run.grad_norms
 
 
 def zero1_body() -> tuple[list[float], list[float], str]:
@@ -103,10 +93,6 @@ def zero1_body() -> tuple[list[float], list[float], str]:
         losses.append(float(loss) / dp)
         norms.append(float(opt.grad_norm))
     return losses, norms, type(opt).__name__
-
-
-def max_rel(got: list[float], want: list[float]) -> float:
-    return max(abs(a - b) / abs(b) for a, b in zip(got, want))
 
 
 @pytest.mark.slow

@@ -7,11 +7,11 @@ Use it through ``nxd.save_checkpoint`` / ``nxd.load_checkpoint`` / ``nxd.has_che
 from nxd_ckpt.checkpointer import Checkpointer
 from nxd_ckpt.consolidate import full_model_state
 from nxd_ckpt.convert import (
+    Converter,
     ConvertRequest,
     FullState,
     convert,
-    register_convert_source,
-    register_convert_target,
+    run_convert,
 )
 from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
 from nxd_ckpt.formats import CheckpointFormat, SafetensorsFormat, TorchFormat
@@ -22,8 +22,8 @@ from nxd_ckpt.storage import FsspecStorage, LocalStorage, Storage, open_storage
 __version__ = "0.1.0"
 
 __all__ = [
-    "CheckpointError", "CheckpointFormat", "Checkpointer", "ConvertRequest", "FullState", "convert",
-    "full_model_state", "register_convert_source", "register_convert_target", "CorruptCheckpointError", "FsspecStorage",
+    "CheckpointError", "CheckpointFormat", "Checkpointer", "ConvertRequest", "Converter", "FullState", "convert",
+    "full_model_state", "run_convert", "CorruptCheckpointError", "FsspecStorage",
     "LocalStorage", "SafetensorsFormat", "Sharding", "Storage", "TorchFormat", "complete_tags", "merge_shards",
     "newest_complete_tag", "open_storage", "shard_name", "sharding_of", "split_full",
 ]

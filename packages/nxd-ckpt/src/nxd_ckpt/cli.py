@@ -32,7 +32,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     conv.add_argument("--output", required=True, help="target directory or file")
     conv.add_argument("--model", help="registered model name (needed for hf)")
     conv.add_argument("--tag", help="nxd checkpoint tag to read or write")
-    conv.add_argument("--config", help="model config.json (Hugging Face keys)")
+    conv.add_argument("--config", help="model config.json (Hugging Face keys), or what the source kind reads "
+                                       "(nnm: an NNM YAML whose model section is used)")
+    conv.add_argument("--allow-pickle", action="store_true",
+                      help="let sources that read pickled files (nnm) unpickle: only for files you trust")
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -94,11 +97,10 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from nxd_ckpt.convert import ConvertRequest, convert
+    from nxd_ckpt.convert import run_convert
 
-    config = json.loads(open(args.config).read()) if args.config else None
-    full = convert(args.source, args.target, ConvertRequest(args.input, args.output, args.model, args.tag, config))
-    print(f"converted {len(full.state)} tensors: {args.source} {args.input} -> {args.target} {args.output}")
+    run_convert(args.source, args.target, args.input, args.output, model=args.model, tag=args.tag,
+                config_path=args.config, allow_pickle=args.allow_pickle)
     return 0
 
 

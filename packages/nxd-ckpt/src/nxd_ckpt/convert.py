@@ -9,9 +9,9 @@ names, plus the model config when known) and hands it to a *target*. Built-in ki
 * ``hf``   — a Hugging Face model directory, through the model plugin's ``ModelSpec.load_hf`` /
   ``save_hf`` (``--model NAME``).
 
-Other plugins add kinds with :func:`register_convert_source` / :func:`register_convert_target`,
-or declare them as entry points in the groups ``nxd_ckpt.convert_sources`` /
-``nxd_ckpt.convert_targets`` (e.g. a NeMo-Megatron reader as ``nnm = "my_pkg.nnm:read"``).
+Every kind is a :class:`Converter` registered through the core hook
+``nxd_register_checkpoint_converters`` (kind ``checkpoint_converter``), so it shows in
+``nxd plugins``; nxd-migrate adds ``nnm``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any
 
 import torch
@@ -50,44 +49,68 @@ class ConvertRequest:
 ConvertSource = Callable[[ConvertRequest], FullState]
 ConvertTarget = Callable[[FullState, ConvertRequest], None]
 
-_SOURCES: dict[str, ConvertSource] = {}
-_TARGETS: dict[str, ConvertTarget] = {}
+
+@dataclass(frozen=True)
+class Converter:
+    """One checkpoint kind: how to read it into a :class:`FullState` and/or write one out."""
+
+    read: ConvertSource | None = None
+    write: ConvertTarget | None = None
+    #: ``--config PATH`` -> model config dict, for kinds whose config is not a ``config.json``
+    config_from_file: Callable[[str], dict] | None = None
+    help: str = ""
 
 
-def register_convert_source(name: str, reader: ConvertSource) -> None:
-    """Make ``nxd ckpt convert --from NAME`` read with ``reader(request) -> FullState``."""
-    _SOURCES[name] = reader
+def _converters(side: str) -> dict[str, Any]:
+    import nxd
 
-
-def register_convert_target(name: str, writer: ConvertTarget) -> None:
-    """Make ``nxd ckpt convert --to NAME`` write with ``writer(full_state, request)``."""
-    _TARGETS[name] = writer
-
-
-def _discover(group: str, table: dict[str, Any]) -> None:
-    for ep in entry_points(group=group):
-        if ep.name not in table:
-            table[ep.name] = ep.load()
+    found = {name: getattr(nxd.get_checkpoint_converter(name), side)
+             for name in nxd.list_components("checkpoint_converter")}
+    return {name: fn for name, fn in found.items() if fn is not None}
 
 
 def convert_sources() -> dict[str, ConvertSource]:
-    _discover("nxd_ckpt.convert_sources", _SOURCES)
-    return dict(_SOURCES)
+    return _converters("read")
 
 
 def convert_targets() -> dict[str, ConvertTarget]:
-    _discover("nxd_ckpt.convert_targets", _TARGETS)
-    return dict(_TARGETS)
+    return _converters("write")
 
 
 def convert(source: str, target: str, request: ConvertRequest) -> FullState:
     sources, targets = convert_sources(), convert_targets()
     if source not in sources:
-        raise CheckpointError(f"--from {source!r} is not a known source; known: {', '.join(sorted(sources))}")
+        raise CheckpointError(f"--from {source!r} is not a known source; known: {', '.join(sorted(sources))} "
+                              "(nnm: pip install nxd-migrate)")
     if target not in targets:
         raise CheckpointError(f"--to {target!r} is not a known target; known: {', '.join(sorted(targets))}")
     full = sources[source](request)
     targets[target](full, request)
+    return full
+
+
+def read_config_file(source: str, path: str | None) -> dict | None:
+    """``--config PATH``: the source converter's own reader when it has one, else ``config.json``."""
+    if path is None:
+        return None
+    import nxd
+
+    names = nxd.list_components("checkpoint_converter")
+    reader = getattr(nxd.get_checkpoint_converter(source), "config_from_file", None) if source in names else None
+    if reader is not None:
+        return reader(path)
+    with open(path) as f:
+        return json.loads(f.read())
+
+
+def run_convert(source: str, target: str, input: str, output: str, *, model: str | None = None,
+                tag: str | None = None, config_path: str | None = None, allow_pickle: bool = False) -> FullState:
+    """What ``nxd ckpt convert`` (and ``nxd migrate checkpoint``) run: convert and report."""
+    request = ConvertRequest(input, output, model, tag, read_config_file(source, config_path),
+                             options={"allow_pickle": allow_pickle})
+    full = convert(source, target, request)
+    where = f"{output}/{tag}" if tag and target == "nxd" else output
+    print(f"converted {len(full.state)} tensors: {source} {input} -> {target} {where}")
     return full
 
 
@@ -189,6 +212,9 @@ def _write_full(full: FullState, request: ConvertRequest) -> None:
         format_for_file(request.output).dump(full.state, f)
 
 
-for _name, _reader, _writer in (("hf", _read_hf, _write_hf), ("nxd", _read_nxd, _write_nxd), ("full", _read_full, _write_full)):
-    register_convert_source(_name, _reader)
-    register_convert_target(_name, _writer)
+#: nxd-ckpt's own kinds (registered by its plugin module)
+BUILTIN_CONVERTERS: dict[str, Converter] = {
+    "hf": Converter(_read_hf, _write_hf, help="Hugging Face model directory (--model NAME)"),
+    "nxd": Converter(_read_nxd, _write_nxd, help="nxd/NxD sharded checkpoint directory"),
+    "full": Converter(_read_full, _write_full, help="one torch/safetensors file with the full state dict"),
+}

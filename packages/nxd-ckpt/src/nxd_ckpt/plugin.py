@@ -35,6 +35,14 @@ def nxd_register_storages(registry: Any) -> None:
 
 
 @nxd.hookimpl
+def nxd_register_checkpoint_converters(registry: Any) -> None:
+    from nxd_ckpt.convert import BUILTIN_CONVERTERS
+
+    for name, converter in BUILTIN_CONVERTERS.items():
+        registry.add(name, converter)
+
+
+@nxd.hookimpl
 def nxd_register_commands(registry: Any) -> None:
     from nxd_ckpt.cli import CKPT_COMMAND
 

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-try:  # nxd-lightning where installed, else the Lightning support inside nxd-training
+try:
     import nxd_lightning as _impl
-except ImportError:
-    try:
-        from nxd_training import lightning as _impl
-    except ImportError as exc:
-        raise ImportError("neuronx_distributed.lightning needs nxd's Lightning support: "
-                          "pip install nxd-compat[lightning]", name="neuronx_distributed.lightning") from exc
+except ImportError as exc:
+    raise ImportError("neuronx_distributed.lightning needs nxd's Lightning support: "
+                      "pip install nxd-compat[lightning]", name="neuronx_distributed.lightning") from exc
 
 from lightning.pytorch.callbacks import Callback
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -11,9 +12,9 @@ from nxd import ConfigError
 from nxd_training.config.features import recompute_classes
 from nxd_training.config.plan import RunPlan, data_section
 from nxd_training.config.schema import TrainingConfig
+from nxd_training.optimizers import OPTIMIZERS
+from nxd_training.precision import BF16_PARAM_TYPES, STOCHASTIC_ROUNDING_TYPES, uses_master_weights
 from nxd_training.schedules import make_lr_fn, make_scheduler
-
-BF16_TYPES = ("bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR")
 
 
 def mixed_precision_config(config: TrainingConfig) -> dict[str, Any] | None:
@@ -21,9 +22,9 @@ def mixed_precision_config(config: TrainingConfig) -> dict[str, Any] | None:
     if not config.distributed_strategy.zero1:
         return None
     p = config.precision
-    master = p.master_weights if p.master_weights is not None else p.type.startswith("mixed_precision")
+    master = uses_master_weights(p)
     grad_acc = p.fp32_grad_acc if p.fp32_grad_acc is not None else master
-    sr = p.type in ("bf16SR", "mixed_precisionSR", "mixed_precision_SR") or bool(p.neuron_rt_stochastic_rounding_en)
+    sr = p.type in STOCHASTIC_ROUNDING_TYPES or bool(p.neuron_rt_stochastic_rounding_en)
     return {
         "use_master_weights": bool(master),
         "use_fp32_grad_acc": bool(grad_acc),
@@ -42,12 +43,10 @@ def lora_config(config: TrainingConfig, spec: Any) -> Any:
     except ImportError:
         raise ConfigError("model_alignment_strategy.peft needs LoRA: pip install nxd-lora") from None
     targets = peft.target_modules or list(getattr(spec, "lora_target_modules", ()) or ())
-    return LoraConfig(
-        enable_lora=True, lora_rank=peft.lora_rank, lora_alpha=peft.lora_alpha, lora_dropout=peft.lora_dropout,
-        bias=peft.lora_bias, lora_verbose=peft.lora_verbose, target_modules=targets,
-        load_lora_from_ckpt=peft.load_lora_from_ckpt, save_lora_base=peft.save_lora_base, merge_lora=peft.merge_lora,
-        save_lora_config_adapter=peft.save_lora_config_adapter, merge_sharded_lora=peft.merge_sharded_lora,
-    )
+    # NxDT's YAML keys are LoraConfig's field names, except lora_bias (NxD: bias)
+    same = {f.name for f in dataclasses.fields(LoraConfig)}
+    fields = {k: v for k, v in peft.model_dump().items() if k in same}
+    return LoraConfig(**{**fields, "enable_lora": True, "bias": peft.lora_bias, "target_modules": targets})
 
 
 def nxd_config(config: TrainingConfig, plan: RunPlan) -> dict:
@@ -78,21 +77,11 @@ def nxd_config(config: TrainingConfig, plan: RunPlan) -> dict:
 
 def model_config_for_rank(config: TrainingConfig, plan: RunPlan) -> Any:
     """The plan's model config, with the parameter dtype the precision type asks for."""
-    if config.precision.type not in BF16_TYPES:
+    if config.precision.type not in BF16_PARAM_TYPES:
         return plan.model_config
     return plan.spec.config_from_dict({**plan.model_dict, "dtype": "bfloat16"})
 
 
-_OPTIMIZERS: dict[str, tuple[type, tuple[str, ...]]] = {
-    "adamw": (torch.optim.AdamW, ("lr", "weight_decay", "betas", "eps")),
-    "adamw_fp32optstate": (torch.optim.AdamW, ("lr", "weight_decay", "betas", "eps")),
-    "adam": (torch.optim.Adam, ("lr", "weight_decay", "betas", "eps")),
-    "sgd": (torch.optim.SGD, ("lr", "weight_decay", "momentum")),
-    "adagrad": (torch.optim.Adagrad, ("lr", "weight_decay", "eps")),
-    "rmsprop": (torch.optim.RMSprop, ("lr", "weight_decay", "eps", "momentum")),
-    "adamax": (torch.optim.Adamax, ("lr", "weight_decay", "betas", "eps")),
-    "adadelta": (torch.optim.Adadelta, ("lr", "weight_decay", "eps")),
-}
 
 
 def param_groups(config: TrainingConfig, model: torch.nn.Module) -> list[dict]:
@@ -111,7 +100,7 @@ def param_groups(config: TrainingConfig, model: torch.nn.Module) -> list[dict]:
 
 def build_optimizer(config: TrainingConfig, nxd_cfg: dict, model: torch.nn.Module) -> Any:
     optim = config.model.optim
-    cls, keys = _OPTIMIZERS[optim.name.lower()]
+    cls, keys = OPTIMIZERS[optim.name.lower()]
     values = {"lr": optim.lr, "weight_decay": optim.weight_decay, "betas": tuple(optim.betas), "eps": optim.eps,
               "momentum": optim.momentum}
     return nxd.initialize_parallel_optimizer(nxd_cfg, cls, param_groups(config, model), **{k: values[k] for k in keys})

@@ -13,6 +13,3 @@ def nxd_register_commands(registry) -> None:
 
     registry.add("train", TRAIN)
     registry.add("plot", PLOT)
-    from nxd_training.migrate import register_commands as register_migrate
-
-    register_migrate(registry)  # `nxd migrate`, and `nxd ckpt convert --from nnm`

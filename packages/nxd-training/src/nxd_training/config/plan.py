@@ -15,6 +15,8 @@ import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd_training.config.features import check_features, explicit_value, hf_config_file, model_spec, recompute_classes
 from nxd_training.config.schema import TrainingConfig
+from nxd_training.optimizers import OPTIMIZERS
+from nxd_training.precision import uses_master_weights
 from nxd_training.schedules import SCHEDULES, schedule_names
 from nxd_training.workflow import build_workflow, workflow_name
 
@@ -34,8 +36,6 @@ MODEL_KEY_MAP: dict[str, str] = {
     "init_method_std": "initializer_range",
 }
 
-OPTIMIZERS = ("adamw", "adamw_fp32optstate", "adam", "sgd", "adagrad", "rmsprop", "adamax", "adadelta")
-SUPPORTED_PRECISION = ("fp32", "autocast", "bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR", "manual")
 
 
 @dataclass
@@ -307,8 +307,7 @@ def _training(config: TrainingConfig, world: int) -> None:
 
 def _precision(config: TrainingConfig) -> None:
     p, ds = config.precision, config.distributed_strategy
-    master = p.master_weights if p.master_weights is not None else p.type.startswith("mixed_precision")
-    if master and not ds.zero1:
+    if uses_master_weights(p) and not ds.zero1:
         raise ConfigError(
             f"precision.type={p.type} keeps fp32 master weights, which live in the ZeRO-1 optimizer: set "
             "distributed_strategy.zero1=true (or use precision.type fp32/autocast/bf16SR)"

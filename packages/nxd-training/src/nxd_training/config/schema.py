@@ -11,6 +11,8 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nxd_training.precision import PRECISION_TYPES
+
 
 class Section(BaseModel):
     """Base of every section: unknown keys are rejected, values are not silently coerced."""
@@ -219,8 +221,7 @@ class ModelConfig(Section):
 
 # --------------------------------------------------------------------------- precision
 class PrecisionConfig(Section):
-    type: Literal["fp32", "autocast", "bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR",
-                  "manual"] = "fp32"
+    type: Literal[PRECISION_TYPES] = "fp32"  # type: ignore[valid-type]
     master_weights: Union[bool, None] = None
     fp32_grad_acc: Union[bool, None] = None
     xla_use_bf16: Union[bool, int, None] = None

@@ -1,6 +1,6 @@
 """The few ``torch_xla.core.xla_model`` calls NxD's Lightning examples make, on ``torch.distributed``.
 
-``import torch_xla.core.xla_model as xm`` becomes ``from nxd_training.lightning import xm``:
+``import torch_xla.core.xla_model as xm`` becomes ``from nxd_lightning import xm``:
 ``mark_step`` synchronises the backend (a graph cut on XLA, nothing to do on CPU), ``all_reduce``
 takes XLA's ``groups`` (a list of rank lists, or one list of ranks) and returns a new tensor.
 """

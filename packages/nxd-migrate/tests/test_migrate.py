@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from nxd.cli import main as nxd_main
+from nxd_migrate import migrate_config
+from nxd_migrate.config import _flatten
+from nxd_migrate.nnm_checkpoint import read_nnm
 from nxd_training.config import load_config, parse_config
-from nxd_training.migrate import migrate_config
-from nxd_training.migrate.config import _flatten
 
 NNM_LLAMA = """
 name: megatron_llama
@@ -235,3 +236,25 @@ def test_bad_input_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture)
     bad.write_text("model: [1, 2\n")
     assert nxd_main(["migrate", "config", str(bad), "-o", str(tmp_path / "o.yaml")]) == 1
     assert "bad.yaml" in capsys.readouterr().err
+
+
+def test_without_the_package_the_verb_names_it(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    import nxd.plugins
+
+    monkeypatch.setenv("NXD_DISABLE_PLUGINS", "migrate")
+    nxd.plugins.reset()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            nxd_main(["migrate", "config", "in.yaml", "-o", "out.yaml"])
+        assert exit_info.value.code == 2
+        assert "pip install nxd-migrate" in capsys.readouterr().err
+        assert "nnm" not in nxd.list_components("checkpoint_converter")
+    finally:
+        monkeypatch.delenv("NXD_DISABLE_PLUGINS")
+        nxd.plugins.reset()
+
+
+def test_migrate_checkpoint_and_ckpt_convert_are_one_converter() -> None:
+    import nxd
+
+    assert nxd.get_checkpoint_converter("nnm").read is read_nnm

@@ -14,8 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from nxd_training.config import TrainingConfig, parse_config
-from nxd_training.migrate.rules import (
+from nxd_migrate.rules import (
     MOVES,
     NEUTRAL,
     OPTIMIZER_NAMES,
@@ -23,6 +22,7 @@ from nxd_training.migrate.rules import (
     REMOVED,
     SECTION_MOVES,
 )
+from nxd_training.config import TrainingConfig, parse_config
 
 #: data keys nxd's data modules read (the schema lets the data section hold module-specific keys)
 DATA_KEYS = {"module", "micro_batch_size", "global_batch_size", "seq_length", "tokenizer", "prepare", "prepare_dir",

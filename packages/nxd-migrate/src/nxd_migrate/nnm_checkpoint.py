@@ -21,9 +21,11 @@ fresh optimizer (``model.weight_init_only: true``).
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -181,6 +183,15 @@ def hf_config_from_nnm(cfg: dict[str, Any]) -> dict[str, Any]:
             "layernorm_epsilon": "rms_norm_eps", "share_embeddings_and_output_weights": "tie_word_embeddings",
             "init_method_std": "initializer_range", "rotary_base": "rope_theta", "kv_channels": "head_dim"}
     return {dst: cfg[src] for src, dst in keys.items() if cfg.get(src) is not None and not isinstance(cfg[src], str)}
+
+
+def model_config_from_file(path: str) -> dict[str, Any]:
+    """``--config`` for the nnm converter: an NNM YAML (its ``model`` section) or a ``config.json``."""
+    if path.endswith((".yaml", ".yml")):
+        from nxd_training.config import read_yaml
+
+        return hf_config_from_nnm(read_yaml(path).get("model") or {})
+    return json.loads(Path(path).read_text())
 
 
 def read_nnm(request: ConvertRequest) -> FullState:

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from nxd_testing.reference import max_rel
+
 STEPS = 4
 
 
@@ -72,7 +74,7 @@ def _recorder() -> Any:
 
 
 def _example_losses(flags: dict[str, Any]) -> dict[str, Any]:
-    from nxd_training.lightning.examples import llama_tp_pretrain as example
+    from nxd_lightning.examples import llama_tp_pretrain as example
 
     recorder = _recorder()
     splits = flags.pop("splits_string")
@@ -94,14 +96,14 @@ def _automatic_losses(config: dict[str, Any], model_dict: dict[str, Any], tmp: s
     from lightning.pytorch import Trainer, seed_everything
 
     import nxd
-    from nxd_models_llama import LlamaConfig, LlamaForCausalLM
-    from nxd_training.lightning import (
+    from nxd_lightning import (
         NeuronDataLoader,
         NeuronLightningDataModule,
         NeuronLTModule,
         NxDPrecisionPlugin,
         NxDStrategy,
     )
+    from nxd_models_llama import LlamaConfig, LlamaForCausalLM
     from nxd_training.schedules import linear, make_scheduler
 
     data, optim = config["data"], config["model"]["optim"]
@@ -149,18 +151,13 @@ def yaml_losses(rank_pool, parity_setup: dict[str, Any]) -> dict[int, float]:
     return losses[0]
 
 
-def _max_rel(a: dict[int, float], b: dict[int, float]) -> float:
-    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
-    return max(abs(a[s] - b[s]) / abs(b[s]) for s in b)
-
-
 @pytest.mark.slow
 def test_guide_example_matches_yaml_trainer(rank_pool, parity_setup, yaml_losses, tmp_path: Path) -> None:
     flags = example_flags(parity_setup["config"], parity_setup["model_dict"], tmp_path)
     results = rank_pool(2).run(_example_losses, flags)
     assert results[0]["global_step"] == STEPS
     assert results[0]["losses"] == results[1]["losses"]  # TP ranks agree
-    rel = _max_rel(results[0]["losses"], yaml_losses)
+    rel = max_rel(results[0]["losses"], yaml_losses)
     print(f"manual-optimisation example vs YAML trainer: max relative loss difference {rel:.3e}")
     assert rel <= 1e-5, (results[0]["losses"], yaml_losses)
     assert list((tmp_path / "tb").rglob("events.out.tfevents.*")), "no TensorBoard event file"
@@ -169,7 +166,7 @@ def test_guide_example_matches_yaml_trainer(rank_pool, parity_setup, yaml_losses
 @pytest.mark.slow
 def test_automatic_optimisation_matches_yaml_trainer(rank_pool, parity_setup, yaml_losses, tmp_path: Path) -> None:
     results = rank_pool(2).run(_automatic_losses, parity_setup["config"], parity_setup["model_dict"], str(tmp_path))
-    rel = _max_rel(results[0], yaml_losses)
+    rel = max_rel(results[0], yaml_losses)
     print(f"automatic optimisation vs YAML trainer: max relative loss difference {rel:.3e}")
     assert rel <= 1e-5, (results[0], yaml_losses)
 
@@ -211,7 +208,7 @@ def test_zero1_matches_plain_and_resumes_identically(rank_pool, corpus, tmp_path
     for results in (plain, zero1):
         assert results[0]["global_step"] == STEPS
         assert results[0]["losses"] == results[1]["losses"]  # every rank reports the DP mean
-    rel = _max_rel(zero1[0]["losses"], plain[0]["losses"])
+    rel = max_rel(zero1[0]["losses"], plain[0]["losses"])
     print(f"ZeRO-1 vs plain optimizer at DP=2: max relative loss difference {rel:.3e}")
     assert rel <= 1e-5, (zero1[0]["losses"], plain[0]["losses"])
 
@@ -230,6 +227,6 @@ def test_zero1_matches_plain_and_resumes_identically(rank_pool, corpus, tmp_path
     assert rest[0]["losses"] == rest[1]["losses"]
     assert sorted(part["losses"]) == [1, 2] and sorted(rest[0]["losses"]) == [3, 4]
     resumed = {**part["losses"], **rest[0]["losses"]}
-    rel_resume = _max_rel(resumed, zero1[0]["losses"])
+    rel_resume = max_rel(resumed, zero1[0]["losses"])
     print(f"ZeRO-1 resumed vs uninterrupted: max relative loss difference {rel_resume:.3e}")
     assert rel_resume <= 1e-5, (resumed, zero1[0]["losses"])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import nxd
-from nxd_training.lightning import NeuronLTModule
+from nxd_lightning import NeuronLTModule
 
 
 class BuildsItself(NeuronLTModule):

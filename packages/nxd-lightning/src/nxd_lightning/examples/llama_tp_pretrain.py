@@ -2,15 +2,15 @@
 
 Only the imports differ from NxD's version:
 
-    import torch_xla.core.xla_model as xm                      -> from nxd_training.lightning import xm
+    import torch_xla.core.xla_model as xm                      -> from nxd_lightning import xm
     from neuronx_distributed.parallel_layers import parallel_state -> from nxd_core_parallel import parallel_state
-    from neuronx_distributed.lightning import (...)             -> from nxd_training.lightning import (...)
+    from neuronx_distributed.lightning import (...)             -> from nxd_lightning import (...)
     from neuronx_distributed import initialize_parallel_optimizer -> from nxd import initialize_parallel_optimizer
     import neuronx_distributed as nxd                           -> import nxd
 
 Run on 2 CPU ranks with TP=2 (the embedded corpus; a few seconds per step):
 
-    torchrun --nproc_per_node=2 -m nxd_training.lightning.examples.llama_tp_pretrain --tp 2 --max_steps 20
+    torchrun --nproc_per_node=2 -m nxd_lightning.examples.llama_tp_pretrain --tp 2 --max_steps 20
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import nxd
 from nxd import initialize_parallel_optimizer
 from nxd_core_parallel import parallel_state
-from nxd_models_llama import LlamaConfig, LlamaForCausalLM
-from nxd_training.lightning import (
+from nxd_lightning import (
     NeuronDataLoader,
     NeuronLightningDataModule,
     NeuronLTModule,
@@ -36,6 +35,7 @@ from nxd_training.lightning import (
     NeuronXLAStrategy,
     xm,
 )
+from nxd_models_llama import LlamaConfig, LlamaForCausalLM
 from nxd_training.schedules import linear, make_scheduler
 
 

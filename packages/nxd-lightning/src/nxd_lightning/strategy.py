@@ -22,8 +22,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 import nxd
 from nxd import ConfigError
 from nxd.config import check_config
-from nxd_training.lightning.checkpoint_io import NeuronCheckpointIO
-from nxd_training.lightning.environment import ProcessGroupEnvironment
+from nxd.parallel import check_divisible
+from nxd_lightning.checkpoint_io import NeuronCheckpointIO
+from nxd_lightning.environment import ProcessGroupEnvironment
 
 
 class NxDStrategy(DDPStrategy):
@@ -106,10 +107,10 @@ class NxDStrategy(DDPStrategy):
                 raise ConfigError(f"NxDStrategy: parallel state is already set up with TP={have[0]}, PP={have[1]} "
                                   f"but nxd_config asks for TP={tp}, PP={pp}")
             return
-        world = dist.get_world_size()
-        if world % (tp * pp):
-            raise ConfigError(f"NxDStrategy: world size {world} is not divisible by tensor_parallel_size x "
-                              f"pipeline_parallel_size = {tp} x {pp}")
+        try:
+            check_divisible(dist.get_world_size(), tensor_parallel_size=tp, pipeline_parallel_size=pp)
+        except ValueError as exc:
+            raise ConfigError(f"NxDStrategy: {exc}") from None
         if self.nxd_config is not None:
             from nxd.config import initialize_parallel
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -43,8 +42,8 @@ def _header(report) -> str:
 
 
 def _config(args: argparse.Namespace) -> int:
+    from nxd_migrate.config import migrate_config
     from nxd_training.config import read_yaml
-    from nxd_training.migrate.config import migrate_config
 
     raw = read_yaml(args.input)
     out, report = migrate_config(raw, args.source)
@@ -58,26 +57,12 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_config(path: str | None) -> dict | None:
-    if path is None:
-        return None
-    if path.endswith((".yaml", ".yml")):
-        from nxd_training.config import read_yaml
-        from nxd_training.migrate.nnm_checkpoint import hf_config_from_nnm
-
-        return hf_config_from_nnm(read_yaml(path).get("model") or {})
-    return json.loads(Path(path).read_text())
-
-
 def _checkpoint(args: argparse.Namespace) -> int:
-    from nxd_ckpt import ConvertRequest, convert
-    from nxd_training.migrate import register_nnm_source
+    """``nxd ckpt convert --from nnm --to nxd`` under the migration verb: one implementation."""
+    from nxd_ckpt import run_convert
 
-    register_nnm_source()
-    request = ConvertRequest(args.input, args.output, tag=args.tag, config=_model_config(args.config),
-                             options={"allow_pickle": args.allow_pickle})
-    full = convert("nnm", "nxd", request)
-    print(f"converted {len(full.state)} tensors: nnm {args.input} -> nxd {args.output}/{args.tag}")
+    run_convert("nnm", "nxd", args.input, args.output, tag=args.tag, config_path=args.config,
+                allow_pickle=args.allow_pickle)
     return 0
 
 

@@ -1,0 +1,5 @@
+"""nxd plugin entry point for nxd-lightning (registers nothing; present so `nxd plugins` lists it)."""
+
+from __future__ import annotations
+
+NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)

@@ -104,6 +104,18 @@ def bench(session: nox.Session) -> None:
         session.run("python", script)
 
 
+@nox.session(default=False)
+def gpu(session: nox.Session) -> None:
+    """Optional, on a CUDA machine: the ``@pytest.mark.gpu`` tests (quickstart, TP=1 bf16 with
+    checkpoint save/resume, ZeRO-1, LoRA on one GPU). Uses the machine's CUDA torch: the session
+    installs the packages without the CPU torch pin (``--no-deps`` is not used, torch must already
+    satisfy them)."""
+    session.install(*(str(PACKAGES[d]) for d in ("nxd", "nxd-core-parallel", "nxd-zero1", "nxd-lora",
+                                                   "nxd-models-llama", "nxd-data", "nxd-ckpt", "nxd-testing")),
+                    f"{PACKAGES['nxd-training']}[test]")
+    session.run("pytest", "-m", "gpu", str(PACKAGES["nxd-training"] / "tests" / "test_gpu.py"), *session.posargs)
+
+
 #: torch-xla needs its own matching torch (not the CPU torch pinned in constraints.txt).
 XLA_TORCH = os.environ.get("NXD_XLA_TORCH", "torch==2.8.0")
 XLA_TORCH_XLA = os.environ.get("NXD_XLA_TORCH_XLA", "torch-xla==2.8.0")

@@ -20,6 +20,8 @@ DEFAULT_MODEL_INIT_CONFIG: dict[str, Any] = {
     "param_init_fn": None,
 }
 DEFAULT_PIPELINE_SCHEDULE = "1f1b"
+#: compile_config (an nxd addition): torch.compile arguments applied to each transformer block
+DEFAULT_COMPILE_CONFIG: dict[str, Any] = {"backend": "inductor", "mode": None, "fullgraph": False, "dynamic": None}
 #: mixed_precision_config keys only the ZeRO-1 optimizer honours.
 MIXED_PRECISION_ZERO1_KEYS = ("use_master_weights", "use_fp32_grad_acc", "use_master_weights_in_ckpt")
 CONFIG_MARKER = "_nxd_config_version"
@@ -52,6 +54,20 @@ def _bool(field: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{field} must be True or False, got {value!r}")
     return value
+
+
+def _compile(value: Any) -> dict | None:
+    """``compile_config``: None/False (eager), True (inductor defaults) or a dict of torch.compile arguments."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return dict(DEFAULT_COMPILE_CONFIG)
+    merged = _merge("compile_config", value, DEFAULT_COMPILE_CONFIG)
+    _bool("compile_config.fullgraph", merged["fullgraph"])
+    if not isinstance(merged["backend"], str) and not callable(merged["backend"]):
+        raise ConfigError(f"compile_config.backend must be a backend name (e.g. 'inductor') or callable, "
+                          f"got {merged['backend']!r}")
+    return merged
 
 
 def _activation_checkpoint(value: Any) -> Any:
@@ -99,12 +115,14 @@ def neuronx_distributed_config(
     expert_parallel_size: int = 1,
     context_parallel_size: int = 1,
     lnc_size: int = 1,
+    compile_config: dict | bool | None = None,
 ) -> dict:
     """Validate NxD's training config, initialise model parallelism when ``torch.distributed`` is
     up, and return the config as a plain dict (as NxD does).
 
     Every feature resolves its plugin here, so a missing one fails now with the distribution to
-    install, not later inside a training step.
+    install, not later inside a training step. ``compile_config`` (an nxd addition) compiles each
+    transformer block with ``torch.compile``: True, or a dict of backend/mode/fullgraph/dynamic.
     """
     tp = _positive_int("tensor_parallel_size", tensor_parallel_size)
     pp = _positive_int("pipeline_parallel_size", pipeline_parallel_size)
@@ -144,6 +162,7 @@ def neuronx_distributed_config(
         "expert_parallel_size": ep,
         "context_parallel_size": cp,
         "lnc_size": lnc_size,
+        "compile_config": _compile(compile_config),
         CONFIG_MARKER: 1,
     }
     _require_plugins(config)

@@ -49,6 +49,10 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     forward = functools.partial(type(self).forward, self)
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
+    if torch.compiler.is_compiling():
+        # inside a compiled block (compile_config) the recomputation is part of the traced graph,
+        # whose random ops replay their functionalised seeds: no eager RNG-restoring context needed
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
     return checkpoint(forward, *args, use_reentrant=False, context_fn=_context_fn, **kwargs)
 
 

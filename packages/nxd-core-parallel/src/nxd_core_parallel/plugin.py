@@ -54,12 +54,17 @@ def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kw
 def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
     if phase is WrapPhase.CHECKPOINTING:
         setting = nxd_config.get("activation_checkpoint_config")
-        if setting is None:
+        compile_options = nxd_config.get("compile_config")
+        if setting is None and not compile_options:
             return None
         from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing, transformer_layer_classes
 
-        classes = transformer_layer_classes(model) if setting == "full" else setting
-        apply_activation_checkpointing(model, classes)
+        if setting is not None:
+            apply_activation_checkpointing(model, transformer_layer_classes(model) if setting == "full" else setting)
+        if compile_options:  # after checkpointing: each block compiles together with its recomputation
+            from nxd_core_parallel.compile import compile_blocks
+
+            compile_blocks(model, transformer_layer_classes(model), compile_options)
         return model
     if phase is WrapPhase.WRAPPER:
         from nxd_core_parallel.trainer import NxDModel

@@ -1,7 +1,7 @@
 """The Llama 2/3/3.x family on nxd's parallel layers, with Hugging Face import/export."""
 
 from nxd_models_llama.config import LlamaConfig
-from nxd_models_llama.generate import gather_vocab_logits, generate
+from nxd_models_llama.generate import gather_vocab_logits, generate, model_device
 from nxd_models_llama.hf_io import collect_hf_state_dict, load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_llama.modeling import (
     CausalLMOutput,
@@ -21,5 +21,5 @@ __version__ = "0.1.0"
 __all__ = [
     "PRESETS", "SPEC", "CausalLMOutput", "KVCache", "LlamaAttention", "LlamaConfig", "LlamaCoreAttention",
     "LlamaDecoderLayer", "LlamaForCausalLM", "LlamaMLP", "LlamaModel", "build", "collect_hf_state_dict",
-    "flops_per_token", "gather_vocab_logits", "generate", "load_hf_checkpoint", "preset", "save_hf_checkpoint",
+    "flops_per_token", "gather_vocab_logits", "generate", "model_device", "load_hf_checkpoint", "preset", "save_hf_checkpoint",
 ]

@@ -48,7 +48,16 @@ def _next_token(logits: torch.Tensor, do_sample: bool, temperature: float, top_k
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
+    probs = torch.softmax(logits, dim=-1)
+    if generator is not None and generator.device != probs.device:  # e.g. a CPU generator, a CUDA model
+        return torch.multinomial(probs.to(generator.device), 1, generator=generator).squeeze(-1).to(probs.device)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def model_device(module: nn.Module) -> torch.device:
+    """Where the model's parameters live (CPU for a parameterless module)."""
+    param = next(module.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
 
 
 @torch.no_grad()
@@ -67,12 +76,15 @@ def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, do_
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, prompt_length], got shape {tuple(input_ids.shape)}")
     module = unwrap_model(model)
-    eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []), dtype=torch.long)
+    device = model_device(module)  # prompts may be built on the CPU: every tensor follows the model
+    input_ids = input_ids.to(device)
+    eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []), dtype=torch.long,
+                       device=device)
     tp_group = parallel_state.get_tensor_model_parallel_group() if parallel_state.model_parallel_is_initialized() else None
     was_training = module.training
     module.eval()
     tokens = input_ids
-    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=device)
     cache = KVCache(module.config.num_hidden_layers) if use_cache else None
     try:
         with sequence_parallel_off(module):

@@ -72,6 +72,7 @@ def nxd_config(config: TrainingConfig, plan: RunPlan) -> dict:
         model_init_config={"sequential_move_factor": config.trainer.sequential_move_factor},
         lora_config=lora_config(config, plan.spec),
         mixed_precision_config=mixed_precision_config(config),
+        compile_config=config.trainer.compile,
     )
 
 

@@ -28,6 +28,7 @@ from nxd_training.exp_manager import (
     should_save,
     split_checkpoint_path,
 )
+from nxd_training.profiling import StepProfiler
 from nxd_training.runtime import ensure_process_group, seed_everything, select_backend
 
 #: batch keys the model's forward takes (a data module may add others, e.g. segment_ids)
@@ -52,6 +53,8 @@ class TrainResult:
     trainable_params: tuple[int, int] = (0, 0)
     #: LoRA runs: the folders the adapter was exported to (``<dir>/lora_adapter`` etc.)
     lora_exports: list[str] = field(default_factory=list)
+    #: trainer.profile: the torch.profiler traces this rank wrote
+    profile_traces: list[str] = field(default_factory=list)
 
 
 def parse_max_time(value: str | float | None) -> float | None:
@@ -106,9 +109,10 @@ class Trainer:
         self.valid_metrics: dict[str, float] = {}
         self.step = 0
         self.logger = MetricsLogger(config, self.log_dir, enabled=self.rank == 0)
-        self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config)
+        self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config, self.plan.seq_length)
         self.peak = metrics.peak_tflops(self.backend, config.exp_manager.peak_tflops_per_device)
         self.tokens_per_step = config.data.global_batch_size * self.plan.seq_length
+        self.profiler = StepProfiler(config.trainer.profile, self.log_dir, self.rank, self.device)
 
     # ------------------------------------------------------------------ resume
     def _data_states(self) -> list[Any]:
@@ -345,11 +349,15 @@ class Trainer:
         last_save = time.monotonic()
         try:
             while self.step < max_steps:
+                self.profiler.before_step(self.step + 1)
                 t0 = time.perf_counter()
                 lr = self.optimizer.param_groups[0]["lr"]
                 loss = self.train_step(it)
                 self.step += 1
                 elapsed = time.perf_counter() - t0
+                trace = self.profiler.after_step(self.step)
+                if trace is not None and self.rank == 0:
+                    print(f"nxd train: profiler trace written to {trace}", flush=True)
                 result.losses[self.step] = loss
                 if self.step_metrics:
                     result.metrics[self.step] = dict(self.step_metrics)
@@ -378,12 +386,14 @@ class Trainer:
             elif self.lora and self.step > result.start_step:  # no checkpoints: export the final adapter
                 self.lora_exports.append(str(lora_export.export_lora(self.model, self.log_dir, lora_export.FINAL_TAG)))
         finally:
+            self.profiler.stop(self.step)  # the run ended inside the profiled window
             if bar is not None:
                 bar.close()
             self.logger.close()
         result.final_step = self.step
         result.trainable_params = self.trainable
         result.lora_exports = list(self.lora_exports)
+        result.profile_traces = [str(p) for p in self.profiler.traces]
         result.wall_time_s = time.monotonic() - wall_start
         if self.config.generation is not None and self.config.generation.prompts:
             from nxd_training.samples import generate_samples

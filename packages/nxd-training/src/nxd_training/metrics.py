@@ -25,12 +25,18 @@ def peak_tflops(backend: str, configured: float | None) -> float | None:
     return None
 
 
-def flops_per_token(spec: Any, model_config: Any) -> float | None:
+def flops_per_token(spec: Any, model_config: Any, seq_length: int | None = None) -> float | None:
+    """Training FLOPs per token from the model spec, attention included when the spec takes the
+    sequence length (``6 * matmul params + 12 * layers * hidden * seq``); a spec whose
+    ``flops_per_token`` takes only the config gives the matmul part."""
     fn = getattr(spec, "flops_per_token", None)
     if fn is None:
         return None
     try:
-        return float(fn(model_config))
+        try:
+            return float(fn(model_config, seq_length=seq_length))
+        except TypeError:  # an older spec: flops_per_token(config) only
+            return float(fn(model_config))
     except Exception:  # noqa: BLE001 - an estimate must never stop training
         return None
 
@@ -43,6 +49,7 @@ def mfu(tokens_per_s: float, fpt: float | None, peak: float | None, world_size: 
 
 
 def peak_memory_mb(backend: str) -> float:
+    """Peak memory: the CUDA caching allocator's high-water mark on CUDA, else the process's peak RSS."""
     if backend == "cuda" and torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -23,14 +23,17 @@ def generate_samples(config: TrainingConfig, model: Any, spec: ModelSpec) -> lis
     from nxd_data.tokenizers import load_tokenizer
 
     tokenizer = load_tokenizer(path)
-    generator = torch.Generator().manual_seed(config.seed)
+    # the prompt and the sampling generator live where the model does
+    param = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+    device = param.device if param is not None else torch.device("cpu")
+    generator = torch.Generator(device=device).manual_seed(config.seed)
     texts = []
     for prompt in gen.prompts:
         ids = tokenizer.encode(prompt)
         if tokenizer.bos_id is not None and (not ids or ids[0] != tokenizer.bos_id):
             ids = [tokenizer.bos_id, *ids]
-        out = generate(model, torch.tensor([ids], dtype=torch.long), gen.max_new_tokens, do_sample=gen.do_sample,
-                       temperature=gen.temperature, top_k=gen.top_k, eos_token_id=tokenizer.eos_id, generator=generator)
+        prompt_ids = torch.tensor([ids], dtype=torch.long, device=device)
+        out = generate(model, prompt_ids, gen.max_new_tokens, do_sample=gen.do_sample, temperature=gen.temperature, top_k=gen.top_k, eos_token_id=tokenizer.eos_id, generator=generator)
         new = [t for t in out[0, len(ids):].tolist() if t != tokenizer.eos_id]
         texts.append(prompt + tokenizer.decode(new))
     if not dist.is_initialized() or dist.get_rank() == 0:

@@ -21,6 +21,17 @@ class Section(BaseModel):
 
 
 # --------------------------------------------------------------------------- trainer
+class ProfileConfig(Section):
+    """``trainer.profile`` (an nxd addition): a torch.profiler trace of steps start_step..start_step+num_steps-1."""
+
+    start_step: int = Field(..., ge=1, description="first profiled step (1-based, counted from the run's start)")
+    num_steps: int = Field(1, ge=1)
+    dir: Union[str, None] = Field(None, description="trace folder; default <log_dir>/profile")
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+
+
 class TrainerConfig(Section):
     devices: int = Field(1, ge=1, description="ranks per node")
     num_nodes: int = Field(1, ge=1)
@@ -38,6 +49,9 @@ class TrainerConfig(Section):
     lnc: Union[int, None] = Field(None, ge=1, le=2)
     sequential_move_factor: int = Field(11, ge=1, le=32)
     enable_progress_bar: bool = True
+    compile: Union[bool, dict[str, Any]] = Field(
+        False, description="torch.compile each transformer block: true, or backend/mode/fullgraph/dynamic (nxd addition)")
+    profile: Union[ProfileConfig, None] = None
 
 
 # --------------------------------------------------------------------------- exp_manager

@@ -85,3 +85,47 @@ def test_killed_rank_resumes_from_last_complete_checkpoint(make_config, tmp_path
     # steps recomputed after the resume equal what the killed run logged, bit for bit
     for step in range(last_ckpt + 1, killed_at + 1):
         assert after[step] == logged[step], (step, after[step], logged[step])
+
+
+@pytest.mark.slow
+def test_elastic_restart_resumes_in_the_same_launch(make_config, tmp_path: Path) -> None:
+    """launcher.max_restarts=1: torchrun restarts the ranks after one is killed, the run resumes from
+    its newest complete checkpoint and finishes (exit 0); the steps it recomputes equal the losses
+    the killed attempt logged, and every step up to max_steps is logged."""
+    log_dir = tmp_path / "run"
+    steps = 30
+    config = make_config(
+        trainer={"max_steps": steps}, distributed_strategy={"tensor_model_parallel_size": 1},
+        launcher={"max_restarts": 1},
+        exp_manager={"explicit_log_dir": str(log_dir), "resume_if_exists": True, "resume_ignore_no_checkpoint": True,
+                     "checkpoint_callback_params": {"every_n_train_steps": 3, "save_top_k": 2}},
+    )
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = _nxd_train(path)
+    try:
+        deadline = time.monotonic() + 240
+        while not (log_dir / "metrics.jsonl").exists() or len(read_metrics(log_dir)) < 5 \
+                or not _complete_steps(log_dir / "checkpoints"):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the run did not reach step 5 in time"
+            time.sleep(0.1)
+        victims = _workers(proc)
+        killed_at = max(r["step"] for r in read_metrics(log_dir))
+        victims[-1].send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    records = [r for r in read_metrics(log_dir) if r.get("split", "train") == "train" and "loss" in r]
+    first: dict[int, float] = {}
+    repeated = []
+    for r in records:
+        if r["step"] in first:
+            repeated.append(r["step"])
+            assert r["loss"] == first[r["step"]], (r["step"], r["loss"], first[r["step"]])
+        else:
+            first[r["step"]] = r["loss"]
+    assert sorted(first) == list(range(1, steps + 1)), sorted(first)
+    assert killed_at < steps and (repeated or killed_at % 3 == 0), (killed_at, repeated)

@@ -43,7 +43,12 @@ def ensure_process_group(world_size: int, backend: str) -> bool:
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
     if env_world != world_size:
         raise ConfigError(f"launched with WORLD_SIZE={env_world} but the config asks for {world_size} ranks")
-    dist.init_process_group(pg_backend, timeout=DEFAULT_TIMEOUT)
+    # torchrun's agent store outlives a restart: keys of the previous attempt (gloo's peer addresses)
+    # would be read by the next one and point at dead ranks. A per-attempt prefix keeps them apart.
+    store, rank, world = next(dist.rendezvous("env://", timeout=DEFAULT_TIMEOUT))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(pg_backend, store=dist.PrefixStore(f"nxd/attempt_{attempt}", store), rank=rank,
+                            world_size=world, timeout=DEFAULT_TIMEOUT)
     return True
 
 

@@ -58,6 +58,9 @@ class P2P:
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []
         self._shapes: dict[tuple[int, tuple], tuple[torch.Size, torch.dtype]] = {} if shapes is None else shapes
         self._posted: dict[int, tuple[dist.Work, torch.Tensor]] = {}
+        #: where P2P buffers live: NCCL moves only CUDA tensors, gloo CPU ones
+        nccl = dist.get_backend(pg.group) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
     def _isend(self, tensor: torch.Tensor, to_pp_rank: int, message_tag: int) -> None:
         tensor = tensor.contiguous()
@@ -89,7 +92,7 @@ class P2P:
                     f"pipeline stage {stage - 1} returned a {tensor.dtype} tensor of {tensor.dim()} dims; stages "
                     f"pass one tensor of at most {_MAX_DIMS} dims with dtype in {_DTYPES}"
                 )
-            header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64)
+            header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64, device=self.device)
             header[0], header[1] = tensor.dim(), _DTYPES.index(tensor.dtype)
             header[2:2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
             self._isend(header, to_pp_rank, tag(HEADER, stage, microbatch))
@@ -106,7 +109,7 @@ class P2P:
                          signature: tuple) -> tuple[torch.Size, torch.dtype]:
         meta = self._shapes.get((stage, signature))
         if meta is None:
-            header = self._recv(lambda: torch.empty(_MAX_DIMS + 2, dtype=torch.int64), from_pp_rank,
+            header = self._recv(lambda: torch.empty(_MAX_DIMS + 2, dtype=torch.int64, device=self.device), from_pp_rank,
                                 tag(HEADER, stage, microbatch))
             ndim = int(header[0])
             meta = torch.Size(header[2:2 + ndim].tolist()), _DTYPES[int(header[1])]
@@ -115,13 +118,13 @@ class P2P:
 
     def recv_activation(self, from_pp_rank: int, stage: int, microbatch: int, signature: tuple = ()) -> torch.Tensor:
         shape, dtype = self._activation_meta(from_pp_rank, stage, microbatch, signature)
-        return self._recv(lambda: torch.empty(shape, dtype=dtype), from_pp_rank, tag(ACTIVATION, stage, microbatch))
+        return self._recv(lambda: torch.empty(shape, dtype=dtype, device=self.device), from_pp_rank, tag(ACTIVATION, stage, microbatch))
 
     def prepost_activation(self, from_pp_rank: int, stage: int, microbatch: int, signature: tuple = ()) -> None:
         """Post the receive of an activation now if its shape is already known (never blocks)."""
         meta = self._shapes.get((stage, signature))
         if meta is not None:
-            self._post(torch.empty(meta[0], dtype=meta[1]), from_pp_rank, tag(ACTIVATION, stage, microbatch))
+            self._post(torch.empty(meta[0], dtype=meta[1], device=self.device), from_pp_rank, tag(ACTIVATION, stage, microbatch))
 
     def send_gradient(self, tensor: torch.Tensor, to_pp_rank: int, stage: int, microbatch: int) -> None:
         """Send the gradient of ``stage``'s input back to ``stage - 1``."""

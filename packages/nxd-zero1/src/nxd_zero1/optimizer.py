@@ -223,7 +223,7 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         splits = getattr(p, "fused_splits", None)
         if splits is None:
             return 1.0 if unique else 0.0
-        weight = torch.ones(p.shape)
+        weight = torch.ones(p.shape, device=p.device)
         for i, piece in enumerate(torch.split(weight, list(splits), dim=p.partition_dim)):
             piece.fill_(1.0 if i == 0 or unique else 0.0)
         return weight.reshape(-1)

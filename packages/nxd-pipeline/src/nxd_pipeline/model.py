@@ -186,7 +186,9 @@ class NxDPPModel(nn.Module):
 
     def _reduce_loss(self, losses: list[torch.Tensor], m: int) -> torch.Tensor:
         last = self.pg.ranks[(self.num_stages - 1) % self.pg.size]
-        loss = torch.stack(losses).mean() if losses else torch.zeros(())
+        param = next(self.parameters(), None)  # the broadcast below needs the backend's device (NCCL: CUDA)
+        device = param.device if param is not None else torch.device("cpu")
+        loss = torch.stack(losses).mean() if losses else torch.zeros((), device=device)
         loss = loss.detach().float().clone()
         dist.broadcast(loss, src=last, group=self.pg.group)
         if self.config.broadcast_and_average_loss:

@@ -328,7 +328,7 @@ class Trainer:
     def _stop_for_time(self, start: float, limit: float | None) -> bool:
         if limit is None:
             return False
-        flag = torch.tensor([1.0 if time.monotonic() - start >= limit else 0.0])
+        flag = torch.tensor([1.0 if time.monotonic() - start >= limit else 0.0], device=self.device)  # NCCL: CUDA only
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 

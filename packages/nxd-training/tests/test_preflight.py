@@ -49,3 +49,21 @@ def test_generation_tokenizer_checked_before_training(make_config, tmp_path: Pat
     config["data"]["tokenizer"] = str(tmp_path / "no_tokenizer")
     code, _ = _validate(tmp_path, config)
     assert code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_plugins_validate_hooks_run_under_validate(make_config, tmp_path: Path, capsys) -> None:
+    import nxd
+    from nxd.errors import ConfigError
+
+    class Picky:
+        @nxd.hookimpl
+        def nxd_validate_config(self, nxd_config):
+            if nxd_config["tensor_parallel_size"] == 2:
+                raise ConfigError("acme: tensor_parallel_size=2 is not supported by the acme plugin")
+
+    nxd.register_plugin(Picky(), name="acme-picky", distribution="acme")
+    try:
+        code, _ = _validate(tmp_path, make_config())
+        assert code == 2 and "acme: tensor_parallel_size=2 is not supported" in capsys.readouterr().err
+    finally:
+        nxd.plugins.state().pm.unregister(name="acme-picky")

@@ -41,7 +41,7 @@ def _run_train(args: argparse.Namespace) -> int:
     try:
         config, cluster_note = apply_cluster(prepare_data(load_config(args.config, args.overrides, check=False)))
         plan = make_plan(config)
-        preflight(config, resolve_log_dir(config), plan.world_size)
+        preflight(config, resolve_log_dir(config), plan)
         if not args.validate:
             _require_rendezvous(config)  # a multi-node run needs one before anything starts; validation does not
     except (ConfigError, ComponentNotFound) as exc:

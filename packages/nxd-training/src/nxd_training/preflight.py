@@ -12,7 +12,8 @@ import torch
 
 import nxd
 from nxd.errors import ConfigError
-from nxd_training.config.plan import tokenizer_path
+from nxd_training.build import nxd_config
+from nxd_training.config.plan import RunPlan, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.loop import parse_max_time
 
@@ -20,8 +21,11 @@ from nxd_training.loop import parse_max_time
 _BYTES_PER_PARAM = 16
 
 
-def preflight(config: TrainingConfig, log_dir: Path, world_size: int) -> None:
-    """Raise :class:`ConfigError` naming the key and what would be valid for anything that cannot work."""
+def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> None:
+    """Raise :class:`ConfigError` naming the key and what would be valid for anything that cannot work.
+    Also builds the run's NxD config, so every plugin's ``nxd_validate_config`` hook judges it now."""
+    world_size = plan.world_size
+    nxd_config(config, plan)
     _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
     _accelerator(config.trainer.accelerator)
     parse_max_time(config.trainer.max_time)

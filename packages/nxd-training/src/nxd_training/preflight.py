@@ -16,6 +16,7 @@ from nxd_training.build import nxd_config
 from nxd_training.config.plan import RunPlan, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.loop import parse_max_time
+from nxd_training.runtime import select_backend
 
 #: bytes per parameter for fp32 weights + grads + Adam's two moments (the common worst case)
 _BYTES_PER_PARAM = 16
@@ -27,6 +28,7 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> None:
     world_size = plan.world_size
     nxd_config(config, plan)
     _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
+    select_backend(config)  # the ranks' own choice, so an absent CUDA device is refused here first
     _accelerator(config.trainer.accelerator)
     parse_max_time(config.trainer.max_time)
     _resume(config)
@@ -50,10 +52,6 @@ def _writable_dir(path: Path, what: str) -> None:
 
 
 def _accelerator(name: str) -> None:
-    if name == "cuda" and not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise ConfigError(f"trainer.accelerator=cuda but no CUDA device is visible (torch {torch.__version__} is "
-                          f"{build}); use trainer.accelerator=cpu or auto")
     if name == "xla":
         try:
             import torch_xla  # noqa: F401

@@ -22,7 +22,9 @@ def select_backend(config: TrainingConfig) -> str:
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("trainer.accelerator=cuda but no CUDA device is visible; use cpu or auto")
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ConfigError(f"trainer.accelerator=cuda but no CUDA device is visible (torch {torch.__version__} is "
+                          f"{build}); use trainer.accelerator=cpu or auto")
     return choice
 
 

@@ -9,6 +9,8 @@ shard, so its state is the exact expected result of the reshard).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 import nxd
@@ -19,14 +21,14 @@ CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_la
 SAVE_SEED, OTHER_SEED = 0, 1
 
 
-def _model(tp: int, seed: int):
+def _model(tp: int, seed: int, **overrides):
     from nxd_core_parallel import parallel_state
     from nxd_models_llama import LlamaConfig, LlamaForCausalLM
 
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tp)
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig.from_dict(CONFIG))
+    return LlamaForCausalLM(LlamaConfig.from_dict({**CONFIG, **overrides}))
 
 
 def tp1_to_tp2_body(path: str) -> dict:
@@ -54,6 +56,45 @@ def test_llama_saved_at_tp1_loads_at_tp2_with_equal_logits(rank_pool, tmp_path):
     print(f"\nLlama TP=1 checkpoint at TP=2: logits max relative difference {max(r['rel'] for r in results):.2e}")
     for r in results:
         assert r["differ"] == []  # every tensor, gate_up_proj included, is the TP=2 shard of the saved one
+        assert r["rel"] <= 1e-5
+
+
+def odd_vocab_body(path: str) -> dict:
+    """Vocabulary 101 at TP=2 (padded to 102 inside) saved, then loaded at TP=1 and back at TP=2."""
+    import json
+
+    from nxd_models_llama import gather_vocab_logits
+
+    ids = torch.randint(0, 101, (2, 8), generator=torch.Generator().manual_seed(5))
+    model = _model(2, SAVE_SEED, vocab_size=101)
+    with torch.no_grad():
+        tp2_logits = gather_vocab_logits(model(ids).logits, 101)
+    nxd.save_checkpoint(path, "tp2", model=model)
+    tensors = json.loads((Path(path) / "tp2" / "metadata.json").read_text())["tensors"]
+    shapes = [tensors[k]["shape"] for k in ("model.embed_tokens.weight", "lm_head.weight")]
+
+    model = _model(1, OTHER_SEED, vocab_size=101)
+    nxd.load_checkpoint(path, "tp2", model=model)
+    with torch.no_grad():
+        tp1_logits = model(ids).logits
+    expected = _model(1, SAVE_SEED, vocab_size=101).state_dict()
+    differ = sorted(k for k, v in model.state_dict().items() if not torch.equal(v, expected[k]))
+    nxd.save_checkpoint(path, "tp1", model=model)
+    model = _model(2, OTHER_SEED, vocab_size=101)
+    nxd.load_checkpoint(path, "tp1", model=model)
+    expected = _model(2, SAVE_SEED, vocab_size=101).state_dict()
+    differ += sorted(k for k, v in model.state_dict().items() if not torch.equal(v, expected[k]))
+    rel = float((tp2_logits - tp1_logits).abs().max() / tp1_logits.abs().max())
+    return {"shapes": shapes, "logits": list(tp1_logits.shape), "rel": rel, "differ": differ}
+
+
+def test_odd_vocabulary_padded_at_tp2_reshards_at_its_real_size(rank_pool, tmp_path):
+    results = rank_pool(2).run(odd_vocab_body, str(tmp_path))
+    print(f"\nvocab 101 TP=2 -> TP=1 -> TP=2: logits max relative difference {max(r['rel'] for r in results):.2e}")
+    for r in results:
+        assert r["shapes"] == [[101, 32], [101, 32]]  # the checkpoint holds the real vocabulary
+        assert r["logits"] == [2, 8, 101]
+        assert r["differ"] == []  # every tensor equals the model built at the target TP from the saving seed
         assert r["rel"] <= 1e-5
 
 

@@ -77,8 +77,6 @@ def test_nxd_sequence_layout_matches_unsharded(rank_pool, sp, explicit_group):
     assert max(errors) < TOL, errors
 
 
-def test_pad_and_rank_ordering_are_refused_not_ignored():
-    with pytest.raises(ValueError, match="pad=True"):
-        ColumnParallelLinear(4, 6, pad=True, pad_alignment_size_per_rank=4)
+def test_rank_ordering_is_refused_not_ignored():
     with pytest.raises(ValueError, match="rank_ordering"):
         RowParallelLinear(4, 4, rank_ordering=[1, 0])

@@ -30,9 +30,10 @@ CONFIGS: dict[str, dict] = {
     "gqa": dict(_BASE, num_key_value_heads=2),
     "mqa": dict(_BASE, num_key_value_heads=1),
     "llama3_rope": dict(_BASE, num_key_value_heads=2, rope_theta=500000.0, rope_scaling=dict(_LLAMA3_ROPE)),
-    "tied": dict(_BASE, num_key_value_heads=2, tie_word_embeddings=True),
+    # vocabularies not divisible by TP (padded inside, invisible in logits, loss, export, generation)
+    "tied": dict(_BASE, vocab_size=127, num_key_value_heads=2, tie_word_embeddings=True),
     # odd sizes (heads of 8, 6 of them, 3 per TP=2 rank) and every optional bias
-    "odd": dict(_BASE, vocab_size=130, hidden_size=48, intermediate_size=74, num_attention_heads=6,
+    "odd": dict(_BASE, vocab_size=101, hidden_size=48, intermediate_size=74, num_attention_heads=6,
                 num_key_value_heads=2, attention_bias=True, mlp_bias=True),
 }
 
@@ -118,7 +119,7 @@ def nxd_forward_backward(hf_dir: Path, data: dict[str, torch.Tensor], sequence_p
         from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients
 
         allreduce_sequence_parallel_gradients(list(model.parameters()))
-    logits = gather_vocab_logits(out.logits).detach()
+    logits = gather_vocab_logits(out.logits, config.vocab_size).detach()
     with torch.no_grad():
         for p in model.parameters():
             p.data = p.grad.detach().clone()

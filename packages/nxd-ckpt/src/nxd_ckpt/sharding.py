@@ -11,6 +11,10 @@ replicated over TP, nxd-core-parallel's Megatron layout: TP rank ``r`` holds pie
 the real tensor, so the real tensor is the shards of ranks ``0, m, 2m, ...``). For a fused QKV
 parameter the multiplier applies to the K and V pieces (all pieces but the first).
 
+A ``pad=True`` layer (``unpadded_size`` attribute) pads the full tensor along ``dim`` with zeros
+to a multiple of ``tp x pad_alignment_size_per_rank``: checkpoints record the real size, merging
+drops the padding and splitting re-pads for the target TP size.
+
 Checkpoints written before the Megatron KV layout used the tiled one (rank ``r`` held piece
 ``r % (tp / m)``); their metadata lacks ``kv_replicas`` and is read as ``"tiled"``.
 """
@@ -32,12 +36,24 @@ class Sharding:
     kv_size_multiplier: int = 1
     #: where a KV piece's replicas sit: "adjacent" (ranks j*m .. j*m+m-1, current) or "tiled" (legacy)
     kv_replicas: str = "adjacent"
+    #: the real (unpadded) full size along ``dim`` of a ``pad=True`` tensor; None: no padding
+    size: int | None = None
+    #: padding makes each rank's shard a multiple of this
+    pad_alignment: int = 1
 
     def __post_init__(self) -> None:
         if self.fused_splits and self.stride != 1:
             object.__setattr__(self, "stride", 1)  # fused_splits already describes the whole layout
         if self.kv_replicas not in ("adjacent", "tiled"):
             raise ValueError(f"kv_replicas must be 'adjacent' or 'tiled', got {self.kv_replicas!r}")
+        if self.size is not None and (self.fused_splits or self.stride != 1 or self.kv_size_multiplier != 1):
+            raise ValueError("a padded (pad=True) tensor must be a single contiguous piece: no fused_splits, stride "
+                             "or kv_size_multiplier")
+
+    def padded_size(self, tp: int) -> int:
+        """The full size along ``dim`` with the padding a ``tp``-way split needs."""
+        assert self.size is not None
+        return self.size + -self.size % (tp * self.pad_alignment)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -50,8 +66,10 @@ class Sharding:
             return None
         fs = d.get("fused_splits")
         mult = int(d.get("kv_size_multiplier", 1))
+        size = d.get("size")
         return cls(int(d["dim"]), int(d.get("stride", 1)), tuple(int(x) for x in fs) if fs else None, mult,
-                   str(d.get("kv_replicas", "tiled" if mult > 1 else "adjacent")))
+                   str(d.get("kv_replicas", "tiled" if mult > 1 else "adjacent")),
+                   None if size is None else int(size), int(d.get("pad_alignment", 1)))
 
     def piece_multipliers(self) -> list[int]:
         if not self.fused_splits:
@@ -69,6 +87,8 @@ def sharding_of(tensor: Any) -> Sharding | None:
         stride=int(getattr(tensor, "partition_stride", 1) or 1),
         fused_splits=tuple(int(x) for x in fused) if fused else None,
         kv_size_multiplier=int(getattr(tensor, "kv_size_multiplier", 1) or 1),
+        size=None if getattr(tensor, "unpadded_size", None) is None else int(tensor.unpadded_size),
+        pad_alignment=int(getattr(tensor, "pad_alignment_size_per_rank", 1) or 1),
     )
 
 
@@ -76,6 +96,9 @@ def global_shape(local_shape: tuple[int, ...], sharding: Sharding | None, tp: in
     """The shape of the full (unsharded) tensor."""
     shape = list(local_shape)
     if sharding is None:
+        return shape
+    if sharding.size is not None:
+        shape[sharding.dim] = sharding.size
         return shape
     pieces = list(sharding.fused_splits) if sharding.fused_splits else [shape[sharding.dim]]
     shape[sharding.dim] = sum(p * tp // m for p, m in zip(pieces, sharding.piece_multipliers()))
@@ -96,7 +119,9 @@ def _merge_piece(shards: list[torch.Tensor], dim: int, stride: int, mult: int, r
 
 
 def merge_shards(shards: list[torch.Tensor], sharding: Sharding) -> torch.Tensor:
-    """The full tensor from every TP rank's shard (in TP-rank order)."""
+    """The full tensor from every TP rank's shard (in TP-rank order), without TP padding."""
+    if sharding.size is not None:
+        return torch.cat(shards, dim=sharding.dim).narrow(sharding.dim, 0, sharding.size)
     if not sharding.fused_splits:
         return _merge_piece(shards, sharding.dim, sharding.stride, sharding.kv_size_multiplier, sharding.kv_replicas)
     per_rank = [s.split(list(sharding.fused_splits), dim=sharding.dim) for s in shards]
@@ -121,6 +146,12 @@ def _split_piece(full: torch.Tensor, tp: int, rank: int, dim: int, stride: int, 
 
 def split_full(full: torch.Tensor, sharding: Sharding, tp: int, rank: int, name: str = "tensor") -> torch.Tensor:
     """This TP rank's shard of ``full`` for a parameter described by ``sharding`` at size ``tp``."""
+    if sharding.size is not None:
+        if full.shape[sharding.dim] != sharding.size:
+            raise ValueError(f"{name}: size {full.shape[sharding.dim]} along dim {sharding.dim}, expected the real "
+                             f"(unpadded) size {sharding.size}")
+        widths = [0, 0] * (full.dim() - 1 - sharding.dim) + [0, sharding.padded_size(tp) - sharding.size]
+        return torch.nn.functional.pad(full, widths).chunk(tp, dim=sharding.dim)[rank].clone()
     if not sharding.fused_splits:
         return _split_piece(full, tp, rank, sharding.dim, sharding.stride, sharding.kv_size_multiplier, name,
                             sharding.kv_replicas)

@@ -35,9 +35,11 @@ def sequence_parallel_off(model: nn.Module) -> Iterator[None]:
             m.sequence_parallel = value
 
 
-def gather_vocab_logits(vocab_parallel_logits: torch.Tensor) -> torch.Tensor:
-    """Full-vocabulary logits from each TP rank's slice (identity at TP=1)."""
-    return gather_from_tensor_model_parallel_region(vocab_parallel_logits)
+def gather_vocab_logits(vocab_parallel_logits: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+    """Full-vocabulary logits from each TP rank's slice (identity at TP=1), cut to ``vocab_size``
+    classes when given (drops the TP padding of a vocabulary not divisible by the TP size)."""
+    logits = gather_from_tensor_model_parallel_region(vocab_parallel_logits)
+    return logits if vocab_size is None else logits[..., :vocab_size]
 
 
 def _next_token(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None,
@@ -91,7 +93,7 @@ def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, do_
             step_input = tokens
             for _ in range(max_new_tokens):
                 logits = module(step_input, kv_cache=cache).logits[:, -1, :]
-                logits = gather_vocab_logits(logits)
+                logits = gather_vocab_logits(logits, module.config.vocab_size)
                 nxt = _next_token(logits, do_sample, temperature, top_k, generator)
                 if do_sample and tp_group is not None and dist.get_world_size(tp_group) > 1:
                     dist.broadcast(nxt, parallel_state.get_tensor_model_parallel_src_rank(), group=tp_group)

@@ -99,6 +99,13 @@ class SafetensorsCheckpoint:
         sl = self._slice(piece.hf_key)
         if piece.dim is None:
             return sl[:]
+        if piece.zeros:  # TP padding rows after the real ones
+            real = self.read(Piece(piece.hf_key, piece.dim, piece.index))
+            shape = list(real.shape)
+            shape[piece.dim] = piece.zeros
+            return torch.cat([real, real.new_zeros(shape)], dim=piece.dim)
+        if not piece.index:  # a shard that is all padding
+            return sl[0:0] if piece.dim == 0 else sl[:, 0:0]
         lo, hi = min(piece.index), max(piece.index) + 1
         block = sl[lo:hi] if piece.dim == 0 else sl[:, lo:hi]
         if len(piece.index) == hi - lo and piece.index == tuple(range(lo, hi)):
@@ -199,15 +206,17 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
             continue
         for r, shard in enumerate(shards):
             pieces = plan_for(name, config, tp, r, multiplier)
-            sizes = [len(p.index) for p in pieces] if pieces[0].dim is not None else [shard.shape[0]]
+            sizes = [len(p.index) + p.zeros for p in pieces] if pieces[0].dim is not None else [shard.shape[0]]
             chunks = shard.split(sizes, dim=pieces[0].dim or 0) if len(pieces) > 1 else [shard]
             for piece, chunk in zip(pieces, chunks):
+                if piece.zeros:  # TP padding rows: not part of the HF tensor
+                    chunk = chunk.narrow(piece.dim, 0, len(piece.index))
                 target_dtype = dtype or param.dtype
                 if piece.hf_key not in out:
                     out[piece.hf_key] = torch.empty(shapes[piece.hf_key], dtype=target_dtype)
                 if piece.dim is None:
                     out[piece.hf_key].copy_(chunk)
-                else:
+                elif piece.index:
                     out[piece.hf_key].index_copy_(piece.dim, torch.tensor(piece.index), chunk.to(target_dtype))
     if writer and set(out) != set(shapes):
         raise RuntimeError(f"export is missing HF tensors {sorted(set(shapes) - set(out))}")

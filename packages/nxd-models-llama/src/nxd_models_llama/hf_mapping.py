@@ -14,6 +14,8 @@ Layout notes (also published as ``spec.extras["hf_key_mapping"]``):
   Its contiguous query heads ``[r*Lq, (r+1)*Lq)`` are exactly the ones that attend to that KV
   head, so q/k/v and ``o_proj`` shards are contiguous slices in HF head order.
 * ``mlp.gate_up_proj.weight`` = this rank's ``[gate; up]`` rows (``fused_splits``).
+* A vocabulary not divisible by TP is padded at its end (``pad=True``): the last ranks' embedding
+  and LM-head shards end in zero rows that no HF tensor holds (``Piece.zeros``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from nxd_core_parallel.parallel_layers import get_padding_length
 from nxd_models_llama.config import LlamaConfig
 
 
@@ -31,6 +34,8 @@ class Piece:
     hf_key: str
     dim: int | None
     index: tuple[int, ...] = ()
+    #: zero rows after ``index`` in the local shard (TP padding; not in the HF checkpoint)
+    zeros: int = 0
 
 
 def _rows(key: str, start: int, stop: int, dim: int = 0) -> Piece:
@@ -57,8 +62,10 @@ def plan_for(name: str, config: LlamaConfig, tp: int, rank: int, kv_size_multipl
     """The pieces that make parameter ``name`` (nxd name) on TP ``rank``."""
     hd, inter = config.head_dim, config.intermediate_size
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
-        per = config.vocab_size // tp
-        return [_rows(name, rank * per, (rank + 1) * per)]
+        vocab = config.vocab_size
+        per = (vocab + get_padding_length(vocab, tp)) // tp
+        start, stop = min(rank * per, vocab), min((rank + 1) * per, vocab)
+        return [Piece(name, 0, tuple(range(start, stop)), zeros=per - (stop - start))]
     if name == "model.norm.weight":
         return [Piece(name, None)]
     match = _LAYER.match(name)

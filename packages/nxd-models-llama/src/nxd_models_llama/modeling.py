@@ -24,6 +24,7 @@ from nxd_core_parallel.parallel_layers import (
     ColumnParallelLinear,
     ParallelEmbedding,
     RowParallelLinear,
+    mask_vocab_padding,
     parallel_cross_entropy,
 )
 from nxd_models_llama.attention_mask import build_attention_mask
@@ -235,7 +236,7 @@ class LlamaModel(nn.Module):
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         self.embed_tokens = ParallelEmbedding(
             config.vocab_size, config.hidden_size, init_method=init, dtype=config.torch_dtype, device=device,
-            sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
+            sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM, pad=True,
         )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, sequence_parallel, device) for i in range(config.num_hidden_layers)
@@ -290,22 +291,22 @@ class LlamaForCausalLM(nn.Module):
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         config = LlamaConfig.from_dict(config) if isinstance(config, dict) else config
-        tp = parallel_state.get_tensor_model_parallel_size()
-        if config.vocab_size % tp:
-            raise ConfigError(
-                f"vocab_size ({config.vocab_size}) must be divisible by tensor_parallel_size ({tp}) for the "
-                "vocabulary-parallel embedding and LM head; pad the vocabulary to a multiple of it"
-            )
+        # A vocabulary not divisible by TP is padded inside the embedding and LM head (pad=True);
+        # the padded classes' logits are -inf, so loss, softmax and exports see the real vocabulary.
         self.config = config
         self.model = LlamaModel(config, sequence_parallel, device)
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         self.lm_head = ColumnParallelLinear(
             config.hidden_size, config.vocab_size, bias=False, gather_output=False, init_method=init,
             dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-            sequence_dimension=SEQUENCE_DIM,
+            sequence_dimension=SEQUENCE_DIM, pad=True,
         )
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's vocabulary slice of the LM head's logits; TP padding columns are -inf."""
+        return mask_vocab_padding(self.lm_head(hidden), self.config.vocab_size)
 
     @property
     def sequence_parallel(self) -> bool:
@@ -327,7 +328,7 @@ class LlamaForCausalLM(nn.Module):
         if attention_mask is None and segment_ids is not None:
             attention_mask = segment_ids
         hidden = self.model(input_ids, position_ids, attention_mask, kv_cache)
-        logits = self.lm_head(hidden)
+        logits = self.logits(hidden)
         loss = None if labels is None else causal_lm_loss(logits, labels, loss_mask)
         return CausalLMOutput(loss=loss, logits=logits)
 
@@ -358,7 +359,7 @@ class LlamaForCausalLM(nn.Module):
         """Last stage: final norm, LM head and the micro-batch's mean loss (as forward's ``.loss``)."""
         if labels is None:
             raise ValueError("pipeline training needs 'labels' in the batch (the last stage returns the loss)")
-        return causal_lm_loss(self.lm_head(self.model.norm(hidden)), labels, loss_mask)
+        return causal_lm_loss(self.logits(self.model.norm(hidden)), labels, loss_mask)
 
 
 def causal_lm_loss(vocab_parallel_logits: torch.Tensor, labels: torch.Tensor,

@@ -2,6 +2,11 @@
 
 Weights are initialised on the full (unsharded) shape with the default RNG, which agrees on every
 rank, and each rank keeps its shard: the same seed gives the same model at any TP size.
+
+``pad=True`` (NxD): a sharded size not divisible by the TP size is padded at its end with zero
+rows/columns (the real ones are initialised exactly as without padding). The padding never shows:
+gathered outputs are cut back to the real size, the padded rows get no gradient, and the weight is
+marked (``mark_padding``) so checkpoints, resharding and exports hold the real size.
 """
 
 from __future__ import annotations
@@ -25,7 +30,12 @@ from nxd_core_parallel.parallel_layers.mappings import (
     scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
-from nxd_core_parallel.parallel_layers.utils import divide, set_tensor_model_parallel_attributes
+from nxd_core_parallel.parallel_layers.utils import (
+    divide,
+    get_padding_length,
+    mark_padding,
+    set_tensor_model_parallel_attributes,
+)
 
 InitMethod = Callable[[torch.Tensor], object]
 
@@ -44,14 +54,18 @@ def shard_of(full: torch.Tensor, dim: int, stride: int, rank: int, size: int) ->
 
 
 def init_sharded_(param: torch.Tensor, full_shape: tuple[int, ...], dim: int, stride: int,
-                  init_method: InitMethod, rank: int | None = None, size: int | None = None) -> None:
-    """Initialise the full tensor with ``init_method`` and copy this rank's shard into ``param``."""
+                  init_method: InitMethod, rank: int | None = None, size: int | None = None, pad: int = 0) -> None:
+    """Initialise the full tensor with ``init_method`` and copy this rank's shard into ``param``;
+    ``pad`` zero entries are appended along ``dim`` first (``pad=True`` layers)."""
     if param.is_meta:
         return
     size = parallel_state.get_tensor_model_parallel_size() if size is None else size
     rank = parallel_state.get_tensor_model_parallel_rank() if rank is None else rank
     master = torch.empty(full_shape, dtype=torch.float32)
     init_method(master)
+    if pad:
+        widths = [0, 0] * (master.dim() - 1 - dim) + [0, pad]
+        master = F.pad(master, widths)
     with torch.no_grad():
         param.copy_(shard_of(master, dim, stride, rank, size).to(param.dtype))
 
@@ -63,11 +77,19 @@ def _tp_size_rank(group: Any = None) -> tuple[int, int]:
     return parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_rank()
 
 
-def _check_nxd_options(layer: str, pad: bool, padded: int, rank_ordering: Any) -> None:
+def _pad_length(layer: str, pad: bool, size: int, tp: int, stride: int = 1, alignment: int = 1) -> int:
+    """Entries ``pad=True`` appends to ``size`` (0 without ``pad``: ``divide`` then names the size)."""
+    if not pad:
+        return 0
+    extra = get_padding_length(size, tp, alignment)
+    if extra and stride != 1:
+        raise ValueError(f"{layer}(pad=True, stride={stride}): padding a strided (interleaved) weight is ambiguous; "
+                         "use stride=1 or a size divisible by tensor_parallel_size x stride")
+    return extra
+
+
+def _check_nxd_options(layer: str, rank_ordering: Any) -> None:
     """NxD options nxd does not implement are refused, never ignored."""
-    if pad and padded:
-        raise ValueError(f"{layer}(pad=True): padding a dimension to a multiple of the tensor parallel size is not "
-                         "supported by nxd yet; choose sizes divisible by tensor_parallel_size")
     if rank_ordering is not None and list(rank_ordering) != sorted(rank_ordering):
         raise ValueError(f"{layer}(rank_ordering={rank_ordering!r}): a custom shard-to-rank order is not supported "
                          "by nxd; leave rank_ordering=None")
@@ -105,9 +127,10 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.tensor_parallel_group = tensor_model_parallel_group
         tp, _ = _tp_size_rank(tensor_model_parallel_group)
-        _check_nxd_options("ColumnParallelLinear", pad, output_size % (tp * pad_alignment_size_per_rank), rank_ordering)
+        _check_nxd_options("ColumnParallelLinear", rank_ordering)
         self.input_size, self.output_size = input_size, output_size
-        self.output_size_per_partition = divide(output_size, tp, "ColumnParallelLinear output_size")
+        self.pad_size = _pad_length("ColumnParallelLinear", pad, output_size, tp, stride, pad_alignment_size_per_rank)
+        self.output_size_per_partition = divide(output_size + self.pad_size, tp, "ColumnParallelLinear output_size")
         self.gather_output, self.stride = gather_output, stride
         self.sequence_parallel_enabled = sequence_parallel_enabled
         self.sequence_dimension = _sequence_dimension(sequence_parallel_enabled, sequence_dimension)
@@ -123,11 +146,15 @@ class ColumnParallelLinear(nn.Module):
             set_tensor_model_parallel_attributes(self.bias, True, 0, stride)
         else:
             self.register_parameter("bias", None)
+        if self.pad_size:
+            for p in (self.weight, self.bias):
+                if p is not None:
+                    mark_padding(p, output_size, pad_alignment_size_per_rank)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         init_sharded_(self.weight, (self.output_size, self.input_size), 0, self.stride, self.init_method,
-                      *self._rank_size())
+                      *self._rank_size(), pad=self.pad_size)
         if self.bias is not None and not self.bias.is_meta:
             with torch.no_grad():
                 self.bias.zero_()
@@ -150,6 +177,8 @@ class ColumnParallelLinear(nn.Module):
         out = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)
         if self.gather_output:
             out = gather_from_tensor_model_parallel_region(out, process_group=group)
+            if self.pad_size and not self.keep_padded_output:
+                out = out.narrow(-1, 0, self.output_size)
         return (out, self.bias) if self.skip_bias_add else out
 
     def extra_repr(self) -> str:
@@ -185,9 +214,10 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         self.tensor_parallel_group = tensor_model_parallel_group
         tp, _ = _tp_size_rank(tensor_model_parallel_group)
-        _check_nxd_options("RowParallelLinear", pad, input_size % tp, rank_ordering)
+        _check_nxd_options("RowParallelLinear", rank_ordering)
         self.input_size, self.output_size = input_size, output_size
-        self.input_size_per_partition = divide(input_size, tp, "RowParallelLinear input_size")
+        self.pad_size = _pad_length("RowParallelLinear", pad, input_size, tp, stride)
+        self.input_size_per_partition = divide(input_size + self.pad_size, tp, "RowParallelLinear input_size")
         self.input_is_parallel, self.stride = input_is_parallel, stride
         self.sequence_parallel_enabled = sequence_parallel_enabled
         self.sequence_dimension = _sequence_dimension(sequence_parallel_enabled, sequence_dimension)
@@ -206,11 +236,13 @@ class RowParallelLinear(nn.Module):
             self.bias.sequence_parallel_enabled = sequence_parallel_enabled
         else:
             self.register_parameter("bias", None)
+        if self.pad_size:
+            mark_padding(self.weight, input_size)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         init_sharded_(self.weight, (self.output_size, self.input_size), 1, self.stride, self.init_method,
-                      *self._rank_size())
+                      *self._rank_size(), pad=self.pad_size)
         if self.bias is not None and not self.bias.is_meta:
             with torch.no_grad():
                 self.bias.zero_()
@@ -226,6 +258,8 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor):
         group = self.tensor_parallel_group
         if not self.input_is_parallel:
+            if self.pad_size:
+                x = F.pad(x, (0, self.pad_size))
             x = scatter_to_tensor_model_parallel_region(x, process_group=group)
         out = F.linear(x, self.weight)
         if not self.reduce_output:
@@ -272,8 +306,9 @@ class ParallelEmbedding(nn.Module):
         super().__init__()
         self.tensor_model_parallel_group = tensor_model_parallel_group
         tp, rank = _tp_size_rank(tensor_model_parallel_group)
-        _check_nxd_options("ParallelEmbedding", pad, (embedding_dim if shard_across_embedding else num_embeddings) % tp,
-                           rank_ordering)
+        _check_nxd_options("ParallelEmbedding", rank_ordering)
+        self.pad_size = _pad_length("ParallelEmbedding", pad, embedding_dim if shard_across_embedding else num_embeddings,
+                                    tp)
         if max_norm is not None or sparse:
             raise ValueError("ParallelEmbedding: max_norm and sparse=True are not supported by nxd (as NxD on Neuron); "
                              "leave max_norm=None, sparse=False")
@@ -286,15 +321,17 @@ class ParallelEmbedding(nn.Module):
         self.init_method = init_method or nn.init.normal_
         if shard_across_embedding:
             self.partition_dim = 1
-            local = (num_embeddings, divide(embedding_dim, tp, "ParallelEmbedding embedding_dim"))
+            local = (num_embeddings, divide(embedding_dim + self.pad_size, tp, "ParallelEmbedding embedding_dim"))
             self.vocab_start_index, self.vocab_end_index = 0, num_embeddings
         else:
             self.partition_dim = 0
-            per_rank = divide(num_embeddings, tp, "ParallelEmbedding num_embeddings")
+            per_rank = divide(num_embeddings + self.pad_size, tp, "ParallelEmbedding num_embeddings")
             local = (per_rank, embedding_dim)
             self.vocab_start_index, self.vocab_end_index = rank * per_rank, (rank + 1) * per_rank
         self.weight = nn.Parameter(torch.empty(*local, dtype=dtype, device=device))
         set_tensor_model_parallel_attributes(self.weight, True, self.partition_dim, 1)
+        if self.pad_size:
+            mark_padding(self.weight, embedding_dim if shard_across_embedding else num_embeddings)
         self.reset_parameters()
 
     def init_weight_cpu(self) -> None:
@@ -304,7 +341,7 @@ class ParallelEmbedding(nn.Module):
     def reset_parameters(self) -> None:
         size, rank = _tp_size_rank(self.tensor_model_parallel_group)
         init_sharded_(self.weight, (self.num_embeddings, self.embedding_dim), self.partition_dim, 1, self.init_method,
-                      rank, size)
+                      rank, size, pad=self.pad_size)
         if self.padding_idx is not None and not self.weight.is_meta:
             local = self.padding_idx - self.vocab_start_index
             if 0 <= local < self.weight.size(0):
@@ -326,6 +363,8 @@ class ParallelEmbedding(nn.Module):
             if not self.collect_output:
                 return out
             out = gather_from_tensor_model_parallel_region(out, process_group=group)
+            if self.pad_size:
+                out = out.narrow(-1, 0, self.embedding_dim)
             if self.sequence_parallel_enabled:
                 out, dim = self._sequence_layout(out)
                 out = scatter_to_sequence_parallel_region(out, dim, process_group=group)

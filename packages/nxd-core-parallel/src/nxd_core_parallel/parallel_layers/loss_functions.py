@@ -1,4 +1,8 @@
-"""Cross-entropy over vocabulary-sharded logits, without gathering the full vocabulary."""
+"""Cross-entropy over vocabulary-sharded logits, without gathering the full vocabulary.
+
+A logit of ``-inf`` is a class with probability zero: ``mask_vocab_padding`` gives the padded
+columns of a ``pad=True`` LM head that value, so the loss, its label smoothing and every softmax of
+the logits see the real vocabulary only."""
 
 from __future__ import annotations
 
@@ -22,7 +26,6 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, label_smoothing: float):
         group = _tp_group()
         rank = parallel_state.get_tensor_model_parallel_rank() if group is not None else 0
-        size = comm.group_size(group) if group is not None else 1
         logits = logits.float()
         logits_max = _all_reduce(logits.max(dim=-1)[0], group, dist.ReduceOp.MAX)
         shifted = logits - logits_max.unsqueeze(-1)
@@ -38,21 +41,28 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         sum_exp = _all_reduce(exp.sum(dim=-1), group)
         log_sum_exp = sum_exp.log()
         loss = log_sum_exp - picked
-        vocab = per_rank * size
+        valid = vocab = None
         if label_smoothing > 0:
-            # torch's definition: target distribution (1 - eps) * onehot + eps / V.
-            sum_log_probs = _all_reduce((shifted - log_sum_exp.unsqueeze(-1)).sum(dim=-1), group)
+            # torch's definition: target distribution (1 - eps) * onehot + eps / V, V the classes
+            # whose logit is finite (the real vocabulary when the padding is masked to -inf).
+            valid = torch.isfinite(logits)
+            vocab = _all_reduce(valid.sum(dim=-1).to(logits.dtype), group)
+            log_probs = (shifted - log_sum_exp.unsqueeze(-1)).masked_fill(~valid, 0.0)
+            sum_log_probs = _all_reduce(log_probs.sum(dim=-1), group)
             loss = (1.0 - label_smoothing) * loss - label_smoothing * sum_log_probs / vocab
         softmax = exp / sum_exp.unsqueeze(-1)
-        ctx.save_for_backward(softmax, local_target, outside)
-        ctx.label_smoothing, ctx.vocab = label_smoothing, vocab
+        ctx.save_for_backward(softmax, local_target, outside, valid, vocab)
+        ctx.label_smoothing = label_smoothing
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
-        softmax, local_target, outside = ctx.saved_tensors
+        softmax, local_target, outside, valid, vocab = ctx.saved_tensors
         eps = ctx.label_smoothing
-        grad = softmax - eps / ctx.vocab if eps > 0 else softmax.clone()
+        if eps > 0:
+            grad = (softmax - (eps / vocab).unsqueeze(-1)).masked_fill_(~valid, 0.0)
+        else:
+            grad = softmax.clone()
         onehot = torch.zeros_like(grad).scatter_(-1, local_target.unsqueeze(-1), 1.0)
         onehot.masked_fill_(outside.unsqueeze(-1), 0.0)
         grad.sub_((1.0 - eps) * onehot)
@@ -71,3 +81,19 @@ def parallel_cross_entropy(vocab_parallel_logits: torch.Tensor, target: torch.Te
         raise ValueError(f"logits shape {tuple(vocab_parallel_logits.shape)} does not match target shape "
                          f"{tuple(target.shape)} (expected target = logits.shape[:-1])")
     return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, float(label_smoothing))
+
+
+def mask_vocab_padding(vocab_parallel_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """This rank's slice of logits over a vocabulary padded to a multiple of the TP size, with the
+    padded classes (global index >= ``vocab_size``) set to ``-inf``: zero probability, no gradient.
+    The identity when nothing is padded."""
+    per_rank = vocab_parallel_logits.size(-1)
+    group = _tp_group()
+    size = comm.group_size(group) if group is not None else 1
+    if per_rank * size == vocab_size:
+        return vocab_parallel_logits
+    if per_rank * size < vocab_size:
+        raise ValueError(f"logits hold {per_rank} classes per rank x {size} ranks, fewer than vocab_size {vocab_size}")
+    start = (parallel_state.get_tensor_model_parallel_rank() if group is not None else 0) * per_rank
+    padded = torch.arange(start, start + per_rank, device=vocab_parallel_logits.device) >= vocab_size
+    return vocab_parallel_logits.masked_fill(padded, float("-inf"))

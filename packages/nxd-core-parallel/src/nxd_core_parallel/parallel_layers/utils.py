@@ -14,6 +14,20 @@ def divide(numerator: int, denominator: int, what: str = "size") -> int:
     return numerator // denominator
 
 
+def get_padding_length(size: int, tp: int, alignment_per_rank: int = 1) -> int:
+    """How many entries ``pad=True`` appends so ``size`` splits into ``tp`` equal shards, each a
+    multiple of ``alignment_per_rank`` (NxD's name and rule)."""
+    multiple = tp * max(1, int(alignment_per_rank))
+    return -size % multiple
+
+
+def mark_padding(tensor: torch.Tensor, unpadded_size: int, alignment_per_rank: int = 1) -> None:
+    """Record that the full tensor holds ``unpadded_size`` real entries along its partition dim and
+    zero padding after them: checkpoints and exports keep the real size and re-pad on load."""
+    tensor.unpadded_size = int(unpadded_size)
+    tensor.pad_alignment_size_per_rank = max(1, int(alignment_per_rank))
+
+
 def set_tensor_model_parallel_attributes(tensor: torch.Tensor, is_parallel: bool, dim: int, stride: int = 1) -> None:
     """Tag ``tensor`` as (not) sharded over TP along ``dim`` (checkpoint resharding and LoRA read these)."""
     tensor.tensor_model_parallel = bool(is_parallel)
@@ -28,7 +42,8 @@ def set_defaults_if_not_set_tensor_model_parallel_attributes(tensor: torch.Tenso
 
 
 def copy_tensor_model_parallel_attributes(destination: torch.Tensor, source: torch.Tensor) -> None:
-    for name in (*_TP_ATTRS, "kv_size_multiplier", "fused_splits", "sequence_parallel_enabled"):
+    for name in (*_TP_ATTRS, "kv_size_multiplier", "fused_splits", "sequence_parallel_enabled", "unpadded_size",
+                 "pad_alignment_size_per_rank"):
         if hasattr(source, name):
             setattr(destination, name, getattr(source, name))
 

@@ -108,6 +108,13 @@ class LlamaConfig:
             return "default"
         return self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
 
+    def padded_vocab_size(self, tp: int) -> int:
+        """The vocabulary the TP-sharded embedding and LM head hold: padded at its end to a multiple
+        of ``tp`` (``pad=True``); the padding never shows in logits, loss or exports."""
+        from nxd_core_parallel.parallel_layers import get_padding_length
+
+        return self.vocab_size + get_padding_length(self.vocab_size, tp)
+
     @property
     def torch_dtype(self) -> Any:
         import torch

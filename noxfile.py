@@ -112,8 +112,9 @@ def gpu(session: nox.Session) -> None:
     satisfy them)."""
     session.install(*(str(PACKAGES[d]) for d in ("nxd", "nxd-core-parallel", "nxd-zero1", "nxd-lora",
                                                    "nxd-models-llama", "nxd-data", "nxd-ckpt", "nxd-testing")),
-                    f"{PACKAGES['nxd-training']}[test]")
-    session.run("pytest", "-m", "gpu", str(PACKAGES["nxd-training"] / "tests" / "test_gpu.py"), *session.posargs)
+                    f"{PACKAGES['nxd-training']}[test]", "liger-kernel")
+    session.run("pytest", "-m", "gpu", str(PACKAGES["nxd-training"] / "tests" / "test_gpu.py"),
+                str(PACKAGES["nxd-models-llama"] / "tests" / "test_fused_kernels.py"), *session.posargs)
 
 
 #: torch-xla needs its own matching torch (not the CPU torch pinned in constraints.txt).

@@ -39,11 +39,11 @@ def test_quickstart_shape_with_samples(make_config, tmp_path: Path) -> None:
 
 def test_bf16_save_and_resume(make_config, tmp_path: Path) -> None:
     ckpt = {"resume_if_exists": True, "checkpoint_callback_params": {"every_n_train_steps": 4}}
-    full = _run(_gpu(make_config, precision={"type": "bf16"}, exp_manager=ckpt), tmp_path / "full")
-    first = _gpu(make_config, precision={"type": "bf16"}, exp_manager=ckpt,
+    full = _run(_gpu(make_config, precision={"type": "bf16SR"}, exp_manager=ckpt), tmp_path / "full")
+    first = _gpu(make_config, precision={"type": "bf16SR"}, exp_manager=ckpt,
                  trainer={"devices": 1, "accelerator": "cuda", "max_steps": 4})
     _run(first, tmp_path / "split")
-    second = _run(_gpu(make_config, precision={"type": "bf16"}, exp_manager=ckpt), tmp_path / "split")
+    second = _run(_gpu(make_config, precision={"type": "bf16SR"}, exp_manager=ckpt), tmp_path / "split")
     assert second.start_step == 4
     assert all(abs(second.losses[s] - full.losses[s]) <= 1e-2 * abs(full.losses[s]) for s in range(5, 9))
 

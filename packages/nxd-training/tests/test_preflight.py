@@ -27,6 +27,8 @@ CASES = {
     "unknown checkpoint format": (["exp_manager.checkpoint_format=pickle"], "exp_manager.checkpoint_format=pickle needs"),
     "absurd size": (["model.num_layers=4000", "model.hidden_size=65536", "model.ffn_hidden_size=65536"],
                     "parameters need ~"),
+    # Liger-Kernel missing (CI) or present on a CPU run: refused either way, naming the key
+    "fused kernels on cpu": (["model.fused_kernels=[rms_norm,cross_entropy]"], "fused_kernels"),
 }
 
 

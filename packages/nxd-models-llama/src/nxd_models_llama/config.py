@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from nxd.errors import ConfigError
+from nxd_core_parallel.fused_kernels import validate_fused_kernels
 
 #: RoPE variants this model implements (Hugging Face ``rope_type`` names).
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -57,6 +58,9 @@ class LlamaConfig:
     pad_token_id: int | None = None
     #: parameter dtype name ("float32", "bfloat16", "float16")
     dtype: str = "float32"
+    #: ops run by fused GPU kernels (nxd_core_parallel.fused_kernels.FUSED_KERNEL_OPS); not part of
+    #: the model's function, so never written to config.json
+    fused_kernels: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +90,7 @@ class LlamaConfig:
             raise ConfigError(f"llama config: head_dim must be even for RoPE, got {self.head_dim}")
         if self.hidden_act != "silu":
             raise ConfigError(f"llama config: hidden_act must be 'silu' (SwiGLU), got {self.hidden_act!r}")
+        self.fused_kernels = validate_fused_kernels(self.fused_kernels, "llama config: fused_kernels")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"llama config: dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.rope_scaling is not None:

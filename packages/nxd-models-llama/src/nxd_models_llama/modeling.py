@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd_core_parallel import parallel_state
+from nxd_core_parallel import fused_kernels, parallel_state
 from nxd_core_parallel.context_parallel import context_parallel_token_mean, local_positions, ring_attention
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.modules.rms_norm import RMSNorm
@@ -38,10 +38,11 @@ SEQUENCE_DIM = 1
 @dataclass
 class CausalLMOutput:
     """``loss``: mean over supervised tokens (``None`` without labels); ``logits``:
-    ``[batch, seq, vocab / tp]``, this rank's vocabulary slice."""
+    ``[batch, seq, vocab / tp]``, this rank's vocabulary slice (``None`` when the fused linear
+    cross-entropy computed the loss: it never materialises them)."""
 
     loss: torch.Tensor | None
-    logits: torch.Tensor
+    logits: torch.Tensor | None
 
 
 def kv_size_multiplier_for(config: LlamaConfig, tp: int) -> int:
@@ -131,6 +132,7 @@ class LlamaAttention(nn.Module):
         self.kv_size_multiplier = kv_size_multiplier_for(config, tp)
         self.num_heads = config.num_attention_heads // tp
         self.num_kv_heads = config.num_key_value_heads * self.kv_size_multiplier // tp
+        self.fused_rope = "rope" in config.fused_kernels
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         common = dict(dtype=config.torch_dtype, device=device, init_method=init,
                       sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM)
@@ -153,7 +155,10 @@ class LlamaAttention(nn.Module):
         q = q.view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.fused_rope:
+            q, k = fused_kernels.rope(q, k, cos, sin)
+        else:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)
         out = self.core_attention(q, k, v, attention_mask)
@@ -163,9 +168,15 @@ class LlamaAttention(nn.Module):
 
 class LlamaActivationMultiply(nn.Module):
     """``silu(gate) * up``: its own module so selective recompute can name it (NxD Training's
-    ``ActivationMultiplyMLP``); holds no parameters."""
+    ``ActivationMultiplyMLP``); holds no parameters. ``fused``: Liger-Kernel's SwiGLU kernel (CUDA)."""
+
+    def __init__(self, fused: bool = False) -> None:
+        super().__init__()
+        self.fused = fused
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return fused_kernels.swiglu(gate, up)
         return F.silu(gate) * up
 
 
@@ -198,7 +209,7 @@ class LlamaMLP(nn.Module):
             if param is not None:
                 param.fused_splits = splits
                 param.partition_stride = 1
-        self.act_mul = LlamaActivationMultiply()
+        self.act_mul = LlamaActivationMultiply(fused="swiglu" in config.fused_kernels)
         self.down_proj = RowParallelLinear(
             config.intermediate_size, config.hidden_size, bias=config.mlp_bias, input_is_parallel=True, **common,
         )
@@ -215,7 +226,8 @@ class LlamaDecoderLayer(nn.Module):
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps,
-                       sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device)
+                       sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device,
+                       fused="rms_norm" in config.fused_kernels)
         self.input_layernorm = norm()
         self.self_attn = LlamaAttention(config, layer_idx, sequence_parallel, device)
         self.post_attention_layernorm = norm()
@@ -242,7 +254,7 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, i, sequence_parallel, device) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, sequence_parallel_enabled=sequence_parallel,
-                            dtype=config.torch_dtype, device=device)
+                            dtype=config.torch_dtype, device=device, fused="rms_norm" in config.fused_kernels)
         self.rotary_emb = RotaryEmbedding(config)
 
     def layer_inputs(self, input_ids: torch.Tensor, dtype: torch.dtype, position_ids: torch.Tensor | None = None,
@@ -293,6 +305,10 @@ class LlamaForCausalLM(nn.Module):
         config = LlamaConfig.from_dict(config) if isinstance(config, dict) else config
         # A vocabulary not divisible by TP is padded inside the embedding and LM head (pad=True);
         # the padded classes' logits are -inf, so loss, softmax and exports see the real vocabulary.
+        if "cross_entropy" in config.fused_kernels and parallel_state.get_tensor_model_parallel_size() > 1:
+            raise ConfigError("fused_kernels: 'cross_entropy' (Liger's fused linear cross-entropy) needs the whole "
+                              f"vocabulary on one rank; tensor_parallel_size is {parallel_state.get_tensor_model_parallel_size()} "
+                              "(its logits are vocabulary-parallel): remove 'cross_entropy' or use tensor_parallel_size=1")
         self.config = config
         self.model = LlamaModel(config, sequence_parallel, device)
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
@@ -328,9 +344,25 @@ class LlamaForCausalLM(nn.Module):
         if attention_mask is None and segment_ids is not None:
             attention_mask = segment_ids
         hidden = self.model(input_ids, position_ids, attention_mask, kv_cache)
+        if labels is not None and "cross_entropy" in self.config.fused_kernels:
+            return CausalLMOutput(loss=self._fused_loss(hidden, labels, loss_mask), logits=None)
         logits = self.logits(hidden)
         loss = None if labels is None else causal_lm_loss(logits, labels, loss_mask)
         return CausalLMOutput(loss=loss, logits=logits)
+
+    def _fused_loss(self, hidden: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
+        """:func:`causal_lm_loss` of ``lm_head(hidden)`` through the fused linear cross-entropy."""
+        if labels.shape != hidden.shape[:-1]:
+            raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(hidden.shape[:-1])}")
+        keep = labels != -100
+        if loss_mask is not None:
+            keep = keep & (loss_mask != 0)
+        weight = self.lm_head.weight[: self.config.vocab_size]  # TP=1: no padding rows, but never count them
+        total = fused_kernels.linear_cross_entropy_sum(hidden, weight, labels.masked_fill(~keep, -100))
+        count = keep.sum().to(total.dtype)
+        if _context_parallel_size() > 1:
+            return context_parallel_token_mean(total, count, parallel_state.get_context_model_parallel_group())
+        return total / count.clamp(min=1.0)
 
     # -- pipeline contract (docs/pipeline.md): duck-typed, no nxd-pipeline import. The stages run
     # the same modules as forward(); only the hidden state travels, RoPE and masks are recomputed.
@@ -359,7 +391,10 @@ class LlamaForCausalLM(nn.Module):
         """Last stage: final norm, LM head and the micro-batch's mean loss (as forward's ``.loss``)."""
         if labels is None:
             raise ValueError("pipeline training needs 'labels' in the batch (the last stage returns the loss)")
-        return causal_lm_loss(self.logits(self.model.norm(hidden)), labels, loss_mask)
+        hidden = self.model.norm(hidden)
+        if "cross_entropy" in self.config.fused_kernels:
+            return self._fused_loss(hidden, labels, loss_mask)
+        return causal_lm_loss(self.logits(hidden), labels, loss_mask)
 
 
 def causal_lm_loss(vocab_parallel_logits: torch.Tensor, labels: torch.Tensor,

@@ -90,6 +90,7 @@ SPEC = ModelSpec(
     generate=generate,
     presets=PRESETS,
     context_parallel=True,
+    implements=frozenset({"model.fused_kernels"}),
     extras={
         "hf_key_mapping": HF_KEY_MAPPING,
         "hf_module_to_nxd": HF_MODULE_TO_NXD,

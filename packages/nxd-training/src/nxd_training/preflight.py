@@ -28,8 +28,9 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> None:
     world_size = plan.world_size
     nxd_config(config, plan)
     _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
-    select_backend(config)  # the ranks' own choice, so an absent CUDA device is refused here first
+    backend = select_backend(config)  # the ranks' own choice, so an absent CUDA device is refused here first
     _accelerator(config.trainer.accelerator)
+    _fused_kernels(config, backend)
     parse_max_time(config.trainer.max_time)
     _resume(config)
     if config.exp_manager.create_checkpoint_callback or config.exp_manager.resume_from_checkpoint:
@@ -58,6 +59,13 @@ def _accelerator(name: str) -> None:
         except ImportError:
             raise ConfigError("trainer.accelerator=xla needs torch-xla (pip install torch-xla matching your torch); "
                               "use trainer.accelerator=cpu or auto") from None
+
+
+def _fused_kernels(config: TrainingConfig, backend: str) -> None:
+    ops = config.model.fused_kernels
+    if ops and backend != "cuda":
+        raise ConfigError(f"model.fused_kernels {ops}: these are Triton kernels for CUDA GPUs, and this run uses "
+                          f"trainer.accelerator={backend}; remove model.fused_kernels or run with trainer.accelerator=cuda")
 
 
 def _resume(config: TrainingConfig) -> None:

@@ -61,6 +61,7 @@ FEATURE_KEYS: tuple[Feature, ...] = (
     Feature("model.sliding_window_size", "sliding-window attention", _window_covers_sequence, "gpt"),
     Feature("distributed_strategy.context_parallel_size", "context parallelism (ring attention)", _is(1)),
     Feature("model.fusions.ring_attention", "ring attention (context parallelism)", _is(False, None)),
+    Feature("model.fused_kernels", "fused GPU kernels (Liger-Kernel)", _is(None, [])),
 )
 
 

@@ -208,6 +208,9 @@ class ModelConfig(Section):
     activations_checkpoint_granularity: Union[Literal["selective", "full"], None] = None
     activations_checkpoint_recompute: Union[list[str], None] = None
     fusions: FusionsConfig = Field(default_factory=FusionsConfig)
+    fused_kernels: Union[list[str], None] = Field(
+        None, description="nxd addition: ops run by fused GPU kernels (Liger-Kernel, CUDA): rms_norm, swiglu, rope, "
+                          "cross_entropy (fused linear + cross-entropy; TP=1)")
     do_layer_norm_weight_decay: bool = False
     hidden_dropout: float = Field(0.0, ge=0, le=1)
     attention_dropout: float = Field(0.0, ge=0, le=1)

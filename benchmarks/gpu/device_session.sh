@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One measurement session on a lent GPU machine (no network): install the carried wheels, then run
+# the steps named in $STEPS (default: all), each under its own time limit, logs under $OUT.
+#   STEPS="tests train bench-compiled" bash .whl/device_session.sh
+# Steps: tests (pytest -m gpu), train (nxd train hub:llama3.2-1b compiled and eager), bench-compiled,
+# bench-eager (benchmarks/bench_gpu.py), extra (any script .whl/extra.sh).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-$(mktemp -d)}
+STEPS=${STEPS:-tests train bench-compiled bench-eager}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$here"/*.whl \
+  || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, transformers, triton, liger_kernel, nxd; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+train() {  # name, max_steps, extra overrides...
+  local name=$1 steps=$2; shift 2
+  local dir; dir=$(mktemp -d)
+  timeout 240 python3 -m nxd.cli train hub:llama3.2-1b trainer.max_steps="$steps" trainer.enable_progress_bar=false \
+    exp_manager.exp_dir="$dir" "$@" > "$OUT/train-$name.log" 2>&1
+  echo "train-$name exit $?"
+  cp "$dir"/llama3.2-1b/version_0/metrics.jsonl "$OUT/train-$name.jsonl" 2>/dev/null
+  python3 - "$OUT/train-$name.jsonl" "$name" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])] if __import__("os").path.exists(sys.argv[1]) else []
+rows = [r for r in rows if "step_time_s" in r][5:]  # skip warm-up / compile steps
+if rows:
+    med = lambda k: statistics.median(r[k] for r in rows if k in r)
+    print(f"nxd train {sys.argv[2]}: {len(rows)} steps, step {med('step_time_s'):.4f} s, "
+          f"{med('tokens_per_s'):.0f} tokens/s, MFU {med('mfu'):.1%}, peak {max(r['peak_memory_mb'] for r in rows)/1024:.2f} GiB")
+PY
+}
+if has tests; then
+  timeout 300 python3 -m pytest -m gpu packages/nxd-training/tests/test_gpu.py -q -p no:cacheprovider -x \
+    2>&1 | tee "$OUT/tests.log" | tail -5
+fi
+if has train; then
+  train compiled 30
+  train eager 15 trainer.compile=false
+fi
+if has bench-compiled; then
+  timeout 420 python3 "$here"/bench_gpu.py --only nxd-compiled,hf-compiled,torchtitan-compiled --json "$OUT/bench-compiled.json" \
+    2>&1 | tee "$OUT/bench-compiled.log" | tail -8
+fi
+if has bench-eager; then
+  timeout 300 python3 "$here"/bench_gpu.py --only nxd-eager,hf-eager,torchtitan-recipe --json "$OUT/bench-eager.json" \
+    2>&1 | tee "$OUT/bench-eager.log" | tail -8
+fi
+if has extra && [ -f "$here/extra.sh" ]; then
+  bash "$here/extra.sh"
+fi
+for f in "$OUT"/train-*.log; do echo "== $f"; tail -3 "$f"; done

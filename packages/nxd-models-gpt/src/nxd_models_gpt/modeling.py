@@ -20,6 +20,7 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd_core_parallel import parallel_state
+from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import (
     ColumnParallelLinear,
@@ -32,7 +33,6 @@ from nxd_core_parallel.parallel_layers import (
 )
 from nxd_models_gpt.attention_mask import build_attention_mask
 from nxd_models_gpt.config import GPTConfig
-from nxd_models_gpt.loss import causal_lm_loss
 from nxd_models_gpt.rope import RotaryEmbedding, apply_rotary
 
 #: Batch-first activations: sequence parallelism splits dimension 1.

@@ -12,23 +12,29 @@ gate_up_proj`` [E/ep, 2I/tp, H] = for each local expert ``[w1 rows of TP rank r;
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
 from torch import nn
 
 from nxd_core_parallel import parallel_state
-from nxd_models_llama.hf_io import SafetensorsCheckpoint
+from nxd_core_parallel.hf_interop import (
+    SafetensorsCheckpoint,
+    check_config_fields,
+    clean_param_name,
+    gather_over,
+    gather_shards,
+    tp_size_and_rank,
+    unwrap_local_module,
+    write_hf_dir,
+)
 from nxd_models_llama.hf_mapping import Piece, plan_for
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_moe import expert_parallel_groups
 
-_WRAPPER_TOKENS = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
 _EXPERT = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(gate_up_proj|down_proj)$")
 _ROUTER = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.router\.weight$")
 _SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -36,21 +42,8 @@ _SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_l
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    if hasattr(model, "local_module") and callable(model.local_module):
-        model = model.local_module()
-    if not isinstance(getattr(model, "config", None), MixtralConfig):
-        raise TypeError(f"expected an nxd MixtralForCausalLM (or NxDModel wrapping one), got {type(model).__name__}")
-    return model
-
-
-def _clean(name: str) -> str:
-    for token in _WRAPPER_TOKENS:
-        name = name.replace(token, "")
-    return name
-
-
-def _tp() -> tuple[int, int]:
-    return parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_rank()
+    """The :class:`MixtralForCausalLM` inside an ``NxDModel`` (or the model itself)."""
+    return unwrap_local_module(model, MixtralConfig, "MixtralForCausalLM")
 
 
 def _kv_multiplier(model: nn.Module) -> int:
@@ -104,17 +97,6 @@ def hf_shapes(config: MixtralConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _check_config(model_config: MixtralConfig, hf_dir: Path) -> None:
-    path = hf_dir / "config.json"
-    if not path.is_file():
-        return
-    ckpt = MixtralConfig.from_dict(json.loads(path.read_text()))
-    for name in _SHAPE_FIELDS:
-        if getattr(ckpt, name) != getattr(model_config, name):
-            raise ValueError(f"{path}: {name}={getattr(ckpt, name)!r} but the model was built with "
-                             f"{name}={getattr(model_config, name)!r}")
-
-
 def _read(ckpt: SafetensorsCheckpoint, pieces: list[Piece], expected: dict, used: set[str], hf_dir: Path
           ) -> torch.Tensor:
     parts = []
@@ -133,15 +115,15 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
     reads only the rows/columns of its shards and only its own experts."""
     module = unwrap_model(model)
     config, hf_dir = module.config, Path(hf_dir)
-    _check_config(config, hf_dir)
-    tp, tp_rank = _tp()
+    check_config_fields(config, hf_dir, MixtralConfig.from_dict, _SHAPE_FIELDS)
+    tp, tp_rank = tp_size_and_rank()
     groups = expert_parallel_groups()
     multiplier = _kv_multiplier(module)
     expected = hf_shapes(config)
     used: set[str] = set()
     with SafetensorsCheckpoint(hf_dir) as ckpt:
         for raw_name, param in module.named_parameters():
-            name = _clean(raw_name)
+            name = clean_param_name(raw_name)
             if param.is_meta:
                 raise ValueError(f"parameter {name} is on the meta device: materialise the model before loading")
             per_expert = expert_pieces(name, config, tp, tp_rank, groups.ep_size, groups.ep_rank)
@@ -162,15 +144,6 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
             raise ValueError(f"{hf_dir}: tensors not used by the model: {leftover[:5]}; pass strict=False to ignore them")
 
 
-def _gather(tensor: torch.Tensor, size: int, group: object) -> list[torch.Tensor]:
-    local = tensor.detach().contiguous()
-    if size == 1:
-        return [local]
-    shards = [torch.empty_like(local) for _ in range(size)]
-    dist.all_gather(shards, local, group=group)
-    return shards
-
-
 def _writes_files() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
@@ -183,9 +156,8 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
     config = module.config
     if parallel_state.get_pipeline_model_parallel_size() > 1:
         raise NotImplementedError("save_hf_checkpoint with pipeline parallelism: gather the stages first")
-    tp, _ = _tp()
+    tp, _ = tp_size_and_rank()
     groups = expert_parallel_groups()
-    tp_group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
     multiplier = _kv_multiplier(module)
     writer = _writes_files()
     out: dict[str, torch.Tensor] = {}
@@ -199,11 +171,10 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
             target.index_copy_(piece.dim, torch.tensor(piece.index), chunk.to(target.dtype))
 
     for raw_name, param in module.named_parameters():
-        name = _clean(raw_name)
-        sharded = getattr(param, "tensor_model_parallel", False)
-        tp_shards = _gather(param, tp, tp_group) if sharded else [param.detach()] * tp
+        name = clean_param_name(raw_name)
+        tp_shards = gather_shards(param, tp)
         if _EXPERT.match(name):
-            by_rank = [_gather(shard, groups.ep_size, groups.ep_group) for shard in tp_shards]  # [tp][ep]
+            by_rank = [gather_over(shard, groups.ep_size, groups.ep_group) for shard in tp_shards]  # [tp][ep]
             if not writer:
                 continue
             for r in range(tp):
@@ -233,13 +204,6 @@ def save_hf_checkpoint(model: nn.Module, out_dir: str | os.PathLike, dtype: torc
     module = unwrap_model(model)
     tensors = collect_hf_state_dict(module, dtype)
     if tensors:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        hf_config = module.config.to_hf_dict()
-        if dtype is not None:
-            hf_config["torch_dtype"] = str(dtype).replace("torch.", "")
-        (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-        save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(out / "model.safetensors"),
-                  metadata={"format": "pt"})
+        write_hf_dir(out_dir, module.config.to_hf_dict(), tensors, dtype)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

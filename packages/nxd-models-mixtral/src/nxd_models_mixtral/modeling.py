@@ -15,11 +15,11 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd_core_parallel import parallel_state
+from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding
 from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention
 from nxd_models_llama.attention_mask import build_attention_mask
-from nxd_models_llama.modeling import causal_lm_loss
 from nxd_models_llama.rope import RotaryEmbedding
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_moe import MoELayer, load_balancing_loss, router_z_loss

@@ -1,0 +1,208 @@
+"""Model-agnostic helpers for Hugging Face checkpoint import/export under tensor parallelism.
+
+Each model package keeps its own name mapping (which HF rows/columns a TP rank holds); the reading
+of safetensors slices, the gathering of shards and the choice of the writing rank live here once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from nxd_core_parallel import parallel_state
+
+__all__ = ["WRAPPER_TOKENS", "SafetensorsCheckpoint", "SlicePiece", "check_config_fields", "clean_param_name",
+           "gather_over", "gather_shards", "tp_size_and_rank", "unwrap_local_module", "write_hf_dir", "writes_files"]
+
+#: Wrapper prefixes (activation checkpointing, torch.compile, DDP-style) dropped from parameter names.
+WRAPPER_TOKENS = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
+
+
+def clean_param_name(name: str) -> str:
+    """``name`` without the wrapper prefixes of :data:`WRAPPER_TOKENS`."""
+    for token in WRAPPER_TOKENS:
+        name = name.replace(token, "")
+    return name
+
+
+def tp_size_and_rank() -> tuple[int, int]:
+    """(tensor-parallel size, this rank's tensor-parallel rank)."""
+    return parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_rank()
+
+
+class SlicePiece(Protocol):
+    """What :meth:`SafetensorsCheckpoint.read` needs of a model's mapping piece: rows (``dim=0``) or
+    columns (``dim=1``) ``index`` of ``hf_key`` (``dim=None``: all of it); optional ``zeros`` (TP
+    padding rows appended) and ``transpose``."""
+
+    hf_key: str
+    dim: int | None
+    index: tuple[int, ...]
+
+
+class SafetensorsCheckpoint:
+    """Read slices of tensors from ``model.safetensors`` or a sharded ``model.safetensors.index.json``.
+
+    ``aliases``: HF key -> another spelling accepted when the checkpoint stores only that one."""
+
+    def __init__(self, hf_dir: str | os.PathLike, aliases: Mapping[str, str] | None = None) -> None:
+        self.dir = Path(hf_dir)
+        self.aliases = dict(aliases or {})
+        index, single = self.dir / "model.safetensors.index.json", self.dir / "model.safetensors"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError) as err:
+                raise ValueError(f"{index}: not a safetensors index (needs a 'weight_map' object): {err}") from None
+            self.files = {key: self.dir / name for key, name in weight_map.items()}
+        elif single.is_file():
+            with safe_open(str(single), framework="pt") as f:
+                self.files = {key: single for key in f.keys()}
+        else:
+            found = sorted(p.name for p in self.dir.iterdir()) if self.dir.is_dir() else "no such directory"
+            raise FileNotFoundError(
+                f"{self.dir}: no model.safetensors or model.safetensors.index.json (found: {found}); "
+                "convert .bin checkpoints to safetensors first"
+            )
+        self._stack = ExitStack()
+        self._handles: dict[Path, Any] = {}
+
+    def __enter__(self) -> SafetensorsCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def keys(self) -> set[str]:
+        return set(self.files)
+
+    def resolve(self, key: str) -> str:
+        """``key`` as stored (an accepted alias when the checkpoint spells it differently)."""
+        alias = self.aliases.get(key)
+        return alias if key not in self.files and alias in self.files else key
+
+    def _slice(self, key: str) -> Any:
+        key = self.resolve(key)
+        if key not in self.files:
+            raise KeyError(f"{self.dir}: tensor {key!r} is missing from the checkpoint")
+        path = self.files[key]
+        if path not in self._handles:
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: listed in the index for {key!r} but missing")
+            self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="pt"))
+        return self._handles[path].get_slice(key)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._slice(key).get_shape())
+
+    def read(self, piece: SlicePiece) -> torch.Tensor:
+        """Only the span of rows/columns ``piece`` names is read from disk (transposed if it says so)."""
+        sl = self._slice(piece.hf_key)
+        if piece.dim is None:
+            return sl[:].t() if getattr(piece, "transpose", False) else sl[:]
+        if not piece.index:  # a shard that is all TP padding
+            block = sl[0:0] if piece.dim == 0 else sl[:, 0:0]
+        else:
+            lo, hi = min(piece.index), max(piece.index) + 1
+            block = sl[lo:hi] if piece.dim == 0 else sl[:, lo:hi]
+            if tuple(piece.index) != tuple(range(lo, hi)):
+                block = block.index_select(piece.dim, torch.tensor(piece.index) - lo)
+        zeros = getattr(piece, "zeros", 0)
+        if zeros:  # TP padding rows after the real ones (a pad=True layer's vocabulary)
+            shape = list(block.shape)
+            shape[piece.dim] = zeros
+            block = torch.cat([block, block.new_zeros(shape)], dim=piece.dim)
+        return block.t() if getattr(piece, "transpose", False) else block
+
+
+def gather_over(tensor: torch.Tensor, size: int, group: object) -> list[torch.Tensor]:
+    """``tensor`` of every rank of ``group`` (``size`` ranks), in rank order."""
+    local = tensor.detach().contiguous()
+    if size == 1:
+        return [local]
+    shards = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(shards, local, group=group)
+    return shards
+
+
+def gather_shards(param: torch.Tensor, tp: int) -> list[torch.Tensor]:
+    """Every TP rank's shard of ``param`` (the same tensor ``tp`` times when it is replicated)."""
+    if tp == 1 or not getattr(param, "tensor_model_parallel", False):
+        return [param.detach().contiguous()] * tp
+    return gather_over(param, tp, parallel_state.get_tensor_model_parallel_group())
+
+
+def writes_files() -> bool:
+    """True on the one rank that writes exported files (TP rank 0 of DP rank 0)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    if not parallel_state.model_parallel_is_initialized():
+        return dist.get_rank() == 0
+    return dist.get_rank() == parallel_state.get_tensor_model_parallel_src_rank() and \
+        parallel_state.get_data_parallel_rank() == 0
+
+
+def unwrap_local_module(model: nn.Module, config_type: type, expected: str) -> nn.Module:
+    """The model inside an ``NxDModel`` (or ``model`` itself); a ``TypeError`` naming ``expected``
+    unless its ``config`` is a ``config_type``."""
+    if hasattr(model, "local_module") and callable(model.local_module):
+        model = model.local_module()
+    if not isinstance(getattr(model, "config", None), config_type):
+        raise TypeError(f"expected an nxd {expected} (or NxDModel wrapping one), got {type(model).__name__}")
+    return model
+
+
+def check_config_fields(model_config: object, hf_dir: Path, from_dict: Callable[[dict], object],
+                        fields: tuple[str, ...]) -> None:
+    """Each of ``fields`` of ``hf_dir/config.json`` (read by ``from_dict``) equals ``model_config``'s;
+    a weights-only directory passes (shapes are still checked tensor by tensor)."""
+    path = hf_dir / "config.json"
+    if not path.is_file():
+        return
+    ckpt_config = from_dict(json.loads(path.read_text()))
+    for name in fields:
+        if getattr(ckpt_config, name) != getattr(model_config, name):
+            raise ValueError(f"{path}: {name}={getattr(ckpt_config, name)!r} but the model was built with "
+                             f"{name}={getattr(model_config, name)!r}")
+
+
+def write_hf_dir(out_dir: str | os.PathLike, hf_config: dict, tensors: dict[str, torch.Tensor],
+                 dtype: torch.dtype | None = None, max_shard_size: int | None = None) -> None:
+    """Write ``config.json`` (``torch_dtype`` set when ``dtype`` is given) and the tensors: one
+    ``model.safetensors``, or shards + index when they exceed ``max_shard_size`` bytes."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if dtype is not None:
+        hf_config = {**hf_config, "torch_dtype": str(dtype).replace("torch.", "")}
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key in sorted(tensors):
+        nbytes = tensors[key].numel() * tensors[key].element_size()
+        if max_shard_size is not None and shards[-1] and size + nbytes > max_shard_size:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensors[key].contiguous()
+        size += nbytes
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata=metadata)
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata=metadata)
+        weight_map.update({key: name for key in shard})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")

@@ -33,19 +33,21 @@ if rows:
 PY
 }
 if has tests; then
-  timeout 300 python3 -m pytest -m gpu packages/nxd-training/tests/test_gpu.py -q -p no:cacheprovider -x \
+  timeout 300 python3 -m pytest -m gpu packages/nxd-training/tests/test_gpu.py packages/nxd-models-llama/tests/test_fused_kernels.py \
+    -q -s -p no:cacheprovider \
     2>&1 | tee "$OUT/tests.log" | tail -5
 fi
 if has train; then
   train compiled 30
-  train eager 15 trainer.compile=false
+  train compiled-fusedce 30 "model.fused_kernels=[cross_entropy]"
+  has train-eager && train eager 15 trainer.compile=false
 fi
 if has bench-compiled; then
-  timeout 420 python3 "$here"/bench_gpu.py --only nxd-compiled,hf-compiled,torchtitan-compiled --json "$OUT/bench-compiled.json" \
+  timeout 480 python3 "$here"/bench_gpu.py --only "${BENCH_COMPILED:-nxd-compiled,nxd-compiled-fusedce,hf-compiled,torchtitan-compiled}" --json "$OUT/bench-compiled.json" \
     2>&1 | tee "$OUT/bench-compiled.log" | tail -8
 fi
 if has bench-eager; then
-  timeout 300 python3 "$here"/bench_gpu.py --only nxd-eager,hf-eager,torchtitan-recipe --json "$OUT/bench-eager.json" \
+  timeout 300 python3 "$here"/bench_gpu.py --only "${BENCH_EAGER:-nxd-eager,nxd-fused,hf-eager,torchtitan-eager}" --json "$OUT/bench-eager.json" \
     2>&1 | tee "$OUT/bench-eager.log" | tail -8
 fi
 if has extra && [ -f "$here/extra.sh" ]; then

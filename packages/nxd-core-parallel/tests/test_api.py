@@ -279,6 +279,22 @@ def test_rank_layout_four_ranks(rank_pool):
     res = rank_pool(4).run(layout_body, 2, 1)
     assert [r["dp"][2] for r in res] == [[0, 2], [1, 3], [0, 2], [1, 3]]
     assert [r["dp"][0] for r in res] == [0, 0, 1, 1]
+    # the configured timeout reaches every group of every dimension (singletons and kv_shared too),
+    # replaces a context of the same sizes built with another timeout, and survives NxD's config call
+    for r in rank_pool(4).run(timeout_body, 2, 2, 7):
+        assert r == {"context": 7.0, "groups": [7.0] * 8, "kept_by_config": True}, r  # 7 dimensions + kv_shared
+
+
+def timeout_body(tp: int, pp: int, seconds: int) -> dict:
+    from datetime import timedelta
+
+    ps.initialize_model_parallel(tp, pp, timeout=timedelta(seconds=seconds))
+    ctx = nxd.get_parallel_context()
+    dims = [ctx.dim(name) for name in nxd.parallel.DIMENSIONS] + list(ctx.kv_shared.values())
+    # torch keeps a gloo group's timeout in its backend's options (no public getter)
+    groups = [d.group._get_backend(torch.device("cpu")).options._timeout.total_seconds() for d in dims]
+    nxd.neuronx_distributed_config(tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    return {"context": ctx.timeout.total_seconds(), "groups": groups, "kept_by_config": nxd.get_parallel_context() is ctx}
 
 
 def context_body(tp: int) -> dict:

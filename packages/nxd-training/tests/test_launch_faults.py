@@ -1,5 +1,6 @@
 """Fault injection around the launch: a second run into a live run's directory is refused, SIGTERM
-to `nxd train` stops torchrun and every rank, and a failing rank leaves torchrun's error file."""
+to `nxd train` stops torchrun and every rank, a failing rank leaves torchrun's error file, and a
+rank that stops taking part in collectives ends the job within distributed_strategy.collective_timeout."""
 
 from __future__ import annotations
 
@@ -18,10 +19,32 @@ import yaml
 CODE = "import sys; from nxd.cli import main; sys.exit(main())"
 
 
-def _nxd_train(config_path: Path, *overrides: str) -> subprocess.Popen:
+def _nxd_train(config_path: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", CODE, "train", str(config_path), *overrides],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _ranks(launcher: subprocess.Popen) -> list[psutil.Process]:
+    return [k for k in psutil.Process(launcher.pid).children(recursive=True)
+            if "nxd_training.worker" in " ".join(k.cmdline())]
+
+
+def _wait_for_training(launcher: subprocess.Popen, log_dir: Path) -> None:
+    deadline = time.monotonic() + 300
+    while not (log_dir / "metrics.jsonl").exists():
+        assert launcher.poll() is None, launcher.stdout.read()
+        assert time.monotonic() < deadline, "the run did not start training in time"
+        time.sleep(0.2)
+
+
+#: Fault injection through the interpreter's startup hook (the ranks inherit PYTHONPATH from
+#: torchrun): on SIGUSR1, rank 1's main thread sleeps where it is and never enters another collective.
+HANG_ON_SIGUSR1 = """
+import os, signal, time
+if os.environ.get("RANK") == "1" and os.environ.get("TORCHELASTIC_RUN_ID"):
+    signal.signal(signal.SIGUSR1, lambda *_: time.sleep(10**6))
+"""
 
 
 @pytest.mark.slow
@@ -33,13 +56,8 @@ def test_second_writer_is_refused_and_sigterm_stops_every_rank(make_config, tmp_
         exp_manager={"explicit_log_dir": str(log_dir), "create_checkpoint_callback": False})))
     first = _nxd_train(path)
     try:
-        deadline = time.monotonic() + 300
-        while not (log_dir / "metrics.jsonl").exists():
-            assert first.poll() is None, first.stdout.read()
-            assert time.monotonic() < deadline, "the first run did not start training in time"
-            time.sleep(0.2)
-        ranks = [k for k in psutil.Process(first.pid).children(recursive=True)
-                 if "nxd_training.worker" in " ".join(k.cmdline())]
+        _wait_for_training(first, log_dir)
+        ranks = _ranks(first)
         assert len(ranks) >= 2
         second = _nxd_train(path, "trainer.max_steps=2")
         out, _ = second.communicate(timeout=300)
@@ -66,3 +84,37 @@ def test_worker_failure_writes_torchruns_error_file(tmp_path: Path) -> None:
     assert proc.returncode != 0
     message = json.loads(error_file.read_text())["message"]
     assert "missing.yaml" in message["message"] and "Traceback" in message["extraInfo"]["py_callstack"]
+
+
+@pytest.mark.slow
+def test_a_hung_rank_ends_the_job_within_the_collective_timeout(make_config, tmp_path: Path) -> None:
+    timeout, margin = 10, 40  # margin: the failing rank's exit, torchrun's monitor and teardown on 2 busy cores
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(HANG_ON_SIGUSR1)
+    log_dir = tmp_path / "run"
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(make_config(
+        trainer={"max_steps": 100000},
+        distributed_strategy={"tensor_model_parallel_size": 2, "collective_timeout": timeout},
+        exp_manager={"explicit_log_dir": str(log_dir), "create_checkpoint_callback": False})))
+    paths = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH")) if p)
+    job = _nxd_train(path, env={"PYTHONPATH": paths})
+    try:
+        _wait_for_training(job, log_dir)
+        ranks = _ranks(job)
+        hung = next(p for p in ranks if p.environ().get("RANK") == "1")
+        hung.send_signal(signal.SIGUSR1)  # rank 1 now sleeps; rank 0 waits in the TP group's all-reduce
+        start = time.monotonic()
+        out, _ = job.communicate(timeout=timeout + 120)
+        elapsed = time.monotonic() - start
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0, out
+    assert elapsed < timeout + margin, f"the job took {elapsed:.1f}s to end after rank 1 hung\n{out}"
+    assert "rank 0 (node 0, local rank 0): a collective did not complete within " \
+           "distributed_strategy.collective_timeout=10s" in out, out
+    _, alive = psutil.wait_procs(ranks, timeout=30)
+    assert not alive, f"ranks still running: {[p.pid for p in alive]}"
+    print(f"hung rank -> job ended in {elapsed:.1f}s (collective_timeout={timeout}s)")

@@ -38,14 +38,16 @@ def initialize_model_parallel(
     timeout: timedelta | None = None,
 ) -> None:
     """Create every parallel group and make the context current. Every rank must call this, with
-    the same sizes; calling it again with the same sizes keeps the existing groups."""
+    the same sizes; calling it again with the same sizes (and no other ``timeout``) keeps the
+    existing groups. ``timeout`` bounds every collective on every group (default 30 minutes)."""
     from nxd_core_parallel.context import build_parallel_context
 
     sizes = (int(tensor_model_parallel_size), int(pipeline_model_parallel_size),
              int(context_parallel_size), int(expert_model_parallel_size))
     current = current_parallel_context()
     if current is not None:
-        if (current.tp.size, current.pp.size, current.cp.size, current.ep.size) == sizes:
+        same_timeout = timeout is None or current.timeout == timeout
+        if (current.tp.size, current.pp.size, current.cp.size, current.ep.size) == sizes and same_timeout:
             return
         destroy_parallel_context()
     tp, pp, cp, ep = sizes

@@ -29,7 +29,13 @@ from nxd_training.exp_manager import (
     split_checkpoint_path,
 )
 from nxd_training.profiling import StepProfiler
-from nxd_training.runtime import ensure_process_group, seed_everything, select_backend
+from nxd_training.runtime import (
+    collective_timeout,
+    ensure_parallel_context,
+    ensure_process_group,
+    seed_everything,
+    select_backend,
+)
 
 #: batch keys the model's forward takes (a data module may add others, e.g. segment_ids)
 MODEL_INPUTS = ("input_ids", "labels", "position_ids", "attention_mask", "loss_mask")
@@ -75,7 +81,8 @@ class Trainer:
         self.config = config
         self.plan: RunPlan = make_plan(config)
         self.backend = select_backend(config)
-        self.owns_group = ensure_process_group(self.plan.world_size, self.backend)
+        self.owns_group = ensure_process_group(self.plan.world_size, self.backend, collective_timeout(config))
+        ensure_parallel_context(config, self.plan)
         self.rank = dist.get_rank()
         self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
         self.ckpt_dir = checkpoint_dir(config, self.log_dir)

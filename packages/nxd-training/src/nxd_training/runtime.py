@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import re
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -12,6 +14,7 @@ import torch.distributed as dist
 import nxd
 from nxd import ConfigError
 from nxd.parallel import DEFAULT_TIMEOUT
+from nxd_training.config.plan import RunPlan
 from nxd_training.config.schema import TrainingConfig
 
 
@@ -28,9 +31,42 @@ def select_backend(config: TrainingConfig) -> str:
     return choice
 
 
-def ensure_process_group(world_size: int, backend: str) -> bool:
+def collective_timeout(config: TrainingConfig) -> timedelta:
+    """``distributed_strategy.collective_timeout``: the default group's and every parallel group's timeout."""
+    return timedelta(seconds=config.distributed_strategy.collective_timeout)
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective on this rank waited longer than ``distributed_strategy.collective_timeout``."""
+
+
+#: how the backends word a timed-out collective: gloo raises on the waiting rank; NCCL's watchdog
+#: reports (and, with TORCH_NCCL_ASYNC_ERROR_HANDLING, tears the process down) on its own thread
+_TIMEOUT_PATTERN = re.compile(r"Timed out waiting \d+ms for (recv|send) operation|collective operation timeout")
+
+
+def explain_collective_timeout(exc: BaseException, config: TrainingConfig) -> CollectiveTimeout | None:
+    """A :class:`CollectiveTimeout` naming this rank and the configured timeout when ``exc`` is a
+    backend's collective timeout, else None."""
+    if not isinstance(exc, RuntimeError) or not _TIMEOUT_PATTERN.search(str(exc)):
+        return None
+    env = os.environ
+    where = f"rank {env.get('RANK', '0')} (node {env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')})"
+    seconds = config.distributed_strategy.collective_timeout
+    return CollectiveTimeout(
+        f"{where}: a collective did not complete within distributed_strategy.collective_timeout={seconds:g}s: "
+        "another rank stopped taking part (hung, stopped or dead; a hung rank reports no error of its own). "
+        "If a step may legitimately wait longer (a slow checkpoint save, a long first compile), raise "
+        f"distributed_strategy.collective_timeout. Backend: {str(exc).strip()}")
+
+
+def ensure_process_group(world_size: int, backend: str, timeout: timedelta = DEFAULT_TIMEOUT) -> bool:
     """Initialise the default process group unless the caller did; returns True when we did.
-    torchrun provides RANK/WORLD_SIZE/MASTER_*; a one-rank run needs no rendezvous at all."""
+    torchrun provides RANK/WORLD_SIZE/MASTER_*; a one-rank run needs no rendezvous at all.
+
+    ``timeout`` bounds every collective on the default group (a group the caller made keeps its own).
+    Joining the rendezvous is not a collective: it keeps the 30-minute default, since nodes of a
+    cluster job may start minutes apart."""
     if dist.is_initialized():
         if dist.get_world_size() != world_size:
             raise ConfigError(
@@ -40,7 +76,7 @@ def ensure_process_group(world_size: int, backend: str) -> bool:
         return False
     pg_backend = nxd.get_backend(backend).process_group_backend
     if world_size == 1 and "RANK" not in os.environ:
-        dist.init_process_group(pg_backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(pg_backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         return True
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
     if env_world != world_size:
@@ -50,7 +86,7 @@ def ensure_process_group(world_size: int, backend: str) -> bool:
     store, rank, world = next(dist.rendezvous("env://", timeout=DEFAULT_TIMEOUT))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     dist.init_process_group(pg_backend, store=dist.PrefixStore(f"nxd/attempt_{attempt}", store), rank=rank,
-                            world_size=world, timeout=DEFAULT_TIMEOUT)
+                            world_size=world, timeout=timeout)
     return True
 
 
@@ -58,3 +94,14 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+def ensure_parallel_context(config: TrainingConfig, plan: RunPlan) -> None:
+    """Build the parallel groups with the configured timeout before anything else builds them
+    (``neuronx_distributed_config`` keeps a context of the same sizes)."""
+    from nxd_core_parallel import parallel_state
+
+    ds = config.distributed_strategy
+    parallel_state.initialize_model_parallel(plan.tp, plan.pp, ds.expert_model_parallel_size,
+                                             context_parallel_size=ds.context_parallel_size,
+                                             timeout=collective_timeout(config))

@@ -15,9 +15,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from nxd_training.config.loader import load_config
     from nxd_training.loop import train
+    from nxd_training.runtime import explain_collective_timeout
 
     config = load_config(argv[0])
-    train(config)
+    try:
+        train(config)
+    except RuntimeError as exc:
+        timed_out = explain_collective_timeout(exc, config)
+        if timed_out is None:
+            raise
+        raise timed_out from exc  # the error file then names this rank and the configured timeout
     return 0
 
 

@@ -1,7 +1,8 @@
 """The YAML schema: NxD Training's sections as typed pydantic models (unknown keys are errors).
 
 Key names follow NxDT's ``examples/conf/*.yaml`` so an NxDT config loads unchanged; the few nxd
-additions (``data.module``, ``model.architecture``, ``launcher``, ``generation``) are documented
+additions (``data.module``, ``model.architecture``, ``launcher``, ``generation``,
+``distributed_strategy.collective_timeout``) are documented
 in docs/config.md. Settings NxDT passed through environment variables are plain keys here.
 """
 
@@ -121,6 +122,11 @@ class DistributedStrategyConfig(Section):
     sequence_parallel: bool = False
     zero1: bool = False
     kv_replicator: Union[int, None] = Field(None, ge=1)
+    #: an nxd addition (NxDT has no such key): how long a rank waits in one collective before failing
+    collective_timeout: float = Field(
+        1800.0, gt=0, le=7 * 24 * 3600,
+        description="seconds a collective may wait for the other ranks on the default group and every "
+                    "TP/DP/PP/CP/EP group before the waiting rank fails (torch's default: 1800)")
 
 
 # --------------------------------------------------------------------------- data

@@ -66,7 +66,7 @@ def test_metadata_records_degrees_shapes_and_versions(tmp_path):
     model, _, _ = _trained()
     nxd.save_checkpoint(str(tmp_path), "t", model=model)
     meta = json.loads((tmp_path / "t" / "metadata.json").read_text())
-    assert meta["degrees"] == {"tp": 1, "pp": 1, "dp": 1, "world": 1}
+    assert meta["degrees"] == {"tp": 1, "pp": 1, "dp": 1, "ep": 1, "world": 1}
     assert meta["tensors"]["fc1.weight"] == {"shape": [8, 4], "dtype": "float32", "sharding": None, "pp_rank": 0}
     assert meta["versions"]["torch"] == torch.__version__
 

@@ -184,12 +184,3 @@ def test_nxdt_dropless_config_values_validate():
                                    router_aux_loss_coef=0.02, normalize_top_k_affinities=True))
     assert cfg.effective_capacity_factor is None
 
-
-def test_zero1_with_expert_parallelism_is_refused_before_launch():
-    # the nxd_validate_config hook neuronx_distributed_config runs (called directly: this package's
-    # test environment has no ZeRO-1 plugin, whose absence the core would report first)
-    from nxd_moe.plugin import nxd_validate_config
-
-    with pytest.raises(ConfigError, match="ZeRO-1"):
-        nxd_validate_config({"expert_parallel_size": 2, "optimizer_config": {"zero_one_enabled": True}})
-    nxd_validate_config({"expert_parallel_size": 1, "optimizer_config": {"zero_one_enabled": True}})

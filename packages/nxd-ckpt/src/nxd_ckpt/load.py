@@ -180,7 +180,8 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
         return
     if not saved_zero1:
         raise CheckpointError(f"{where}: saved by a non-ZeRO optimizer; the current optimizer is ZeRO-1")
-    if len(mine) == topo.dp:
+    saved_ep = meta["degrees"].get("ep", 1) if meta is not None else topo.ep
+    if len(mine) == topo.dp and saved_ep == topo.ep:
         optimizer.load_state_dict(reader.load(f"optim/{shard_name(topo.dp_rank, topo.tp_rank, topo.pp_rank)}"))
     else:
         shards = [reader.load(f"optim/{shard_name(d, topo.tp_rank, topo.pp_rank)}") for d in mine]

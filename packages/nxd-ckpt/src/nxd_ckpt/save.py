@@ -70,9 +70,13 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
             data = snap(state, "model")
             plan.files.append((f"model/{shard_name(0, topo.tp_rank, topo.pp_rank, fmt.suffix)}", fmt, data))
             plan.tensors = tensor_entries(data, shardings_of(module), topo)
-    if optimizer is not None and topo.cp_rank == 0 and (zero1 or topo.dp_rank == 0):
-        plan.files.append((f"optim/{shard_name(topo.dp_rank if zero1 else 0, topo.tp_rank, topo.pp_rank)}",
-                           torch_fmt, snap(optimizer.state_dict(), "optim")))
+    if optimizer is not None:
+        # every rank asks, as for the model: an optimizer's state_dict() may be collective (nxd-core-parallel's
+        # gathers expert-parallel state over the EP group); building one references tensors, copies nothing
+        optim_state = optimizer.state_dict()
+        if topo.cp_rank == 0 and (zero1 or topo.dp_rank == 0):
+            plan.files.append((f"optim/{shard_name(topo.dp_rank if zero1 else 0, topo.tp_rank, topo.pp_rank)}",
+                               torch_fmt, snap(optim_state, "optim")))
     if topo.rank == 0:
         if scheduler is not None:
             plan.files.append(("scheduler.pt", torch_fmt, snap(scheduler.state_dict(), "scheduler")))

@@ -27,6 +27,8 @@ class Topology:
     dp_rank: int
     #: context-parallel rank: CP ranks hold the same weights and optimizer state, only CP rank 0 writes
     cp_rank: int = 0
+    #: expert-parallel degree: ZeRO-1 shards of expert state are laid out per EP rank
+    ep: int = 1
 
     @property
     def distributed(self) -> bool:
@@ -38,7 +40,7 @@ class Topology:
         return self.dp_rank == 0 and self.cp_rank == 0
 
     def degrees(self) -> dict[str, int]:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "world": self.world}
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "world": self.world}
 
 
 def current_topology() -> Topology:
@@ -49,7 +51,7 @@ def current_topology() -> Topology:
     if context is None:
         return Topology(rank, world, 1, 1, world, 0, 0, rank)
     return Topology(rank, world, context.tp.size, context.pp.size, context.dp.size,
-                    context.tp.rank, context.pp.rank, context.dp.rank, context.cp.rank)
+                    context.tp.rank, context.pp.rank, context.dp.rank, context.cp.rank, context.ep.size)
 
 
 class GroupGone(CheckpointError):

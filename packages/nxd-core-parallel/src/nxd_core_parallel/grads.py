@@ -117,12 +117,48 @@ def allreduce_expert_parallel_gradients(parameters: Any) -> None:
         if is_expert_parallel(p) and p.grad is not None:
             group = p.expert_data_parallel_group
             by_group.setdefault(id(group), (group, []))[1].append(p.grad)
-    # under context parallelism each rank's loss gradient is CP times its share (context_parallel_token_mean)
-    dp = parallel_state.get_data_parallel_size() * parallel_state.get_context_model_parallel_size()
+    dp = expert_gradient_divisor()
     for group, grads in by_group.values():
         _allreduce_flat(grads, group, average=False, cap_bytes=BUCKET_CAP_BYTES)
         for g in grads:
             g.div_(dp)
+
+
+def expert_gradient_divisor() -> int:
+    """What the expert-data-parallel sum of an expert gradient is divided by: the DP size (times CP:
+    under context parallelism each rank's loss gradient is CP times its share, as
+    context_parallel_token_mean makes it)."""
+    return parallel_state.get_data_parallel_size() * parallel_state.get_context_model_parallel_size()
+
+
+def reduction_param_groups(parameters: Any) -> list[dict]:
+    """``parameters`` (tensors or param-group dicts) as param groups whose parameters all reduce
+    their gradients over the same process group, for optimizers that shard state per group (nxd-zero1).
+
+    Expert parameters (those carrying an ``expert_data_parallel_group``, at any EP degree, so the
+    groups are the same at every degree and checkpoints reshard across EP) move to a group of their
+    own (after the group they came from, with its options) carrying ``sharding_group`` (their
+    expert-data-parallel group: the ranks holding the same experts), ``gradient_divisor``
+    (:func:`expert_gradient_divisor`) and ``partition_group`` (their expert-parallel group: the
+    ranks holding the other experts, split along dimension 0). Other parameters keep their group;
+    groups left empty are dropped."""
+    params = list(parameters) if not isinstance(parameters, torch.Tensor) else [parameters]
+    groups = [dict(g) for g in params] if params and isinstance(params[0], dict) else [{"params": params}]
+    out: list[dict] = []
+    for group in groups:
+        members = [group["params"]] if isinstance(group["params"], torch.Tensor) else list(group["params"])
+        dense = [p for p in members if getattr(p, "expert_data_parallel_group", None) is None]
+        if dense or len(dense) == len(members):
+            out.append({**group, "params": dense})
+        by_group: dict[int, list[torch.Tensor]] = {}
+        for p in members:
+            if getattr(p, "expert_data_parallel_group", None) is not None:
+                by_group.setdefault(id(p.expert_data_parallel_group), []).append(p)
+        for experts in by_group.values():
+            out.append({**group, "params": experts, "sharding_group": experts[0].expert_data_parallel_group,
+                        "gradient_divisor": expert_gradient_divisor(),
+                        "partition_group": experts[0].expert_model_parallel_group})
+    return out
 
 
 def _counted_on_this_rank(param: torch.Tensor) -> bool:

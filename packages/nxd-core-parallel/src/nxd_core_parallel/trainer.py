@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from nxd_core_parallel import dp_overlap, parallel_state
+from nxd_core_parallel.expert_state import gather_expert_state, slice_expert_state
 from nxd_core_parallel.grads import (
     allreduce_expert_parallel_gradients,
     allreduce_sequence_parallel_gradients,
@@ -277,16 +278,13 @@ class NxDOptimizer(torch.optim.Optimizer):
             self._reducer.reset()
 
     def state_dict(self) -> dict:
-        if any(is_expert_parallel(p) for p in self._params()):
-            # checkpointers write DP rank 0's optimizer state; the other EP ranks' expert moments would be lost
-            raise NotImplementedError(
-                "optimizer state of expert-parallel parameters (expert_model_parallel_size > 1) cannot be "
-                "checkpointed yet: save the weights only (optimizer=None; they reshard across EP) or train with "
-                "expert_model_parallel_size=1")
-        return self.optimizer.state_dict()
+        """The inner optimizer's state dict, with expert-parallel parameters' state gathered over
+        their EP group (then every rank must call it, as nxd-ckpt's save does), so it holds every
+        expert and loads at any EP degree."""
+        return gather_expert_state(self.optimizer.state_dict(), self._params())
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.optimizer.load_state_dict(state_dict)
+        self.optimizer.load_state_dict(slice_expert_state(state_dict, self._params()))
 
     def add_param_group(self, param_group: dict) -> None:
         self.optimizer.add_param_group(param_group)

@@ -46,7 +46,8 @@ class ExpertMLPs(nn.Module):
         tp_sharded = tp_size > 1
         for param, dim in ((self.gate_up_proj, 1), (self.down_proj, 2)):
             param.expert_model_parallel = ep_size > 1
-            if ep_size > 1:  # the groups nxd-core-parallel's grad sync and clipping use for these
+            if ep_group is not None:  # the groups nxd-core-parallel's grad sync, clipping and ZeRO-1 groups use
+                # (set at EP=1 too, so a ZeRO-1 optimizer has the same param groups at every EP degree)
                 param.expert_model_parallel_group = ep_group
                 param.expert_data_parallel_group = edp_group
             param.tensor_model_parallel = tp_sharded

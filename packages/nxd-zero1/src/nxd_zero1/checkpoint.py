@@ -3,7 +3,10 @@
 A shard records the DP size and rank it was saved at and, per param group, the group's unpadded
 ``numel`` and the global flat range ``[shard_start, shard_end)`` it holds. Loading at any DP size
 reassembles each rank's new range from the overlapping pieces of the saved shards, so no rank ever
-materialises a full unsharded state.
+materialises a full unsharded state. A param group whose parameters are slices of larger ones (a
+``partition_group``, e.g. experts split over expert-parallel ranks) also records its partition size
+and rank; its pieces are placed in the flat layout of the full parameters, so it reshards across
+the partition size as well.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from nxd_zero1.groups import group_rank
-from nxd_zero1.layout import gather_range
+from nxd_zero1.layout import gather_range, global_runs
 
 if TYPE_CHECKING:
     from nxd_zero1.optimizer import NeuronZero1Optimizer
@@ -34,8 +37,9 @@ def build_state_dict(opt: NeuronZero1Optimizer) -> dict:
         state[idx] = dict(entry)
         sharded[idx] = [k for k, v in entry.items() if torch.is_tensor(v) and v.dim() == 1 and v.shape == shape]
     groups = []
-    for layout, params in zip(opt._layouts, opt._flat_params):
-        groups.append({**layout.describe(), "dtype": str(params[0].dtype) if params else "none"})
+    for layout, params, comm in zip(opt._layouts, opt._flat_params, opt._comms):
+        groups.append({**layout.describe(), "dtype": str(params[0].dtype) if params else "none",
+                       "partition_size": comm.partition_size, "partition_rank": comm.partition_rank})
     sd: dict[str, Any] = {
         FORMAT_KEY: FORMAT_VERSION,
         "dp_rank": opt.dp_rank,
@@ -60,6 +64,16 @@ def _check_shard(i: int, sd: Any) -> None:
         raise ValueError(f"shard {i} has ZeRO-1 format {sd[FORMAT_KEY]}, this nxd-zero1 reads {FORMAT_VERSION}")
 
 
+def _partition(group: dict) -> tuple[int, int]:
+    return int(group.get("partition_size", 1)), int(group.get("partition_rank", 0))
+
+
+def _full_shapes(group: dict) -> list[list[int]]:
+    """The saved group's parameter shapes before partitioning (dimension 0 times the partition size)."""
+    size = _partition(group)[0]
+    return [[s[0] * size, *s[1:]] if s else s for s in group["shapes"]]
+
+
 def check_same_layout(opt: NeuronZero1Optimizer, sd: dict) -> None:
     _check_shard(0, sd)
     if (sd["dp_size"], sd["dp_rank"]) != (opt.dp_size, opt.dp_rank):
@@ -67,6 +81,34 @@ def check_same_layout(opt: NeuronZero1Optimizer, sd: dict) -> None:
             f"load_state_dict got the shard of DP rank {sd['dp_rank']} of {sd['dp_size']}, but this is DP rank "
             f"{opt.dp_rank} of {opt.dp_size}; use load_state_dict_from_shards(all_shards) to load across DP sizes"
         )
+    for gi, (group, comm) in enumerate(zip(sd["groups"], opt._comms)):
+        if _partition(group) != (comm.partition_size, comm.partition_rank):
+            raise ValueError(
+                f"param group {gi} was saved as partition {_partition(group)[1]} of {_partition(group)[0]}, this rank "
+                f"holds partition {comm.partition_rank} of {comm.partition_size} (e.g. another expert-parallel "
+                "size); use load_state_dict_from_shards(all_shards) to reshard")
+
+
+def _global_pieces(sd: dict, gi: int, tensor: torch.Tensor) -> list[tuple[int, int, torch.Tensor]]:
+    """``tensor`` (the saved flat shard of group ``gi``) as pieces placed in the full-parameter layout."""
+    group = sd["groups"][gi]
+    start = group["shard_start"]
+    size, rank = _partition(group)
+    return [(g, g + n, tensor[lo - start:lo - start + n])
+            for lo, g, n in global_runs(group["shapes"], size, rank, start, group["shard_end"])]
+
+
+def _assemble(opt: NeuronZero1Optimizer, gi: int, pieces: list[tuple[int, int, torch.Tensor]],
+              like: torch.Tensor) -> torch.Tensor:
+    """This rank's flat shard of group ``gi`` (padding zero) from full-layout ``pieces``."""
+    layout, comm = opt._layouts[gi], opt._comms[gi]
+    out = torch.zeros(layout.shard_size, dtype=like.dtype, device=like.device)
+    total = layout.numel * comm.partition_size
+    for lo, g, n in global_runs(layout.shapes, comm.partition_size, comm.partition_rank, layout.shard_start,
+                                layout.shard_end):
+        local = lo - layout.shard_start
+        out[local:local + n].copy_(gather_range(pieces, g, g + n, total, like=like))
+    return out
 
 
 def load_from_shards(opt: NeuronZero1Optimizer, shards: list[dict], allow_partial: bool = False) -> None:
@@ -88,20 +130,24 @@ def load_from_shards(opt: NeuronZero1Optimizer, shards: list[dict], allow_partia
         raise ValueError(f"checkpoint has {len(shards[0]['groups'])} param groups, optimizer has {len(opt._layouts)}")
 
     new_state: dict[int, dict] = {}
-    for gi, layout in enumerate(opt._layouts):
-        saved_numel = shards[0]["groups"][gi]["numel"]
-        if saved_numel != layout.numel:
+    for gi, (layout, comm) in enumerate(zip(opt._layouts, opt._comms)):
+        saved_numel = shards[0]["groups"][gi]["numel"] * _partition(shards[0]["groups"][gi])[0]
+        if saved_numel != layout.numel * comm.partition_size:
             raise ValueError(f"param group {gi}: checkpoint holds {saved_numel} elements, the optimizer's parameters "
-                             f"have {layout.numel}; the model does not match the checkpoint")
+                             f"have {layout.numel * comm.partition_size}; the model does not match the checkpoint")
+        saved = _full_shapes(shards[0]["groups"][gi])
+        ours = [[s[0] * comm.partition_size, *s[1:]] if s else list(s) for s in layout.shapes]
+        if saved != ours:
+            raise ValueError(f"param group {gi}: checkpoint holds parameters of shapes {saved}, the optimizer's are "
+                             f"{ours}; the model does not match the checkpoint")
         holders = [sd for sd in shards if gi in sd["state"]]
         if not holders:
             continue
         entry = {}
         for key, value in holders[0]["state"][gi].items():
             if key in holders[0]["sharded_keys"][gi]:
-                pieces = [(sd["groups"][gi]["shard_start"], sd["groups"][gi]["shard_end"], sd["state"][gi][key])
-                          for sd in holders]
-                entry[key] = gather_range(pieces, layout.shard_start, layout.shard_end, layout.numel, like=value)
+                pieces = [piece for sd in holders for piece in _global_pieces(sd, gi, sd["state"][gi][key])]
+                entry[key] = _assemble(opt, gi, pieces, like=value)
             else:
                 entry[key] = value
         new_state[gi] = entry
@@ -113,11 +159,9 @@ def load_from_shards(opt: NeuronZero1Optimizer, shards: list[dict], allow_partia
         outer.update({k: v for k, v in saved.items() if k != "params"})
 
     if all("master_weights" in sd for sd in shards):
-        for gi, layout in enumerate(opt._layouts):
-            pieces = [(sd["groups"][gi]["shard_start"], sd["groups"][gi]["shard_end"], sd["master_weights"][gi])
-                      for sd in shards]
-            opt._shards[gi].copy_(gather_range(pieces, layout.shard_start, layout.shard_end, layout.numel,
-                                               like=opt._shards[gi]))
+        for gi in range(len(opt._layouts)):
+            pieces = [piece for sd in shards for piece in _global_pieces(sd, gi, sd["master_weights"][gi])]
+            opt._shards[gi].copy_(_assemble(opt, gi, pieces, like=opt._shards[gi]))
     else:
         opt.reload_master_weights_from_params()
     for sd in shards:

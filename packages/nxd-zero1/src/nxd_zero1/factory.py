@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from nxd import ConfigError
+from nxd_core_parallel.grads import reduction_param_groups
 from nxd_zero1.optimizer import NeuronZero1Optimizer
 
 #: NxD's ``mixed_precision_config`` keys (plus nxd's ``stochastic_rounding``) and their defaults
@@ -36,14 +37,8 @@ def make_zero1_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Opt
                          **defaults: Any) -> NeuronZero1Optimizer:
     """Factory registered as optimizer ``zero1``: builds a NeuronZero1Optimizer from the config."""
     opt_cfg = nxd_config["optimizer_config"]
-    parameters = list(parameters)
-    flat = [p for group in parameters for p in group["params"]] if parameters and isinstance(parameters[0], dict) \
-        else parameters
-    if any(getattr(p, "expert_model_parallel", False) for p in flat):
-        # ZeRO-1 shards every parameter's state over the whole DP group; experts differ per EP rank
-        raise ConfigError("ZeRO-1 (zero_one_enabled / distributed_strategy.zero1) with expert parallelism "
-                          "(expert_model_parallel_size > 1) is not supported yet: turn ZeRO-1 off or use "
-                          "expert_model_parallel_size=1")
+    # parameters not replicated over the whole DP group get param groups naming their own groups
+    parameters = reduction_param_groups(parameters)
     mp = validate_mixed_precision(nxd_config.get("mixed_precision_config"))
     return NeuronZero1Optimizer(
         parameters,

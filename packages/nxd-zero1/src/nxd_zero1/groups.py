@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
@@ -57,3 +58,45 @@ def group_rank(group: Any) -> int:
 
 def backend_name(group: Any) -> str:
     return str(dist.get_backend(group)).lower()
+
+
+@dataclass(frozen=True)
+class GroupComm:
+    """Where one param group's gradients are reduced and its state is sharded.
+
+    ``group``: the ranks that hold the same parameters; the group's gradients are summed over it
+    (then divided by ``divisor``) and its optimizer state is sharded over it. ``partition_group``:
+    the ranks holding the other slices, along dimension 0, of this group's parameters (their
+    gradient norms add up; checkpoints reshard across its size), or None. ``default``: the
+    optimizer's own sharding group with nothing else set.
+    """
+
+    group: Any
+    size: int
+    rank: int
+    divisor: float
+    partition_group: Any
+    default: bool
+
+    @property
+    def partition_size(self) -> int:
+        return group_size(self.partition_group)
+
+    @property
+    def partition_rank(self) -> int:
+        return group_rank(self.partition_group)
+
+    @classmethod
+    def pop_from(cls, param_group: dict, default_group: Any) -> GroupComm:
+        """Read and remove the keys ``sharding_group``, ``gradient_divisor`` and ``partition_group``
+        from ``param_group`` (so the inner optimizer and its state dict never see process groups)."""
+        group = param_group.pop("sharding_group", None)
+        divisor = param_group.pop("gradient_divisor", None)
+        partition = param_group.pop("partition_group", None)
+        default = group is None and divisor is None and partition is None
+        group = default_group if group is None else group
+        size = group_size(group)
+        divisor = size if divisor is None else divisor
+        if not divisor > 0:
+            raise ValueError(f"param group gradient_divisor must be positive, got {divisor!r}")
+        return cls(group, size, group_rank(group), float(divisor), partition, default)

@@ -98,3 +98,26 @@ def gather_range(shards: list[tuple[int, int, torch.Tensor]], start: int, end: i
         if lo < hi:
             out[lo - start:hi - start].copy_(t[lo - s:hi - s])
     return out
+
+
+def global_runs(shapes: list[tuple[int, ...]] | tuple[tuple[int, ...], ...], partition_size: int, partition_rank: int,
+                start: int, end: int) -> list[tuple[int, int, int]]:
+    """``(local_offset, global_offset, length)`` runs placing the flat range ``[start, end)`` of a
+    buffer of parameters ``shapes`` in the flat buffer of the *full* parameters, when each held
+    parameter is slice ``partition_rank`` (along dimension 0) of a parameter ``partition_size``
+    times larger. The full layout does not depend on the partition size, which is what lets
+    a checkpoint reshard across it; with ``partition_size == 1`` it is the identity."""
+    runs: list[tuple[int, int, int]] = []
+    off = goff = 0
+    for shape in shapes:
+        n = _numel(tuple(shape))
+        lo, hi = max(off, start), min(off + n, end)
+        if lo < hi:
+            run = (lo, goff + partition_rank * n + lo - off, hi - lo)
+            last = runs[-1] if runs else None
+            if last and last[0] + last[2] == run[0] and last[1] + last[2] == run[1]:
+                runs[-1] = (last[0], last[1], last[2] + run[2])
+            else:
+                runs.append(run)
+        off, goff = off + n, goff + n * partition_size
+    return runs

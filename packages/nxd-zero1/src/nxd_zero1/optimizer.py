@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients
 from nxd_zero1 import checkpoint as _ckpt
-from nxd_zero1.groups import backend_name, group_rank, group_size, resolve_group
+from nxd_zero1.groups import GroupComm, backend_name, group_rank, group_size, resolve_group
 from nxd_zero1.layout import FlatLayout, flatten_into
 from nxd_zero1.rounding import stochastic_round_to_bf16
 
@@ -71,6 +71,13 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
     Gradients of fp32 params are views of a flat fp32 buffer (``zero_grad`` zeroes them in place
     rather than setting them to None). After ``step()`` they hold the DP-summed gradient (this
     rank's slice averaged and clipped); call ``zero_grad()`` before the next backward.
+
+    A param group may name its own process groups (keys ``sharding_group``, ``gradient_divisor``,
+    ``partition_group``; see :class:`nxd_zero1.groups.GroupComm`) for parameters that are not
+    replicated over the whole DP group, e.g. parameters split over a sub-group of it: the group's
+    state is then sharded over ``sharding_group``, its gradients summed there and divided by
+    ``gradient_divisor``, and its norm contributions summed over ``partition_group`` too, so the
+    clipping norm counts every element of the full model once.
     """
 
     nxd_zero1 = True
@@ -122,7 +129,8 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         self.grad_norm: torch.Tensor | None = None
 
         groups = _param_groups(params)
-        self._layouts = [FlatLayout.build(g["params"], self.dp_size, self.dp_rank) for g in groups]
+        self._comms = [GroupComm.pop_from(g, self.sharding_group) for g in groups]
+        self._layouts = [FlatLayout.build(g["params"], c.size, c.rank) for g, c in zip(groups, self._comms)]
         self._flat_params = [g["params"] for g in groups]
         self._shards: list[torch.Tensor] = []
         # fp32 groups: the params become views of one flat buffer and the master shard is this
@@ -256,7 +264,9 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
 
         if not parallel_state.model_parallel_is_initialized() or parallel_state.get_context_model_parallel_size() == 1:
             return
-        bufs = [g for g in self._grads(self._all_params()) if g is not None]
+        # groups with their own sharding group reduce over it (it spans the CP ranks where needed)
+        params = [p for ps, c in zip(self._flat_params, self._comms) if c.default for p in ps]
+        bufs = [g for g in self._grads(params) if g is not None]
         if not bufs:
             return
         flat = torch.cat([b.reshape(-1) for b in bufs])
@@ -301,38 +311,49 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
 
     def _reduce_grad_shard(self, gi: int) -> torch.Tensor:
         """This rank's slice of the DP-averaged gradient of group ``gi``, in fp32."""
-        layout, params = self._layouts[gi], self._flat_params[gi]
+        layout, params, comm = self._layouts[gi], self._flat_params[gi], self._comms[gi]
         flat = self._grad_bufs[gi]
         if flat is not None:
             self._sync_grad_views(gi)
         else:
             flat = torch.empty(layout.padded_numel, dtype=torch.float32, device=self._shards[gi].device)
             flatten_into(flat, self._grads(params), layout)
-        if self.dp_size == 1:
-            return flat
+        if comm.size == 1:
+            return flat if comm.divisor == 1 else flat.div_(comm.divisor)
         # Sum, then average only this rank's 1/DP slice: one pass over the shard instead of over
         # the whole buffer (bit-identical to pre-dividing when DP is a power of two).
         if self.reduce_impl == "reduce_scatter":
             out = torch.empty(layout.shard_size, dtype=torch.float32, device=flat.device)
-            _collective("reduce_scatter")(out, flat, group=self.sharding_group)
+            _collective("reduce_scatter")(out, flat, group=comm.group)
         else:
-            dist.all_reduce(flat, group=self.sharding_group)
+            dist.all_reduce(flat, group=comm.group)
             out = flat[layout.shard_start:layout.shard_end]
-        return out.div_(self.dp_size)
+        return out.div_(comm.divisor)
 
     def _total_norm(self, grad_shards: list[torch.Tensor]) -> torch.Tensor:
         device = grad_shards[0].device if grad_shards else torch.device("cpu")
         inf = math.isinf(self.norm_type)
-        total = torch.zeros((), dtype=torch.float32, device=device)
-        for shard, weights in zip(grad_shards, self._norm_weights):
+        # one partial per distinct (sharding group, partition group): each is summed over the ranks
+        # holding other pieces of the same parameters, then the partials add up over TP and PP
+        partials: dict[tuple[int, int], tuple[torch.Tensor, GroupComm]] = {}
+        for shard, weights, comm in zip(grad_shards, self._norm_weights, self._comms):
+            key = (id(comm.group), id(comm.partition_group))
+            part = partials[key][0] if key in partials else torch.zeros((), dtype=torch.float32, device=device)
             for lo, hi, _ in weights:
                 seg = shard[lo:hi]
                 if inf:
-                    total = torch.maximum(total, seg.abs().max())
+                    part = torch.maximum(part, seg.abs().max())
                 else:
-                    total = total + torch.linalg.vector_norm(seg, self.norm_type) ** self.norm_type
+                    part = part + torch.linalg.vector_norm(seg, self.norm_type) ** self.norm_type
+            partials[key] = (part, comm)
         op = dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM
-        for group in (self.sharding_group, self.grad_norm_group, self.pipeline_group):
+        total = torch.zeros((), dtype=torch.float32, device=device)
+        for part, comm in partials.values():
+            for group in (comm.group, comm.partition_group):
+                if group_size(group) > 1:
+                    dist.all_reduce(part, op=op, group=group)
+            total = torch.maximum(total, part) if inf else total + part
+        for group in (self.grad_norm_group, self.pipeline_group):
             if group_size(group) > 1:
                 dist.all_reduce(total, op=op, group=group)
         return total if inf else total ** (1.0 / self.norm_type)
@@ -345,21 +366,21 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         return shard.to(dtype)
 
     def _write_back(self, gi: int) -> None:
-        params, layout = self._flat_params[gi], self._layouts[gi]
+        params, layout, comm = self._flat_params[gi], self._layouts[gi], self._comms[gi]
         if not params:
             return
         flat = self._flat_bufs[gi]
         if flat is not None:  # params are views of ``flat``; gather in place (NCCL-style layout)
-            if self.dp_size > 1:
-                _collective("all_gather")(flat, self._shards[gi], group=self.sharding_group)
+            if comm.size > 1:
+                _collective("all_gather")(flat, self._shards[gi], group=comm.group)
             return
         dtype = params[0].dtype
         local = self._to_param_dtype(self._shards[gi], dtype)
-        if self.dp_size == 1:
+        if comm.size == 1:
             full = local
         else:
             full = torch.empty(layout.padded_numel, dtype=dtype, device=local.device)
-            _collective("all_gather")(full, local.contiguous(), group=self.sharding_group)
+            _collective("all_gather")(full, local.contiguous(), group=comm.group)
         for p, off in zip(params, layout.offsets):
             p.detach().copy_(full[off:off + p.numel()].view_as(p))
 

@@ -1,5 +1,15 @@
 import os
 import sys
 
-# Tests import their helper (legacy_env.py) by name; pytest runs in importlib mode.
+import pytest
+
+# Tests import their helpers (legacy_env.py, example_run.py) by name; pytest runs in importlib mode.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def legacy_python(tmp_path_factory):
+    """The python of the NxD examples' pinned environment, built once for every example test."""
+    from legacy_env import build
+
+    return build(tmp_path_factory.mktemp("nxd_examples_env"))

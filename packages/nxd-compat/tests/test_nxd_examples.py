@@ -10,66 +10,28 @@ and the fused QKV projection stay at the script's defaults.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from legacy_env import build
+from example_run import prepare, rel, step_losses, torchrun
 
-EXAMPLES = Path(__file__).parent / "nxd_examples" / "llama"
 SCRIPT = "tp_zero1_llama_hf_pretrain.py"
 TOL = 1e-5
-STEPS, SEQ, ROWS = 4, 32, 32
-
-TINY_LLAMA = """{"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
- "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 128, "max_position_embeddings": 64,
- "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 4,
- "pad_token_id": 0, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0,
- "tie_word_embeddings": false, "torch_dtype": "float32", "use_cache": true, "vocab_size": 128,
- "sequence_parallel_enabled": false, "selective_checkpoint_enabled": false}"""
-
-MAKE_DATA = f"""
-import sys, datasets, torch
-ids = torch.randint(3, 128, ({ROWS}, {SEQ}), generator=torch.Generator().manual_seed(0)).tolist()
-datasets.Dataset.from_dict({{"input_ids": ids, "attention_mask": [[1] * {SEQ}] * {ROWS}, "labels": ids}}).save_to_disk(sys.argv[1])
-"""
+STEPS, SEQ = 4, 32
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("nxd_example")
-    python = build(root)
-    run = root / "run"
-    run.mkdir()
-    for path in [*EXAMPLES.glob("tp_zero1_llama_hf_pretrain/*.py"), *(EXAMPLES / n for n in
-                 ("training_utils.py", "modeling_llama_nxd.py", "lr.py"))]:
-        shutil.copy(path, run / path.name)
-    (run / "tiny_llama").mkdir()
-    (run / "tiny_llama" / "config.json").write_text(TINY_LLAMA)
-    subprocess.run([str(python), "-c", MAKE_DATA, str(run / "data")], check=True, capture_output=True)
-    return python, run
+def workdir(legacy_python, tmp_path_factory):
+    return legacy_python, prepare(legacy_python, tmp_path_factory.mktemp("tp_zero1") / "run", "tp_zero1_llama_hf_pretrain")
 
 
 def train(python: Path, run: Path, name: str, nproc: int, *args: str) -> list[float]:
     """Run the script under torchrun with ``nproc`` ranks; the per-step losses it logged."""
-    env = dict(os.environ, NXD_COMPAT_QUIET="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               # the example's logger asks an EC2 metadata endpoint for the instance type: refuse fast
-               http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9", no_proxy="", NO_PROXY="")
-    command = [str(python), "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "nxd_compat.run", SCRIPT, "--model_path", "tiny_llama", "--data_dir", "data",
-               "--output_dir", name, "--metrics_file", f"{name}/results.json", "--max_steps", str(STEPS),
-               "--steps_this_run", str(STEPS), "--warmup_steps", "1", "--grad_accum_usteps", "1",
-               "--seq_len", str(SEQ), "--use_zero_1", "--logging_interval", "1", *args]
-    done = subprocess.run(command, cwd=run, env=env, capture_output=True, text=True, timeout=540)
-    assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    (logdir,) = (run / name).glob("neuron_tblogs_*")
-    events = EventAccumulator(str(logdir))
-    events.Reload()
-    return [e.value for e in events.Scalars("step loss")]
+    torchrun(python, run, nproc, SCRIPT, "--model_path", "tiny_llama", "--data_dir", "data", "--output_dir", name,
+             "--metrics_file", f"{name}/results.json", "--max_steps", str(STEPS), "--steps_this_run", str(STEPS),
+             "--warmup_steps", "1", "--grad_accum_usteps", "1", "--seq_len", str(SEQ), "--use_zero_1",
+             "--logging_interval", "1", *args)
+    return step_losses(run / name)
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +40,6 @@ def reference(workdir):
     losses = train(python, run, "one_process", 1, "--tensor_parallel_size", "1", "--batch_size", "2")
     assert len(losses) == STEPS
     return losses
-
-
-def rel(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.slow

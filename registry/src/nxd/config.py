@@ -51,9 +51,10 @@ def _positive_int(field: str, value: Any) -> int:
 
 
 def _bool(field: str, value: Any) -> bool:
-    if not isinstance(value, bool):
+    # 0 / 1 too: NxD's examples pass their integer command-line flags (``--use_sequence_parallel 1``)
+    if not isinstance(value, bool) and not (isinstance(value, numbers.Integral) and value in (0, 1)):
         raise ConfigError(f"{field} must be True or False, got {value!r}")
-    return value
+    return bool(value)
 
 
 def _compile(value: Any) -> dict | None:

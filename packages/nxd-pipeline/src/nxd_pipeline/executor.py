@@ -27,7 +27,8 @@ class StageRunner:
         self.loss_spec = loss_spec
         self.loss_fn = loss_fn
         self.last = len(bounds) - 1
-        self._layer_fn = getattr(model, "nxd_pipeline_layer", None)
+        self.api = part.pipeline_interface(model)
+        self._layer_fn = getattr(self.api, "nxd_pipeline_layer", None)
         #: stages seen recomputing activations (checkpointing) in a split backward: their
         #: backward runs combined from then on (see split_backward.watch_recompute)
         self.recomputing: set[int] = set()
@@ -50,14 +51,14 @@ class StageRunner:
     def forward(self, stage: int, hidden: torch.Tensor | None, batch: dict[str, Any]) -> torch.Tensor:
         model = self.model
         if stage == 0:
-            hidden = model.nxd_pipeline_embed(**batch)
+            hidden = self.api.nxd_pipeline_embed(**batch)
         layers = part.get_submodule(model, self.layout["layers"])
         for index in self.bounds[stage]:
             layer = layers[index]
             hidden = self._layer_fn(layer, hidden, **batch) if self._layer_fn else layer(hidden)
         if stage != self.last:
             return hidden
-        out = model.nxd_pipeline_head(hidden, **batch)
+        out = self.api.nxd_pipeline_head(hidden, **batch)
         if self.loss_fn is not None:
             out = self.loss_fn(out, **batch)
         return self._loss(out)

@@ -8,6 +8,9 @@ A pipeline-able model declares its structure (see docs/pipeline.md):
 * ``nxd_pipeline_embed(**batch) -> Tensor``, ``nxd_pipeline_head(hidden, **batch) -> loss`` and
   optionally ``nxd_pipeline_layer(layer, hidden, **batch) -> Tensor``.
 
+Hugging Face decoder-only LMs (transformers' Llama, Mistral, Qwen2, ...) that do not declare it get
+it from :mod:`nxd_pipeline.hf_decoder`.
+
 The layers are split into ``pp_size * virtual_size`` contiguous stages. Every rank keeps the
 original module tree, with the layers it does not own removed and the layer container replaced by
 a :class:`LayerSlice` that keeps global indices, so parameter names (``model.layers.17.mlp...``)
@@ -24,6 +27,7 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
+from nxd_pipeline.hf_decoder import HFDecoderPipeline, hf_decoder_base
 
 LAYOUT_METHOD = "nxd_pipeline_layout"
 REQUIRED_METHODS = (LAYOUT_METHOD, "nxd_pipeline_embed", "nxd_pipeline_head")
@@ -63,15 +67,29 @@ def set_submodule(model: nn.Module, path: str, module: nn.Module | None) -> None
     parent._modules[name] = module  # None removes it from parameters/state_dict but keeps the slot
 
 
-def model_layout(model: nn.Module) -> dict[str, Any]:
-    """The model's declared layout, checked: ``embed`` and ``head`` lists, ``layers`` path."""
+def pipeline_interface(model: nn.Module) -> Any:
+    """What provides the ``nxd_pipeline_*`` methods: the model itself, or for a Hugging Face
+    decoder-only LM without them, an :class:`HFDecoderPipeline` over it (one per model)."""
     missing = [m for m in REQUIRED_METHODS if not callable(getattr(model, m, None))]
-    if missing:
+    if not missing:
+        return model
+    adapter = model.__dict__.get("_nxd_pipeline_adapter")  # made before pruning removed the modules it checks
+    if adapter is not None:
+        return adapter
+    base = hf_decoder_base(model)
+    if base is None:
         raise ConfigError(
             f"pipeline_parallel_size > 1 needs a pipeline-able model, but {type(model).__name__} lacks "
-            f"{', '.join(missing)}; see docs/pipeline.md for the model contract"
+            f"{', '.join(missing)} and is not shaped like a Hugging Face decoder-only LM (<base>.embed_tokens, "
+            "<base>.layers, <base>.norm, lm_head); see docs/pipeline.md for the model contract"
         )
-    layout = getattr(model, LAYOUT_METHOD)()
+    adapter = model.__dict__["_nxd_pipeline_adapter"] = HFDecoderPipeline(model, base)
+    return adapter
+
+
+def model_layout(model: nn.Module) -> dict[str, Any]:
+    """The model's declared layout, checked: ``embed`` and ``head`` lists, ``layers`` path."""
+    layout = getattr(pipeline_interface(model), LAYOUT_METHOD)()
     if not isinstance(layout, dict) or not isinstance(layout.get("layers"), str):
         raise ConfigError(f"{type(model).__name__}.{LAYOUT_METHOD}() must return a dict with a 'layers' module path")
     embed = list(layout.get("embed", ()))

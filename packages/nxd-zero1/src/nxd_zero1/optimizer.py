@@ -461,6 +461,16 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         """Load the shards in ``output_dir`` saved at any DP size."""
         _ckpt.load_sharded(self, output_dir)
 
+    @property
+    def optimizer(self) -> NeuronZero1Optimizer:
+        """NxD scripts reach the ZeRO-1 optimizer through its wrapper (``nxd_optimizer.optimizer``);
+        nxd hands out the ZeRO-1 optimizer itself, so this is itself."""
+        return self
+
+    def init_zero(self) -> None:
+        """NxD's name for :meth:`reload_master_weights_from_params` (called after loading weights)."""
+        self.reload_master_weights_from_params()
+
     def reload_master_weights_from_params(self) -> None:
         """Reset the fp32 master shards from the current parameters (after loading model
         weights without optimizer state)."""

@@ -184,3 +184,36 @@ def test_nxdt_dropless_config_values_validate():
                                    router_aux_loss_coef=0.02, normalize_top_k_affinities=True))
     assert cfg.effective_capacity_factor is None
 
+
+
+def test_sigmoid_router_activation_matches_an_all_experts_reference():
+    """``router_activation: sigmoid`` (NxD's act_fn): each token's output is its top-2 experts
+    (by logit) weighted by their sigmoid affinities renormalised to sum to 1; the load-balancing
+    loss uses the sigmoid affinities as its probabilities."""
+    torch.manual_seed(3)
+    layer = MoELayer(MoEConfig(num_experts=E, top_k=2, dropless=True, router_activation="sigmoid"), H, I)
+    x = torch.randn(2, 5, H)
+    out, logits = layer(x)
+    tokens = x.reshape(-1, H)
+    aff = torch.sigmoid(tokens @ layer.router.weight.T)
+    top = aff.topk(2, dim=-1)
+    weights = torch.zeros_like(aff).scatter(1, top.indices, top.values / top.values.sum(-1, keepdim=True))
+    w = layer.experts
+    expected = torch.zeros_like(tokens)
+    for e in range(E):
+        gate, up = F.linear(tokens, w.gate_up_proj[e]).split(I, dim=-1)
+        expected += weights[:, e:e + 1] * F.linear(F.silu(gate) * up, w.down_proj[e])
+    assert _rel(out.reshape(-1, H), expected) < 1e-5
+    chosen = F.one_hot(top.indices, E).float().mean(0)  # [k, E] fraction of tokens per choice
+    reference = E * (chosen * aff.mean(0)).sum()
+    assert _rel(load_balancing_loss([logits], E, 2, activation="sigmoid"), reference) < 1e-6
+
+
+def test_sinkhorn_tol_stops_early():
+    cost = torch.randn(64, E, generator=torch.Generator().manual_seed(0))
+    converged = sinkhorn(cost, 500)
+    early = sinkhorn(cost, 500, tol=1e-3)
+    assert not torch.equal(early, converged) and _rel(early, converged) < 1e-2
+    assert torch.equal(sinkhorn(cost, 30, tol=0.0), sinkhorn(cost, 30))  # tol 0 never stops early
+    assert MoEConfig(num_experts=E, top_k=1, routing_algorithm="sinkhorn", dropless=True,
+                     sinkhorn_tol="None").sinkhorn_tol is None  # NxDT's YAML writes `sinkhorn_tol: None`

@@ -39,9 +39,11 @@ NEEDS: dict[str, list[tuple[str, str]]] = {
     "megatron_llama_70b_config": [("model", "gpt")],
     "megatron_llama_7B_config": [("model", "gpt")],
     "megatron_mistral_config": [("model", "gpt")],
-    "megatron_mixtral_8x7b_config": [("model", "mixtral"), ("feature", "mixtral:model.use_scaled_init_method")],
+    "megatron_mixtral_8x7b_config": [("model", "mixtral"), ("feature", "mixtral:model.use_scaled_init_method"),
+                                     ("feature", "mixtral:model.make_vocab_size_divisible_by")],
     "megatron_mixtral_8x7b_dropless_config": [("model", "mixtral"),
-                                              ("feature", "mixtral:model.use_scaled_init_method")],
+                                              ("feature", "mixtral:model.use_scaled_init_method"),
+                                              ("feature", "mixtral:model.make_vocab_size_divisible_by")],
 }
 
 #: Real architecture facts of the HF config.json files NxDT's configs point at (model.model_config)
@@ -189,9 +191,6 @@ def test_refusals_name_the_provider_today(files: Files) -> None:
         ("hf_llama3_8B_DPO_config", ("workflow", "dpo")): "model_alignment_strategy.dpo needs the workflow 'dpo'",
         ("hf_llama3_70B_CP_config", ("feature", "distributed_strategy.context_parallel_size")):
             "distributed_strategy.context_parallel_size=2: context parallelism",
-        ("megatron_mixtral_8x7b_config", ("feature", "model.use_scaled_init_method")):
-            "model.use_scaled_init_method=True: Megatron's scaled init of output layers is not implemented by the "
-            "'mixtral' model; the 'gpt' model provides it",
     }
     for (name, requirement), words in expected.items():
         if unmet(name)[:1] != [requirement]:
@@ -238,7 +237,8 @@ def _run(source: str, overrides: list[str], log_dir: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["hf_llama3_8B_config", "hf_llama3_8B_SFT_config", "megatron_gpt_config",
-                                  "megatron_llama_7B_config", "hf_llama3_70B_CP_config"])
+                                  "megatron_llama_7B_config", "hf_llama3_70B_CP_config",
+                                  "megatron_mixtral_8x7b_config"])
 def test_shrunk_config_trains_on_two_ranks(name: str, files: Files, rank_pool, tmp_path: Path) -> None:
     """NxDT's config with only paths and sizes changed trains the model it names on 2 ranks (TP=2)."""
     if unmet(name):
@@ -249,12 +249,15 @@ def test_shrunk_config_trains_on_two_ranks(name: str, files: Files, rank_pool, t
         shrink.append("data.seq_length=32")
     if "model_config" not in raw["model"]:  # Megatron configs give every size in the YAML
         shrink += ["model.ffn_hidden_size=64", "model.num_attention_heads=4", "model.num_kv_heads=4"]
+    if raw["distributed_strategy"].get("pipeline_model_parallel_size", 1) > 1:  # 2 ranks at TP=2: no room for PP
+        shrink.append("distributed_strategy.pipeline_model_parallel_size=1")
     if raw["distributed_strategy"].get("context_parallel_size", 1) > 1:  # CP=2 over the 2 ranks, as the config asks
         shrink += ["distributed_strategy.tensor_model_parallel_size=1", "distributed_strategy.pipeline_model_parallel_size=1",
                    "distributed_strategy.sequence_parallel=false"]
     overrides = files.path_overrides(name, {**raw, "data": {**raw["data"], "seq_length": 32}}, files.tiny_json) + shrink
     results = rank_pool(2).run(_run, str(CONF / f"{name}.yaml"), overrides, str(tmp_path / "run"))
-    assert results[0]["model"] == ("gpt" if raw["model_source"] == "megatron" else "llama")
+    expected = "mixtral" if "moe" in raw["model"] else "gpt" if raw["model_source"] == "megatron" else "llama"
+    assert results[0]["model"] == expected
     losses = results[0]["losses"]
     assert sorted(losses) == [1, 2, 3] and results[0]["final"] == 3
     assert results[0]["losses"] == results[1]["losses"]

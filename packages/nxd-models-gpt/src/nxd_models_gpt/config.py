@@ -153,8 +153,9 @@ class GPTConfig:
 
     def padded_vocab_size(self, tp: int) -> int:
         """Megatron's padding: the vocabulary rounded up to a multiple of ``make_vocab_size_divisible_by * tp``."""
-        multiple = self.make_vocab_size_divisible_by * tp
-        return -(-self.vocab_size // multiple) * multiple
+        from nxd_core_parallel.vocab_padding import padded_vocab_size
+
+        return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | GPTConfig) -> GPTConfig:

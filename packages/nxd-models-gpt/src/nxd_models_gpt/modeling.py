@@ -31,6 +31,7 @@ from nxd_core_parallel.parallel_layers import (
     scatter_to_sequence_parallel_region,
     set_tensor_model_parallel_attributes,
 )
+from nxd_core_parallel.vocab_padding import mask_padded_vocab
 from nxd_models_gpt.attention_mask import build_attention_mask
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.rope import RotaryEmbedding, apply_rotary
@@ -326,10 +327,7 @@ class GPTForCausalLM(nn.Module):
             hidden = self.decoder.final_layernorm(hidden)
         logits = self.output_layer(hidden)
         if self.padded_vocab_size != self.config.vocab_size:
-            local = logits.shape[-1]
-            start = parallel_state.get_tensor_model_parallel_rank() * local
-            padded = torch.arange(start, start + local, device=logits.device) >= self.config.vocab_size
-            logits = logits.masked_fill(padded, torch.finfo(logits.dtype).min)
+            logits = mask_padded_vocab(logits, self.config.vocab_size)
         return logits
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,

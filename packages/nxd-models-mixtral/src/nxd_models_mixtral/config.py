@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,14 @@ class MixtralConfig(LlamaConfig):
     output_router_logits: bool = False
     router_jitter_noise: float = 0.0
     moe: dict[str, Any] = field(default_factory=dict)
+    #: Megatron's ``scaled_init_method_normal`` (NxDT ``model.use_scaled_init_method``): output
+    #: projections (attention ``o_proj``, experts' ``down_proj``) start with std
+    #: ``initializer_range / sqrt(2 * num_hidden_layers)``
+    use_scaled_init_method: bool = False
+    #: Megatron's vocabulary padding (NxDT ``model.make_vocab_size_divisible_by``): embedding and LM
+    #: head rows padded to a multiple of this x TP, hidden from logits, loss and HF export.
+    #: ``None``: no padding (the vocabulary must then divide by TP)
+    make_vocab_size_divisible_by: int | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -49,7 +58,28 @@ class MixtralConfig(LlamaConfig):
                               f"got {self.sliding_window!r}")
         if self.attention_bias or self.mlp_bias:
             raise ConfigError("mixtral config: attention_bias/mlp_bias are not part of Mixtral")
+        m = self.make_vocab_size_divisible_by
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ConfigError(f"mixtral config: make_vocab_size_divisible_by must be a positive integer or null, got {m!r}")
+        if not isinstance(self.use_scaled_init_method, bool):
+            raise ConfigError(f"mixtral config: use_scaled_init_method must be true or false, "
+                              f"got {self.use_scaled_init_method!r}")
         self.moe_config()  # validates the moe section
+
+    def padded_vocab_size(self, tp: int) -> int:
+        """Rows of the embedding and LM head at TP degree ``tp`` (the vocabulary when not padded)."""
+        if self.make_vocab_size_divisible_by is None:
+            return self.vocab_size
+        from nxd_core_parallel.vocab_padding import padded_vocab_size
+
+        return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
+
+    @property
+    def output_init_std(self) -> float:
+        """Init std of the output projections (scaled when ``use_scaled_init_method``)."""
+        if not self.use_scaled_init_method:
+            return self.initializer_range
+        return self.initializer_range / math.sqrt(2.0 * self.num_hidden_layers)
 
     def moe_config(self) -> MoEConfig:
         """nxd-moe settings: HF's expert count/top-k/aux-loss fields plus the ``moe`` section."""

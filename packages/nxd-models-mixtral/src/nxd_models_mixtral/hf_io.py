@@ -31,12 +31,15 @@ from nxd_core_parallel.hf_interop import (
     unwrap_local_module,
     write_hf_dir,
 )
+from nxd_core_parallel.vocab_padding import real_vocab_rows
 from nxd_models_llama.hf_mapping import Piece, plan_for
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_moe import expert_parallel_groups
 
 _EXPERT = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(gate_up_proj|down_proj)$")
 _ROUTER = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.router\.weight$")
+#: vocabulary-parallel parameters (Megatron's vocabulary padding adds rows the checkpoint does not hold)
+_VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 _SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "head_dim", "tie_word_embeddings", "num_local_experts")
 
@@ -75,6 +78,9 @@ def plain_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, multip
     match = _ROUTER.match(name)
     if match:
         return [Piece(f"model.layers.{match.group(1)}.block_sparse_moe.gate.weight", None)]
+    padded = config.padded_vocab_size(tp)
+    if name in _VOCAB and padded != config.vocab_size:  # only the real rows of this rank's padded slice
+        return [Piece(name, 0, tuple(real_vocab_rows(config.vocab_size, padded, tp, tp_rank)))]
     return plan_for(name, config, tp, tp_rank, multiplier)
 
 
@@ -130,7 +136,14 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
             if per_expert is not None:
                 tensor = torch.stack([_read(ckpt, pieces, expected, used, hf_dir) for pieces in per_expert])
             else:
-                tensor = _read(ckpt, plain_pieces(name, config, tp, tp_rank, multiplier), expected, used, hf_dir)
+                pieces = plain_pieces(name, config, tp, tp_rank, multiplier)
+                if name in _VOCAB and len(pieces[0].index) < param.shape[0]:  # padding rows start at zero
+                    tensor = param.new_zeros(param.shape)
+                    used.add(pieces[0].hf_key)  # a rank may hold only padding
+                    if pieces[0].index:
+                        tensor[:len(pieces[0].index)] = _read(ckpt, pieces, expected, used, hf_dir)
+                else:
+                    tensor = _read(ckpt, pieces, expected, used, hf_dir)
             if tensor.shape != param.shape:
                 raise ValueError(f"{name}: checkpoint slices give shape {list(tensor.shape)}, the parameter has "
                                  f"{list(param.shape)}")
@@ -188,6 +201,10 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
             continue
         for r, shard in enumerate(tp_shards):
             pieces = plain_pieces(name, config, tp, r, multiplier)
+            if name in _VOCAB:
+                shard = shard[:len(pieces[0].index)]  # drop the vocabulary padding
+                if not pieces[0].index:
+                    continue
             if pieces[0].dim is None:
                 put(pieces[0], shard)
                 continue

@@ -18,6 +18,7 @@ from nxd_core_parallel import parallel_state
 from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding
+from nxd_core_parallel.vocab_padding import mask_padded_vocab
 from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention
 from nxd_models_llama.attention_mask import build_attention_mask
 from nxd_models_llama.rope import RotaryEmbedding
@@ -65,9 +66,13 @@ class MixtralDecoderLayer(nn.Module):
         self.input_layernorm = norm()
         self.self_attn = LlamaAttention(config, layer_idx, sequence_parallel, device)
         self.post_attention_layernorm = norm()
+        if config.use_scaled_init_method:  # Megatron's scaled init of the attention output projection
+            self.self_attn.o_proj.init_method = partial(nn.init.normal_, mean=0.0, std=config.output_init_std)
+            self.self_attn.o_proj.reset_parameters()
         self.block_sparse_moe = MoELayer(config.moe_config(), config.hidden_size, config.intermediate_size,
                                          sequence_parallel=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
-                                         dtype=config.torch_dtype, device=device, init_std=config.initializer_range)
+                                         dtype=config.torch_dtype, device=device, init_std=config.initializer_range,
+                                         output_init_std=config.output_init_std)
         self.last_router_logits: torch.Tensor | None = None
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -85,7 +90,7 @@ class MixtralModel(nn.Module):
         self.sequence_parallel = sequence_parallel
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         self.embed_tokens = ParallelEmbedding(
-            config.vocab_size, config.hidden_size, init_method=init, dtype=config.torch_dtype, device=device,
+            config.padded_vocab_size(parallel_state.get_tensor_model_parallel_size()), config.hidden_size, init_method=init, dtype=config.torch_dtype, device=device,
             sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
         )
         self.layers = nn.ModuleList(
@@ -131,14 +136,16 @@ class MixtralForCausalLM(nn.Module):
         super().__init__()
         config = MixtralConfig.from_dict(config) if isinstance(config, dict) else config
         tp = parallel_state.get_tensor_model_parallel_size()
-        if config.vocab_size % tp:
-            raise ConfigError(f"vocab_size ({config.vocab_size}) must be divisible by tensor_parallel_size ({tp})")
+        self.padded_vocab_size = config.padded_vocab_size(tp)
+        if self.padded_vocab_size % tp:
+            raise ConfigError(f"vocab_size ({config.vocab_size}) must be divisible by tensor_parallel_size ({tp}); "
+                              "or set make_vocab_size_divisible_by to pad it (Megatron's padding)")
         self.config = config
         self.moe_config = config.moe_config()
         self.model = MixtralModel(config, sequence_parallel, device)
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         self.lm_head = ColumnParallelLinear(
-            config.hidden_size, config.vocab_size, bias=False, gather_output=False, init_method=init,
+            config.hidden_size, self.padded_vocab_size, bias=False, gather_output=False, init_method=init,
             dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
             sequence_dimension=SEQUENCE_DIM,
         )
@@ -160,7 +167,7 @@ class MixtralForCausalLM(nn.Module):
         cfg = self.moe_config
         # a [batch, seq] padding/segment mask restricts the loss to real tokens, as HF's does
         mask = (attention_mask != 0).long() if attention_mask is not None and attention_mask.dim() == 2 else None
-        aux = load_balancing_loss(router_logits, cfg.num_experts, cfg.top_k, mask)
+        aux = load_balancing_loss(router_logits, cfg.num_experts, cfg.top_k, mask, cfg.router_activation)
         total = self.config.router_aux_loss_coef * aux
         if cfg.router_z_loss_coef:
             total = total + cfg.router_z_loss_coef * router_z_loss(router_logits)
@@ -174,6 +181,8 @@ class MixtralForCausalLM(nn.Module):
             attention_mask = segment_ids
         hidden = self.model(input_ids, position_ids, attention_mask, kv_cache)
         logits = self.lm_head(hidden)
+        if self.padded_vocab_size != self.config.vocab_size:  # padding rows get no probability
+            logits = mask_padded_vocab(logits, self.config.vocab_size)
         router_logits = tuple(layer.last_router_logits for layer in self.model.layers)
         loss = aux = None
         if labels is not None:

@@ -14,9 +14,11 @@ from nxd_models_mixtral.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralForCausalLM
 from nxd_models_mixtral.presets import PRESETS, preset
 
-#: NxD Training config keys that change the model and that this plugin builds (the ``moe`` section
-#: and HF's sliding window; expert parallelism); nxd-training passes the model keys to config_from_dict.
-IMPLEMENTS = frozenset({"model.moe", "model.sliding_window", "distributed_strategy.expert_model_parallel_size"})
+#: NxD Training config keys that change the model and that this plugin builds (the ``moe`` section,
+#: HF's sliding window, expert parallelism, and the Megatron options of NxDT's megatron_mixtral
+#: configs); nxd-training passes the model keys to config_from_dict.
+IMPLEMENTS = frozenset({"model.moe", "model.sliding_window", "distributed_strategy.expert_model_parallel_size",
+                        "model.use_scaled_init_method", "model.make_vocab_size_divisible_by"})
 
 #: NxD Training's recompute names (its HF Mixtral module classes) -> ours
 RECOMPUTE_MODULES = {

@@ -9,6 +9,8 @@ from nxd.errors import ConfigError
 
 #: Routing algorithms (NxDT ``model.moe.routing_algorithm``).
 ROUTING_ALGORITHMS = ("top_k", "sinkhorn")
+#: How router logits become expert affinities (NxDT ``model.moe.router_activation``; NxD's ``act_fn``).
+ROUTER_ACTIVATIONS = ("softmax", "sigmoid")
 
 
 @dataclass
@@ -22,6 +24,8 @@ class MoEConfig:
     capacity_factor: float | None = None
     dropless: bool = False
     routing_algorithm: str = "top_k"
+    #: ``softmax`` over experts (Mixtral), or an independent ``sigmoid`` per expert (NxD's ``act_fn``)
+    router_activation: str = "softmax"
     #: every ``frequency``-th layer is MoE (NxDT ``moe.frequency``; 1 = all layers)
     frequency: int = 1
     #: dropout on the expert output (NxDT ``moe.dropout``); only 0.0 is implemented
@@ -32,6 +36,9 @@ class MoEConfig:
     router_aux_loss_coef: float = 0.02
     router_z_loss_coef: float = 0.0
     sinkhorn_iterations: int = 30
+    #: stop the Sinkhorn iterations early once the mean change of the column scaling is below this
+    #: (Megatron's error measure); ``None``: always ``sinkhorn_iterations``
+    sinkhorn_tol: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_experts", "top_k", "frequency", "sinkhorn_iterations"):
@@ -46,6 +53,14 @@ class MoEConfig:
         if self.routing_algorithm not in ROUTING_ALGORITHMS:
             raise ConfigError(f"moe.routing_algorithm must be one of {list(ROUTING_ALGORITHMS)}, "
                               f"got {self.routing_algorithm!r}")
+        if self.router_activation not in ROUTER_ACTIVATIONS:
+            raise ConfigError(f"moe.router_activation must be one of {list(ROUTER_ACTIVATIONS)}, "
+                              f"got {self.router_activation!r}")
+        if self.sinkhorn_tol in ("None", "none", "null"):  # NxDT's YAML writes `sinkhorn_tol: None` (a string)
+            self.sinkhorn_tol = None
+        if self.sinkhorn_tol is not None and (isinstance(self.sinkhorn_tol, bool)
+                                              or not isinstance(self.sinkhorn_tol, (int, float)) or self.sinkhorn_tol < 0):
+            raise ConfigError(f"moe.sinkhorn_tol must be a non-negative number or null, got {self.sinkhorn_tol!r}")
         if self.routing_algorithm == "sinkhorn" and self.top_k != 1:
             raise ConfigError(f"moe.routing_algorithm 'sinkhorn' routes top-1 only (as NxD); got top_k={self.top_k}")
         if self.capacity_factor is not None and not self.dropless:

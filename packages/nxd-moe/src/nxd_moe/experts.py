@@ -29,7 +29,8 @@ class ExpertMLPs(nn.Module):
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, tp_size: int = 1,
                  ep_size: int = 1, ep_rank: int = 0, ep_group: object = None, edp_group: object = None, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, init_std: float = 0.02) -> None:
+                 device: torch.device | str | None = None, init_std: float = 0.02,
+                 output_init_std: float | None = None) -> None:
         super().__init__()
         if num_experts % ep_size:
             raise ConfigError(f"num_experts ({num_experts}) must be divisible by expert_model_parallel_size ({ep_size})")
@@ -40,6 +41,8 @@ class ExpertMLPs(nn.Module):
         self.num_local_experts = num_experts // ep_size
         self.local_intermediate = intermediate_size // tp_size
         self.hidden_size, self.init_std = hidden_size, init_std
+        #: ``down_proj``'s init std (Megatron's scaled init of output layers); ``None``: ``init_std``
+        self.output_init_std = output_init_std
         e, i, h = self.num_local_experts, self.local_intermediate, hidden_size
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype, device=device))
         self.down_proj = nn.Parameter(torch.empty(e, h, i, dtype=dtype, device=device))
@@ -84,9 +87,9 @@ class ExpertMLPs(nn.Module):
         return self.ep_rank * self.num_local_experts
 
     def reset_parameters(self) -> None:
-        for param in (self.gate_up_proj, self.down_proj):
+        for param, std in ((self.gate_up_proj, self.init_std), (self.down_proj, self.output_init_std)):
             if not param.is_meta:
-                nn.init.normal_(param, 0.0, self.init_std)
+                nn.init.normal_(param, 0.0, self.init_std if std is None else std)
 
     def forward(self, tokens: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """``tokens`` ``[N, H]`` grouped by local expert (``counts[e]`` rows for local expert ``e``)

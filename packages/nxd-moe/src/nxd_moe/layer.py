@@ -40,7 +40,8 @@ class MoELayer(nn.Module):
 
     def __init__(self, config: MoEConfig, hidden_size: int, intermediate_size: int, sequence_parallel: bool = False,
                  sequence_dimension: int = 1, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, init_std: float = 0.02) -> None:
+                 device: torch.device | str | None = None, init_std: float = 0.02,
+                 output_init_std: float | None = None) -> None:
         super().__init__()
         if sequence_dimension != 1:
             raise ValueError("MoELayer takes batch-first activations [batch, seq, hidden] (sequence_dimension=1)")
@@ -50,8 +51,9 @@ class MoELayer(nn.Module):
         self.ep_size = groups.ep_size
         tp = parallel_state.get_tensor_model_parallel_size()
         self.router = make_router(self.config.routing_algorithm, self.config.num_experts, self.config.top_k,
-                                  hidden_size, self.config.sinkhorn_iterations, dtype=dtype, device=device,
-                                  init_std=init_std)
+                                  hidden_size, self.config.sinkhorn_iterations, self.config.sinkhorn_tol,
+                                  dtype=dtype, device=device, init_std=init_std,
+                                  activation=self.config.router_activation)
         if sequence_parallel and tp > 1:
             # under SP each TP rank routes only its sequence slice: the router's gradient is partial
             # and the optimizer sums it over TP (like norm weights)
@@ -59,7 +61,7 @@ class MoELayer(nn.Module):
         self.experts = ExpertMLPs(self.config.num_experts, hidden_size, intermediate_size, tp_size=tp,
                                   ep_size=groups.ep_size, ep_rank=groups.ep_rank, ep_group=groups.ep_group,
                                   edp_group=groups.edp_group, dtype=dtype, device=device,
-                                  init_std=init_std)
+                                  init_std=init_std, output_init_std=output_init_std)
 
     def route(self, probs: torch.Tensor, index: torch.Tensor, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights [T, k], kept [T, k])`` from the softmax ``probs`` and chosen ``index``."""

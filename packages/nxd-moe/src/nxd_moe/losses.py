@@ -7,20 +7,23 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from nxd_moe.routing import expert_affinities
+
 
 def load_balancing_loss(router_logits: torch.Tensor | Sequence[torch.Tensor], num_experts: int, top_k: int,
-                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                        attention_mask: torch.Tensor | None = None, activation: str = "softmax") -> torch.Tensor:
     """Switch-Transformer load-balancing loss, exactly as Hugging Face's Mixtral
     ``load_balancing_loss_func``: the layers' ``[T, E]`` logits are concatenated, and the loss is
     ``num_experts * sum_{k,e} (fraction of tokens whose k-th choice is e) * (mean probability of e)``.
 
     ``attention_mask`` ``[batch, seq]`` (1 = real token) restricts both means to real tokens; the
-    logits' rows are then ordered ``(layer, batch, seq)``.
+    logits' rows are then ordered ``(layer, batch, seq)``. ``activation="sigmoid"``: the router's
+    per-expert sigmoid affinities take the place of the softmax probabilities.
     """
     if isinstance(router_logits, torch.Tensor):
         router_logits = [router_logits]
     logits = torch.cat([t.reshape(-1, num_experts) for t in router_logits], dim=0)
-    probs = F.softmax(logits.float(), dim=-1)
+    probs = expert_affinities(logits, activation)
     selected = torch.topk(probs, top_k, dim=-1).indices
     expert_mask = F.one_hot(selected, num_experts).float()  # [T, k, E]
     if attention_mask is None:

@@ -2,7 +2,9 @@
 
 Both routers own one replicated ``weight`` ``[num_experts, hidden]`` (Hugging Face's
 ``MixtralTopKRouter.weight`` / ``block_sparse_moe.gate.weight``) and return
-``(router_logits [T, E], expert_probs [T, E] fp32 softmax, expert_index [T, k])``.
+``(router_logits [T, E], expert_probs [T, E] fp32 affinities, expert_index [T, k])``; the
+affinities are the softmax over experts, or with ``activation="sigmoid"`` each expert's sigmoid
+(NxD's ``act_fn``; the top-k choice is the same, both are monotonic in the logits).
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from torch import nn
 
 class _RouterBase(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, init_std: float | None = None) -> None:
+                 device: torch.device | str | None = None, init_std: float | None = None,
+                 activation: str = "softmax") -> None:
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
+        self.activation = activation
         self.num_experts, self.top_k, self.hidden_size = num_experts, top_k, hidden_size
         self.init_std = init_std
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype, device=device))
@@ -35,7 +39,7 @@ class _RouterBase(nn.Module):
 
     def logits_and_probs(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(hidden_states, self.weight)
-        return logits, F.softmax(logits.float(), dim=-1)
+        return logits, expert_affinities(logits, self.activation)
 
     def choose(self, probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """``[T, top_k]`` chosen experts (no gradient) from ``[T, E]`` probabilities and logits."""
@@ -61,20 +65,31 @@ class RouterSinkhorn(_RouterBase):
     routes by the raw logits."""
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, sinkhorn_iterations: int = 30,
-                 **kwargs: object) -> None:
+                 sinkhorn_tol: float | None = None, **kwargs: object) -> None:
         if top_k != 1:
             raise ValueError("RouterSinkhorn routes top-1 only (as NxD's RouterSinkhorn)")
         super().__init__(num_experts, top_k, hidden_size, **kwargs)
-        self.sinkhorn_iterations = sinkhorn_iterations
+        self.sinkhorn_iterations, self.sinkhorn_tol = sinkhorn_iterations, sinkhorn_tol
 
     def choose(self, probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        scores = sinkhorn(logits.float(), self.sinkhorn_iterations) if self.training else logits
+        scores = sinkhorn(logits.float(), self.sinkhorn_iterations, tol=self.sinkhorn_tol) if self.training \
+            else logits
         return scores.argmax(dim=-1, keepdim=True)
 
 
-def sinkhorn(cost: torch.Tensor, num_iters: int, eps: float = 1e-8) -> torch.Tensor:
+def expert_affinities(logits: torch.Tensor, activation: str = "softmax") -> torch.Tensor:
+    """``[T, E]`` fp32 affinities from router logits: softmax over experts, or per-expert sigmoid."""
+    if activation == "softmax":
+        return F.softmax(logits.float(), dim=-1)
+    if activation == "sigmoid":
+        return torch.sigmoid(logits.float())
+    raise ValueError(f"router activation must be 'softmax' or 'sigmoid', got {activation!r}")
+
+
+def sinkhorn(cost: torch.Tensor, num_iters: int, eps: float = 1e-8, tol: float | None = None) -> torch.Tensor:
     """Balance ``exp(cost)`` ``[T, E]`` towards equal row and column sums with ``num_iters``
-    alternating normalisations (not run to convergence, as in Megatron-LM and NxD)."""
+    alternating normalisations (not run to convergence, as in Megatron-LM and NxD), stopping early
+    once the mean change of the column scaling is below ``tol`` when given."""
     if num_iters == 0:
         return cost
     cost = torch.exp(cost)
@@ -82,15 +97,18 @@ def sinkhorn(cost: torch.Tensor, num_iters: int, eps: float = 1e-8) -> torch.Ten
     d1 = torch.ones(cost.shape[1], dtype=cost.dtype, device=cost.device)
     for _ in range(num_iters):
         d0 = (1.0 / d0.numel()) / ((d1 * cost).sum(1) + eps)
-        d1 = (1.0 / d1.numel()) / ((d0.unsqueeze(1) * cost).sum(0) + eps)
+        d1_old, d1 = d1, (1.0 / d1.numel()) / ((d0.unsqueeze(1) * cost).sum(0) + eps)
+        if tol is not None and float((d1_old - d1).abs().mean()) < tol:
+            break
     return d1 * cost * d0.unsqueeze(1)
 
 
 def make_router(routing_algorithm: str, num_experts: int, top_k: int, hidden_size: int,
-                sinkhorn_iterations: int = 30, **kwargs: object) -> nn.Module:
+                sinkhorn_iterations: int = 30, sinkhorn_tol: float | None = None, **kwargs: object) -> nn.Module:
     """``"top_k"`` -> :class:`RouterTopK`, ``"sinkhorn"`` -> :class:`RouterSinkhorn`."""
     if routing_algorithm == "top_k":
         return RouterTopK(num_experts, top_k, hidden_size, **kwargs)
     if routing_algorithm == "sinkhorn":
-        return RouterSinkhorn(num_experts, top_k, hidden_size, sinkhorn_iterations=sinkhorn_iterations, **kwargs)
+        return RouterSinkhorn(num_experts, top_k, hidden_size, sinkhorn_iterations=sinkhorn_iterations,
+                              sinkhorn_tol=sinkhorn_tol, **kwargs)
     raise ValueError(f"routing_algorithm must be 'top_k' or 'sinkhorn', got {routing_algorithm!r}")

@@ -10,12 +10,14 @@ its own shards through :class:`NeuronCheckpointIO`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
@@ -55,6 +57,10 @@ class NxDStrategy(DDPStrategy):
             if value != 1:
                 raise ConfigError(f"NxDStrategy: {name}={value} is not supported by nxd yet; use 1")
         environment = ProcessGroupEnvironment() if ProcessGroupEnvironment.detect() else None
+        if environment is None and "parallel_devices" not in kwargs and TorchElasticEnvironment.detect():
+            # torchrun started the ranks before the process group exists: one device per local rank
+            # (NxD's strategy infers this; Lightning's default counts one device and refuses the world size)
+            kwargs["parallel_devices"] = [self._device_type()] * int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         super().__init__(
             cluster_environment=environment,
             checkpoint_io=checkpoint_io if checkpoint_io is not None else NeuronCheckpointIO(save_load_xser=save_load_xser),
@@ -67,6 +73,12 @@ class NxDStrategy(DDPStrategy):
         self.sync_module_states = sync_module_states
 
     # ------------------------------------------------------------------ devices and ranks
+    @staticmethod
+    def _device_type() -> torch.device:
+        from nxd_core_parallel.backends import get_device
+
+        return torch.device(get_device().type)
+
     @property
     def root_device(self) -> torch.device:
         from nxd_core_parallel.backends import get_device

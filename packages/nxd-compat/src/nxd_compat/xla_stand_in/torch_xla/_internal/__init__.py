@@ -1,0 +1,1 @@
+"""torch_xla._internal (nxd-compat stand-in)."""

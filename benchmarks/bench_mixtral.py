@@ -1,8 +1,10 @@
 """Tiny Mixtral training throughput: nxd-models-mixtral vs transformers' MixtralForCausalLM at TP=1.
 
-One process, one thread, the same weights (nxd imports transformers' checkpoint), forward +
-backward of the loss (cross-entropy + router aux loss), ABAB-alternated, median tokens/s.
+One process (one CPU thread, or one GPU with ``--device cuda``), the same weights (nxd imports
+transformers' checkpoint), forward + backward of the loss (cross-entropy + router aux loss),
+ABAB-alternated, median tokens/s.
 Usage: python benchmarks/bench_mixtral.py [--hidden 128] [--layers 2] [--seq 128] [--batch 4] [--repeats 9]
+       [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.set_num_threads(1)
     from transformers import MixtralConfig as HFConfig
     from transformers import MixtralForCausalLM as HFMixtral
@@ -40,8 +45,9 @@ def main() -> None:
         hf.save_pretrained(d)
         ours = MixtralForCausalLM(MixtralConfig.from_dict(cfg))
         load_hf_checkpoint(ours, d)
-    ids = torch.randint(0, 512, (args.batch, args.seq))
-    labels = torch.randint(0, 512, (args.batch, args.seq))
+    hf, ours = hf.to(device), ours.to(device)
+    ids = torch.randint(0, 512, (args.batch, args.seq), device=device)
+    labels = torch.randint(0, 512, (args.batch, args.seq), device=device)
 
     def step_ours() -> None:
         ours(ids, labels=labels).loss.backward()
@@ -56,12 +62,15 @@ def main() -> None:
         fn()
     for _ in range(args.repeats):
         for name, fn in (("nxd", step_ours), ("transformers", step_hf)):
+            sync()
             start = time.perf_counter()
             fn()
+            sync()
             times[name].append(time.perf_counter() - start)
     tokens = args.batch * args.seq
     rate = {k: tokens / statistics.median(v) for k, v in times.items()}
-    print(f"tiny Mixtral (hidden {args.hidden}, {args.layers} layers, 8 experts top-2), {tokens} tokens/step, fwd+bwd:")
+    print(f"tiny Mixtral (hidden {args.hidden}, {args.layers} layers, 8 experts top-2) on {device}, {tokens} "
+          "tokens/step, fwd+bwd:")
     print(f"  nxd {rate['nxd']:.0f} tokens/s   transformers {rate['transformers']:.0f} tokens/s   "
           f"ratio nxd/transformers = {rate['nxd'] / rate['transformers']:.2f}")
 

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -59,6 +60,7 @@ def _check(result: dict, ref: dict, src: Path, out_dir: Path, padded: int) -> fl
     return max(errors)
 
 
+@pytest.mark.slow  # starts a 2-rank pool: 124 s on the shared box (load ~13)
 def test_vocab_padding_is_hidden_at_tp1_and_tp2(rank_pool, tmp_path):
     src = save_hf(tmp_path / "hf", seed=8)
     data = batch(seed=9)

@@ -346,3 +346,34 @@ def test_run_train_with_micro_batches_accumulates_like_a_manual_loop():
         assert torch.equal(p.grad, q.grad), name
     with torch.no_grad():
         assert torch.equal(NxDModel(wrapped).run_eval(*micro), torch.stack([twin(**b) for b in micro]).mean())
+
+
+def test_run_train_loss_fn_replaces_the_model_loss():
+    """A workflow's loss (here: twice the model's) goes through ``loss_fn``; the gradients and the
+    returned mean are those of that loss; a pipeline model refuses it (its last stage owns the loss)."""
+    torch.manual_seed(0)
+    wrapped, twin = _TinyLM(), _TinyLM()
+    twin.load_state_dict(wrapped.state_dict())
+    model = NxDModel(wrapped)
+    micro = [{"input_ids": torch.randint(0, 11, (2, 5)), "labels": torch.randint(0, 11, (2, 5))} for _ in range(2)]
+    seen = []
+
+    def doubled(batch):
+        seen.append(batch)
+        return 2 * model(**batch)
+
+    loss = model.run_train(*micro, loss_fn=doubled)
+    assert seen == micro
+    expected = sum(2 * twin(**b) / 2 for b in micro)
+    expected.backward()
+    assert torch.equal(loss, expected.detach())
+    for (name, p), q in zip(wrapped.named_parameters(), twin.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    assert torch.equal(model.run_eval(*micro, loss_fn=doubled), 2 * torch.stack([twin(**b) for b in micro]).mean())
+
+    class _Pipelined(nn.Module):
+        def run_train(self, *micro_batches, autocast=None):
+            raise AssertionError("not reached")
+
+    with pytest.raises(ValueError, match="loss_fn is not supported under pipeline parallelism"):
+        NxDModel(_Pipelined()).run_train(*micro, loss_fn=doubled)

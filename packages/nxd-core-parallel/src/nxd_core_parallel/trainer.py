@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -32,6 +32,16 @@ def _loss_of(output: Any) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"run_train needs the model to return a loss tensor (or an object with .loss), got {type(output).__name__}")
     return loss
+
+
+#: ``loss_fn(micro_batch)`` of the step contract: a loss tensor (or an output with ``.loss``)
+LossFn = Callable[[dict], Any]
+
+
+def _refuse_pipeline_loss_fn(loss_fn: LossFn | None) -> None:
+    if loss_fn is not None:
+        raise ValueError("loss_fn is not supported under pipeline parallelism: the last pipeline stage computes "
+                         "the loss (the model's nxd_pipeline_head)")
 
 
 def _is_micro_batches(args: tuple, kwargs: dict) -> bool:
@@ -78,50 +88,60 @@ class NxDModel(nn.Module):
         with dp_overlap.no_sync():
             yield
 
-    def run_train(self, *args: Any, autocast: torch.dtype | None = None, **kwargs: Any) -> torch.Tensor:
+    def run_train(self, *args: Any, autocast: torch.dtype | None = None, loss_fn: LossFn | None = None,
+                  **kwargs: Any) -> torch.Tensor:
         """Forward + backward; returns the detached loss.
 
         Two forms: NxD's ``run_train(**batch)`` (one batch), and nxd's step contract
-        ``run_train(*micro_batches, autocast=None)``: one optimizer step's micro-batches (dicts of
-        model inputs), gradients accumulated (synced once, by the last), the mean loss returned;
-        forward passes run under ``torch.autocast(dtype=autocast)`` when given. A pipeline-parallel
-        module runs its schedule instead, in both forms.
+        ``run_train(*micro_batches, autocast=None, loss_fn=None)``: one optimizer step's micro-batches
+        (dicts of model inputs), gradients accumulated (synced once, by the last), the mean loss
+        returned; forward passes run under ``torch.autocast(dtype=autocast)`` when given, and
+        ``loss_fn(micro_batch)`` replaces the model's own loss (e.g. a preference workflow's).
+        A pipeline-parallel module runs its schedule instead, in both forms (its last stage computes
+        the loss, so it takes no ``loss_fn``).
         """
         if _is_micro_batches(args, kwargs):
             if hasattr(self.module, "run_train"):
+                _refuse_pipeline_loss_fn(loss_fn)
                 return self.module.run_train(*args, autocast=autocast)
-            return self._accumulate(args, autocast)
+            return self._accumulate(args, autocast, loss_fn)
         if hasattr(self.module, "run_train"):
             return self.module.run_train(*args, **kwargs)
         loss = _loss_of(self.module(*args, **kwargs))
         loss.backward()
         return loss.detach()
 
-    def _accumulate(self, micro_batches: tuple[dict, ...], autocast: torch.dtype | None) -> torch.Tensor:
+    def _micro_batch_loss(self, batch: dict, loss_fn: LossFn | None) -> torch.Tensor:
+        return _loss_of(self.module(**batch) if loss_fn is None else loss_fn(batch))
+
+    def _accumulate(self, micro_batches: tuple[dict, ...], autocast: torch.dtype | None,
+                    loss_fn: LossFn | None) -> torch.Tensor:
         n = len(micro_batches)
         total: torch.Tensor | None = None
         for i, batch in enumerate(micro_batches):
             # forward and backward both inside: the overlap hooks check no_sync as they fire
             with self.no_sync() if i < n - 1 else contextlib.nullcontext():
                 with autocast_context(batch, autocast):
-                    loss = _loss_of(self.module(**batch))
+                    loss = self._micro_batch_loss(batch, loss_fn)
                 (loss / n).backward()
             part = loss.detach().float() / n
             total = part if total is None else total + part
         assert total is not None
         return total
 
-    def run_eval(self, *args: Any, autocast: torch.dtype | None = None, **kwargs: Any) -> Any:
-        """Forward only: NxD's ``run_eval(**batch)``, or ``run_eval(*micro_batches, autocast=None)``
-        returning the mean loss over the micro-batches."""
+    def run_eval(self, *args: Any, autocast: torch.dtype | None = None, loss_fn: LossFn | None = None,
+                 **kwargs: Any) -> Any:
+        """Forward only: NxD's ``run_eval(**batch)``, or ``run_eval(*micro_batches, autocast=None,
+        loss_fn=None)`` returning the mean loss over the micro-batches."""
         if _is_micro_batches(args, kwargs):
             if hasattr(self.module, "run_eval"):
+                _refuse_pipeline_loss_fn(loss_fn)
                 return self.module.run_eval(*args, autocast=autocast)
             with torch.no_grad():
                 losses = []
                 for batch in args:
                     with autocast_context(batch, autocast):
-                        losses.append(_loss_of(self.module(**batch)).detach().float())
+                        losses.append(self._micro_batch_loss(batch, loss_fn).detach().float())
                 return torch.stack(losses).mean()
         if hasattr(self.module, "run_eval"):
             return self.module.run_eval(*args, **kwargs)

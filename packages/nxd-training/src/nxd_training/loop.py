@@ -176,11 +176,19 @@ class Trainer:
         moved = {k: v.to(self.device) for k, v in batch.items() if self.workflow is not None or k in MODEL_INPUTS}
         return moved if self.workflow is not None else get_batch_on_this_context_parallel_rank(moved)
 
-    def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The micro-batch loss: the workflow's (with its metrics), else the model's own."""
-        if self.workflow is not None:
-            return self.workflow.loss(self.model, batch)
-        return self.model(**batch).loss, {}
+    def _loss_fn(self, sums: dict[str, torch.Tensor]) -> Any:
+        """The step contract's ``loss_fn``: the workflow's loss, its metrics summed into ``sums``;
+        ``None`` (the model's own loss) without a workflow."""
+        if self.workflow is None:
+            return None
+
+        def loss_fn(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            loss, extra = self.workflow.loss(self.model, batch)
+            for name, value in extra.items():
+                sums[name] = sums.get(name, 0) + value.detach().float()
+            return loss
+
+        return loss_fn
 
     def _dp_mean_metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]:
         if not sums:
@@ -192,70 +200,44 @@ class Trainer:
             stacked /= self.plan.dp
         return dict(zip(names, stacked.tolist()))
 
-    def _autocast(self) -> Any:
-        if self.config.precision.type == "autocast":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    def _grad_sync(self, last: bool) -> Any:
-        """``model.no_sync()`` for every micro-batch but the last under data parallelism: gradients
-        accumulate locally and are averaged once, by the last backward's overlapped all-reduce (or
-        by the optimizer's step, e.g. ZeRO-1's reduce-scatter, which never used the hooks)."""
-        no_sync = getattr(self.model, "no_sync", None)
-        if last or self.plan.dp == 1 or self.plan.pp > 1 or not callable(no_sync):
-            return contextlib.nullcontext()
-        return no_sync()
+    def _autocast(self) -> torch.dtype | None:
+        """The step contract's ``autocast`` dtype (``precision.type: autocast``: bf16 forward passes)."""
+        return torch.bfloat16 if self.config.precision.type == "autocast" else None
 
     def _dp_mean(self, value: torch.Tensor) -> float:
+        """The logged number: the step contract's loss (the same on every rank of a model replica,
+        pipeline stages included) averaged over data parallelism."""
         value = value.detach().float().clone()
-        if self.plan.pp > 1:  # only the last stage holds the loss; the others add zero
-            if not self.ps.is_pipeline_last_stage():
-                value.zero_()
-            dist.all_reduce(value, group=self.ps.get_pipeline_model_parallel_group())
         if self.plan.dp > 1:
             dist.all_reduce(value, group=self.dp_group)
             value /= self.plan.dp
         return float(value)
 
     def train_step(self, it: Iterator[dict[str, torch.Tensor]]) -> float:
+        """One optimizer step through the step contract, for every parallel layout."""
         self.model.train()
-        num_mb = self.plan.num_microbatches
-        if self.plan.pp > 1:
-            parts = [self._batch(it) for _ in range(num_mb)]
-            batch = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-            with self._autocast():
-                total = self.model.run_train(**batch).detach()
-        else:
-            total = torch.zeros((), device=self.device)
-            sums: dict[str, torch.Tensor] = {}
-            for i in range(num_mb):
-                batch = self._batch(it)
-                # forward and backward both inside: the overlap hooks check the context as they fire
-                with self._grad_sync(last=i == num_mb - 1):
-                    with self._autocast():
-                        loss, extra = self._loss(batch)
-                    (loss / num_mb).backward()
-                total += loss.detach().float() / num_mb
-                for name, value in extra.items():
-                    sums[name] = sums.get(name, 0) + value.detach().float()
-            self.step_metrics = self._dp_mean_metrics(sums, num_mb)
+        micro_batches = [self._batch(it) for _ in range(self.plan.num_microbatches)]
+        sums: dict[str, torch.Tensor] = {}
+        total = self.model.run_train(*micro_batches, autocast=self._autocast(), loss_fn=self._loss_fn(sums))
+        self.step_metrics = self._dp_mean_metrics(sums, len(micro_batches))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return self._dp_mean(total)
 
-    def _valid_groups(self, cap: int | None) -> Iterator[dict[str, torch.Tensor]]:
-        """Validation inputs: one micro-batch at a time, or under PP ``num_microbatches`` of them
-        concatenated (``run_eval`` splits its batch into that many); a partial group is dropped."""
-        group = self.plan.num_microbatches if self.plan.pp > 1 else 1
-        parts: list[dict[str, torch.Tensor]] = []
+    def _valid_groups(self, cap: int | None) -> Iterator[list[dict[str, torch.Tensor]]]:
+        """Validation inputs, ``num_microbatches`` micro-batches at a time (one ``run_eval`` each, as
+        a training step); the last group may be shorter."""
+        group: list[dict[str, torch.Tensor]] = []
         for n, batch in enumerate(self.data.valid_batches()):
             if cap is not None and n >= cap:
                 break
-            parts.append(self._model_inputs(batch))
-            if len(parts) == group:
-                yield parts[0] if group == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-                parts = []
+            group.append(self._model_inputs(batch))
+            if len(group) == self.plan.num_microbatches:
+                yield group
+                group = []
+        if group:
+            yield group
 
     @torch.no_grad()
     def validate(self) -> float | None:
@@ -274,25 +256,14 @@ class Trainer:
         self.model.eval()
         total, n = torch.zeros((), device=self.device), 0
         sums: dict[str, torch.Tensor] = {}
-        for batch in self._valid_groups(cap):
-            with self._autocast():
-                if self.plan.pp > 1:
-                    loss, extra = self.model.run_eval(**batch), {}  # mean over the group's micro-batches
-                else:
-                    loss, extra = self._loss(batch)
-            total += loss.detach().float()
-            for name, value in extra.items():
-                sums[name] = sums.get(name, 0) + value.detach().float()
-            n += 1
+        for group in self._valid_groups(cap):
+            loss = self.model.run_eval(*group, autocast=self._autocast(), loss_fn=self._loss_fn(sums))
+            # run_eval gives the group's mean: weigh it by its micro-batches
+            total += loss.detach().float() * len(group)
+            n += len(group)
         self.valid_metrics = self._dp_mean_metrics(sums, n) if n else {}
         self.model.train()
-        if n == 0:
-            if self.plan.pp > 1 and cap:
-                raise ConfigError(f"validation under pipeline parallelism runs num_microbatches="
-                                  f"{self.plan.num_microbatches} batches at a time, but only {cap} are allowed "
-                                  "(trainer.limit_val_batches) or available")
-            return None
-        return self._dp_mean(total / n)
+        return self._dp_mean(total / n) if n else None
 
     def save(self, wall_start: float) -> None:
         consumed = self.step * self.config.data.global_batch_size

@@ -13,6 +13,7 @@ from typing import Any
 
 import nxd
 from nxd import ComponentNotFound, ConfigError
+from nxd.parallel import check_divisible
 from nxd_training.config.features import check_features, explicit_value, hf_config_file, model_spec, recompute_classes
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.optimizers import OPTIMIZERS
@@ -54,27 +55,22 @@ class RunPlan:
     #: the nxd.specs.Workflow of model_alignment_strategy.<name> (dpo, orpo, ...), or None
     workflow: Any = None
 
-    @property
-    def eval_microbatches(self) -> int:
-        """Micro-batches per ``run_eval`` call: a pipeline evaluates ``num_microbatches`` at once."""
-        return self.num_microbatches if self.pp > 1 else 1
-
 
 def _world(config: TrainingConfig) -> tuple[int, int, int, int]:
     ds, tr = config.distributed_strategy, config.trainer
     world = tr.devices * tr.num_nodes
     tp, pp, cp = ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size, ds.context_parallel_size
-    if world % (tp * pp * cp):
-        sizes = f"{tp} x {pp}" + (f" x {cp}" if cp > 1 else "")
-        names = "tensor_model_parallel_size x pipeline_model_parallel_size" + (" x context_parallel_size" if cp > 1 else "")
-        raise ConfigError(
-            f"world size {world} (trainer.devices={tr.devices} x trainer.num_nodes={tr.num_nodes}) is not divisible "
-            f"by {names} = {sizes}; world size must equal TP x PP x {'CP x ' if cp > 1 else ''}DP"
-        )
+    sizes = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp}
+    if cp > 1:
+        sizes["context_parallel_size"] = cp
+    try:
+        dp = check_divisible(world, **sizes)
+    except ValueError as err:
+        raise ConfigError(f"trainer.devices={tr.devices} x trainer.num_nodes={tr.num_nodes}: {err}") from None
     vpp = ds.virtual_pipeline_model_parallel_size or 1
     if vpp > 1 and pp == 1:
         raise ConfigError("distributed_strategy.virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size > 1")
-    return world, tp, pp, world // (tp * pp * cp)
+    return world, tp, pp, dp
 
 
 def _context_parallel(config: TrainingConfig, spec: Any, seq: int, tp: int) -> None:

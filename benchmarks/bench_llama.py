@@ -1,96 +1,28 @@
 """One training step (forward + backward + AdamW) of the nxd Llama at TP=1 next to transformers'
-LlamaForCausalLM: same weights, same batch, same optimizer settings, steps interleaved (order
-alternating) so that machine noise hits both alike. Ratio = nxd time / transformers time (goal <= 1.0).
+LlamaForCausalLM (see step_vs_transformers.py). Ratio = nxd time / transformers time (goal <= 1.0).
 
 Run: .venv/bin/python benchmarks/bench_llama.py [--steps 6] [--seq 128] [--batch 4]
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import tempfile
-import time
+from step_vs_transformers import compare
+from transformers import LlamaConfig as HFConfig
+from transformers import LlamaForCausalLM as HFLlama
 
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from transformers import LlamaConfig as HFConfig  # noqa: E402
-from transformers import LlamaForCausalLM as HFLlama  # noqa: E402
-from transformers.utils import logging  # noqa: E402
-
-from nxd_models_llama import LlamaConfig, LlamaForCausalLM, load_hf_checkpoint  # noqa: E402
+from nxd_models_llama import LlamaConfig, LlamaForCausalLM, load_hf_checkpoint
 
 CONFIG = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
               num_key_value_heads=4, max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=500000.0)
 
 
-def hf_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor, labels: torch.Tensor) -> float:
-    logits = model(ids).logits
-    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss.item()
-
-
-def nxd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor, labels: torch.Tensor) -> float:
-    loss = model(ids, labels=labels).loss
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss.item()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=4)
-    # One thread by default: on a shared 2-core box, 2 threads per process mostly measure contention.
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    logging.set_verbosity_error()
-    torch.manual_seed(0)
-    hf = HFLlama(HFConfig(**CONFIG, attn_implementation="sdpa")).float()
-    with tempfile.TemporaryDirectory() as tmp:
-        hf.save_pretrained(tmp)
-        ours = LlamaForCausalLM(LlamaConfig.from_dict(CONFIG))
-        load_hf_checkpoint(ours, tmp)
-    opt_kw = dict(lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
-    runs = {"transformers LlamaForCausalLM": (hf, torch.optim.AdamW(hf.parameters(), **opt_kw), hf_step),
-            "nxd LlamaForCausalLM (TP=1)": (ours, torch.optim.AdamW(ours.parameters(), **opt_kw), nxd_step)}
-    g = torch.Generator().manual_seed(1)
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    losses: dict[str, list[float]] = {name: [] for name in runs}
-    for step in range(args.warmup + args.steps):
-        ids = torch.randint(0, CONFIG["vocab_size"], (args.batch, args.seq), generator=g)
-        labels = torch.randint(0, CONFIG["vocab_size"], (args.batch, args.seq), generator=g)
-        order = list(runs.items())
-        if step % 2:  # alternate who goes first: caches and load bursts then favour neither
-            order.reverse()
-        for name, (model, opt, fn) in order:
-            start = time.perf_counter()
-            loss = fn(model, opt, ids, labels)
-            if step >= args.warmup:
-                times[name].append(time.perf_counter() - start)
-            losses[name].append(loss)
-    tokens = args.batch * args.seq
-    base = statistics.median(times["transformers LlamaForCausalLM"])
-    print(f"Llama {CONFIG['num_hidden_layers']}L h{CONFIG['hidden_size']} vocab {CONFIG['vocab_size']}, "
-          f"batch {args.batch} x seq {args.seq}, fp32, {torch.get_num_threads()} threads, median of {args.steps} steps")
-    print(f"{'implementation':34s} {'ms/step':>9s} {'tokens/s':>10s} {'ratio':>7s}")
-    for name in runs:
-        t = statistics.median(times[name])
-        print(f"{name:34s} {t * 1e3:9.1f} {tokens / t:10.0f} {t / base:7.3f}")
-    drift = max(abs(a - b) for a, b in zip(*losses.values()))
-    print(f"max |loss difference| over {len(losses[name])} steps (same weights, batches, AdamW): {drift:.2e}")
+def build_nxd(hf: HFLlama, hf_dir: str) -> LlamaForCausalLM:
+    ours = LlamaForCausalLM(LlamaConfig.from_dict(CONFIG))
+    load_hf_checkpoint(ours, hf_dir)
+    return ours
 
 
 if __name__ == "__main__":
-    main()
+    compare(__doc__.splitlines()[0], f"Llama {CONFIG['num_hidden_layers']}L h{CONFIG['hidden_size']}",
+            CONFIG["vocab_size"], lambda: HFLlama(HFConfig(**CONFIG, attn_implementation="sdpa")).float(), build_nxd,
+            ("transformers LlamaForCausalLM", "nxd LlamaForCausalLM (TP=1)"))

@@ -136,14 +136,25 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         # fp32 groups: the params become views of one flat buffer and the master shard is this
         # rank's slice of it, so no fp32 copy is kept and the all-gather writes params in place.
         self._flat_bufs: list[torch.Tensor | None] = []
+        # Every group's params (any dtype) become views of one flat buffer of their dtype when they
+        # share a device: the write-back is then one cast-copy into this rank's slice (plus the
+        # all-gather), never a Python loop over parameters.
+        self._param_bufs: list[torch.Tensor | None] = []
         for ps, layout in zip(self._flat_params, self._layouts):
             device = ps[0].device if ps else torch.device("cpu")
-            if ps and ps[0].dtype == torch.float32 and all(p.device == device for p in ps):
+            same_device = bool(ps) and all(p.device == device for p in ps)
+            if same_device and ps[0].dtype == torch.float32:
                 flat = torch.zeros(layout.padded_numel, dtype=torch.float32, device=device)
                 self._flat_bufs.append(flat)
+                self._param_bufs.append(flat)
                 self._bind_views(ps, layout, flat)
                 self._shards.append(flat[layout.shard_start:layout.shard_end])
                 continue
+            param_buf = None
+            if same_device:
+                param_buf = torch.zeros(layout.padded_numel, dtype=ps[0].dtype, device=device)
+                self._bind_views(ps, layout, param_buf)
+            self._param_bufs.append(param_buf)
             shard = torch.zeros(layout.shard_size, dtype=torch.float32, device=device)
             self._read_shard(ps, layout, shard)
             self._shards.append(shard)
@@ -201,7 +212,7 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
 
     def _ensure_views(self, gi: int) -> None:
         """Re-bind params whose storage was replaced (``p.data = ...``) since construction."""
-        flat, layout, params = self._flat_bufs[gi], self._layouts[gi], self._flat_params[gi]
+        flat, layout, params = self._param_bufs[gi], self._layouts[gi], self._flat_params[gi]
         if flat is None:
             return
         base = flat.data_ptr()
@@ -217,6 +228,15 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         for i, lo, hi in layout.local_segments():
             start = lo + layout.shard_start - layout.offsets[i]
             out[lo:hi].copy_(params[i].detach().reshape(-1)[start:start + hi - lo])
+
+    def _refresh_shard(self, gi: int) -> None:
+        """Re-read this rank's fp32 shard from the (non-fp32) parameters."""
+        param_buf, layout, shard = self._param_bufs[gi], self._layouts[gi], self._shards[gi]
+        if param_buf is None:
+            self._read_shard(self._flat_params[gi], layout, shard)
+            return
+        self._ensure_views(gi)
+        shard.copy_(param_buf[layout.shard_start:layout.shard_end])
 
     def _param_weight(self, p: torch.Tensor) -> float | torch.Tensor:
         """1 where this rank counts ``p``'s gradient toward the norm, 0 where another TP rank does
@@ -375,6 +395,16 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
                 _collective("all_gather")(flat, self._shards[gi], group=comm.group)
             return
         dtype = params[0].dtype
+        param_buf = self._param_bufs[gi]
+        if param_buf is not None:  # one cast-copy into this rank's slice, then gather in place
+            local = param_buf[layout.shard_start:layout.shard_end]
+            if self.stochastic_rounding and dtype == torch.bfloat16:
+                local.copy_(stochastic_round_to_bf16(self._shards[gi], self.generator))
+            else:
+                local.copy_(self._shards[gi])
+            if self.dp_size > 1:
+                _collective("all_gather")(param_buf, local, group=self.sharding_group)
+            return
         local = self._to_param_dtype(self._shards[gi], dtype)
         if comm.size == 1:
             full = local
@@ -412,7 +442,7 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         for gi, (shard, grad) in enumerate(zip(self._shards, grad_shards)):
             self._ensure_views(gi)
             if not self._keeps_master(gi):
-                self._read_shard(self._flat_params[gi], self._layouts[gi], shard)
+                self._refresh_shard(gi)
             shard.grad = grad
         for outer, inner in zip(self.param_groups, self.optim.param_groups):
             inner.update({k: v for k, v in outer.items() if k != "params"})
@@ -474,11 +504,11 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
     def reload_master_weights_from_params(self) -> None:
         """Reset the fp32 master shards from the current parameters (after loading model
         weights without optimizer state)."""
-        for gi, shard in enumerate(self._shards):
+        for gi in range(len(self._shards)):
             if self._flat_bufs[gi] is not None:
                 self._ensure_views(gi)
             else:
-                self._read_shard(self._flat_params[gi], self._layouts[gi], shard)
+                self._refresh_shard(gi)
 
 
 def _prefer_fused(optimizer_class: type[torch.optim.Optimizer], shards: list[torch.Tensor],

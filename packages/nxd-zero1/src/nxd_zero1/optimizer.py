@@ -402,8 +402,8 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
                 local.copy_(stochastic_round_to_bf16(self._shards[gi], self.generator))
             else:
                 local.copy_(self._shards[gi])
-            if self.dp_size > 1:
-                _collective("all_gather")(param_buf, local, group=self.sharding_group)
+            if comm.size > 1:
+                _collective("all_gather")(param_buf, local, group=comm.group)
             return
         local = self._to_param_dtype(self._shards[gi], dtype)
         if comm.size == 1:

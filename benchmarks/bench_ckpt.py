@@ -4,8 +4,9 @@ Runs side by side in one process (a one-rank gloo group):
   * save throughput of ``nxd.save_checkpoint`` against a raw sequential write (+fsync) of the same
     number of bytes to the same disk, ``torch.save`` and ``torch.distributed.checkpoint.save``;
   * the time a training loop is blocked by saving: sync vs async (ours) and DCP's ``async_save``.
-Every throughput is the median of ``--repeats`` runs, printed with the spread (min-max) so two
-runs can be compared; the header states the regime (size vs free memory: a size far below free
+Every throughput is the median of ``--repeats`` rounds in which the writers take turns, printed with
+the spread (min-max), and each writer's ratio to the raw write is taken within a round (so load
+changes on a shared machine cancel out); the load average is printed with the numbers; the header states the regime (size vs free memory: a size far below free
 memory is written through the page cache, and fsync then measures the device's flush; sizes near
 or above it are disk-bound).
 Usage: python benchmarks/bench_ckpt.py [--mb 64 1024] [--repeats 5] [--dir /scratch/on/the/disk]
@@ -56,30 +57,59 @@ def torch_save(path: str, state: dict[str, torch.Tensor]) -> None:
         os.fsync(f.fileno())
 
 
-def timed(fn, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
+def timed_once(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
-def throughput(root: str, mb: int, repeats: int) -> list[tuple[str, list[float]]]:
+def throughput(root: str, mb: int, repeats: int) -> list[tuple[str, list[float], list[float]]]:
+    """(writer, MiB/s per round, ratio to the raw write of the same round) for every writer.
+
+    The writers take turns within each round (the order rotating from round to round), so a change
+    of load on a shared machine hits all of them alike, and each ratio compares writes made seconds
+    apart. Files are removed between writes (outside the timing), so the disk never fills up.
+    """
     state = make_state(mb)
     model = StateModule(state)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    counter = iter(range(10**6))
-    rows = [
-        ("raw sequential write + fsync", timed(lambda: raw_write(os.path.join(root, f"raw{next(counter)}"), state), repeats)),
-        ("torch.save + fsync (peer)", timed(lambda: torch_save(os.path.join(root, f"ts{next(counter)}"), state), repeats)),
-        ("torch DCP save (peer)", timed(lambda: dcp.save({"model": state}, checkpoint_id=os.path.join(root, f"dcp{next(counter)}")), repeats)),
-        ("nxd.save_checkpoint (torch fmt)", timed(lambda: nxd.save_checkpoint(
-            os.path.join(root, "nxd"), f"t{next(counter)}", model=model, save_rng=False), repeats)),
-        ("nxd.save_checkpoint (safetensors)", timed(lambda: nxd.save_checkpoint(
-            os.path.join(root, "nxds"), f"t{next(counter)}", model=model, format="safetensors", save_rng=False), repeats)),
+
+    def in_dir(name: str, write) -> tuple[str, object]:
+        def run() -> float:
+            target = os.path.join(root, name)
+            try:
+                return timed_once(lambda: write(target))
+            finally:
+                shutil.rmtree(target, ignore_errors=True)
+                if os.path.exists(target + ".bin"):
+                    os.remove(target + ".bin")
+        return run
+
+    writers = [
+        ("raw sequential write + fsync", in_dir("raw", lambda d: raw_write(d + ".bin", state))),
+        ("torch.save + fsync (peer)", in_dir("ts", lambda d: torch_save(d + ".bin", state))),
+        ("torch DCP save (peer)", in_dir("dcp", lambda d: dcp.save({"model": state}, checkpoint_id=d))),
+        ("nxd.save_checkpoint (torch fmt)", in_dir("nxd", lambda d: nxd.save_checkpoint(
+            d, "t", model=model, save_rng=False))),
+        ("nxd.save_checkpoint (safetensors)", in_dir("nxds", lambda d: nxd.save_checkpoint(
+            d, "t", model=model, format="safetensors", save_rng=False))),
     ]
-    return [(name, [nbytes / t / 2**20 for t in times]) for name, times in rows]
+    times: dict[str, list[float]] = {name: [] for name, _ in writers}
+    for _, run in writers:  # warm-up, not timed: plugin discovery, DCP's planner, first allocations
+        run()
+    for r in range(repeats):
+        order = writers[r % len(writers):] + writers[:r % len(writers)]
+        for name, run in order:
+            times[name].append(run())
+    raw = times[writers[0][0]]
+    return [(name, [nbytes / t / 2**20 for t in ts], [r / t for r, t in zip(raw, ts)]) for name, ts in times.items()]
+
+
+def load_average() -> str:
+    try:
+        return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "load average unknown"
 
 
 def regime(root: str, mb: int) -> str:
@@ -144,7 +174,7 @@ def blocking(root: str, mb: int, steps: int, save_every: int) -> list[tuple[str,
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, nargs="+", default=[64, 1024])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--save-every", type=int, default=16)
     parser.add_argument("--dir", default=None, help="scratch directory on the disk to measure (default: a temp dir)")
@@ -155,19 +185,20 @@ def main() -> None:
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         for mb in args.mb:
+            before = load_average()
             rows = throughput(root, mb, args.repeats)
-            raw = statistics.median(rows[0][1])
-            print(f"\nSave throughput, {mb} MiB of fp32 tensors, median of {args.repeats} (min-max); "
-                  f"regime: {regime(root, mb)}")
-            print(f"{'writer':38s} {'MiB/s':>9s} {'min-max':>15s} {'vs raw':>8s}")
-            for name, mbps in rows:
-                med = statistics.median(mbps)
-                print(f"{name:38s} {med:9.1f} {min(mbps):7.0f}-{max(mbps):<7.0f} {med / raw:8.2f}")
+            print(f"\nSave throughput, {mb} MiB of fp32 tensors, median of {args.repeats} interleaved rounds "
+                  f"(min-max); {before} before, {load_average()} after; regime: {regime(root, mb)}")
+            print(f"{'writer':38s} {'MiB/s':>9s} {'min-max':>15s} {'vs raw (same round)':>20s} {'min-max':>11s}")
+            for name, mbps, ratios in rows:
+                print(f"{name:38s} {statistics.median(mbps):9.1f} {min(mbps):7.0f}-{max(mbps):<7.0f} "
+                      f"{statistics.median(ratios):20.2f} {min(ratios):5.2f}-{max(ratios):<5.2f}")
         args.mb = args.mb[0]
         loop = blocking(root, args.mb, args.steps, args.save_every)
         sync = loop[1][2]
         sync_later = statistics.median(sync[1:]) if len(sync) > 1 else sync[0]
-        print(f"\nTraining loop blocked by saving ({args.steps} steps, a save every {args.save_every}, {args.mb} MiB)")
+        print(f"\nTraining loop blocked by saving ({args.steps} steps, a save every {args.save_every}, {args.mb} MiB; "
+              f"{load_average()})")
         print("'first': the first save call; 'later': median of the others (async: snapshot buffers reused)")
         print(f"{'mode':26s} {'loop s':>7s} {'blocked s':>9s} {'vs sync':>7s} {'first ms':>8s} {'later ms':>8s} {'later vs sync':>13s}")
         for name, t, blocked in loop:

@@ -62,6 +62,30 @@ def test_round_trip_is_exact(tmp_path, fmt):
         assert (tmp_path / "step_2" / name).is_file(), name
 
 
+@pytest.mark.parametrize("fmt", ["torch", "safetensors"])
+def test_large_tensors_stream_with_overlapped_hashing(tmp_path, fmt):
+    """Tensors above the overlap threshold are written by a helper thread while the caller hashes
+    them: the files are what torch / safetensors read back, and the recorded CRC-32 is the file's."""
+    import zlib
+
+    from safetensors.torch import load_file
+
+    from nxd_ckpt.checksum import OVERLAP_BYTES
+
+    model = torch.nn.Linear(1024, 3 * OVERLAP_BYTES // 4 // 1024 + 1)  # a 3 MiB+ weight
+    nxd.save_checkpoint(str(tmp_path), "big", model=model, format=fmt, save_rng=False)
+    suffix = ".safetensors" if fmt == "safetensors" else ".pt"
+    path = tmp_path / "big" / "model" / f"dp_rank_00_tp_rank_00_pp_rank_00{suffix}"
+    raw = path.read_bytes()
+    recorded = json.loads((tmp_path / "big" / "metadata.json").read_text())["files"][f"model/{path.name}"]
+    assert recorded == {"bytes": len(raw), "crc32": f"{zlib.crc32(raw):08x}"}
+    state = load_file(path) if fmt == "safetensors" else torch.load(path, weights_only=True)
+    assert torch.equal(state["weight"], model.weight.detach()) and torch.equal(state["bias"], model.bias.detach())
+    m2 = torch.nn.Linear(1024, model.out_features)
+    nxd.load_checkpoint(str(tmp_path), "big", model=m2)
+    assert torch.equal(m2.weight, model.weight)
+
+
 def test_metadata_records_degrees_shapes_and_versions(tmp_path):
     model, _, _ = _trained()
     nxd.save_checkpoint(str(tmp_path), "t", model=model)

@@ -176,6 +176,15 @@ def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any]:
     return spec, as_dict, model_config
 
 
+def _pipeline_model(spec: Any, pp: int) -> None:
+    """Refuse PP > 1 before launch for a model class without the pipeline contract (docs/pipeline.md)."""
+    model_class = (getattr(spec, "extras", None) or {}).get("model_class")
+    if pp > 1 and model_class is not None and not hasattr(model_class, "nxd_pipeline_layout"):
+        raise ConfigError(f"distributed_strategy.pipeline_model_parallel_size={pp}: the {spec.name!r} model "
+                          f"({model_class.__name__}) does not implement pipeline parallelism (no nxd_pipeline_layout; "
+                          "see docs/pipeline.md); use pipeline_model_parallel_size=1 and tensor/expert parallelism")
+
+
 def _heads(config: TrainingConfig, model_config: Any, tp: int) -> None:
     heads = getattr(model_config, "num_attention_heads", None)
     kv = getattr(model_config, "num_key_value_heads", None) or heads
@@ -351,6 +360,7 @@ def make_plan(config: TrainingConfig) -> RunPlan:
     if vocab is not None and tp > 1 and vocab % tp and not pads_vocab:
         raise ConfigError(f"model vocab_size={vocab} must be divisible by tensor_model_parallel_size={tp} "
                           "(vocab-parallel embedding)")
+    _pipeline_model(spec, pp)
     workflow = build_workflow(config)
     if workflow is not None and pp > 1 and not getattr(workflow, "supports_pipeline", False):
         raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} does not support pipeline parallelism "

@@ -153,7 +153,7 @@ def test_yaml_file_errors(tmp_path) -> None:
         load_config(latin)
 
 
-@pytest.mark.parametrize("name", ["quickstart", "llama2-7b", "llama3-8b", "llama3.1-8b", "llama3-70b"])
+@pytest.mark.parametrize("name", ["quickstart", "llama3.2-1b", "llama2-7b", "llama3-8b", "llama3.1-8b", "llama3-70b"])
 def test_hub_configs_validate(name: str, corpus) -> None:
     assert name in hub_names()
     raw = read_yaml(f"hub:{name}")

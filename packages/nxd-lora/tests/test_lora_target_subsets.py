@@ -29,7 +29,15 @@ SUBSETS = [list(qkv) + [GATE_UP, [GATE_UP[0]], [GATE_UP[1]], []][i % 4]
            for i, qkv in enumerate(c for n in (1, 2, 3) for c in itertools.combinations(QKV, n))]
 
 
-def subset_body(base_dir: str, peft_dir: str, out_dir: str, data: dict, tp: int, targets: list[str]) -> dict | None:
+def subsets_body(cases: list[tuple[str, str, str, list[str]]], data: dict, tp: int) -> list[dict] | None:
+    """Every ``(base_dir, peft_dir, out_dir, targets)`` case in one task: one rank launch per TP layout."""
+    import torch.distributed as dist
+
+    results = [subset_body(*case, data, tp) for case in cases]
+    return results if dist.get_rank() == 0 else None
+
+
+def subset_body(base_dir: str, peft_dir: str, out_dir: str, targets: list[str], data: dict, tp: int) -> dict:
     import torch.distributed as dist
 
     import nxd
@@ -64,28 +72,33 @@ def subset_body(base_dir: str, peft_dir: str, out_dir: str, data: dict, tp: int,
     with torch.no_grad():
         trained_logits = gather_vocab_logits(fresh(input_ids=data["input_ids"]).logits)
     save_lora_checkpoint(fresh, out_dir, tag="adapter")
-    return {"loaded": loaded_logits, "trained": trained_logits} if dist.get_rank() == 0 else None
+    return {"loaded": loaded_logits, "trained": trained_logits} if dist.get_rank() == 0 else {}
 
 
 # TP=4 (4 ranks on a 2-core CI machine) checks the single projections and one mixed subset
-CASES = [(2, "gqa", SUBSETS), (2, "mqa", SUBSETS), (4, "gqa", [["q_proj"], ["k_proj", "gate_proj"], ["v_proj", "up_proj"]])]
+CASES = {2: [("gqa", SUBSETS), ("mqa", SUBSETS)], 4: [("gqa", [["q_proj"], ["k_proj", "gate_proj"], ["v_proj", "up_proj"]])]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp,kind,subsets", CASES, ids=["tp2", "tp2-kv-replicated", "tp4-kv-replicated"])
-def test_fused_projection_subsets_match_peft_both_ways(rank_pool, tmp_path, tp, kind, subsets):
+@pytest.mark.parametrize("tp", sorted(CASES), ids=["tp2-gqa-and-kv-replicated", "tp4-kv-replicated"])
+def test_fused_projection_subsets_match_peft_both_ways(rank_pool, tmp_path, tp):
     data = batch()
-    base = save_base(kind, tmp_path / "base")
+    cases = []
+    for kind, subsets in CASES[tp]:
+        base = save_base(kind, tmp_path / f"base_{kind}")
+        for targets in subsets:
+            case = f"{kind}:" + "+".join(t.removesuffix("_proj") for t in targets)
+            peft_dir = make_peft_adapter(base, tmp_path / f"peft_{case}", targets=targets)
+            cases.append((case, base, peft_dir, tmp_path / f"out_{case}", targets))
+    pool = rank_pool(tp)  # every case in one task, with the time budget each case had as a task of its own
+    results = pool.run(subsets_body, [(str(b), str(p), str(o), t) for _, b, p, o, t in cases], data, tp,
+                       timeout=pool.timeout * len(cases))[0]
     worst = {}
-    for targets in subsets:
-        case = "+".join(t.removesuffix("_proj") for t in targets)
-        peft_dir = make_peft_adapter(base, tmp_path / f"peft_{case}", targets=targets)
-        out = tmp_path / f"out_{case}"
-        res = rank_pool(tp).run(subset_body, str(base), str(peft_dir), str(out), data, tp, targets)[0]
+    for (case, base, peft_dir, out, targets), res in zip(cases, results):
         errs = {"peft->nxd": rel(res["loaded"], peft_reference(base, peft_dir, data)["logits"]),
                 "nxd->peft": rel(res["trained"], peft_reference(base, out / "adapter" / "lora_adapter", data)["logits"])}
         worst[case] = max(errs.values())
         for key, err in errs.items():
-            assert err <= TOL, f"TP={tp} {kind} targets {targets}: {key} relative logits error {err:.2e}"
-    print(f"\nTP={tp} {kind}: worst relative logits error per target subset: "
+            assert err <= TOL, f"TP={tp} {case} targets {targets}: {key} relative logits error {err:.2e}"
+    print(f"\nTP={tp}: worst relative logits error per target subset: "
           + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()))

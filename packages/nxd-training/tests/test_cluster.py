@@ -125,3 +125,15 @@ def test_two_loopback_nodes_train_like_one_node(make_config, tmp_path: Path) -> 
     outs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outs
     assert _losses(tmp_path / "k8s") == reference
+
+
+@pytest.mark.parametrize(("name", "nodes"), [("hf_llama3_8B_config", 4), ("megatron_llama_70b_config", 8)])
+def test_nxdt_multi_node_configs_take_their_launch_from_slurm(name: str, nodes: int) -> None:
+    """NxDT's multi-node configs, unedited (no launcher keys), get endpoint and node rank from a SLURM job."""
+    path = Path(__file__).parent / "data" / "nxdt_conf" / f"{name}.yaml"
+    config = load_config(path, [], check=False)
+    assert config.trainer.num_nodes == nodes and config.launcher.rdzv_endpoint is None
+    env = {**SLURM, "SLURM_NNODES": str(nodes), "SLURM_JOB_NODELIST": f"trn1-[001-{nodes:03d}]", "SLURM_NODEID": "2"}
+    filled, note = apply_cluster(config, env)
+    assert (filled.launcher.rdzv_endpoint, filled.launcher.node_rank) == (f"trn1-001:{DEFAULT_RDZV_PORT}", 2)
+    assert f"node 2 of {nodes}" in note

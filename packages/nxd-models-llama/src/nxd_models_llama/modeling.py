@@ -17,8 +17,8 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd_core_parallel import fused_kernels, parallel_state
-from nxd_core_parallel.context_parallel import context_parallel_token_mean, local_positions, ring_attention
-from nxd_core_parallel.lm_loss import causal_lm_loss
+from nxd_core_parallel.context_parallel import local_positions, ring_attention
+from nxd_core_parallel.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import (
@@ -352,17 +352,8 @@ class LlamaForCausalLM(nn.Module):
 
     def _fused_loss(self, hidden: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
         """:func:`causal_lm_loss` of ``lm_head(hidden)`` through the fused linear cross-entropy."""
-        if labels.shape != hidden.shape[:-1]:
-            raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(hidden.shape[:-1])}")
-        keep = labels != -100
-        if loss_mask is not None:
-            keep = keep & (loss_mask != 0)
         weight = self.lm_head.weight[: self.config.vocab_size]  # TP=1: no padding rows, but never count them
-        total = fused_kernels.linear_cross_entropy_sum(hidden, weight, labels.masked_fill(~keep, -100))
-        count = keep.sum().to(total.dtype)
-        if _context_parallel_size() > 1:
-            return context_parallel_token_mean(total, count, parallel_state.get_context_model_parallel_group())
-        return total / count.clamp(min=1.0)
+        return fused_linear_causal_lm_loss(hidden, weight, labels, loss_mask)
 
     # -- pipeline contract (docs/pipeline.md): duck-typed, no nxd-pipeline import. The stages run
     # the same modules as forward(); only the hidden state travels, RoPE and masks are recomputed.

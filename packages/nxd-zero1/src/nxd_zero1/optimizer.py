@@ -389,19 +389,14 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         params, layout, comm = self._flat_params[gi], self._layouts[gi], self._comms[gi]
         if not params:
             return
-        flat = self._flat_bufs[gi]
-        if flat is not None:  # params are views of ``flat``; gather in place (NCCL-style layout)
-            if comm.size > 1:
-                _collective("all_gather")(flat, self._shards[gi], group=comm.group)
-            return
         dtype = params[0].dtype
         param_buf = self._param_bufs[gi]
-        if param_buf is not None:  # one cast-copy into this rank's slice, then gather in place
+        if param_buf is not None:  # params are views of one flat buffer: fill this rank's slice, gather in place
             local = param_buf[layout.shard_start:layout.shard_end]
-            if self.stochastic_rounding and dtype == torch.bfloat16:
-                local.copy_(stochastic_round_to_bf16(self._shards[gi], self.generator))
-            else:
-                local.copy_(self._shards[gi])
+            if self._flat_bufs[gi] is None:  # fp32 params' slice is the shard itself; others take one cast-copy
+                shard = self._shards[gi]
+                sr = self.stochastic_rounding and dtype == torch.bfloat16
+                local.copy_(stochastic_round_to_bf16(shard, self.generator) if sr else shard)
             if comm.size > 1:
                 _collective("all_gather")(param_buf, local, group=comm.group)
             return

@@ -113,4 +113,8 @@ def build_model(nxd_config: dict, model_fn: Callable[..., nn.Module], args: tupl
         run_in_waves(lambda: move_to_device(model, device), init["sequential_move_factor"])
     if not isinstance(model, nn.Module):
         raise TypeError(f"model_fn must return an nn.Module, got {type(model).__name__}")
+    if nxd_config.get("pad_model"):
+        from nxd_core_parallel.parallel_layers.pad import pad_model_from_config
+
+        model = pad_model_from_config(model)  # structural: before adapters, checkpointing and the pipeline cut
     return model

@@ -10,7 +10,10 @@ _TP_ATTRS = {"tensor_model_parallel": False, "partition_dim": -1, "partition_str
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
     """``numerator // denominator``, raising a clear error when it does not divide."""
     if numerator % denominator != 0:
-        raise ValueError(f"{what} {numerator} is not divisible by tensor parallel size {denominator}")
+        # NxD's recipe for a head count: divide(n + get_number_of_extra_heads(n, tp), tp), then pad_model
+        hint = ("; for attention heads, size them with parallel_layers.pad.get_number_of_extra_heads and pad the "
+                "model with pad_model (NxD's head padding)") if what == "size" else ""
+        raise ValueError(f"{what} {numerator} is not divisible by tensor parallel size {denominator}{hint}")
     return numerator // denominator
 
 

@@ -1,0 +1,133 @@
+"""NxD's ``pad_model``: 3 attention heads at TP=2, padded to 4, give the unpadded model's logits.
+
+The model follows NxD's recipe (local heads = ``divide(n + get_number_of_extra_heads(n, tp), tp)``).
+The same seed builds it in this process without TP (the single-process oracle) and on 2 real gloo
+ranks, once through ``neuronx_distributed_config(pad_model=True)`` + ``initialize_parallel_model``
+and once by calling ``pad_model(..., wrapped_classes=(Attention,), pad_hook_fn=...)``; fp32 logits
+and the real rows' gradients must match within 1e-5 and the padding must stay zero with zero grad.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import nxd
+from nxd.errors import ConfigError
+from nxd_core_parallel import parallel_state as ps
+from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear
+from nxd_core_parallel.parallel_layers.pad import get_number_of_extra_heads, pad_model, pad_model_from_config
+from nxd_core_parallel.parallel_layers.utils import divide
+
+TOL = 1e-5
+HEADS, HEAD_DIM, VOCAB, BATCH, SEQ = 3, 8, 16, 2, 5
+HIDDEN = HEADS * HEAD_DIM
+
+
+class Attention(nn.Module):
+    def __init__(self, padded: bool = True) -> None:
+        super().__init__()
+        tp = ps.get_tensor_model_parallel_size()
+        extra = get_number_of_extra_heads(HEADS, tp) if padded else 0
+        self.local_heads = divide(HEADS + extra, tp)
+        self.split_size = HIDDEN
+        self.qkv = nn.ModuleList(ColumnParallelLinear(HIDDEN, HIDDEN, gather_output=False) for _ in range(3))
+        self.o_proj = RowParallelLinear(HIDDEN, HIDDEN, input_is_parallel=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (p(x).view(BATCH, SEQ, self.local_heads, HEAD_DIM).transpose(1, 2) for p in self.qkv)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(BATCH, SEQ, -1))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, padded: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # layers initialise the full shape, so every TP size gets the same model
+        self.config = SimpleNamespace(num_attention_heads=HEADS)
+        self.embed = ParallelEmbedding(VOCAB, HIDDEN)
+        self.layers = nn.ModuleList(Attention(padded) for _ in range(2))
+        self.head = ColumnParallelLinear(HIDDEN, VOCAB, bias=False, gather_output=True)
+        tp, rank = ps.get_tensor_model_parallel_size(), ps.get_tensor_model_parallel_rank()
+        with torch.no_grad():  # non-zero biases (the same full vectors at every TP size)
+            for p in self.parameters():
+                if p.dim() == 1:
+                    sharded = getattr(p, "tensor_model_parallel", False)
+                    full = torch.randn(p.shape[0] * (tp if sharded else 1))
+                    p.copy_(full.chunk(tp)[rank] if sharded else full)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = h + layer(h)
+        return self.head(h)
+
+
+def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), torch.randn(BATCH, SEQ, VOCAB, generator=g)
+
+
+def run(model: nn.Module) -> dict[str, torch.Tensor]:
+    ids, weights = inputs()
+    logits = model(ids)
+    (logits * weights).sum().backward()
+    return {"logits": logits.detach(), "q_grad": model.layers[0].qkv[0].weight.grad,
+            "q": model.layers[0].qkv[0].weight.detach(), "o_grad": model.layers[1].o_proj.weight.grad,
+            "o": model.layers[1].o_proj.weight.detach(), "v_bias": model.layers[1].qkv[2].bias.detach()}
+
+
+def gathered(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """This rank's shards gathered into the full padded tensors."""
+    def cat(t: torch.Tensor, dim: int) -> torch.Tensor:
+        parts = [torch.empty_like(t) for _ in range(ps.get_tensor_model_parallel_size())]
+        dist.all_gather(parts, t.contiguous(), group=ps.get_tensor_model_parallel_group())
+        return torch.cat(parts, dim)
+    dims = {"q_grad": 0, "q": 0, "o_grad": 1, "o": 1, "v_bias": 0}
+    return {k: cat(v, dims[k]) if k in dims else v for k, v in out.items()}
+
+
+def padded_ranks_body() -> dict[str, dict[str, torch.Tensor]]:
+    config = nxd.neuronx_distributed_config(tensor_parallel_size=2, pad_model=True)
+    through_config = nxd.initialize_parallel_model(config, TinyLM)
+    hooked: list[float] = []
+    explicit = pad_model(TinyLM(), 2, HEADS, wrapped_classes=(Attention,),
+                         pad_hook_fn=lambda m, ratio: hooked.append(ratio) if isinstance(m, Attention) else None)
+    assert hooked == [4 / 3, 4 / 3], hooked
+    assert explicit.head.weight.shape == (VOCAB // 2, HIDDEN)  # outside wrapped_classes: untouched
+    with pytest.raises(ValueError, match="not divisible by tensor parallel size 2.*pad_model"):
+        TinyLM(padded=False)
+    return {"config": gathered(run(through_config)), "explicit": gathered(run(explicit))}
+
+
+def test_padded_heads_match_the_unpadded_single_process_model(rank_pool):
+    want = run(TinyLM())
+    real = HEADS * HEAD_DIM
+    for name, got in rank_pool(2).run(padded_ranks_body)[0].items():
+        errors = {
+            "logits": float((got["logits"] - want["logits"]).abs().max() / want["logits"].abs().max()),
+            "q grad": float((got["q_grad"][:real] - want["q_grad"]).abs().max() / want["q_grad"].abs().max()),
+            "o grad": float((got["o_grad"][:, :real] - want["o_grad"]).abs().max() / want["o_grad"].abs().max()),
+        }
+        padding = float(got["q"][real:].abs().sum() + got["o"][:, real:].abs().sum() + got["v_bias"][real:].abs().sum()
+                        + got["q_grad"][real:].abs().sum() + got["o_grad"][:, real:].abs().sum())
+        print(f"\npad_model ({name}) 3 heads at TP=2 vs one process: {errors}, padding {padding}")
+        assert got["q"].shape[0] == 4 * HEAD_DIM and padding == 0.0
+        assert max(errors.values()) < TOL, errors
+
+
+def test_pad_model_arguments():
+    assert [get_number_of_extra_heads(n, 4) for n in (4, 5, 6, 7)] == [0, 3, 2, 1]
+    model = TinyLM()
+    assert pad_model(model, 1, HEADS) is model  # TP=1: nothing to pad
+    with pytest.raises(ValueError, match="sharded over 1 ranks"):
+        pad_model(model, 2, HEADS)
+    with pytest.raises(ValueError, match="n_heads must be a positive int"):
+        pad_model(model, 2, 0)
+    with pytest.raises(ConfigError, match="config.num_attention_heads"):
+        pad_model_from_config(nn.Linear(2, 2))

@@ -23,7 +23,14 @@ from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention
 from nxd_models_llama.attention_mask import build_attention_mask
 from nxd_models_llama.rope import RotaryEmbedding
 from nxd_models_mixtral.config import MixtralConfig
-from nxd_moe import MoELayer, load_balancing_loss, router_z_loss
+from nxd_moe import (
+    MoELayer,
+    losses_from_router_statistics,
+    pack_router_statistics,
+    router_statistics,
+    router_statistics_size,
+    unpack_router_statistics,
+)
 
 SEQUENCE_DIM = 1
 
@@ -161,17 +168,39 @@ class MixtralForCausalLM(nn.Module):
         if hasattr(module, "reset_parameters"):
             module.reset_parameters()
 
-    def router_losses(self, router_logits: tuple[torch.Tensor, ...],
-                      attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(load-balancing loss, weighted sum of the router losses added to the LM loss)``."""
+    def layer_router_statistics(self, router_logits: torch.Tensor,
+                                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One layer's :func:`nxd_moe.router_statistics` (they add up over layers)."""
         cfg = self.moe_config
         # a [batch, seq] padding/segment mask restricts the loss to real tokens, as HF's does
         mask = (attention_mask != 0).long() if attention_mask is not None and attention_mask.dim() == 2 else None
-        aux = load_balancing_loss(router_logits, cfg.num_experts, cfg.top_k, mask, cfg.router_activation)
+        return router_statistics(router_logits, cfg.num_experts, cfg.top_k, mask, cfg.router_activation)
+
+    def router_losses(self, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(load-balancing loss, weighted sum of the router losses added to the LM loss)`` from the
+        router statistics summed over every layer."""
+        aux, z = losses_from_router_statistics(stats, self.config.num_hidden_layers, self.moe_config.num_experts)
         total = self.config.router_aux_loss_coef * aux
-        if cfg.router_z_loss_coef:
-            total = total + cfg.router_z_loss_coef * router_z_loss(router_logits)
+        if self.moe_config.router_z_loss_coef:
+            total = total + self.moe_config.router_z_loss_coef * z
         return aux, total
+
+    def lm_loss(self, hidden: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor | None,
+                stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(logits, loss, aux)`` from the final hidden state and the summed router statistics: the
+        cross-entropy plus, with ``output_router_logits``, the router losses (as HF)."""
+        logits = self.logits(hidden)
+        loss, aux = causal_lm_loss(logits, labels, loss_mask), None
+        if self.config.output_router_logits:
+            aux, extra = self.router_losses(stats)
+            loss = loss + extra
+        return logits, loss, aux
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        if self.padded_vocab_size != self.config.vocab_size:  # padding rows get no probability
+            logits = mask_padded_vocab(logits, self.config.vocab_size)
+        return logits
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -180,14 +209,54 @@ class MixtralForCausalLM(nn.Module):
         if attention_mask is None and segment_ids is not None:
             attention_mask = segment_ids
         hidden = self.model(input_ids, position_ids, attention_mask, kv_cache)
-        logits = self.lm_head(hidden)
-        if self.padded_vocab_size != self.config.vocab_size:  # padding rows get no probability
-            logits = mask_padded_vocab(logits, self.config.vocab_size)
         router_logits = tuple(layer.last_router_logits for layer in self.model.layers)
-        loss = aux = None
-        if labels is not None:
-            loss = causal_lm_loss(logits, labels, loss_mask)
-            if self.config.output_router_logits:
-                aux, extra = self.router_losses(router_logits, attention_mask)
-                loss = loss + extra
+        if labels is None:
+            return MoECausalLMOutput(loss=None, logits=self.logits(hidden), router_logits=router_logits)
+        stats = torch.zeros(self._num_router_statistics, device=hidden.device)
+        for layer_logits in router_logits:
+            stats = stats + self.layer_router_statistics(layer_logits, attention_mask)
+        logits, loss, aux = self.lm_loss(hidden, labels, loss_mask, stats)
         return MoECausalLMOutput(loss=loss, logits=logits, aux_loss=aux, router_logits=router_logits)
+
+    @property
+    def _num_router_statistics(self) -> int:
+        return router_statistics_size(self.moe_config.num_experts)
+
+    # -- pipeline contract (docs/pipeline.md, docs/moe.md): the same modules as forward(). Between
+    # stages travels the hidden state flattened with the running sum of the layers' router
+    # statistics, so the last stage computes the router losses of all layers exactly.
+    def nxd_pipeline_layout(self) -> dict[str, object]:
+        return {"embed": ["model.embed_tokens"], "layers": "model.layers", "head": ["model.norm", "lm_head"]}
+
+    def nxd_pipeline_embed(self, input_ids: torch.Tensor, **batch: object) -> torch.Tensor:
+        hidden = self.model.embed_tokens(input_ids)
+        return pack_router_statistics(hidden, torch.zeros(self._num_router_statistics, device=hidden.device))
+
+    def _unpack(self, packed: torch.Tensor, input_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if input_ids is None:
+            raise ValueError("the Mixtral pipeline stages need the micro-batch's input_ids (for shapes, positions "
+                             "and masks)")
+        return unpack_router_statistics(packed, self._num_router_statistics, input_ids.shape[0],
+                                        self.config.hidden_size)
+
+    def nxd_pipeline_layer(self, layer: nn.Module, packed: torch.Tensor, input_ids: torch.Tensor | None = None,
+                           position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                           segment_ids: torch.Tensor | None = None, **batch: object) -> torch.Tensor:
+        """One decoder layer (positions, RoPE and mask rebuilt from the micro-batch), its router
+        statistics added to the running sum."""
+        hidden, stats = self._unpack(packed, input_ids)
+        if attention_mask is None and segment_ids is not None:
+            attention_mask = segment_ids
+        cos, sin, mask = self.model.layer_inputs(input_ids, hidden.dtype, position_ids, attention_mask)
+        hidden = layer(hidden, cos, sin, mask)
+        stats = stats + self.layer_router_statistics(layer.last_router_logits, attention_mask)
+        return pack_router_statistics(hidden, stats)
+
+    def nxd_pipeline_head(self, packed: torch.Tensor, input_ids: torch.Tensor | None = None,
+                          labels: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,
+                          **batch: object) -> torch.Tensor:
+        """Last stage: final norm, LM head, the micro-batch's loss as forward's ``.loss``."""
+        if labels is None:
+            raise ValueError("pipeline training needs 'labels' in the batch (the last stage returns the loss)")
+        hidden, stats = self._unpack(packed, input_ids)
+        return self.lm_loss(self.model.norm(hidden), labels, loss_mask, stats)[1]

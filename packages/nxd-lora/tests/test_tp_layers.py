@@ -1,5 +1,6 @@
 """Column/row-parallel LoRA at TP=2 (generic layout, no model spec) against LoRA on nn.Linear in
-one process with the same weights: outputs, adapter gradients and the gathered export agree."""
+one process with the same weights: outputs, adapter gradients and the gathered export agree. A
+replicated nn.Conv1d stem (never TP-sharded) is adapted too."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ from torch import nn
 
 from nxd_lora import LoraConfig, LoRAModel, collect_adapter_state_dict, save_adapter
 
-CFG = dict(enable_lora=True, lora_rank=2, lora_alpha=4.0, target_modules=["up", "down"])
+CFG = dict(enable_lora=True, lora_rank=2, lora_alpha=4.0, target_modules=["stem", "up", "down"])
 
 
 class RefToy(nn.Module):
     def __init__(self) -> None:
         super().__init__()
+        self.stem = nn.Conv1d(1, 1, 3, padding=1)
         self.up, self.down = nn.Linear(8, 12), nn.Linear(12, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(x)))
+        return self.down(torch.relu(self.up(self.stem(x[:, None])[:, 0])))
 
 
 def _tp_toy(gather: bool) -> nn.Module:
@@ -29,11 +31,12 @@ def _tp_toy(gather: bool) -> nn.Module:
     class TPToy(nn.Module):
         def __init__(self) -> None:
             super().__init__()
+            self.stem = nn.Conv1d(1, 1, 3, padding=1)
             self.up = ColumnParallelLinear(8, 12, gather_output=gather)
             self.down = RowParallelLinear(12, 8, input_is_parallel=not gather)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.down(torch.relu(self.up(x)))
+            return self.down(torch.relu(self.up(self.stem(x[:, None])[:, 0])))
 
     return TPToy()
 
@@ -61,6 +64,7 @@ def tp_layers_body(state: dict, adapter_dir: str, x: torch.Tensor, gather: bool)
     r = parallel_state.get_tensor_model_parallel_rank()
     model = _tp_toy(gather)
     with torch.no_grad():
+        model.stem.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("stem.")})
         model.up.weight.copy_(state["up.weight"][r * 6:(r + 1) * 6])
         model.up.bias.copy_(state["up.bias"][r * 6:(r + 1) * 6])
         model.down.weight.copy_(state["down.weight"][:, r * 6:(r + 1) * 6])
@@ -104,4 +108,4 @@ def test_tp2_column_row_lora_matches_single_process(rank_pool, tmp_path):
 
 def test_rank_is_reported_and_params_frozen():
     model = LoRAModel(copy.deepcopy(RefToy()), LoraConfig(**CFG))
-    assert model.trainable_parameters()[0] == (2 * 8 + 12 * 2) + (2 * 12 + 8 * 2)
+    assert model.trainable_parameters()[0] == (2 * 1 * 3 + 1 * 2) + (2 * 8 + 12 * 2) + (2 * 12 + 8 * 2)

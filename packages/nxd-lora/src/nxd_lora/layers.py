@@ -13,6 +13,9 @@ Sharding follows the base layer (the rule PEFT and NxD share):
   reduced like the base output (all-reduce, or reduce-scatter over the sequence under SP) before B.
 * fused bases (q/k/v, gate/up) get one A/B pair per projection; GQA K/V replicas
   (``kv_size_multiplier``) sum their B gradients over the ranks that share a KV head, as the base does.
+* ``nn.Conv1d/2d/3d`` (PEFT's layout): ``lora_A`` a conv with the base's kernel, stride and padding
+  (``[r, in, *kernel]``), ``lora_B`` a 1x1 conv with the base's groups (``[out, r / groups, 1, ...]``).
+  Convolutions are never TP-sharded: under TP they are replicated, like a plain ``nn.Linear``.
 """
 
 from __future__ import annotations
@@ -38,10 +41,14 @@ from nxd_core_parallel.parallel_layers import (
 )
 from nxd_core_parallel.parallel_layers.mappings import reduce_grad_over_group
 from nxd_lora.config import LoraConfig
-from nxd_lora.naming import Slot
+from nxd_lora.naming import CONV_LAYERS, Slot
+
+_CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
 def layer_kind(module: nn.Module) -> str:
+    if isinstance(module, CONV_LAYERS):
+        return "conv"
     if isinstance(module, GQAQKVColumnParallelLinear):
         return "qkv"
     if isinstance(module, ColumnParallelLinear):
@@ -53,16 +60,34 @@ def layer_kind(module: nn.Module) -> str:
     raise TypeError(f"LoRA cannot adapt {type(module).__name__}")
 
 
+def check_conv(base: nn.Module, rank: int, name: str = "") -> None:
+    """Refuse the convolutions whose PEFT adapter would not describe a weight update of the base."""
+    what = f"{name} ({type(base).__name__})" if name else type(base).__name__
+    if rank % base.groups:
+        raise ValueError(f"LoRA on {what} with groups={base.groups} needs lora_rank divisible by groups "
+                         f"(PEFT's rule), got {rank}")
+    if any(d != 1 for d in base.dilation) and any(k != 1 for k in base.kernel_size):
+        raise ValueError(f"LoRA on {what} with dilation={base.dilation}: PEFT's lora_A is undilated, so its output "
+                         "does not line up with the base's; nxd-lora adapts undilated convolutions only")
+    if base.padding_mode != "zeros":
+        raise ValueError(f"LoRA on {what} with padding_mode={base.padding_mode!r}: PEFT's lora_A pads with zeros, "
+                         "so its update is not the merged weight's; nxd-lora adapts padding_mode='zeros' only")
+
+
 class LoraPiece(nn.Module):
-    """``lora_A`` ``[r, in (local)]`` and ``lora_B`` ``[out (local), r]`` for one HF module."""
+    """``lora_A`` ``[r, in (local)]`` and ``lora_B`` ``[out (local), r]`` for one HF module; for a
+    convolution ``[r, in, *kernel]`` and ``[out, r / groups, 1, ...]`` (PEFT's conv layout)."""
 
     def __init__(self, slot: Slot, in_full: int, in_local: int, out_local: int, config: LoraConfig,
-                 dtype: torch.dtype, device: torch.device | None, generator: torch.Generator | None = None) -> None:
+                 dtype: torch.dtype, device: torch.device | None, generator: torch.Generator | None = None,
+                 kernel: tuple[int, ...] = (), groups: int = 1) -> None:
         super().__init__()
         self.slot = slot
         r = config.lora_rank
-        self.lora_A = nn.Parameter(torch.empty(r, in_local, dtype=dtype, device=device))
-        self.lora_B = nn.Parameter(torch.zeros(out_local, r, dtype=dtype, device=device))
+        self.lora_A = nn.Parameter(torch.empty(r, in_local, *kernel, dtype=dtype, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(out_local, r // groups, *(1,) * len(kernel), dtype=dtype,
+                                               device=device))
+        self.groups = groups
         self.dropout = nn.Dropout(config.lora_dropout) if config.lora_dropout > 0 else nn.Identity()  # PEFT's layout
         if not self.lora_A.is_meta:
             self.reset_parameters(config.init_lora_weights, in_full, generator)
@@ -73,7 +98,7 @@ class LoraPiece(nn.Module):
         at any TP size; B starts at zero (PEFT's defaults). ``generator`` must be in the same state
         on every rank (see :func:`nxd_lora.model.shared_init_generator`): a replicated A that
         differed between TP or DP ranks would train a model no export can describe."""
-        full = torch.empty(self.lora_A.shape[0], in_full, dtype=torch.float32)
+        full = torch.empty(self.lora_A.shape[0], in_full, *self.lora_A.shape[2:], dtype=torch.float32)
         if init == "gaussian":
             nn.init.normal_(full, std=1.0 / self.lora_A.shape[0], generator=generator)
         else:
@@ -84,8 +109,13 @@ class LoraPiece(nn.Module):
         self.lora_B.zero_()
 
     def delta_weight(self, scaling: float) -> torch.Tensor:
-        """``scale * B @ A``: this rank's piece of the weight update."""
-        return (self.lora_B.float() @ self.lora_A.float()) * scaling
+        """``scale * B @ A``: this rank's piece of the weight update (for a convolution, B's 1x1
+        kernel composed with A's kernel: ``[out, in, *kernel]``)."""
+        if self.groups > 1:
+            raise ValueError("merging LoRA into a grouped convolution (groups > 1) is not supported (nor by PEFT); "
+                             "keep the adapter unmerged")
+        a, b = self.lora_A.float(), self.lora_B.float()
+        return (b.flatten(1) @ a.flatten(1)).view(b.shape[0], *a.shape[1:]) * scaling
 
 
 class LoraAdapter(nn.Module):
@@ -108,10 +138,14 @@ class LoraAdapter(nn.Module):
         self.pieces = nn.ModuleDict()
         sp = bool(getattr(base, "sequence_parallel_enabled", False))
         multiplier = getattr(base, "kv_size_multiplier", 1)
+        conv = {}
+        if self.kind == "conv":
+            check_conv(base, config.lora_rank, slots[0].hf_module)
+            conv = dict(kernel=tuple(base.kernel_size), groups=base.groups)
         for i, (slot, on) in enumerate(zip(slots, targeted)):
             if not on:
                 continue
-            piece = LoraPiece(slot, in_full, in_local, self.out_sizes[i], config, dtype, device, generator)
+            piece = LoraPiece(slot, in_full, in_local, self.out_sizes[i], config, dtype, device, generator, **conv)
             _tag(piece, self.kind, slot, sp, kv=self.kind == "qkv" and i > 0 and multiplier > 1, multiplier=multiplier)
             if slot.short_name in self.pieces:
                 raise ValueError(f"two projections of one layer map to the same HF name {slot.short_name!r}")
@@ -167,7 +201,11 @@ class LoraAdapter(nn.Module):
             return self._apply_qkv(base, x, output)
         main, rest = (output[0], output[1:]) if isinstance(output, tuple) else (output, None)
         pieces = self._piece_list()
-        if self.kind == "linear":
+        if self.kind == "conv":
+            p, conv = pieces[0], _CONV_FN[len(base.kernel_size)]
+            h = conv(p.dropout(x), p.lora_A, stride=base.stride, padding=base.padding)
+            main = main + conv(h, p.lora_B, groups=base.groups) * self.scaling
+        elif self.kind == "linear":
             main = self._add(main, self._h(pieces, x), pieces[0].lora_B)
         elif self.kind == "row":
             if not base.input_is_parallel:
@@ -257,6 +295,8 @@ def _local_rows(base: nn.Module) -> int:
 
 
 def _in_sizes(base: nn.Module, kind: str) -> tuple[int, int]:
+    if kind == "conv":
+        return base.in_channels, base.in_channels
     if kind == "linear":
         return base.in_features, base.in_features
     if kind == "row":

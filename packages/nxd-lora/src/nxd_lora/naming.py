@@ -25,8 +25,12 @@ from nxd_core_parallel import parallel_state
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
+#: Convolutions LoRA adapts as PEFT does (never sharded over TP: replicated, like a plain nn.Linear).
+CONV_LAYERS: tuple[type, ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
 #: The layer classes LoRA knows how to adapt.
-SUPPORTED_LAYERS: tuple[type, ...] = (nn.Linear, ColumnParallelLinear, RowParallelLinear, GQAQKVColumnParallelLinear)
+SUPPORTED_LAYERS: tuple[type, ...] = (nn.Linear, ColumnParallelLinear, RowParallelLinear, GQAQKVColumnParallelLinear,
+                                      *CONV_LAYERS)
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ def weight_names(module: nn.Module) -> list[str]:
 def generic_slots(name: str, module: nn.Module, tp: int, rank: int) -> list[Slot]:
     """Slots under the generic rule: the module name is the HF name; GQA pieces become siblings
     ``q_proj``/``k_proj``/``v_proj``."""
-    if isinstance(module, nn.Linear) or tp == 1 and not isinstance(module, GQAQKVColumnParallelLinear):
+    if isinstance(module, (nn.Linear, *CONV_LAYERS)) or tp == 1 and not isinstance(module, GQAQKVColumnParallelLinear):
         return [Slot(name, None)]
     if isinstance(module, ColumnParallelLinear):
         return [Slot(name, 0, _shard_indices(module.output_size, module.stride, tp, rank))]
@@ -112,7 +116,7 @@ def generic_slots(name: str, module: nn.Module, tp: int, rank: int) -> list[Slot
 
 def slots_for(name: str, module: nn.Module, plan: Plan | None, tp: int, rank: int) -> list[Slot]:
     """The HF modules that make up layer ``name`` on TP ``rank``, in local output order."""
-    if plan is None:
+    if plan is None or isinstance(module, CONV_LAYERS):  # a model's layout maps TP layers; convs keep their names
         return generic_slots(name, module, tp, rank)
     slots: list[Slot] = []
     for weight in weight_names(module):

@@ -285,7 +285,8 @@ class GPTForCausalLM(nn.Module):
         tp = _tp()
         if config.num_attention_heads % tp:
             raise ConfigError(f"gpt: num_attention_heads ({config.num_attention_heads}) must be divisible by "
-                              f"tensor_parallel_size ({tp})")
+                              f"tensor_parallel_size ({tp}); nxd's GPT does not pad attention heads (NxD's pad_model "
+                              "pads models built from ColumnParallelLinear/RowParallelLinear projections)")
         self.padded_vocab_size = config.padded_vocab_size(tp)
         self.embedding = GPTEmbedding(config, self.padded_vocab_size, sequence_parallel, device)
         self.decoder = GPTDecoder(config, sequence_parallel, device)

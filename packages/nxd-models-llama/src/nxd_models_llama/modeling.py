@@ -49,7 +49,9 @@ def kv_size_multiplier_for(config: LlamaConfig, tp: int) -> int:
     """How many times K/V heads are replicated so that every TP rank holds one whole KV head."""
     nq, nkv = config.num_attention_heads, config.num_key_value_heads
     if nq % tp:
-        raise ConfigError(f"num_attention_heads ({nq}) must be divisible by tensor_parallel_size ({tp})")
+        raise ConfigError(f"num_attention_heads ({nq}) must be divisible by tensor_parallel_size ({tp}); nxd's Llama "
+                          "does not pad attention heads (NxD's pad_model pads models built from ColumnParallelLinear/"
+                          "RowParallelLinear projections: docs/parallel.md)")
     if nkv % tp == 0:
         return 1
     if tp % nkv:

@@ -77,6 +77,10 @@ def _tp_size_rank(group: Any = None) -> tuple[int, int]:
     return parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_rank()
 
 
+#: Named in a layer's size error: with pad=True a size not divisible by TP is padded inside.
+_PAD_HINT = "; pass pad=True to pad it with zero rows that never show (NxD's option)"
+
+
 def _pad_length(layer: str, pad: bool, size: int, tp: int, stride: int = 1, alignment: int = 1) -> int:
     """Entries ``pad=True`` appends to ``size`` (0 without ``pad``: ``divide`` then names the size)."""
     if not pad:
@@ -130,7 +134,7 @@ class ColumnParallelLinear(nn.Module):
         _check_nxd_options("ColumnParallelLinear", rank_ordering)
         self.input_size, self.output_size = input_size, output_size
         self.pad_size = _pad_length("ColumnParallelLinear", pad, output_size, tp, stride, pad_alignment_size_per_rank)
-        self.output_size_per_partition = divide(output_size + self.pad_size, tp, "ColumnParallelLinear output_size")
+        self.output_size_per_partition = divide(output_size + self.pad_size, tp, "ColumnParallelLinear output_size", _PAD_HINT)
         self.gather_output, self.stride = gather_output, stride
         self.sequence_parallel_enabled = sequence_parallel_enabled
         self.sequence_dimension = _sequence_dimension(sequence_parallel_enabled, sequence_dimension)
@@ -217,7 +221,7 @@ class RowParallelLinear(nn.Module):
         _check_nxd_options("RowParallelLinear", rank_ordering)
         self.input_size, self.output_size = input_size, output_size
         self.pad_size = _pad_length("RowParallelLinear", pad, input_size, tp, stride)
-        self.input_size_per_partition = divide(input_size + self.pad_size, tp, "RowParallelLinear input_size")
+        self.input_size_per_partition = divide(input_size + self.pad_size, tp, "RowParallelLinear input_size", _PAD_HINT)
         self.input_is_parallel, self.stride = input_is_parallel, stride
         self.sequence_parallel_enabled = sequence_parallel_enabled
         self.sequence_dimension = _sequence_dimension(sequence_parallel_enabled, sequence_dimension)
@@ -321,11 +325,11 @@ class ParallelEmbedding(nn.Module):
         self.init_method = init_method or nn.init.normal_
         if shard_across_embedding:
             self.partition_dim = 1
-            local = (num_embeddings, divide(embedding_dim + self.pad_size, tp, "ParallelEmbedding embedding_dim"))
+            local = (num_embeddings, divide(embedding_dim + self.pad_size, tp, "ParallelEmbedding embedding_dim", _PAD_HINT))
             self.vocab_start_index, self.vocab_end_index = 0, num_embeddings
         else:
             self.partition_dim = 0
-            per_rank = divide(num_embeddings + self.pad_size, tp, "ParallelEmbedding num_embeddings")
+            per_rank = divide(num_embeddings + self.pad_size, tp, "ParallelEmbedding num_embeddings", _PAD_HINT)
             local = (per_rank, embedding_dim)
             self.vocab_start_index, self.vocab_end_index = rank * per_rank, (rank + 1) * per_rank
         self.weight = nn.Parameter(torch.empty(*local, dtype=dtype, device=device))

@@ -7,13 +7,15 @@ import torch
 _TP_ATTRS = {"tensor_model_parallel": False, "partition_dim": -1, "partition_stride": 1}
 
 
-def divide(numerator: int, denominator: int, what: str = "size") -> int:
-    """``numerator // denominator``, raising a clear error when it does not divide."""
+def divide(numerator: int, denominator: int, what: str = "size", hint: str | None = None) -> int:
+    """``numerator // denominator``, raising a clear error when it does not divide; ``hint`` (the
+    route around it) ends the message."""
     if numerator % denominator != 0:
-        # NxD's recipe for a head count: divide(n + get_number_of_extra_heads(n, tp), tp), then pad_model
-        hint = ("; for attention heads, size them with parallel_layers.pad.get_number_of_extra_heads and pad the "
-                "model with pad_model (NxD's head padding)") if what == "size" else ""
-        raise ValueError(f"{what} {numerator} is not divisible by tensor parallel size {denominator}{hint}")
+        if hint is None and what == "size":
+            # a plain divide() is how NxD models split their heads: name NxD's head-padding route
+            hint = ("; for attention heads, size them with parallel_layers.pad.get_number_of_extra_heads and pad the "
+                    "model with pad_model (NxD's head padding)")
+        raise ValueError(f"{what} {numerator} is not divisible by tensor parallel size {denominator}{hint or ''}")
     return numerator // denominator
 
 

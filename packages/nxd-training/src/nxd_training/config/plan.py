@@ -192,7 +192,9 @@ def _heads(config: TrainingConfig, model_config: Any, tp: int) -> None:
         return
     if heads % tp:
         raise ConfigError(
-            f"distributed_strategy.tensor_model_parallel_size={tp} must divide model num_attention_heads={heads}"
+            f"distributed_strategy.tensor_model_parallel_size={tp} must divide model num_attention_heads={heads} "
+            "(nxd's models do not pad attention heads; NxD's pad_model covers scripts whose model is built from "
+            "ColumnParallelLinear/RowParallelLinear projections)"
         )
     if kv % tp == 0:
         return

@@ -7,6 +7,7 @@ import contextlib
 import threading
 import time
 
+import pytest
 import torch
 from ckpt_helpers import TinyNet, register_storage
 
@@ -77,7 +78,8 @@ def _assert_equal(a: dict, b: dict) -> None:
         assert torch.equal(x, y)
 
 
-def test_async_call_does_no_file_io_and_steps_never_leak(tmp_path):
+@pytest.mark.parametrize("overlap", [False, True], ids=["copy-in-call", "overlapped"])
+def test_async_call_does_no_file_io_and_steps_never_leak(tmp_path, overlap):
     register_storage("recording", RecordingStorage)
     url = f"recording://{tmp_path}"
     torch.manual_seed(0)
@@ -90,7 +92,7 @@ def test_async_call_does_no_file_io_and_steps_never_leak(tmp_path):
         for tag in ("a", "b", "c"):
             expected[tag] = _state(model, opt)
             nxd.save_checkpoint(url, tag, model=model, optimizer=opt, user_content={"tag": tag},
-                                async_save=True, num_kept_ckpts=2)
+                                async_save=True, num_kept_ckpts=2, overlap_snapshot=overlap)
             for _ in range(2):  # training goes on while the save is written
                 _step(model, opt)
         nxd.finalize_checkpoint()
@@ -119,6 +121,41 @@ def test_snapshot_buffers_are_reused_across_saves(tmp_path):
     assert first == second and len(first) > 0  # the same tensors, same memory: no new allocation
     nxd.finalize_checkpoint()
     assert buffers.nbytes == 0  # finalize frees them
+
+
+def test_overlapped_snapshot_holds_the_state_of_the_save_call(tmp_path):
+    """The copy runs on the writer thread; the optimizer step right after the call waits for it (once),
+    and a buffer changed outside the optimizer was copied in the call."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 8))
+    model.register_buffer("seen", torch.zeros(4))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
+    waits: list[float] = []
+    for tag in ("a", "b"):
+        model(torch.randn(2, 1024)).sum().backward()
+        opt.step()
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+        expected_momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+        nxd.save_checkpoint(str(tmp_path), tag, model=model, optimizer=opt, async_save=True, save_rng=False,
+                            overlap_snapshot=True, on_snapshot_wait=waits.append)
+        model.seen += 1  # not a parameter: must not leak into the snapshot
+        opt.step()  # changes every parameter and momentum buffer at once: waits for the copy first
+        opt.step()
+    nxd.finalize_checkpoint()
+    assert len(waits) == 2 and all(w >= 0 for w in waits), waits  # one wait per save, at its first step
+    loaded = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 8))
+    loaded.register_buffer("seen", torch.zeros(4))
+    lopt = torch.optim.SGD(loaded.parameters(), lr=1.0, momentum=0.9)
+    nxd.load_checkpoint(str(tmp_path), "b", model=loaded, optimizer=lopt, load_rng=False)
+    for k, v in loaded.state_dict().items():
+        assert torch.equal(v, expected[k]), k
+    for p, m in zip(loaded.parameters(), expected_momentum):
+        assert torch.equal(lopt.state[p]["momentum_buffer"], m)
+
+
+def test_overlapped_snapshot_needs_async_save(tmp_path):
+    with pytest.raises(ValueError, match="overlap_snapshot=True needs async_save=True"):
+        nxd.save_checkpoint(str(tmp_path), "a", model=torch.nn.Linear(2, 2), overlap_snapshot=True)
 
 
 EXIT_SCRIPT = """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -17,6 +18,7 @@ from nxd_ckpt.overwrite import recover_all
 from nxd_ckpt.retention import remove_incomplete
 from nxd_ckpt.save import is_zero1, plan_save, run_save
 from nxd_ckpt.snapshot import SnapshotBuffers
+from nxd_ckpt.staging import Staging
 from nxd_ckpt.storage import open_storage
 from nxd_ckpt.topology import Ranks, current_topology
 from nxd_ckpt.verify import is_whole_unmarked, warn_unmarked
@@ -30,6 +32,7 @@ class Checkpointer:
         self._writer = AsyncWriter()
         self._side_group: Any = None
         self._buffers = SnapshotBuffers()
+        self._staging: Staging | None = None  # an overlapped snapshot whose step guard is armed
         self._own: set[str] = set()  # tags this process saved or tried to (see retention)
 
     # ------------------------------------------------------------------ save
@@ -50,12 +53,19 @@ class Checkpointer:
         format: str | None = None,
         storage_options: dict | None = None,
         save_rng: bool = True,
+        overlap_snapshot: bool = False,
+        on_snapshot_wait: Callable[[float], None] | None = None,
         **unused: Any,
     ) -> None:
         """Save ``path/tag``. ``use_xser=True`` selects the safetensors format (one addressable
         record per tensor, like NxD's xser) unless ``format`` names one. ``num_workers`` is accepted
-        for NxD compatibility; each rank writes its own files."""
-        self._writer.wait()  # at most one save in flight; raises the previous one's failure
+        for NxD compatibility; each rank writes its own files.
+
+        ``overlap_snapshot=True`` (with ``async_save``): return before copying parameters and
+        optimizer state; the next optimizer step waits for that copy (see ``nxd_ckpt.staging``),
+        reporting the seconds it waited to ``on_snapshot_wait``. Only for loops that change
+        parameters through optimizer steps alone."""
+        self._wait_writer()  # at most one save in flight; raises the previous one's failure
         if num_kept_ckpts is not None and (not isinstance(num_kept_ckpts, int) or num_kept_ckpts < 1):
             raise ValueError(f"num_kept_ckpts must be a positive integer or None, got {num_kept_ckpts!r}")
         # Only the snapshot happens here: the tag/metadata agreement and all file I/O happen in
@@ -64,9 +74,13 @@ class Checkpointer:
         tag = validate_tag(tag or time.strftime("ckpt_%Y%m%d_%H%M%S"))  # rank 0's wins in run_save
         storage = open_storage(path, storage_options)
         fmt = format or ("safetensors" if use_xser else "torch")
+        if overlap_snapshot and not async_save:
+            raise ValueError("overlap_snapshot=True needs async_save=True (a synchronous save writes before returning)")
+        staging = Staging(on_snapshot_wait) if overlap_snapshot else None
         plan = plan_save(tag, topo, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
                          fmt_name=fmt, zero1=is_zero1(optimizer, zero1_optimizer),
-                         buffers=self._buffers if async_save else None, save_rng=save_rng, num_kept=num_kept_ckpts)
+                         buffers=self._buffers if async_save else None, save_rng=save_rng, num_kept=num_kept_ckpts,
+                         staging=staging)
         plan.own = frozenset(self._own)
         self._own.add(tag)
         if not async_save:
@@ -77,7 +91,26 @@ class Checkpointer:
             return
         # the group is fixed now, on the training thread: the writer's agreements need all its ranks
         ranks = Ranks.current(self._async_group())
-        self._writer.submit(lambda: run_save(storage, plan, ranks), storage.describe(tag))
+        if staging is None:
+            self._writer.submit(lambda: run_save(storage, plan, ranks), storage.describe(tag))
+            return
+        staging.start()
+        self._staging = staging
+
+        def copy_then_save() -> None:
+            staging.copy_on_writer()
+            run_save(storage, plan, ranks)
+
+        self._writer.submit(copy_then_save, storage.describe(tag))
+
+    def _wait_writer(self) -> None:
+        """Wait for the in-flight save (raising its error); an overlapped snapshot's step guard goes with it."""
+        try:
+            self._writer.wait()
+        finally:
+            if self._staging is not None:
+                self._staging.wait_before_step()
+                self._staging = None
 
     def _async_group(self) -> Any:
         """A separate gloo group so the writer thread's agreement never interleaves with the
@@ -111,7 +144,7 @@ class Checkpointer:
     ) -> Any:
         """Load ``path/tag`` (``tag=None``: newest complete, after removing interrupted saves) and
         return its user content."""
-        self._writer.wait()
+        self._wait_writer()
         topo = current_topology()
         storage = open_storage(path, storage_options)
         if tag is None:
@@ -159,7 +192,7 @@ class Checkpointer:
     def finalize(self) -> None:
         """Wait for the in-flight save (raising its error) and free the snapshot buffers."""
         try:
-            self._writer.wait()
+            self._wait_writer()
         finally:
             self._buffers.release()
 

@@ -26,6 +26,7 @@ from nxd_ckpt.overwrite import prepare_target, recover_all, swap_in
 from nxd_ckpt.retention import apply_retention
 from nxd_ckpt.rng import capture_rng_state
 from nxd_ckpt.snapshot import SnapshotBuffers, to_cpu, unwrap_model
+from nxd_ckpt.staging import Staging
 from nxd_ckpt.storage import Storage
 from nxd_ckpt.topology import Ranks, Topology
 
@@ -54,20 +55,27 @@ def is_zero1(optimizer: Any, zero1_flag: bool) -> bool:
 
 def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler: Any, user_content: Any,
               fmt_name: str, zero1: bool, buffers: SnapshotBuffers | None, save_rng: bool,
-              num_kept: int | None) -> SavePlan:
+              num_kept: int | None, staging: Staging | None = None) -> SavePlan:
     """Snapshot what this rank writes. ``buffers``: copy into these reused host buffers (async
-    save); None: reference the live tensors (a synchronous save writes before returning)."""
+    save); None: reference the live tensors (a synchronous save writes before returning).
+    ``staging`` (with ``buffers``): leave the copies of parameters and optimizer state to it."""
     fmt, torch_fmt = get_format(fmt_name), get_format(TORCH)
     plan = SavePlan(tag, topo, fmt.name, num_kept=num_kept)
 
-    def snap(obj: Any, name: str, copy: bool = False) -> Any:
-        return buffers.snapshot(obj, name) if buffers is not None else to_cpu(obj, copy)
+    def snap(obj: Any, name: str, deferrable: Any = None) -> Any:
+        if buffers is None:
+            return to_cpu(obj, False)
+        if staging is None or deferrable is None:
+            return buffers.snapshot(obj, name)
+        return buffers.snapshot(obj, name, staging, deferrable)
 
     if model is not None:
         module = unwrap_model(model)
         state = module.state_dict() if hasattr(module, "state_dict") else dict(module)
         if topo.writes_replica:
-            data = snap(state, "model")
+            # parameters change only in an optimizer step; other entries (buffers) may change in a forward
+            params = {p.data_ptr() for p in module.parameters()} if hasattr(module, "parameters") else set()
+            data = snap(state, "model", lambda t: t.data_ptr() in params)
             plan.files.append((f"model/{shard_name(0, topo.tp_rank, topo.pp_rank, fmt.suffix)}", fmt, data))
             plan.tensors = tensor_entries(data, shardings_of(module), topo)
     if optimizer is not None:
@@ -76,7 +84,7 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
         optim_state = optimizer.state_dict()
         if topo.cp_rank == 0 and (zero1 or topo.dp_rank == 0):
             plan.files.append((f"optim/{shard_name(topo.dp_rank if zero1 else 0, topo.tp_rank, topo.pp_rank)}",
-                               torch_fmt, snap(optim_state, "optim")))
+                               torch_fmt, snap(optim_state, "optim", lambda _: True)))
     if topo.rank == 0:
         if scheduler is not None:
             plan.files.append(("scheduler.pt", torch_fmt, snap(scheduler.state_dict(), "scheduler")))

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import collections
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from nxd_ckpt.staging import Staging
 
 
 def _rebuild(obj: Any, leaf: Any, path: tuple) -> Any:
@@ -51,23 +54,29 @@ class SnapshotBuffers:
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._used: dict[tuple, torch.Tensor] = {}
 
-    def snapshot(self, obj: Any, name: str) -> Any:
-        """A private copy of ``obj`` (tensors in reused host buffers keyed by ``name`` and their path)."""
-        return _rebuild(obj, self._leaf, (name,))
+    def snapshot(self, obj: Any, name: str, staging: Staging | None = None,
+                 deferrable: Callable[[torch.Tensor], bool] = lambda _: True) -> Any:
+        """A private copy of ``obj`` (tensors in reused host buffers keyed by ``name`` and their path).
+        With ``staging``, the copy of each tensor ``deferrable`` accepts is left to it (see staging.py)."""
 
-    def _leaf(self, v: Any, path: tuple) -> Any:
-        if not isinstance(v, torch.Tensor):
-            return copy.deepcopy(v)
-        t = v.detach()
-        if t.layout != torch.strided or t.is_quantized or type(t) is not torch.Tensor:
-            return t.to("cpu", copy=True)  # exotic tensors: a plain copy, no reuse
-        buf = self._buffers.get(path)
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            pin = t.device.type == "cuda"  # page-locked memory makes device-to-host copies faster
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
-        buf.copy_(t)
-        self._used[path] = buf
-        return buf
+        def leaf(v: Any, path: tuple) -> Any:
+            if not isinstance(v, torch.Tensor):
+                return copy.deepcopy(v)
+            t = v.detach()
+            if t.layout != torch.strided or t.is_quantized or type(t) is not torch.Tensor:
+                return t.to("cpu", copy=True)  # exotic tensors: a plain copy, no reuse
+            buf = self._buffers.get(path)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                pin = t.device.type == "cuda"  # page-locked memory makes device-to-host copies faster
+                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+            if staging is not None and deferrable(v):
+                staging.defer(buf, t)
+            else:
+                buf.copy_(t)
+            self._used[path] = buf
+            return buf
+
+        return _rebuild(obj, leaf, (name,))
 
     def done(self) -> None:
         """End of one snapshot: forget buffers that it did not use (state that went away)."""

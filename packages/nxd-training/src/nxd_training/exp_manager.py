@@ -101,7 +101,7 @@ class MetricsLogger:
             self._writer = SummaryWriter(log_dir=str(log_dir), **config.exp_manager.summary_writer_kwargs)
 
     def log(self, step: int, metrics: dict[str, float | int], prefix: str = "train") -> None:
-        if not self.enabled:
+        if self._file is None:  # not rank 0, or closed (a late report after a failed run)
             return
         record = {"step": step, "split": prefix, "time": time.time(), **metrics}
         self._file.write(json.dumps(record) + "\n")

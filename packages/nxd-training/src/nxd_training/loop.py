@@ -271,16 +271,27 @@ class Trainer:
         content = {"step": self.step, "consumed_samples": consumed, "data": self._data_states(),
                    "config_name": self.config.name}
         em = self.config.exp_manager
+        record = {"async": int(em.async_checkpointing)}
+
+        def snapshot_waited(seconds: float, step: int = self.step) -> None:
+            # the next optimizer step waited this long for the rest of the snapshot copy: the record
+            # logged again with the loop's whole stall for this save (read_metrics keeps the last)
+            self.logger.log(step, {**record, "blocked_s": record["call_s"] + seconds, "snapshot_wait_s": seconds},
+                            prefix="checkpoint")
+
         started = time.perf_counter()
+        # an async save overlaps its copy of parameters and optimizer state with the next forward and
+        # backward: this loop changes them only in optimizer.step(), which waits for the copy
         nxd.save_checkpoint(
             self.ckpt_dir, tag=tag, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             user_content=content, num_kept_ckpts=kept_checkpoints(self.config), async_save=em.async_checkpointing,
             zero1_optimizer=self.config.distributed_strategy.zero1, format=em.checkpoint_format,
+            overlap_snapshot=em.async_checkpointing, on_snapshot_wait=snapshot_waited,
         )
-        # how long the loop stood still for this save (an async save: the snapshot copy, plus any
-        # wait for the previous save); split "checkpoint" in metrics.jsonl
-        self.logger.log(self.step, {"blocked_s": time.perf_counter() - started, "async": int(em.async_checkpointing)},
-                        prefix="checkpoint")
+        # how long the save call stood the loop still (an async save: any wait for the previous save,
+        # the buffers' walk and what is not overlapped); split "checkpoint" in metrics.jsonl
+        record["call_s"] = record["blocked_s"] = time.perf_counter() - started
+        self.logger.log(self.step, record, prefix="checkpoint")
         if self.lora:
             # A synchronous save wrote the export already (nxd-lora's nxd_checkpoint_extras hook);
             # an async one skips the hook while the model keeps training, so export it here.

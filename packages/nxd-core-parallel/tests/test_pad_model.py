@@ -25,7 +25,7 @@ from nxd_core_parallel.parallel_layers.pad import get_number_of_extra_heads, pad
 from nxd_core_parallel.parallel_layers.utils import divide
 
 TOL = 1e-5
-HEADS, HEAD_DIM, VOCAB, BATCH, SEQ = 3, 8, 16, 2, 5
+HEADS, HEAD_DIM, VOCAB, BATCH, SEQ = 3, 8, 30, 2, 5  # VOCAB: a multiple of HEADS (the head stays unpadded)
 HIDDEN = HEADS * HEAD_DIM
 
 
@@ -102,6 +102,7 @@ def padded_ranks_body() -> dict[str, dict[str, torch.Tensor]]:
     assert explicit.head.weight.shape == (VOCAB // 2, HIDDEN)  # outside wrapped_classes: untouched
     with pytest.raises(ValueError, match="not divisible by tensor parallel size 2.*pad_model"):
         TinyLM(padded=False)
+    assert through_config.head.weight.shape == (VOCAB // 2, HIDDEN)  # the LM head is never padded
     return {"config": gathered(run(through_config)), "explicit": gathered(run(explicit))}
 
 

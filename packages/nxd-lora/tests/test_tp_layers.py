@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from nxd.errors import ConfigError
 from nxd_lora import LoraConfig, LoRAModel, collect_adapter_state_dict, save_adapter
 
 CFG = dict(enable_lora=True, lora_rank=2, lora_alpha=4.0, target_modules=["stem", "up", "down"])
@@ -109,3 +110,19 @@ def test_tp2_column_row_lora_matches_single_process(rank_pool, tmp_path):
 def test_rank_is_reported_and_params_frozen():
     model = LoRAModel(copy.deepcopy(RefToy()), LoraConfig(**CFG))
     assert model.trainable_parameters()[0] == (2 * 1 * 3 + 1 * 2) + (2 * 8 + 12 * 2) + (2 * 12 + 8 * 2)
+
+
+def padded_target_body() -> str:
+    from nxd_core_parallel import parallel_state
+    from nxd_core_parallel.parallel_layers import ColumnParallelLinear
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    try:
+        LoRAModel(nn.Sequential(ColumnParallelLinear(8, 13, pad=True)), LoraConfig(**{**CFG, "target_modules": ["0"]}))
+    except ConfigError as err:
+        return str(err)
+    return "accepted"
+
+
+def test_padded_target_is_refused(rank_pool):
+    assert all("is padded" in m for m in rank_pool(2).run(padded_target_body))

@@ -93,6 +93,10 @@ class LoRAModel(nn.Module):
             targeted = [_matches(targets, [name, s.hf_module]) for s in slots]
             if not any(targeted):
                 continue
+            if getattr(getattr(sub, "weight", None), "unpadded_size", None) is not None:
+                raise ConfigError(f"LoraConfig.target_modules matches {name}, whose weight is padded to split over TP "
+                                  "(pad=True, or attention heads padded by pad_model); LoRA on padded layers is not "
+                                  "supported: leave it out of target_modules or use a TP size that divides it")
             adapter = LoraAdapter(sub, slots, targeted, self.lora_config, generator)
             self.lora_layers[_safe(name)] = adapter
             self._bases[name] = sub

@@ -26,7 +26,12 @@ from nxd.errors import ConfigError
 from nxd_core_parallel import parallel_state
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import comm
-from nxd_core_parallel.parallel_layers.layers import ColumnParallelLinear, RowParallelLinear, shard_of
+from nxd_core_parallel.parallel_layers.layers import (
+    ColumnParallelLinear,
+    ParallelEmbedding,
+    RowParallelLinear,
+    shard_of,
+)
 from nxd_core_parallel.parallel_layers.utils import copy_tensor_model_parallel_attributes, mark_padding
 
 __all__ = ["get_number_of_extra_heads", "pad_model", "pad_model_from_config"]
@@ -92,10 +97,13 @@ def pad_model(model: nn.Module, tp_degree: int, n_heads: int, wrapped_classes: I
 
     Every ``ColumnParallelLinear`` (output dimension) and ``RowParallelLinear`` (input dimension) in
     scope grows by ``n_heads_padded / n_heads``: the whole model, or only the subtrees rooted at
-    instances of ``wrapped_classes`` (recommended: the attention class). A layer whose sharded size
-    is not a multiple of ``n_heads`` holds no per-head slices and is left as it is; other layers in
-    scope (an MLP) gain zero units, which changes nothing they compute. ``pad_hook_fn(module, tgt_src_ratio)`` is called on every
-    module in scope (children first), e.g. to rescale a ``split_size`` field.
+    instances of ``wrapped_classes`` (recommended: the attention class). Left as they are: a layer
+    whose sharded size is not a multiple of ``n_heads`` (it holds no per-head slices) and an LM head
+    (a ``ColumnParallelLinear`` as wide as the vocabulary: ``model.config.vocab_size`` or a
+    ``ParallelEmbedding``'s ``num_embeddings``), whose zero logits would enter the softmax. Other
+    layers in scope (an MLP) gain zero units, which changes nothing they compute.
+    ``pad_hook_fn(module, tgt_src_ratio)`` is called on every module in scope (children first),
+    e.g. to rescale a ``split_size`` field.
     """
     if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
         raise ValueError(f"pad_model: n_heads must be a positive int, got {n_heads!r}")
@@ -104,6 +112,8 @@ def pad_model(model: nn.Module, tp_degree: int, n_heads: int, wrapped_classes: I
     wrapped = tuple(wrapped_classes)
     n_padded = n_heads + get_number_of_extra_heads(n_heads, tp_degree)
     ratio = n_padded / n_heads
+    vocab_sizes = {m.num_embeddings for m in model.modules() if isinstance(m, ParallelEmbedding)}
+    vocab_sizes.add(getattr(getattr(model, "config", None), "vocab_size", None))
 
     def visit(module: nn.Module, name: str, in_scope: bool) -> None:
         for child_name, child in module.named_children():
@@ -115,14 +125,16 @@ def pad_model(model: nn.Module, tp_degree: int, n_heads: int, wrapped_classes: I
         if n_padded == n_heads:
             return
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
-            if (module.output_size if isinstance(module, ColumnParallelLinear) else module.input_size) % n_heads:
-                return  # not a multiple of n_heads: holds no per-head slices (e.g. an LM head), nothing to pad
+            column = isinstance(module, ColumnParallelLinear)
+            if (module.output_size if column else module.input_size) % n_heads:
+                return  # not a multiple of n_heads: holds no per-head slices, nothing to pad
+            if column and module.output_size in vocab_sizes:
+                return  # an LM head: padded logits would change the softmax
             tp = _tp_of(module)[0]
             if tp != tp_degree:
                 raise ValueError(f"pad_model(tp_degree={tp_degree}): {name or 'model'} is sharded over {tp} ranks; "
                                  "pass the tensor-parallel size the model was built with")
-            (_pad_column if isinstance(module, ColumnParallelLinear) else _pad_row)(module, n_heads, n_padded,
-                                                                                    name or "model")
+            (_pad_column if column else _pad_row)(module, n_heads, n_padded, name or "model")
         elif isinstance(module, GQAQKVColumnParallelLinear):
             raise ValueError(f"pad_model: {name} is a GQAQKVColumnParallelLinear (fused Q/K/V with KV-head "
                              "replication), which head padding does not cover; build the attention from "

@@ -138,3 +138,17 @@ def test_called_names_exist(module):
     imported = importlib.import_module(module)
     missing = [a for a in NXD_CALLED_ATTRIBUTES[module] if not hasattr(imported, a)]
     assert not missing, missing
+
+
+def test_head_padding_is_nxd_core_parallels():
+    """NxD's DBRX example masks padded query heads with ``generate_padding_mask(...,
+    hardware_type=hardware(get_platform_target()))``: on nxd that is its own (NxD's trn2) KV layout."""
+    from neuronx_distributed.parallel_layers.pad import generate_padding_mask, pad_model
+    from neuronx_distributed.utils.utils import get_platform_target, hardware
+    from nxd_core_parallel.parallel_layers import pad
+
+    assert pad_model is pad.pad_model
+    masks = [generate_padding_mask(48, 64, 8, 32, r, hardware_type=hardware(get_platform_target())) for r in range(4)]
+    assert [m.tolist() for m in masks] == [[True, True]] * 3 + [[False, False]]
+    with pytest.raises(ValueError, match="adjacent ranks"):
+        generate_padding_mask(48, 64, 8, 32, 0, hardware_type=hardware.TRN1)

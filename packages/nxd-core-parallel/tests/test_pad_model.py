@@ -132,3 +132,23 @@ def test_pad_model_arguments():
         pad_model(model, 2, 0)
     with pytest.raises(ConfigError, match="config.num_attention_heads"):
         pad_model_from_config(nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("heads, padded, kv, tp, dead", [
+    # NxD's test/unit_test/parallel_layers/test_padding.py (trn2 cases): (rows, columns) of the mask that are False
+    (48, 64, 8, 32, (slice(3, None, 4), slice(None))),
+    (200, 224, 8, 32, (slice(3, None, 4), slice(4, None))),
+    (24, 32, 8, 4, (slice(None), slice(6, None))),
+])
+def test_generate_padding_mask_is_nxds_trn2_mask(heads, padded, kv, tp, dead):
+    from nxd_core_parallel.parallel_layers.pad import generate_padding_mask
+
+    want = torch.ones(tp, padded // tp, dtype=torch.bool)
+    want[dead] = False
+    for rank in range(tp):
+        for hardware_type in (None, "trn2"):
+            assert torch.equal(generate_padding_mask(heads, padded, kv, tp, rank, hardware_type), want[rank])
+    with pytest.raises(ValueError, match="adjacent ranks"):
+        generate_padding_mask(heads, padded, kv, tp, 0, "trn1")
+    with pytest.raises(RuntimeError, match="Unexpected hardware_type"):
+        generate_padding_mask(heads, padded, kv, tp, 0, "trn999")

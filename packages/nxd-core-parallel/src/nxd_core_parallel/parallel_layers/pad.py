@@ -34,7 +34,7 @@ from nxd_core_parallel.parallel_layers.layers import (
 )
 from nxd_core_parallel.parallel_layers.utils import copy_tensor_model_parallel_attributes, mark_padding
 
-__all__ = ["get_number_of_extra_heads", "pad_model", "pad_model_from_config"]
+__all__ = ["generate_padding_mask", "get_number_of_extra_heads", "pad_model", "pad_model_from_config"]
 
 PadHook = Callable[[nn.Module, float], Any]
 
@@ -155,3 +155,29 @@ def pad_model_from_config(model: nn.Module) -> nn.Module:
                           "pad_model(model, tp_degree, n_heads) in model_fn instead")
     tp = parallel_state.get_tensor_model_parallel_size() if parallel_state.model_parallel_is_initialized() else 1
     return pad_model(model, tp, heads)
+
+
+def generate_padding_mask(num_heads: int, num_heads_with_pad: int, num_kv_heads: int, tp_degree: int, tp_rank: int,
+                          hardware_type: str | None = None) -> torch.Tensor:
+    """NxD's mask of the query heads a TP rank holds (True: real, False: padding) when a GQA model
+    pads its query heads to ``num_heads_with_pad`` and multiplies its attention output by the mask.
+
+    ``GQAQKVColumnParallelLinear`` replicates each KV head on adjacent TP ranks
+    (``K0, K0, K1, K1, ...``), the layout NxD uses on Trainium2, so the mask is NxD's ``trn2`` one:
+    on the ranks holding a KV head's replicas, the query slots past ``num_heads / num_kv_heads`` are
+    padding. ``hardware_type``: ``None`` or ``"trn2"``; NxD's ``"trn1"`` mask describes replicas
+    grouped round-robin, a layout nxd's layers never have, and is refused.
+    """
+    kind = None if hardware_type is None else str(getattr(hardware_type, "value", hardware_type)).lower()
+    if kind in ("trn1", "trn1n", "inf2"):
+        raise ValueError(f"generate_padding_mask(hardware_type={hardware_type!r}): the trn1 mask is for KV heads "
+                         "replicated round-robin; nxd's GQAQKVColumnParallelLinear replicates them on adjacent ranks "
+                         "(NxD's trn2 layout): pass hardware_type=None")
+    if kind not in (None, "trn2"):
+        raise RuntimeError(f"Unexpected hardware_type {hardware_type} received in padding mask generation "
+                           "(nxd: None or 'trn2')")
+    per_rank = num_heads_with_pad // tp_degree
+    replicas = max(tp_degree // num_kv_heads, 1)
+    kv_per_rank = num_kv_heads * replicas // tp_degree
+    low = per_rank * (tp_rank % replicas)
+    return torch.arange(low, low + per_rank) < num_heads // num_kv_heads * kv_per_rank

@@ -152,3 +152,51 @@ def test_generate_padding_mask_is_nxds_trn2_mask(heads, padded, kv, tp, dead):
         generate_padding_mask(heads, padded, kv, tp, 0, "trn1")
     with pytest.raises(RuntimeError, match="Unexpected hardware_type"):
         generate_padding_mask(heads, padded, kv, tp, 0, "trn999")
+
+
+# GQA, NxD's other route (its DBRX example): 3 query heads over 1 KV head at TP=2. The KV head is
+# replicated on both ranks (kv_size_multiplier=2), the query heads are padded to 4 (slot 3 is padding,
+# given random weights here) and generate_padding_mask zeroes the padded head's attention output.
+GQA_HEADS, GQA_DIM, GQA_HIDDEN = 3, 4, 8
+
+
+def gqa_weights() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    names = {"q": (GQA_HEADS * GQA_DIM, GQA_HIDDEN), "k": (GQA_DIM, GQA_HIDDEN), "v": (GQA_DIM, GQA_HIDDEN),
+             "o": (GQA_HIDDEN, GQA_HEADS * GQA_DIM), "q_pad": (GQA_DIM, GQA_HIDDEN), "o_pad": (GQA_HIDDEN, GQA_DIM),
+             "x": (BATCH, SEQ, GQA_HIDDEN)}
+    return {k: torch.randn(*shape, generator=g) * 0.5 for k, shape in names.items()}
+
+
+def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    q, k, v = (t.view(BATCH, SEQ, -1, GQA_DIM).transpose(1, 2) for t in (q, k, v))
+    k, v = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def gqa_padded_body(w: dict[str, torch.Tensor]) -> torch.Tensor:
+    from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+    from nxd_core_parallel.parallel_layers.pad import generate_padding_mask
+
+    ps.initialize_model_parallel(2)
+    rank, padded = ps.get_tensor_model_parallel_rank(), GQA_HEADS + get_number_of_extra_heads(GQA_HEADS, 2)
+    qkv = GQAQKVColumnParallelLinear(GQA_HIDDEN, [padded * GQA_DIM, GQA_DIM], bias=False, gather_output=False,
+                                     kv_size_multiplier=2, fuse_qkv=False)
+    o_proj = RowParallelLinear(padded * GQA_DIM, GQA_HIDDEN, bias=False, input_is_parallel=True)
+    with torch.no_grad():
+        qkv.weight_q.copy_(torch.cat([w["q"], w["q_pad"]]).chunk(2)[rank])
+        qkv.weight_k.copy_(w["k"])
+        qkv.weight_v.copy_(w["v"])
+        o_proj.weight.copy_(torch.cat([w["o"], w["o_pad"]], dim=1).chunk(2, dim=1)[rank])
+    mask = generate_padding_mask(GQA_HEADS, padded, 1, 2, rank)
+    out = gqa_attention(*qkv(w["x"]), heads=padded // 2, kv_heads=1) * mask.view(1, -1, 1, 1)
+    return o_proj(out.transpose(1, 2).reshape(BATCH, SEQ, -1)).detach()
+
+
+def test_gqa_padding_mask_matches_the_unpadded_model(rank_pool):
+    w = gqa_weights()
+    ref = gqa_attention(w["x"] @ w["q"].T, w["x"] @ w["k"].T, w["x"] @ w["v"].T, heads=GQA_HEADS, kv_heads=1)
+    ref = ref.transpose(1, 2).reshape(BATCH, SEQ, -1) @ w["o"].T
+    errors = [float((out - ref).abs().max() / ref.abs().max()) for out in rank_pool(2).run(gqa_padded_body, w)]
+    print(f"\nGQA 3 query heads / 1 KV head padded at TP=2 with generate_padding_mask vs one process: {errors}")
+    assert max(errors) < TOL, errors

@@ -1,107 +1,17 @@
-"""Mixtral under nxd-pipeline (PP=2, gloo ranks) against the same model, same weights, at PP=1.
-
-The router's load-balancing loss is Hugging Face's (all layers' tokens together), so each layer's
-router gradient depends on every layer's expert counts; the stages pass the running router
-statistics on with the hidden state (nxd_moe.pipeline). The reference is what PP=1 training
-does with gradient accumulation: per micro-batch ``CE + coef x aux (+ z-loss)`` on that
-micro-batch's tokens, backward of ``loss / num_microbatches``, reported loss = the mean.
-The batch carries padding (segment 0) in some rows, so the masked statistics are exercised, and
-a z-loss coefficient. fp32 loss and every gradient within 1e-5 relative.
-"""
+"""Mixtral at PP=2 on 2 gloo ranks (1f1b, interleaved_1f1b with 2 chunks per rank, zero_bubble)
+against the same model at PP=1 with gradient accumulation (see mixtral_pipeline_utils)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
-import torch
 
-TOL = 1e-5
-MICRO = 4
-CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, initializer_range=0.1,
-              num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.1, output_router_logits=True,
-              moe={"router_z_loss_coef": 0.01})
-
-
-def _micro_batches(rows: int = 2, seq: int = 12) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, CONFIG["vocab_size"], (MICRO * rows, seq + 1), generator=g)
-    segments = torch.ones(MICRO * rows, seq, dtype=torch.long)
-    segments[::3, -4:] = 0  # padding: left out of the load-balancing statistics
-    segments[1::2, 7:] = 2  # a second packed document
-    batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "segment_ids": segments}
-    return [{k: v[i * rows:(i + 1) * rows].contiguous() for k, v in batch.items()} for i in range(MICRO)]
-
-
-def _build(tp: int, sequence_parallel: bool):
-    from nxd_models_mixtral import MixtralConfig, MixtralForCausalLM
-
-    torch.manual_seed(0)
-    model = MixtralForCausalLM(MixtralConfig.from_dict(dict(CONFIG)), sequence_parallel=sequence_parallel)
-    with torch.no_grad():  # larger router and expert weights: routing and the aux loss matter
-        for name, p in model.named_parameters():
-            if "block_sparse_moe" in name:
-                p.normal_(0.0, 0.3)
-    return model
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
-
-
-def _sp_grads(model) -> None:
-    from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients
-
-    allreduce_sequence_parallel_gradients(list(model.parameters()))
-
-
-def pp_body(tp: int, sequence_parallel: bool, schedule: str, virtual: int = 1) -> dict:
-    from nxd_core_parallel import parallel_state
-    from nxd_pipeline import NxDPPModel
-
-    micro = _micro_batches()
-    # PP=1 reference on every rank (the same TP degree), gradient accumulation over the micro-batches
-    parallel_state.initialize_model_parallel(tp, 1)
-    reference = _build(tp, sequence_parallel)
-    losses = []
-    for mb in micro:
-        loss = reference(**mb).loss
-        (loss / len(micro)).backward()
-        losses.append(loss.detach())
-    if sequence_parallel:
-        _sp_grads(reference)
-    ref_loss = torch.stack(losses).mean()
-    ref_grads = {n: p.grad for n, p in reference.named_parameters()}
-    parallel_state.destroy_model_parallel()
-
-    parallel_state.initialize_model_parallel(tp, 2)
-    model = NxDPPModel(_build(tp, sequence_parallel), 2, {"num_microbatches": len(micro), "schedule": schedule,
-                                                            "virtual_pipeline_size": virtual})
-    loss = model.run_train(*micro)
-    if sequence_parallel:
-        _sp_grads(model.local_module())
-    grads = {}
-    for name, p in model.local_module().named_parameters():
-        assert p.grad is not None, f"no gradient for {name}"
-        grads[name] = _rel(p.grad, ref_grads[name])
-    return {"loss": _rel(loss, ref_loss), "grads": grads, "all": sorted(ref_grads),
-            "stage": parallel_state.get_pipeline_model_parallel_rank()}
-
-
-def _check(per_rank: list[dict], label: str) -> None:
-    checked = {name for r in per_rank for name in r["grads"]}
-    assert sorted(checked) == per_rank[0]["all"]  # every parameter is checked on some stage
-    assert {r["stage"] for r in per_rank} == {0, 1}
-    worst_loss = max(r["loss"] for r in per_rank)
-    worst_grad = max(v for r in per_rank for v in r["grads"].values())
-    print(f"\nMixtral {label} vs PP=1: loss rel {worst_loss:.2e}, grads rel {worst_grad:.2e}")
-    assert worst_loss <= TOL and worst_grad <= TOL
+sys.path.insert(0, str(Path(__file__).parent))
+from mixtral_pipeline_utils import check, pp_body  # noqa: E402
 
 
 @pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)])
 def test_mixtral_pp2_matches_pp1(rank_pool, schedule, virtual):
-    _check(rank_pool(2).run(pp_body, 1, False, schedule, virtual), f"PP=2 {schedule} (virtual {virtual})")
-
-
-@pytest.mark.slow  # starts a 4-rank pool (~35 s on the shared 2-core box)
-def test_mixtral_pp2_tp2_sequence_parallel_matches_pp1(rank_pool):
-    _check(rank_pool(4).run(pp_body, 2, True, "1f1b"), "PP=2 x TP=2 + SP 1f1b")
+    check(rank_pool(2).run(pp_body, 1, False, schedule, virtual), f"PP=2 {schedule} (virtual {virtual})")

@@ -33,7 +33,9 @@ def micro_batches(count: int = MICRO, rows: int = 2, seq: int = 12) -> list[dict
     return [{k: v[i * rows:(i + 1) * rows].contiguous() for k, v in batch.items()} for i in range(count)]
 
 
-def build(sequence_parallel: bool, layers: int):
+def build(sequence_parallel: bool, layers: int, checkpointing: bool = False):
+    """The model from one seed; ``checkpointing``: every decoder layer recomputed in backward."""
+    from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing
     from nxd_models_mixtral import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
@@ -43,6 +45,8 @@ def build(sequence_parallel: bool, layers: int):
         for name, p in model.named_parameters():
             if "block_sparse_moe" in name:
                 p.normal_(0.0, 0.3)
+    if checkpointing:
+        assert apply_activation_checkpointing(model, MixtralForCausalLM.nxd_transformer_layer_classes) == layers
     return model
 
 
@@ -57,14 +61,14 @@ def sp_grads(model) -> None:
 
 
 def pp_body(tp: int, sequence_parallel: bool, schedule: str, virtual: int = 1, layers: int = 4,
-            count: int = MICRO) -> dict:
+            count: int = MICRO, checkpointing: bool = False) -> dict:
     from nxd_core_parallel import parallel_state
     from nxd_pipeline import NxDPPModel
 
     micro = micro_batches(count)
     # PP=1 reference on every rank (the same TP degree), gradient accumulation over the micro-batches
     parallel_state.initialize_model_parallel(tp, 1)
-    reference = build(sequence_parallel, layers)
+    reference = build(sequence_parallel, layers, checkpointing)
     losses = []
     for mb in micro:
         loss = reference(**mb).loss
@@ -77,7 +81,7 @@ def pp_body(tp: int, sequence_parallel: bool, schedule: str, virtual: int = 1, l
     parallel_state.destroy_model_parallel()
 
     parallel_state.initialize_model_parallel(tp, 2)
-    model = NxDPPModel(build(sequence_parallel, layers), 2, {"num_microbatches": len(micro), "schedule": schedule,
+    model = NxDPPModel(build(sequence_parallel, layers, checkpointing), 2, {"num_microbatches": len(micro), "schedule": schedule,
                                                             "virtual_pipeline_size": virtual})
     loss = model.run_train(*micro)
     if sequence_parallel:

@@ -1,5 +1,6 @@
-"""Mixtral at PP=2 on 2 gloo ranks (1f1b, interleaved_1f1b with 2 chunks per rank, zero_bubble)
-against the same model at PP=1 with gradient accumulation (see mixtral_pipeline_utils)."""
+"""Mixtral at PP=2 on 2 gloo ranks (1f1b, interleaved_1f1b with 2 chunks per rank, zero_bubble,
+1f1b with full activation checkpointing) against the same model at PP=1 with gradient accumulation
+(see mixtral_pipeline_utils)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from mixtral_pipeline_utils import check, pp_body  # noqa: E402
 
 
-@pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)])
-def test_mixtral_pp2_matches_pp1(rank_pool, schedule, virtual):
-    check(rank_pool(2).run(pp_body, 1, False, schedule, virtual), f"PP=2 {schedule} (virtual {virtual})")
+@pytest.mark.parametrize("schedule, virtual, checkpointing", [("1f1b", 1, False), ("interleaved_1f1b", 2, False),
+                                                             ("zero_bubble", 1, False), ("1f1b", 1, True)])
+def test_mixtral_pp2_matches_pp1(rank_pool, schedule, virtual, checkpointing):
+    per_rank = rank_pool(2).run(pp_body, 1, False, schedule, virtual, checkpointing=checkpointing)
+    check(per_rank, f"PP=2 {schedule} (virtual {virtual}{', activation checkpointing' if checkpointing else ''})")

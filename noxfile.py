@@ -114,7 +114,8 @@ def gpu(session: nox.Session) -> None:
                                                    "nxd-models-llama", "nxd-data", "nxd-ckpt", "nxd-testing")),
                     f"{PACKAGES['nxd-training']}[test]", "liger-kernel")
     session.run("pytest", "-m", "gpu", str(PACKAGES["nxd-training"] / "tests" / "test_gpu.py"),
-                str(PACKAGES["nxd-models-llama"] / "tests" / "test_fused_kernels.py"), *session.posargs)
+                str(PACKAGES["nxd-models-llama"] / "tests" / "test_fused_kernels.py"),
+                str(PACKAGES["nxd-ckpt"] / "tests" / "test_gpu_snapshots.py"), *session.posargs)
 
 
 #: torch-xla needs its own matching torch (not the CPU torch pinned in constraints.txt).

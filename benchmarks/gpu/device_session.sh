@@ -34,6 +34,7 @@ PY
 }
 if has tests; then
   timeout 300 python3 -m pytest -m gpu packages/nxd-training/tests/test_gpu.py packages/nxd-models-llama/tests/test_fused_kernels.py \
+    packages/nxd-ckpt/tests/test_gpu_snapshots.py \
     -q -s -p no:cacheprovider \
     2>&1 | tee "$OUT/tests.log" | tail -5
 fi

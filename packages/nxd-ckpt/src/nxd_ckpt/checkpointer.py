@@ -79,8 +79,8 @@ class Checkpointer:
         staging = Staging(on_snapshot_wait) if overlap_snapshot else None
         plan = plan_save(tag, topo, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
                          fmt_name=fmt, zero1=is_zero1(optimizer, zero1_optimizer),
-                         buffers=self._buffers if async_save else None, save_rng=save_rng, num_kept=num_kept_ckpts,
-                         staging=staging)
+                         buffers=self._buffers, save_rng=save_rng, num_kept=num_kept_ckpts,
+                         staging=staging, private=async_save)
         plan.own = frozenset(self._own)
         self._own.add(tag)
         if not async_save:

@@ -25,7 +25,7 @@ from nxd_ckpt.metadata import build_metadata, shardings_of, tensor_entries, writ
 from nxd_ckpt.overwrite import prepare_target, recover_all, swap_in
 from nxd_ckpt.retention import apply_retention
 from nxd_ckpt.rng import capture_rng_state
-from nxd_ckpt.snapshot import SnapshotBuffers, to_cpu, unwrap_model
+from nxd_ckpt.snapshot import SnapshotBuffers, unwrap_model
 from nxd_ckpt.staging import Staging
 from nxd_ckpt.storage import Storage
 from nxd_ckpt.topology import Ranks, Topology
@@ -54,17 +54,17 @@ def is_zero1(optimizer: Any, zero1_flag: bool) -> bool:
 
 
 def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler: Any, user_content: Any,
-              fmt_name: str, zero1: bool, buffers: SnapshotBuffers | None, save_rng: bool,
-              num_kept: int | None, staging: Staging | None = None) -> SavePlan:
-    """Snapshot what this rank writes. ``buffers``: copy into these reused host buffers (async
-    save); None: reference the live tensors (a synchronous save writes before returning).
-    ``staging`` (with ``buffers``): leave the copies of parameters and optimizer state to it."""
+              fmt_name: str, zero1: bool, buffers: SnapshotBuffers, save_rng: bool,
+              num_kept: int | None, staging: Staging | None = None, private: bool = True) -> SavePlan:
+    """Snapshot what this rank writes into the reused host ``buffers``. ``private=False`` (a
+    synchronous save, which writes before returning): reference host tensors, copy only device
+    ones. ``staging``: leave the copies of parameters and optimizer state to it."""
     fmt, torch_fmt = get_format(fmt_name), get_format(TORCH)
     plan = SavePlan(tag, topo, fmt.name, num_kept=num_kept)
 
     def snap(obj: Any, name: str, deferrable: Any = None) -> Any:
-        if buffers is None:
-            return to_cpu(obj, False)
+        if not private:  # a synchronous save: host state written in place, device state via reused buffers
+            return buffers.snapshot(obj, name, private=False)
         if staging is None or deferrable is None:
             return buffers.snapshot(obj, name)
         return buffers.snapshot(obj, name, staging, deferrable)
@@ -92,8 +92,7 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
             plan.files.append(("user_content.pt", torch_fmt, snap(user_content, "user_content")))
     if save_rng:
         plan.files.append((rng_name(topo.rank), torch_fmt, capture_rng_state()))
-    if buffers is not None:
-        buffers.done()
+    buffers.done()
     plan.flags = dict(zero1=zero1, has_model=model is not None, has_optimizer=optimizer is not None,
                       has_scheduler=scheduler is not None, has_user_content=user_content is not None,
                       has_rng=save_rng)

@@ -25,22 +25,9 @@ def _rebuild(obj: Any, leaf: Any, path: tuple) -> Any:
     return leaf(obj, path)
 
 
-def to_cpu(obj: Any, clone: bool) -> Any:
-    """``obj`` with every tensor moved to CPU; ``clone=True`` copies CPU tensors too."""
-
-    def leaf(v: Any, _: tuple) -> Any:
-        if isinstance(v, torch.Tensor):
-            t = v.detach()
-            if t.device.type != "cpu":
-                return t.to("cpu")
-            return t.clone() if clone else t
-        return copy.deepcopy(v) if clone else v
-
-    return _rebuild(obj, leaf, ())
-
-
 class SnapshotBuffers:
-    """Host buffers reused from one asynchronous save to the next.
+    """Host buffers reused from one save to the next (every tensor of an asynchronous save; a
+    synchronous save's device tensors, which have to reach host memory before they are written).
 
     A fresh ``clone()`` of every tensor costs an allocation and, for large tensors, the page faults
     of memory the kernel has to zero first; that (not the copy) dominated the time an async save
@@ -53,16 +40,21 @@ class SnapshotBuffers:
     def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._used: dict[tuple, torch.Tensor] = {}
+        self._device_copies: set[torch.device] = set()
 
     def snapshot(self, obj: Any, name: str, staging: Staging | None = None,
-                 deferrable: Callable[[torch.Tensor], bool] = lambda _: True) -> Any:
+                 deferrable: Callable[[torch.Tensor], bool] = lambda _: True, private: bool = True) -> Any:
         """A private copy of ``obj`` (tensors in reused host buffers keyed by ``name`` and their path).
-        With ``staging``, the copy of each tensor ``deferrable`` accepts is left to it (see staging.py)."""
+        With ``staging``, the copy of each tensor ``deferrable`` accepts is left to it (see staging.py).
+        ``private=False`` (a synchronous save): host tensors and other values are referenced, not
+        copied; only device tensors are copied (call :meth:`done` before reading them)."""
 
         def leaf(v: Any, path: tuple) -> Any:
             if not isinstance(v, torch.Tensor):
-                return copy.deepcopy(v)
+                return copy.deepcopy(v) if private else v
             t = v.detach()
+            if not private and t.device.type == "cpu":
+                return t
             if t.layout != torch.strided or t.is_quantized or type(t) is not torch.Tensor:
                 return t.to("cpu", copy=True)  # exotic tensors: a plain copy, no reuse
             buf = self._buffers.get(path)
@@ -72,14 +64,20 @@ class SnapshotBuffers:
             if staging is not None and deferrable(v):
                 staging.defer(buf, t)
             else:
-                buf.copy_(t)
+                # into page-locked memory a device copy is asynchronous: all are queued, done() waits once
+                buf.copy_(t, non_blocking=buf.is_pinned())
+                if t.device.type == "cuda":
+                    self._device_copies.add(t.device)
             self._used[path] = buf
             return buf
 
         return _rebuild(obj, leaf, (name,))
 
     def done(self) -> None:
-        """End of one snapshot: forget buffers that it did not use (state that went away)."""
+        """End of one snapshot: wait for its device copies; forget buffers it did not use (state that went away)."""
+        for device in self._device_copies:
+            torch.cuda.current_stream(device).synchronize()
+        self._device_copies = set()
         self._buffers, self._used = self._used, {}
 
     def release(self) -> None:

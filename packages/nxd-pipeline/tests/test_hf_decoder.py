@@ -79,3 +79,17 @@ def test_hf_decoder_lms_pipeline_split_match_one_process(rank_pool):
 def test_a_model_of_another_shape_is_refused_with_the_contract():
     with pytest.raises(ConfigError, match="not shaped like a Hugging Face decoder-only LM"):
         model_layout(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+def test_an_hf_moe_lm_with_its_router_loss_is_refused():
+    """Each stage would see only its own layers' router logits: HF's all-layer aux loss cannot be
+    computed, so the adapter refuses it (without the loss, the model is an ordinary decoder LM)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, num_local_experts=2,
+                           output_router_logits=True)
+    with pytest.raises(ConfigError, match=r"output_router_logits=True.*'mixtral'"):
+        model_layout(MixtralForCausalLM(config))
+    config.output_router_logits = False
+    assert model_layout(MixtralForCausalLM(config))["layers"] == "model.layers"

@@ -83,6 +83,14 @@ def pipeline_interface(model: nn.Module) -> Any:
             f"{', '.join(missing)} and is not shaped like a Hugging Face decoder-only LM (<base>.embed_tokens, "
             "<base>.layers, <base>.norm, lm_head); see docs/pipeline.md for the model contract"
         )
+    if getattr(getattr(model, "config", None), "output_router_logits", False):
+        # the model's loss would see only the last stage's router logits (none): not its loss
+        raise ConfigError(
+            f"{type(model).__name__} adds a router load-balancing loss over all its layers "
+            "(config.output_router_logits=True), which the Hugging Face pipeline adapter cannot split over stages; "
+            "set output_router_logits=False to train without it, or use a model that carries the router "
+            "statistics between stages (nxd-models-mixtral's MixtralForCausalLM, model 'mixtral'; docs/moe.md)"
+        )
     adapter = model.__dict__["_nxd_pipeline_adapter"] = HFDecoderPipeline(model, base)
     return adapter
 

@@ -131,7 +131,10 @@ def regime(root: str, mb: int) -> str:
         return f"{mb} MiB (free memory unknown)"
     where = "page cache (size << free memory; fsync flushes it)" if mb * 4 < avail else "disk-bound (size near free memory)"
     stat = os.statvfs(root)
+    from nxd_ckpt.checksum import crc32
+
     return (f"{where}; {mb} MiB on {DEVICE} vs {avail} MiB available; {os.cpu_count()} CPUs; torch {torch.__version__}; "
+            f"CRC-32 from {crc32.__module__}; "
             f"fs block {stat.f_bsize}")
 
 

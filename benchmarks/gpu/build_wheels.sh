@@ -13,6 +13,6 @@ done
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$out" \
-  pydantic pydantic-core annotated-types typing-inspection omegaconf \
+  pydantic pydantic-core annotated-types typing-inspection omegaconf zlib-ng \
   liger-kernel torchtitan==0.2.2 torchdata datasets dill multiprocess tomli tyro docstring-parser typeguard shtab
 du -sh "$out"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -40,6 +41,11 @@ def shardings_of(module: Any) -> dict[str, Sharding | None]:
 
 
 def library_versions() -> dict[str, str]:
+    return dict(_library_versions())
+
+
+@functools.cache
+def _library_versions() -> dict[str, str]:  # importlib.metadata reads files: ~2 ms a package, once is enough
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"torch": torch.__version__}

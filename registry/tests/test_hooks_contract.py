@@ -221,6 +221,68 @@ def test_initialize_parallel_runs_when_distributed_is_up(rank_pool):
     assert rank_pool(2).run(_initialize_parallel_on_rank) == [[("initialize_parallel", 2), 2, 2]] * 2
 
 
+class ContextRecorder:
+    """Names ``context`` in every lifecycle hook that has one (the RecordingPlugin, which does not,
+    keeps working beside it)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, object]] = []
+
+    @nxd.hookimpl
+    def nxd_build_model(self, context):
+        self.seen.append(("build", context))
+
+    @nxd.hookimpl
+    def nxd_wrap_model(self, phase, context):
+        self.seen.append((f"wrap:{phase.value}", context))
+
+    @nxd.hookimpl
+    def nxd_wrap_optimizer(self, context):
+        self.seen.append(("wrap_optimizer", context))
+
+    @nxd.hookimpl
+    def nxd_checkpoint_extras(self, phase, context):
+        self.seen.append((f"extras:{phase.value}", context))
+
+
+def _context_reaches_hooks_on_rank(tmp: str) -> list[str]:
+    os.environ["NXD_LOAD_PLUGINS"] = ""
+    nxd.plugins.reset()
+    nxd.register_plugin(RecordingPlugin(), name="recording", distribution="tests")
+    recorder = ContextRecorder()
+    nxd.register_plugin(recorder, name="context-recorder", distribution="tests")
+    config = nxd.neuronx_distributed_config(tensor_parallel_size=2)
+    context = nxd.parallel.get_parallel_context()
+    model = nxd.initialize_parallel_model(config, torch.nn.Linear, False, 3, 2)
+    nxd.initialize_parallel_optimizer(config, torch.optim.SGD, model.parameters(), lr=0.5)
+    nxd.save_checkpoint(f"{tmp}/{dist.get_rank()}", tag="t", model=model)
+    nxd.load_checkpoint(f"{tmp}/{dist.get_rank()}", model=model)
+    nxd.parallel.set_parallel_context(None)
+    assert all(seen is context for _, seen in recorder.seen), recorder.seen
+    return [name for name, _ in recorder.seen]
+
+
+def test_lifecycle_hooks_receive_the_parallel_context(rank_pool, tmp_path):
+    names = ["build", *(f"wrap:{p.value}" for p in nxd.trainer.WRAP_PHASES), "wrap_optimizer", "extras:saved",
+             "extras:loaded"]
+    assert rank_pool(2).run(_context_reaches_hooks_on_rank, str(tmp_path)) == [names] * 2
+
+
+def test_components_get_the_context_only_when_they_name_it():
+    def with_context(a, *, b, context):
+        return a, b, context
+
+    def without(a, **kwargs):
+        return a, kwargs
+
+    marker = object()
+    assert nxd.parallel.call_with_context(with_context, 1, b=2, context=marker) == (1, 2, marker)
+    assert nxd.parallel.call_with_context(without, 1, b=2, context=marker) == (1, {"b": 2})
+    assert nxd.parallel.bind_context(with_context, marker)(1, b=2) == (1, 2, marker)
+    assert nxd.parallel.bind_context(without, marker) is without
+    assert not nxd.parallel.accepts_context(print)
+
+
 def test_docs_describe_every_hook(repo_root):
     text = (repo_root / "docs" / "hooks.md").read_text()
     for name in sorted(_hookspec_names()):

@@ -25,6 +25,7 @@ def ep_body(tp: int, ep: int, hf_dir: str, data: dict[str, torch.Tensor], sequen
 
     import torch.distributed as dist
 
+    import nxd
     from nxd_core_parallel import parallel_state
     from nxd_core_parallel.grads import get_grad_norm
     from nxd_core_parallel.trainer import NxDOptimizer
@@ -32,7 +33,7 @@ def ep_body(tp: int, ep: int, hf_dir: str, data: dict[str, torch.Tensor], sequen
     from nxd_moe import expert_parallel_groups
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
-    groups = expert_parallel_groups()
+    groups = expert_parallel_groups(nxd.current_parallel_context())
     dp, d = parallel_state.get_data_parallel_size(), parallel_state.get_data_parallel_rank()
     per = data["input_ids"].shape[0] // dp
     shard = {k: v[d * per:(d + 1) * per] for k, v in data.items()}

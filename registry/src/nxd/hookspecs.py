@@ -9,7 +9,10 @@ Two families:
 * **Lifecycle hooks** run while the NxD facade sets up parallel state, models and optimizers.
 
 Compatibility rule: adding a parameter to a hook is compatible (pluggy passes only the arguments an
-implementation names); renaming or removing a hook or parameter is a major plugin-API change.
+implementation names); renaming or removing a hook or parameter is a major plugin-API change. The
+lifecycle hooks that run with model parallelism set up receive it as ``context`` (the
+:class:`nxd.parallel.ParallelContext`, or ``None`` when ``torch.distributed`` is not initialised);
+an implementation written before the argument existed simply does not name it.
 Every hook is documented in docs/hooks.md; a test keeps the two in step.
 """
 
@@ -53,7 +56,8 @@ def nxd_register_pipeline_schedules(registry: Any) -> None:
 def nxd_register_optimizers(registry: Any) -> None:
     """Register optimizer wrapper factories: ``default`` (data-parallel all-reduce + clipping)
     and ``zero1``. A factory is called as ``factory(nxd_config, optimizer_class, parameters,
-    **defaults)`` and returns a ``torch.optim.Optimizer``."""
+    **defaults)`` and returns a ``torch.optim.Optimizer``; a factory that names a ``context``
+    parameter also receives the parallel context (``nxd.parallel.call_with_context``)."""
 
 
 @hookspec
@@ -75,7 +79,8 @@ def nxd_register_storages(registry: Any) -> None:
 @hookspec
 def nxd_register_checkpointers(registry: Any) -> None:
     """Register the engine behind ``nxd.save_checkpoint``/``load_checkpoint`` (name ``default``):
-    an object with ``save``, ``load``, ``has_checkpoint`` and ``finalize`` methods."""
+    an object with ``save``, ``load``, ``has_checkpoint`` and ``finalize`` methods. Methods that
+    name a ``context`` parameter receive the parallel context."""
 
 
 @hookspec
@@ -111,27 +116,29 @@ def nxd_initialize_parallel(nxd_config: dict) -> Any:
 
 @hookspec(firstresult=True)
 def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kwargs: dict,
-                    include_buffers: bool) -> Any:
+                    include_buffers: bool, context: Any) -> Any:
     """Build the user's model for ``initialize_parallel_model`` (meta-device init, bounded
-    concurrent materialisation, device placement). Return the ``nn.Module`` or ``None``.
-    ``include_buffers``: meta-device init also puts buffers on the meta device (NxD's argument)."""
+    concurrent materialisation, device placement on ``context.device``). Return the ``nn.Module``
+    or ``None``. ``include_buffers``: meta-device init also puts buffers on the meta device (NxD's
+    argument). ``context``: the parallel context (``None`` without ``torch.distributed``)."""
 
 
 @hookspec
-def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
+def nxd_wrap_model(nxd_config: dict, model: Any, phase: str, context: Any) -> Any:
     """Transform the model during ``initialize_parallel_model``.
 
     The core calls this hook once per phase, in the order of :data:`nxd.trainer.WRAP_PHASES`
     (``adapter`` → ``checkpointing`` → ``pipeline`` → ``wrapper``). Within a phase the
     implementations run as a chain: each receives the model returned by the previous one and
-    returns a replacement, or ``None`` to leave it unchanged.
+    returns a replacement, or ``None`` to leave it unchanged. ``context``: the parallel context
+    the model is built for (``None`` without ``torch.distributed``).
     """
 
 
 @hookspec
-def nxd_wrap_optimizer(nxd_config: dict, optimizer: Any) -> Any:
+def nxd_wrap_optimizer(nxd_config: dict, optimizer: Any, context: Any) -> Any:
     """Transform the optimizer returned by the registered optimizer factory (chained like
-    ``nxd_wrap_model``; return a replacement or ``None``)."""
+    ``nxd_wrap_model``; return a replacement or ``None``). ``context``: the parallel context."""
 
 
 @hookspec
@@ -141,8 +148,9 @@ def nxd_validate_config(nxd_config: dict) -> None:
 
 
 @hookspec
-def nxd_checkpoint_extras(model: Any, path: str, tag: str, phase: str) -> None:
+def nxd_checkpoint_extras(model: Any, path: str, tag: str, phase: str, context: Any) -> None:
     """Write or read a plugin's own files next to a checkpoint. The checkpointer calls it (through
     :func:`nxd.trainer.checkpoint_extras`) on every rank with ``phase="saved"`` once ``path/tag`` is
     committed, and with ``phase="loaded"`` after ``load_checkpoint`` restored ``model``. Collective:
-    implementations must act (or not) alike on every rank."""
+    implementations must act (or not) alike on every rank. ``context``: the parallel context the
+    checkpointer saved or loaded with."""

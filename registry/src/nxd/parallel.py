@@ -16,6 +16,9 @@ expert-model ranks, so a rank keeps its TP and PP coordinates in both regions (N
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -81,6 +84,10 @@ class ParallelContext:
     dp_cp: ParallelDim
     #: GQA KV replication: multiplier m -> the m consecutive TP ranks holding the same KV piece
     kv_shared: dict[int, ParallelDim] = field(default_factory=dict)
+
+    def __deepcopy__(self, memo: dict) -> ParallelContext:
+        # one per process, holding process groups: a deep-copied model shares its original's context
+        return self
 
     def dim(self, name: str) -> ParallelDim:
         if name not in DIMENSIONS:
@@ -208,6 +215,29 @@ def destroy_parallel_context() -> None:
     previous = set_parallel_context(None)
     if previous is not None:
         previous.destroy()
+
+
+# ---------------------------------------------------------------- passing the context explicitly
+def accepts_context(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` names a ``context`` parameter. Contracts hand the parallel context only to the
+    callables that ask for it, as pluggy hands a hook implementation only the arguments it names, so
+    components written before the context existed keep working."""
+    try:
+        return "context" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins and C callables without a signature
+        return False
+
+
+def call_with_context(fn: Callable[..., Any], *args: Any, context: ParallelContext | None, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, plus ``context=context`` when ``fn`` names a ``context`` parameter."""
+    if accepts_context(fn):
+        kwargs["context"] = context
+    return fn(*args, **kwargs)
+
+
+def bind_context(fn: Callable[..., Any], context: ParallelContext | None) -> Callable[..., Any]:
+    """``fn`` with ``context`` bound when it names a ``context`` parameter, else ``fn`` itself."""
+    return functools.partial(fn, context=context) if accepts_context(fn) else fn
 
 
 def backend_for_process_group(process_group_backend: str | None = None) -> Any:

@@ -19,7 +19,7 @@ class ModelSpec:
     """What a model plugin tells the rest of nxd about one model family.
 
     The model returned by ``build`` is an ``nn.Module`` built from nxd-core-parallel layers for
-    the current parallel state. Its ``forward(input_ids, labels=None, position_ids=None,
+    the parallel context it is given. Its ``forward(input_ids, labels=None, position_ids=None,
     attention_mask=None, loss_mask=None)`` returns an object with ``.loss`` (mean over tokens whose
     ``loss_mask`` is 1, computed with vocab-parallel cross-entropy; ``None`` without labels) and
     ``.logits`` (vocab-sharded on TP ranks unless gathered).
@@ -28,8 +28,10 @@ class ModelSpec:
     name: str
     #: config dict (nxd or Hugging Face ``config.json`` keys) -> model config object
     config_from_dict: Callable[[dict], Any]
-    #: (model config, nxd_config or None) -> nn.Module for this rank
-    build: Callable[[Any, dict | None], torch.nn.Module]
+    #: (model config, nxd_config or None, *, context) -> nn.Module for this rank. ``context`` is the
+    #: :class:`nxd.parallel.ParallelContext` to build for (``None``: one process); callers pass it
+    #: when the function names it (``nxd.parallel.bind_context``), so a build without it still works
+    build: Callable[..., torch.nn.Module]
     #: classes of the repeated transformer blocks: full activation checkpointing and pipeline cuts
     transformer_layer_classes: tuple[type, ...]
     #: classes recomputed by selective activation checkpointing ("core attention")
@@ -87,7 +89,10 @@ class DataModule(Protocol):
 
 
 class DataModuleFactory(Protocol):
-    """Registered under a name (``indexed``, ``sft``, ...) via ``nxd_register_data_modules``."""
+    """Registered under a name (``indexed``, ``sft``, ...) via ``nxd_register_data_modules``.
+    ``dp_rank``/``dp_size`` are the parallel context's data-parallel coordinates; a factory that
+    names a ``context`` parameter also receives the whole :class:`nxd.parallel.ParallelContext`
+    (``nxd.parallel.call_with_context``)."""
 
     def __call__(
         self,

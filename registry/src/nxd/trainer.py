@@ -11,6 +11,7 @@ import torch
 from nxd.config import check_config
 from nxd.errors import ComponentNotFound, ConfigError
 from nxd.lookup import get_component
+from nxd.parallel import ParallelContext, call_with_context, current_parallel_context
 from nxd.plugins import state
 
 
@@ -52,7 +53,8 @@ def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn
     applied, and return a model usable as a regular ``nn.Module`` (NxD's ``NxDModel``).
 
     NxD's signature: ``include_buffers`` (third, positional) says whether meta-device init
-    (``model_init_config.meta_device_init``) also creates buffers on the meta device."""
+    (``model_init_config.meta_device_init``) also creates buffers on the meta device. It has no room
+    for the parallel context, so the current one is handed to the hooks (``context=``)."""
     config = check_config(nxd_config)
     if not callable(model_fn):
         raise ConfigError(f"model_fn must be a callable that returns an nn.Module, got {model_fn!r}")
@@ -63,20 +65,24 @@ def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn
             "**model_kwargs): pass model_fn's arguments after include_buffers"
         )
     plugins = state()
+    context = current_parallel_context()
     model = plugins.pm.hook.nxd_build_model(
         nxd_config=config, model_fn=model_fn, model_args=model_args, model_kwargs=model_kwargs,
-        include_buffers=include_buffers,
+        include_buffers=include_buffers, context=context,
     )
     if model is None:
         raise ComponentNotFound("initialize_parallel_model needs a parallel runtime plugin: pip install nxd-core-parallel")
     for phase in WRAP_PHASES:
-        model = plugins.call_chain("nxd_wrap_model", "model", model, nxd_config=config, phase=wrap_phase(phase))
+        model = plugins.call_chain("nxd_wrap_model", "model", model, nxd_config=config, phase=wrap_phase(phase),
+                                   context=context)
     return model
 
 
 def initialize_parallel_optimizer(nxd_config: dict, optimizer_class: type, parameters: Any, **defaults: Any):
     """Create ``optimizer_class(parameters, **defaults)`` wrapped so ``step()`` does the
-    data-parallel gradient sync and clipping of ``nxd_config`` (ZeRO-1 when enabled)."""
+    data-parallel gradient sync and clipping of ``nxd_config`` (ZeRO-1 when enabled). The factory
+    and the ``nxd_wrap_optimizer`` hook receive the current parallel context (NxD's signature has
+    no room for one)."""
     config = check_config(nxd_config)
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
         raise ConfigError(f"optimizer_class must be a torch.optim.Optimizer subclass, got {optimizer_class!r}")
@@ -85,8 +91,9 @@ def initialize_parallel_optimizer(nxd_config: dict, optimizer_class: type, param
         "optimizer", "zero1" if zero1 else "default",
         need="optimizer_config.zero_one_enabled=True" if zero1 else "initialize_parallel_optimizer",
     )
-    optimizer = factory(config, optimizer_class, parameters, **defaults)
-    return state().call_chain("nxd_wrap_optimizer", "optimizer", optimizer, nxd_config=config)
+    context = current_parallel_context()
+    optimizer = call_with_context(factory, config, optimizer_class, parameters, context=context, **defaults)
+    return state().call_chain("nxd_wrap_optimizer", "optimizer", optimizer, nxd_config=config, context=context)
 
 
 def _checkpointer() -> Any:
@@ -108,11 +115,12 @@ def save_checkpoint(
     **options: Any,
 ) -> None:
     """Save a checkpoint under ``path/tag`` (NxD's signature; see nxd-ckpt for the layout).
-    ``num_kept_ckpts`` None or -1 keeps every checkpoint (as NxD)."""
+    ``num_kept_ckpts`` None or -1 keeps every checkpoint (as NxD). The checkpointer receives the
+    current parallel context when its ``save`` names a ``context`` parameter."""
     if num_kept_ckpts == -1:
         num_kept_ckpts = None
-    _checkpointer().save(
-        path, tag=tag, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
+    call_with_context(
+        _checkpointer().save, path, context=current_parallel_context(), tag=tag, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
         num_workers=num_workers, use_xser=use_xser, num_kept_ckpts=num_kept_ckpts, async_save=async_save,
         zero1_optimizer=zero1_optimizer, **options,
     )
@@ -130,16 +138,17 @@ def load_checkpoint(
 ) -> Any:
     """Load the checkpoint ``path/tag`` (``tag=None``: the newest complete one); returns the
     saved ``user_content``."""
-    return _checkpointer().load(
-        path, tag=tag, model=model, optimizer=optimizer, scheduler=scheduler,
+    return call_with_context(
+        _checkpointer().load, path, context=current_parallel_context(), tag=tag, model=model, optimizer=optimizer, scheduler=scheduler,
         num_workers=num_workers, strict=strict, **options,
     )
 
 
-def checkpoint_extras(model: Any, path: str, tag: str, phase: str) -> None:
+def checkpoint_extras(model: Any, path: str, tag: str, phase: str, context: ParallelContext | None = None) -> None:
     """Run the ``nxd_checkpoint_extras`` hook; checkpointers call it after a committed save
     (``phase="saved"``) and after a load (``phase="loaded"``) so plugins such as LoRA can write or
-    read their own export of ``model`` under ``path/tag``."""
+    read their own export of ``model`` under ``path/tag``. ``context``: the parallel context the
+    checkpointer worked with (the current one when left out, for checkpointers written before it)."""
     try:
         phase = CheckpointPhase(phase)
     except ValueError:
@@ -147,12 +156,14 @@ def checkpoint_extras(model: Any, path: str, tag: str, phase: str) -> None:
                          f"got {phase!r}") from None
     if model is None:
         return
-    state().pm.hook.nxd_checkpoint_extras(model=model, path=str(path), tag=str(tag), phase=phase)
+    if context is None:
+        context = current_parallel_context()
+    state().pm.hook.nxd_checkpoint_extras(model=model, path=str(path), tag=str(tag), phase=phase, context=context)
 
 
 def has_checkpoint(path: str) -> bool:
     """Whether ``path`` holds at least one complete checkpoint."""
-    return bool(_checkpointer().has_checkpoint(path))
+    return bool(call_with_context(_checkpointer().has_checkpoint, path, context=current_parallel_context()))
 
 
 def finalize_checkpoint() -> None:

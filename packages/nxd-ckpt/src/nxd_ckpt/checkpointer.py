@@ -9,7 +9,7 @@ from typing import Any
 import torch.distributed as dist
 
 import nxd.trainer
-from nxd.parallel import process_group_timeout
+from nxd.parallel import ParallelContext, process_group_timeout
 from nxd_ckpt.errors import CheckpointError
 from nxd_ckpt.layout import checkpoint_dir, newest_complete_tag, read_done, validate_tag
 from nxd_ckpt.load import Reader, load_model, load_optimizer, restore_rng
@@ -20,13 +20,15 @@ from nxd_ckpt.save import is_zero1, plan_save, run_save
 from nxd_ckpt.snapshot import SnapshotBuffers
 from nxd_ckpt.staging import Staging
 from nxd_ckpt.storage import open_storage
-from nxd_ckpt.topology import Ranks, current_topology
+from nxd_ckpt.topology import Ranks, topology_of
 from nxd_ckpt.verify import is_whole_unmarked, warn_unmarked
 from nxd_ckpt.writer import AsyncWriter
 
 
 class Checkpointer:
-    """Sharded save/load with NxD's layout. One instance per process (registered as ``default``)."""
+    """Sharded save/load with NxD's layout. One instance per process (registered as ``default``).
+    ``save``/``load``/``has_checkpoint`` take the parallel context explicitly (``context``, which the
+    core's ``nxd.save_checkpoint`` & co. pass): it says which shards this rank writes and reads."""
 
     def __init__(self) -> None:
         self._writer = AsyncWriter()
@@ -55,6 +57,7 @@ class Checkpointer:
         save_rng: bool = True,
         overlap_snapshot: bool = False,
         on_snapshot_wait: Callable[[float], None] | None = None,
+        context: ParallelContext | None,
         **unused: Any,
     ) -> None:
         """Save ``path/tag``. ``use_xser=True`` selects the safetensors format (one addressable
@@ -70,7 +73,7 @@ class Checkpointer:
             raise ValueError(f"num_kept_ckpts must be a positive integer or None, got {num_kept_ckpts!r}")
         # Only the snapshot happens here: the tag/metadata agreement and all file I/O happen in
         # run_save, which for an async save runs on the writer thread.
-        topo = current_topology()
+        topo = topology_of(context)
         tag = validate_tag(tag or time.strftime("ckpt_%Y%m%d_%H%M%S"))  # rank 0's wins in run_save
         storage = open_storage(path, storage_options)
         fmt = format or ("safetensors" if use_xser else "torch")
@@ -87,7 +90,7 @@ class Checkpointer:
             saved_tag = run_save(storage, plan, Ranks.current())
             # Plugins' own exports (e.g. nxd-lora's adapter) go next to the committed checkpoint.
             # Async saves skip this: the model keeps changing while the writer runs.
-            nxd.trainer.checkpoint_extras(model, path, saved_tag, "saved")
+            nxd.trainer.checkpoint_extras(model, path, saved_tag, "saved", context)
             return
         # the group is fixed now, on the training thread: the writer's agreements need all its ranks
         ranks = Ranks.current(self._async_group())
@@ -140,12 +143,13 @@ class Checkpointer:
         *,
         storage_options: dict | None = None,
         load_rng: bool = True,
+        context: ParallelContext | None,
         **unused: Any,
     ) -> Any:
         """Load ``path/tag`` (``tag=None``: newest complete, after removing interrupted saves) and
         return its user content."""
         self._wait_writer()
-        topo = current_topology()
+        topo = topology_of(context)
         storage = open_storage(path, storage_options)
         if tag is None:
             if topo.rank == 0:  # auto-resume: finish or drop interrupted overwrites, drop partial saves
@@ -180,12 +184,13 @@ class Checkpointer:
         user_content = reader.load("user_content.pt") if saved_content else None
         if load_rng:
             restore_rng(reader, meta, topo)
-        nxd.trainer.checkpoint_extras(model, path, tag, "loaded")
+        nxd.trainer.checkpoint_extras(model, path, tag, "loaded", context)
         return user_content
 
-    def has_checkpoint(self, path: str, storage_options: dict | None = None) -> bool:
+    def has_checkpoint(self, path: str, storage_options: dict | None = None, *,
+                       context: ParallelContext | None = None) -> bool:
         storage = open_storage(path, storage_options)
-        if current_topology().rank == 0:
+        if topology_of(context).rank == 0:
             warn_unmarked(storage)
         return newest_complete_tag(storage) is not None
 

@@ -1,4 +1,4 @@
-"""This rank's place in the (TP, DP, PP) layout, read from the core's parallel context.
+"""This rank's place in the (TP, DP, PP) layout, read from the parallel context the checkpointer is given.
 
 Without model parallelism initialised every rank is a data-parallel replica (TP = PP = 1); without
 torch.distributed there is one rank.
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from nxd import current_parallel_context
+from nxd import ParallelContext, current_parallel_context
 from nxd_ckpt.errors import CheckpointError
 
 
@@ -43,15 +43,20 @@ class Topology:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "world": self.world}
 
 
-def current_topology() -> Topology:
+def topology_of(context: ParallelContext | None) -> Topology:
+    """This rank's place in ``context``; without one every rank is a data-parallel replica."""
     if not (dist.is_available() and dist.is_initialized()):
         return Topology(0, 1, 1, 1, 1, 0, 0, 0)
     rank, world = dist.get_rank(), dist.get_world_size()
-    context = current_parallel_context()
     if context is None:
         return Topology(rank, world, 1, 1, world, 0, 0, rank)
     return Topology(rank, world, context.tp.size, context.pp.size, context.dp.size,
                     context.tp.rank, context.pp.rank, context.dp.rank, context.cp.rank, context.ep.size)
+
+
+def current_topology() -> Topology:
+    """This rank's place in the current parallel context (for tools outside ``nxd.save_checkpoint``)."""
+    return topology_of(current_parallel_context())
 
 
 class GroupGone(CheckpointError):

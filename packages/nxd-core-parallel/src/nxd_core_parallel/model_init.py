@@ -98,9 +98,11 @@ def move_to_device(model: nn.Module, device: torch.device) -> None:
 
 
 def build_model(nxd_config: dict, model_fn: Callable[..., nn.Module], args: tuple, kwargs: dict,
-                include_buffers: bool = False) -> nn.Module:
+                include_buffers: bool = False, device: torch.device | None = None) -> nn.Module:
+    """``model_fn(*args, **kwargs)`` placed on ``device`` (the parallel context's; the backend's
+    device when not given), per ``nxd_config["model_init_config"]``."""
     init = nxd_config["model_init_config"]
-    device = get_device()
+    device = device if device is not None else get_device()
     if init["meta_device_init"]:
         with torch.device("meta") if include_buffers else parameters_on_meta():
             model = model_fn(*args, **kwargs)

@@ -44,10 +44,12 @@ def nxd_initialize_parallel(nxd_config: dict) -> Any:
 
 @nxd.hookimpl
 def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kwargs: dict,
-                    include_buffers: bool) -> Any:
+                    include_buffers: bool, context: nxd.ParallelContext | None) -> Any:
+    from nxd_core_parallel.backends import get_device
     from nxd_core_parallel.model_init import build_model
 
-    return build_model(nxd_config, model_fn, model_args, model_kwargs, include_buffers=include_buffers)
+    device = context.device if context is not None else get_device()
+    return build_model(nxd_config, model_fn, model_args, model_kwargs, include_buffers=include_buffers, device=device)
 
 
 @nxd.hookimpl

@@ -123,7 +123,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
     config, hf_dir = module.config, Path(hf_dir)
     check_config_fields(config, hf_dir, MixtralConfig.from_dict, _SHAPE_FIELDS)
     tp, tp_rank = tp_size_and_rank()
-    groups = expert_parallel_groups()
+    groups = expert_parallel_groups(module.parallel_context)
     multiplier = _kv_multiplier(module)
     expected = hf_shapes(config)
     used: set[str] = set()
@@ -170,7 +170,7 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
     if parallel_state.get_pipeline_model_parallel_size() > 1:
         raise NotImplementedError("save_hf_checkpoint with pipeline parallelism: gather the stages first")
     tp, _ = tp_size_and_rank()
-    groups = expert_parallel_groups()
+    groups = expert_parallel_groups(module.parallel_context)
     multiplier = _kv_multiplier(module)
     writer = _writes_files()
     out: dict[str, torch.Tensor] = {}

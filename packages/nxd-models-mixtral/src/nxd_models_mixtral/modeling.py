@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
+from nxd.parallel import ParallelContext, current_parallel_context
 from nxd_core_parallel import parallel_state
 from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules.rms_norm import RMSNorm
@@ -66,7 +67,7 @@ class MixtralDecoderLayer(nn.Module):
     router logits in ``last_router_logits`` for the model's auxiliary loss."""
 
     def __init__(self, config: MixtralConfig, layer_idx: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
         norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps,
                        sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device)
@@ -79,7 +80,7 @@ class MixtralDecoderLayer(nn.Module):
         self.block_sparse_moe = MoELayer(config.moe_config(), config.hidden_size, config.intermediate_size,
                                          sequence_parallel=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
                                          dtype=config.torch_dtype, device=device, init_std=config.initializer_range,
-                                         output_init_std=config.output_init_std)
+                                         output_init_std=config.output_init_std, context=context)
         self.last_router_logits: torch.Tensor | None = None
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -91,7 +92,7 @@ class MixtralDecoderLayer(nn.Module):
 
 class MixtralModel(nn.Module):
     def __init__(self, config: MixtralConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
         self.config = config
         self.sequence_parallel = sequence_parallel
@@ -101,7 +102,7 @@ class MixtralModel(nn.Module):
             sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
         )
         self.layers = nn.ModuleList(
-            MixtralDecoderLayer(config, i, sequence_parallel, device) for i in range(config.num_hidden_layers)
+            MixtralDecoderLayer(config, i, sequence_parallel, device, context) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, sequence_parallel_enabled=sequence_parallel,
                             dtype=config.torch_dtype, device=device)
@@ -133,13 +134,14 @@ class MixtralModel(nn.Module):
 
 class MixtralForCausalLM(nn.Module):
     """Mixtral with a vocabulary-parallel LM head, vocabulary-parallel cross-entropy and the router
-    auxiliary loss."""
+    auxiliary loss. ``context``: the parallel context whose expert-parallel groups the MoE layers
+    use (``None``: the current one)."""
 
     nxd_transformer_layer_classes = (MixtralDecoderLayer,)
     nxd_core_attention_classes = (LlamaCoreAttention,)
 
     def __init__(self, config: MixtralConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
         config = MixtralConfig.from_dict(config) if isinstance(config, dict) else config
         tp = parallel_state.get_tensor_model_parallel_size()
@@ -149,7 +151,8 @@ class MixtralForCausalLM(nn.Module):
                               "or set make_vocab_size_divisible_by to pad it (Megatron's padding)")
         self.config = config
         self.moe_config = config.moe_config()
-        self.model = MixtralModel(config, sequence_parallel, device)
+        self.parallel_context = context if context is not None else current_parallel_context()
+        self.model = MixtralModel(config, sequence_parallel, device, self.parallel_context)
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         self.lm_head = ColumnParallelLinear(
             config.hidden_size, self.padded_vocab_size, bias=False, gather_output=False, init_method=init,

@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from nxd.parallel import ParallelContext
 from nxd.specs import ModelSpec
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention, generate
@@ -36,10 +37,13 @@ def config_from_dict(data: dict[str, Any] | MixtralConfig) -> MixtralConfig:
     return MixtralConfig.from_dict(data)
 
 
-def build(config: MixtralConfig | dict, nxd_config: dict | None = None) -> nn.Module:
-    """This rank's model for the current parallel state (TP, EP, ``sequence_parallel``)."""
+def build(config: MixtralConfig | dict, nxd_config: dict | None = None,
+          context: ParallelContext | None = None) -> nn.Module:
+    """This rank's model for ``context`` (its EP groups; ``None``: the current context), TP and
+    ``sequence_parallel``."""
     cfg = config_from_dict(config) if isinstance(config, dict) else config
-    return MixtralForCausalLM(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")))
+    return MixtralForCausalLM(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")),
+                              context=context)
 
 
 def flops_per_token(config: MixtralConfig | dict, seq_length: int | None = None) -> float:

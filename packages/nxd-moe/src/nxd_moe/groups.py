@@ -1,4 +1,4 @@
-"""This rank's expert-parallel groups, read from the parallel context (``nxd.current_parallel_context``).
+"""This rank's expert-parallel groups, read from a parallel context (:class:`nxd.parallel.ParallelContext`).
 
 NxD's layout (built by the core's ``rank_layout``): expert regions read the ranks as
 ``[PP, EDP, EP, TP]`` instead of ``[PP, DP, TP]`` (``EDP * EP == DP``), so a rank keeps its TP and
@@ -28,9 +28,8 @@ class ExpertParallelGroups:
     dp_size: int
 
 
-def expert_parallel_groups() -> ExpertParallelGroups:
-    """The current context's EP and expert-data-parallel groups (EP=1 without a context)."""
-    context = nxd.current_parallel_context()
+def expert_parallel_groups(context: nxd.ParallelContext | None) -> ExpertParallelGroups:
+    """``context``'s EP and expert-data-parallel groups (EP=1 without a context)."""
     if context is None:
         return ExpertParallelGroups(1, 0, None, 1, 0, None, 1)
     return ExpertParallelGroups(context.ep.size, context.ep.rank, context.ep.group, context.edp.size,

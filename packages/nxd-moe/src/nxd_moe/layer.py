@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nxd.parallel import ParallelContext, current_parallel_context
 from nxd_core_parallel import parallel_state
 from nxd_core_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
@@ -41,13 +42,15 @@ class MoELayer(nn.Module):
     def __init__(self, config: MoEConfig, hidden_size: int, intermediate_size: int, sequence_parallel: bool = False,
                  sequence_dimension: int = 1, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, init_std: float = 0.02,
-                 output_init_std: float | None = None) -> None:
+                 output_init_std: float | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
         if sequence_dimension != 1:
             raise ValueError("MoELayer takes batch-first activations [batch, seq, hidden] (sequence_dimension=1)")
         self.config = MoEConfig.from_dict(config)
         self.sequence_parallel = sequence_parallel
-        groups = expert_parallel_groups()
+        #: the parallel context whose EP groups the experts are split over (``None``: the current one)
+        self.parallel_context = context if context is not None else current_parallel_context()
+        groups = expert_parallel_groups(self.parallel_context)
         self.ep_size = groups.ep_size
         tp = parallel_state.get_tensor_model_parallel_size()
         self.router = make_router(self.config.routing_algorithm, self.config.num_experts, self.config.top_k,
@@ -104,7 +107,7 @@ class MoELayer(nn.Module):
         weights, kept = self.route(probs, index, b, s)
         token_ids = torch.arange(b * s, device=tokens.device).unsqueeze(1).expand_as(index)[kept]
         expert_ids, weights = index[kept], weights[kept]
-        groups = expert_parallel_groups()
+        groups = expert_parallel_groups(self.parallel_context)
         grouped, plan = dispatch(tokens, token_ids, expert_ids, self.config.num_experts, groups.ep_size,
                                  groups.ep_group)
         out = combine(self.experts(grouped, plan.local_counts), plan)  # rows in plan.order

@@ -1,22 +1,20 @@
-"""Which processes form this rank's pipeline, from the core's parallel context when model
-parallelism is initialised, else the default group (every rank one stage: tests and scripts
-without TP/DP)."""
+"""Which processes form this rank's pipeline, from the parallel context it is given, else (no
+context: model parallelism not initialised) the default group (every rank one stage: tests and
+scripts without TP/DP)."""
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
-from nxd import current_parallel_context
 from nxd.errors import ConfigError
-from nxd.parallel import process_group_timeout
+from nxd.parallel import ParallelContext, process_group_timeout
 from nxd_pipeline.comm import PipelineGroup
 
 
-def pipeline_group(pp_size: int) -> PipelineGroup:
-    """This rank's pipeline group; checks it has ``pp_size`` ranks."""
+def pipeline_group(pp_size: int, context: ParallelContext | None) -> PipelineGroup:
+    """This rank's pipeline group in ``context``; checks it has ``pp_size`` ranks."""
     if not dist.is_initialized():
         raise ConfigError(f"pipeline_parallel_size={pp_size} needs torch.distributed to be initialised (torchrun)")
-    context = current_parallel_context()
     if context is not None:
         group, ranks, rank = context.pp.group, context.pp.ranks, context.pp.rank
     else:
@@ -29,9 +27,8 @@ def pipeline_group(pp_size: int) -> PipelineGroup:
     return PipelineGroup(group, ranks, rank)
 
 
-def all_pipeline_rank_lists(pg: PipelineGroup) -> list[tuple[int, ...]]:
+def all_pipeline_rank_lists(pg: PipelineGroup, context: ParallelContext | None) -> list[tuple[int, ...]]:
     """The global ranks of every pipeline group of the job (NxD layout: pipeline outermost)."""
-    context = current_parallel_context()
     if context is not None:
         groups = list(context.pp.all_ranks)
     else:
@@ -42,11 +39,11 @@ def all_pipeline_rank_lists(pg: PipelineGroup) -> list[tuple[int, ...]]:
     return groups
 
 
-def subgroup(pg: PipelineGroup, pp_ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
+def subgroup(pg: PipelineGroup, pp_ranks: tuple[int, ...], context: ParallelContext | None) -> dist.ProcessGroup | None:
     """A process group joining pipeline ranks ``pp_ranks`` of this rank's pipeline (created
     collectively for every pipeline of the job; ``None`` where this rank is not a member)."""
     mine = None
-    for ranks in all_pipeline_rank_lists(pg):
+    for ranks in all_pipeline_rank_lists(pg, context):
         members = [ranks[i] for i in pp_ranks]
         group = dist.new_group(members, timeout=process_group_timeout())
         if dist.get_rank() in members:
@@ -54,6 +51,5 @@ def subgroup(pg: PipelineGroup, pp_ranks: tuple[int, ...]) -> dist.ProcessGroup 
     return mine
 
 
-def data_parallel_group() -> dist.ProcessGroup | None:
-    context = current_parallel_context()
+def data_parallel_group(context: ParallelContext | None) -> dist.ProcessGroup | None:
     return None if context is None else context.dp.group

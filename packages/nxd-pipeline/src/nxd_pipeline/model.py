@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nxd.errors import ConfigError
+from nxd.parallel import ParallelContext, current_parallel_context
 from nxd_core_parallel.trainer import autocast_context
 from nxd_pipeline import partition as part
 from nxd_pipeline.comm import PipelineGroup
@@ -38,13 +39,17 @@ class NxDPPModel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, pipeline_parallel_size: int, pipeline_config: dict | PipelineConfig | None = None,
-                 *, schedule: PipelineSchedule | None = None, group: PipelineGroup | None = None) -> None:
+                 *, schedule: PipelineSchedule | None = None, group: PipelineGroup | None = None,
+                 context: ParallelContext | None = None) -> None:
         super().__init__()
+        #: the parallel context the stages are cut for (``context=None``: the current one, as NxD's
+        #: constructor has no room for it)
+        self.parallel_context = context if context is not None else current_parallel_context()
         cfg = pipeline_config if isinstance(pipeline_config, PipelineConfig) else parse_pipeline_config(
             pipeline_config, pipeline_parallel_size)
         self.config = cfg
         self.schedule = schedule or _lookup_schedule(cfg.schedule)
-        self.pg = group or pipeline_group(pipeline_parallel_size)
+        self.pg = group or pipeline_group(pipeline_parallel_size, self.parallel_context)
         p, v = self.pg.size, cfg.virtual_pipeline_size
         if v > 1 and not self.schedule.virtual:
             raise ConfigError(
@@ -97,7 +102,7 @@ class NxDPPModel(nn.Module):
             pp_ranks = sorted({s % self.pg.size for n in names for s in self._stage_of_param(n)})
             if len(pp_ranks) < 2:
                 continue
-            group = subgroup(self.pg, tuple(pp_ranks))
+            group = subgroup(self.pg, tuple(pp_ranks), self.parallel_context)
             mine = [local[n] for n in names if n in local]
             if group is None or not mine:
                 continue
@@ -192,7 +197,7 @@ class NxDPPModel(nn.Module):
         loss = loss.detach().float().clone()
         dist.broadcast(loss, src=last, group=self.pg.group)
         if self.config.broadcast_and_average_loss:
-            dp = data_parallel_group()
+            dp = data_parallel_group(self.parallel_context)
             if dp is not None:
                 dist.all_reduce(loss, group=dp)
                 loss /= dist.get_world_size(dp)

@@ -37,9 +37,9 @@ def nxd_validate_config(nxd_config: dict) -> None:
 
 
 @nxd.hookimpl
-def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
+def nxd_wrap_model(nxd_config: dict, model: Any, phase: str, context: nxd.ParallelContext | None) -> Any:
     if phase is not WrapPhase.PIPELINE or nxd_config.get("pipeline_parallel_size", 1) <= 1:
         return None
     from nxd_pipeline.model import NxDPPModel
 
-    return NxDPPModel(model, nxd_config["pipeline_parallel_size"], nxd_config.get("pipeline_config"))
+    return NxDPPModel(model, nxd_config["pipeline_parallel_size"], nxd_config.get("pipeline_config"), context=context)

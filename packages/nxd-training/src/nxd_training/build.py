@@ -115,10 +115,12 @@ def build_scheduler(config: TrainingConfig, optimizer: Any) -> torch.optim.lr_sc
     return make_scheduler(optimizer, lr_fn, optim.lr)
 
 
-def build_data(config: TrainingConfig, plan: RunPlan, dp_rank: int) -> Any:
+def build_data(config: TrainingConfig, plan: RunPlan, context: nxd.ParallelContext) -> Any:
+    """The run's data module for this rank's data-parallel coordinates in ``context`` (a factory
+    naming a ``context`` parameter receives the whole context)."""
     factory = nxd.get_data_module(plan.data_module)
-    return factory(
-        data_section(config, plan.seq_length), seq_length=plan.seq_length,
+    return nxd.parallel.call_with_context(
+        factory, data_section(config, plan.seq_length), context=context, seq_length=plan.seq_length,
         micro_batch_size=config.data.micro_batch_size, global_batch_size=config.data.global_batch_size,
-        dp_rank=dp_rank, dp_size=plan.dp, seed=config.seed,
+        dp_rank=context.dp.rank, dp_size=context.dp.size, seed=config.seed,
     )

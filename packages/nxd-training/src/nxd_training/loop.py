@@ -96,7 +96,8 @@ class Trainer:
         self.device = self.context.device
         model_parallel_manual_seed(config.seed)
         model_config = build.model_config_for_rank(config, self.plan)
-        self.model = nxd.initialize_parallel_model(self.nxd_config, self.plan.spec.build, False, model_config, self.nxd_config)
+        build_fn = nxd.parallel.bind_context(self.plan.spec.build, self.context)  # the model spec gets the context
+        self.model = nxd.initialize_parallel_model(self.nxd_config, build_fn, False, model_config, self.nxd_config)
         self.lora = lora_export.lora_enabled(config)
         self.trainable = lora_export.trainable_counts(self.model)
         if self.lora and dist.get_rank() == 0:
@@ -109,7 +110,7 @@ class Trainer:
         self.scheduler = build.build_scheduler(config, self.optimizer)
         self.dp_rank = self.context.dp.rank
         self.dp_group = self.context.dp.group
-        self.data = build.build_data(config, self.plan, self.dp_rank)
+        self.data = build.build_data(config, self.plan, self.context)
         #: model_alignment_strategy's workflow (dpo, orpo, ...): its loss replaces the model's
         self.workflow = self.plan.workflow
         self.step_metrics: dict[str, float] = {}

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from nxd import ConfigError
+from nxd import ConfigError, ParallelContext
 from nxd_core_parallel.grads import reduction_param_groups
 from nxd_zero1.optimizer import NeuronZero1Optimizer
 
@@ -33,9 +33,19 @@ def validate_mixed_precision(config: dict | None) -> dict[str, bool]:
     return {**MIXED_PRECISION_DEFAULTS, **config}
 
 
+def context_groups(context: ParallelContext | None) -> dict[str, Any]:
+    """NeuronZero1Optimizer's group arguments for ``context`` (empty without one)."""
+    if context is None:
+        return {}
+    return {"sharding_groups": context.dp.group, "grad_norm_groups": context.tp.group,
+            "pipeline_groups": context.pp.group}
+
+
 def make_zero1_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Optimizer], parameters: Any,
-                         **defaults: Any) -> NeuronZero1Optimizer:
-    """Factory registered as optimizer ``zero1``: builds a NeuronZero1Optimizer from the config."""
+                         context: ParallelContext | None = None, **defaults: Any) -> NeuronZero1Optimizer:
+    """Factory registered as optimizer ``zero1``: builds a NeuronZero1Optimizer from the config,
+    sharded over ``context``'s data-parallel group (norms over its TP and PP groups); without a
+    context, over the world (NeuronZero1Optimizer's defaults)."""
     opt_cfg = nxd_config["optimizer_config"]
     # parameters not replicated over the whole DP group get param groups naming their own groups
     parameters = reduction_param_groups(parameters)
@@ -50,5 +60,5 @@ def make_zero1_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Opt
         save_master_weights=mp["use_master_weights_in_ckpt"],
         stochastic_rounding=mp["stochastic_rounding"],
         sequence_parallel=nxd_config.get("sequence_parallel", False),
-        **defaults,
+        **{**context_groups(context), **defaults},
     )

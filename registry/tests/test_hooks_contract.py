@@ -3,6 +3,7 @@ public API; a hookspec added without a test here, or without docs/hooks.md, fail
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
@@ -204,9 +205,30 @@ def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
     assert main(["toy", "--n", "7"]) == 0 and ("command", 7) in plugin.calls
 
 
-def _initialize_parallel_on_rank() -> list:
+@contextlib.contextmanager
+def _only_test_plugins():
+    """Discover no installed plugin inside the block; the rank process gets its own back after it
+    (the pool is shared with other tests)."""
+    before = os.environ.get("NXD_LOAD_PLUGINS")
     os.environ["NXD_LOAD_PLUGINS"] = ""
     nxd.plugins.reset()
+    try:
+        yield
+    finally:
+        nxd.parallel.set_parallel_context(None)
+        if before is None:
+            os.environ.pop("NXD_LOAD_PLUGINS", None)
+        else:
+            os.environ["NXD_LOAD_PLUGINS"] = before
+        nxd.plugins.reset()
+
+
+def _initialize_parallel_on_rank() -> list:
+    with _only_test_plugins():
+        return _initialize_parallel()
+
+
+def _initialize_parallel() -> list:
     with pytest.raises(nxd.ComponentNotFound, match="pip install nxd-core-parallel"):
         nxd.neuronx_distributed_config(tensor_parallel_size=2)
     plugin = RecordingPlugin()
@@ -246,8 +268,11 @@ class ContextRecorder:
 
 
 def _context_reaches_hooks_on_rank(tmp: str) -> list[str]:
-    os.environ["NXD_LOAD_PLUGINS"] = ""
-    nxd.plugins.reset()
+    with _only_test_plugins():
+        return _context_reaches_hooks(tmp)
+
+
+def _context_reaches_hooks(tmp: str) -> list[str]:
     nxd.register_plugin(RecordingPlugin(), name="recording", distribution="tests")
     recorder = ContextRecorder()
     nxd.register_plugin(recorder, name="context-recorder", distribution="tests")
@@ -257,7 +282,6 @@ def _context_reaches_hooks_on_rank(tmp: str) -> list[str]:
     nxd.initialize_parallel_optimizer(config, torch.optim.SGD, model.parameters(), lr=0.5)
     nxd.save_checkpoint(f"{tmp}/{dist.get_rank()}", tag="t", model=model)
     nxd.load_checkpoint(f"{tmp}/{dist.get_rank()}", model=model)
-    nxd.parallel.set_parallel_context(None)
     assert all(seen is context for _, seen in recorder.seen), recorder.seen
     return [name for name, _ in recorder.seen]
 

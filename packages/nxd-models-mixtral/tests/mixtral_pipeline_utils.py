@@ -100,6 +100,7 @@ def pp_ep_body(per_rank: int = 2) -> dict:
     EP ranks' tokens); the reference is one model at PP=1, EP=1 accumulating all micro-batches."""
     import torch.distributed as dist
 
+    import nxd
     from nxd_core_parallel import parallel_state
     from nxd_core_parallel.trainer import NxDOptimizer
     from nxd_moe import expert_parallel_groups
@@ -119,7 +120,7 @@ def pp_ep_body(per_rank: int = 2) -> dict:
     parallel_state.destroy_model_parallel()
 
     parallel_state.initialize_model_parallel(1, 2, expert_model_parallel_size=2)
-    groups = expert_parallel_groups()
+    groups = expert_parallel_groups(nxd.current_parallel_context())
     d = parallel_state.get_data_parallel_rank()
     model = NxDPPModel(build(False, 2), 2, {"num_microbatches": per_rank, "schedule": "1f1b"})
     model.load_state_dict(state)

@@ -1,5 +1,6 @@
 """``nxd train`` of an NxD Training Mixtral config (hf_mixtral_8x7b_dropless_config.yaml's
-``model.moe`` section and ``expert_model_parallel_size``, at tiny size) on 2 gloo ranks: EP=2 learns."""
+``model.moe`` section and ``expert_model_parallel_size``, at tiny size) on 2 gloo ranks: EP=2 learns,
+and the same config at PP=2 (DP=1, two micro-batches per step) follows the EP=2 run's losses."""
 
 from __future__ import annotations
 
@@ -22,15 +23,15 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return prepare_quickstart_data(tmp_path_factory.mktemp("corpus"), vocab_size=512)
 
 
-def mixtral_config(corpus: dict[str, str], exp_dir: Path, ep: int) -> dict[str, Any]:
+def mixtral_config(corpus: dict[str, str], exp_dir: Path, ep: int, pp: int = 1, steps: int = 12) -> dict[str, Any]:
     return {
         "name": "hf_mixtral_dropless", "model_source": "hf", "seed": 1234,
-        "trainer": {"devices": 2, "max_steps": 12, "log_every_n_steps": 1, "val_check_interval": 0,
+        "trainer": {"devices": 2, "max_steps": steps, "log_every_n_steps": 1, "val_check_interval": 0,
                     "limit_val_batches": 0, "gradient_clip_val": 1.0, "enable_progress_bar": False,
                     "accelerator": "cpu"},
         "exp_manager": {"exp_dir": str(exp_dir), "create_checkpoint_callback": False,
                         "create_tensorboard_logger": False},
-        "distributed_strategy": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+        "distributed_strategy": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": pp,
                                  "zero1": False, "sequence_parallel": False, "expert_model_parallel_size": ep},
         "data": {"module": "indexed", "data_prefix": corpus["data_prefix"], "tokenizer": corpus["tokenizer"],
                  "micro_batch_size": 2, "global_batch_size": 4, "seq_length": 32, "splits_string": "950,50,0"},
@@ -60,11 +61,28 @@ def test_nxdt_mixtral_config_validates_and_selects_mixtral(corpus, tmp_path):
     assert plan.model_config.output_router_logits
 
 
-@pytest.mark.slow
-def test_ep2_run_learns(rank_pool, corpus, tmp_path):
-    config = mixtral_config(corpus, tmp_path / "runs", ep=2)
-    losses = rank_pool(2).run(_train, config, str(tmp_path / "ep2"), timeout=900)
+@pytest.fixture(scope="module")
+def ep2_losses(rank_pool, corpus, tmp_path_factory) -> dict[int, float]:
+    tmp = tmp_path_factory.mktemp("ep2")
+    losses = rank_pool(2).run(_train, mixtral_config(corpus, tmp / "runs", ep=2), str(tmp / "log"), timeout=900)
     assert losses[0] == losses[1]
-    first, last = (losses[0][1] + losses[0][2]) / 2, (losses[0][11] + losses[0][12]) / 2
+    return losses[0]
+
+
+@pytest.mark.slow
+def test_ep2_run_learns(ep2_losses):
+    first, last = (ep2_losses[1] + ep2_losses[2]) / 2, (ep2_losses[11] + ep2_losses[12]) / 2
     print(f"\nEP=2 nxd train: loss {first:.3f} -> {last:.3f}")
     assert last < first - 0.5, f"loss did not fall: {first:.3f} -> {last:.3f}"
+
+
+@pytest.mark.slow
+def test_pp2_run_follows_the_ep2_run(rank_pool, corpus, tmp_path, ep2_losses):
+    """PP=2 x DP=1 runs each global batch as 2 micro-batches through the pipeline (router statistics
+    carried between the stages); the EP=2 run (PP=1, DP=2) sees the same micro-batches, one per rank."""
+    config = mixtral_config(corpus, tmp_path / "runs", ep=1, pp=2, steps=4)
+    losses = rank_pool(2).run(_train, config, str(tmp_path / "pp2"), timeout=900)
+    assert losses[0] == losses[1] and sorted(losses[0]) == [1, 2, 3, 4]
+    worst = max(abs(losses[0][s] - ep2_losses[s]) / abs(ep2_losses[s]) for s in losses[0])
+    print(f"\nPP=2 nxd train vs EP=2: worst relative loss difference over 4 steps {worst:.2e}")
+    assert worst < 1e-5

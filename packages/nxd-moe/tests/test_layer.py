@@ -217,3 +217,22 @@ def test_sinkhorn_tol_stops_early():
     assert torch.equal(sinkhorn(cost, 30, tol=0.0), sinkhorn(cost, 30))  # tol 0 never stops early
     assert MoEConfig(num_experts=E, top_k=1, routing_algorithm="sinkhorn", dropless=True,
                      sinkhorn_tol="None").sinkhorn_tol is None  # NxDT's YAML writes `sinkhorn_tol: None`
+
+
+def test_expert_init_is_the_same_at_every_ep_degree():
+    """EP rank r's experts are experts [r*E/ep, (r+1)*E/ep) of the EP=1 init (the ranks' experts are
+    not copies of each other), and the RNG is left where EP=1 leaves it."""
+    from nxd_moe import ExpertMLPs
+
+    def build(ep: int, rank: int) -> tuple[ExpertMLPs, torch.Tensor]:
+        torch.manual_seed(7)
+        experts = ExpertMLPs(4, 8, 6, ep_size=ep, ep_rank=rank)
+        return experts, torch.randn(3)
+
+    full, after = build(1, 0)
+    for rank in (0, 1):
+        part, after_part = build(2, rank)
+        for name in ("gate_up_proj", "down_proj"):
+            assert torch.equal(getattr(part, name), getattr(full, name)[2 * rank:2 * rank + 2])
+        assert torch.equal(after_part, after)
+    assert not torch.equal(full.gate_up_proj[0], full.gate_up_proj[2])

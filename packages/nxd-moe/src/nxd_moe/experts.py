@@ -86,10 +86,19 @@ class ExpertMLPs(nn.Module):
     def first_local_expert(self) -> int:
         return self.ep_rank * self.num_local_experts
 
+    @torch.no_grad()
     def reset_parameters(self) -> None:
+        """Every rank draws all ``num_experts`` experts' values in expert order and keeps its own, so
+        the init is the same at every EP degree (the RNG advances alike on all ranks) and the experts
+        of different EP ranks are not copies of each other."""
+        first, count = self.first_local_expert, self.num_local_experts
         for param, std in ((self.gate_up_proj, self.init_std), (self.down_proj, self.output_init_std)):
-            if not param.is_meta:
-                nn.init.normal_(param, 0.0, self.init_std if std is None else std)
+            if param.is_meta:
+                continue
+            std = self.init_std if std is None else std
+            scratch = torch.empty_like(param[0]) if count < self.num_experts else None
+            for e in range(self.num_experts):
+                nn.init.normal_(param[e - first] if first <= e < first + count else scratch, 0.0, std)
 
     def forward(self, tokens: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """``tokens`` ``[N, H]`` grouped by local expert (``counts[e]`` rows for local expert ``e``)

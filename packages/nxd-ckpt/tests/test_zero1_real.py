@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import nxd
 from nxd_core_parallel import parallel_state as ps
+from nxd_testing.reference import train_data_parallel
 
 IN, HIDDEN, OUT, BATCH = 5, 9, 2, 8  # 74 params: padded differently at DP 1, 2 and 4
 FIRST, THEN, LR = 3, 4, 3e-2
@@ -24,23 +24,15 @@ def setup() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(BATCH, IN, generator=torch.Generator().manual_seed(100 + step))
+    return x, torch.cos(x[:, :OUT])
+
+
 def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: range) -> list[float]:
     """Global-batch mean losses; each DP rank takes its slice of the same global batch."""
-    dp, r = ps.get_data_parallel_size(), ps.get_data_parallel_rank()
-    n = BATCH // dp
-    losses = []
-    for step in steps:
-        g = torch.Generator().manual_seed(100 + step)
-        x = torch.randn(BATCH, IN, generator=g)
-        y = torch.cos(x[:, :OUT])
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x[r * n:(r + 1) * n]), y[r * n:(r + 1) * n])
-        loss.backward()
-        opt.step()
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        losses.append(float(total) / dp)
-    return losses
+    return train_data_parallel(model, opt, map(batch, steps), group=ps.get_data_parallel_group(),
+                               loss_of=lambda m, rows: torch.nn.functional.mse_loss(m(rows[0]), rows[1])).losses
 
 
 def save_body(path: str) -> list[float]:

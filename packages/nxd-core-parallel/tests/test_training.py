@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -21,7 +20,7 @@ from nxd_core_parallel.parallel_layers import (
     RowParallelLinear,
     parallel_cross_entropy,
 )
-from nxd_testing.reference import max_rel, token_chain_batch, train_reference
+from nxd_testing.reference import max_rel, token_chain_batch, train_data_parallel, train_reference
 
 VOCAB, HID, HEADS, KV_HEADS, FFN, LAYERS = 32, 16, 4, 1, 32, 2
 BATCH, SEQ, STEPS, LR, MAX_NORM = 4, 8, 20, 3e-3, 1.0
@@ -97,18 +96,8 @@ def train_body(tp: int, sp: bool, checkpointing: str | None) -> tuple[list[float
     )
     model = nxd.initialize_parallel_model(cfg, build, False, sp)
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=LR)
-    dp, dp_rank = ps.get_data_parallel_size(), ps.get_data_parallel_rank()
-    losses, norms = [], []
-    for step in range(STEPS):
-        ids, labels = batch(step)
-        rows = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
-        loss = model.run_train(ids[rows], labels[rows])
-        opt.step()
-        opt.zero_grad()
-        dist.all_reduce(loss, group=ps.get_data_parallel_group())
-        losses.append(float(loss) / dp)
-        norms.append(float(opt.grad_norm))
-    return losses, norms
+    run = train_data_parallel(model, opt, (batch(s) for s in range(STEPS)), group=ps.get_data_parallel_group())
+    return run.losses, run.grad_norms
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,9 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from nxd_testing.reference import assert_parity as compare  # noqa: E402, F401
+from nxd_testing.reference import grads_into_parameters, quiet_transformers, rel_err  # noqa: E402, F401 (re-exported to the tests)
+
 VOCAB = 128
 BATCH, SEQ = 2, 16
 
@@ -78,25 +81,6 @@ def hf_reference(hf_dir: Path, data: dict[str, torch.Tensor]) -> dict:
     return {"logits": logits.detach(), "loss": loss.detach(), "grads": grads}
 
 
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |a - e| / max |e| (0 when both are zero)."""
-    scale = expected.abs().max().item()
-    diff = (actual.double() - expected.double()).abs().max().item()
-    return diff / scale if scale else diff
-
-
-def compare(result: dict, ref: dict, tol: float = 1e-5) -> float:
-    """Assert logits, loss and grads agree within ``tol`` relative; return the worst error."""
-    assert result["logits"].shape == ref["logits"].shape
-    errors = {"logits": rel_err(result["logits"], ref["logits"]), "loss": rel_err(result["loss"], ref["loss"])}
-    assert set(result["grads"]) == set(ref["grads"]), set(result["grads"]) ^ set(ref["grads"])
-    for name, g in ref["grads"].items():
-        errors[name] = rel_err(result["grads"][name], g)
-    worst = max(errors, key=errors.get)
-    assert errors[worst] <= tol, f"{worst}: relative error {errors[worst]:.3g} > {tol} (all: {errors})"
-    return errors[worst]
-
-
 def nxd_forward_backward(hf_dir: Path, data: dict[str, torch.Tensor], sequence_parallel: bool = False) -> dict:
     """Import ``hf_dir`` into nxd at the current TP degree, run forward + backward, and return
     full logits (gathered over TP) and HF-named full grads (assembled on TP rank 0)."""
@@ -120,18 +104,9 @@ def nxd_forward_backward(hf_dir: Path, data: dict[str, torch.Tensor], sequence_p
 
         allreduce_sequence_parallel_gradients(list(model.parameters()))
     logits = gather_vocab_logits(out.logits, config.vocab_size).detach()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.data = p.grad.detach().clone()
+    grads_into_parameters(model)
     grads = collect_hf_state_dict(model)
     return {"logits": logits, "loss": out.loss.detach(), "grads": grads}
-
-
-def quiet_transformers() -> None:
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
-    logging.set_verbosity_error()
 
 
 def parity_body(tp: int, cases: list[tuple[str, str, bool]], data: dict[str, dict]) -> dict | None:

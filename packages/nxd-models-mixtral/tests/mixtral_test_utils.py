@@ -16,6 +16,9 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from nxd_testing.reference import assert_parity as compare  # noqa: E402, F401
+from nxd_testing.reference import grads_into_parameters, quiet_transformers, rel_err  # noqa: E402, F401 (re-exported to the tests)
+
 VOCAB, BATCH, SEQ = 128, 2, 16
 CONFIG = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, initializer_range=0.1,
@@ -75,24 +78,6 @@ def hf_reference(hf_dir: Path, data: dict[str, torch.Tensor]) -> dict:
             "grads": hf_named_grads(model)}
 
 
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    scale = expected.abs().max().item()
-    diff = (actual.double() - expected.double()).abs().max().item()
-    return diff / scale if scale else diff
-
-
-def compare(result: dict, ref: dict, tol: float = 1e-5) -> float:
-    errors = {"logits": rel_err(result["logits"], ref["logits"]), "loss": rel_err(result["loss"], ref["loss"])}
-    if "aux_loss" in result:
-        errors["aux_loss"] = rel_err(result["aux_loss"], ref["aux_loss"])
-    assert set(result["grads"]) == set(ref["grads"]), set(result["grads"]) ^ set(ref["grads"])
-    for name, g in ref["grads"].items():
-        errors[name] = rel_err(result["grads"][name], g)
-    worst = max(errors, key=errors.get)
-    assert errors[worst] <= tol, f"{worst}: relative error {errors[worst]:.3g} > {tol}"
-    return errors[worst]
-
-
 def nxd_forward_backward(hf_dir: str, data: dict[str, torch.Tensor], sequence_parallel: bool = False) -> dict:
     """Import into nxd at the current TP/EP degrees, forward + backward; full logits (gathered over
     TP) and HF-named full grads (gathered over TP and EP, on global rank 0)."""
@@ -108,15 +93,11 @@ def nxd_forward_backward(hf_dir: str, data: dict[str, torch.Tensor], sequence_pa
     if sequence_parallel:
         allreduce_sequence_parallel_gradients(list(model.parameters()))
     logits = gather_vocab_logits(out.logits).detach()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.data = p.grad.detach().clone()
+    grads_into_parameters(model)
     return {"logits": logits, "loss": out.loss.detach(), "aux_loss": out.aux_loss.detach(),
             "grads": collect_hf_state_dict(model)}
 
 
-def quiet_transformers() -> None:
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
-    logging.set_verbosity_error()
+def lm_loss(model, rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``loss_of`` for ``nxd_testing.reference.train_data_parallel``: the model's own LM loss."""
+    return model(rows["input_ids"], labels=rows["labels"]).loss

@@ -13,7 +13,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mixtral_test_utils import batch, hf_named_grads, quiet_transformers, rel_err, save_hf  # noqa: E402
+from mixtral_test_utils import (  # noqa: E402
+    batch,
+    hf_named_grads,
+    lm_loss,
+    quiet_transformers,
+    rel_err,
+    save_hf,
+)
 
 quiet_transformers()
 
@@ -31,6 +38,7 @@ def zero1_body(tp: int, ep: int, hf_dir: str, batches: list[dict[str, torch.Tens
     import nxd
     from nxd_core_parallel import parallel_state
     from nxd_models_mixtral import MixtralConfig, MixtralForCausalLM, collect_hf_state_dict, load_hf_checkpoint
+    from nxd_testing.reference import train_data_parallel
 
     cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp, expert_parallel_size=ep, optimizer_config={
         "zero_one_enabled": True, "grad_clipping": True, "max_grad_norm": MAX_NORM})
@@ -39,18 +47,8 @@ def zero1_body(tp: int, ep: int, hf_dir: str, batches: list[dict[str, torch.Tens
     load_hf_checkpoint(model, hf_dir)
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), **HPARAMS)
     sharded = [layout.dp_size for layout in opt._layouts]
-    dp, d = parallel_state.get_data_parallel_size(), parallel_state.get_data_parallel_rank()
-    per = BATCH // dp
-    losses, norms = [], []
-    for data in batches:
-        out = model(data["input_ids"][d * per:(d + 1) * per], labels=data["labels"][d * per:(d + 1) * per])
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad()
-        loss = out.loss.detach().clone()
-        dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
-        losses.append(float(loss) / dp)
-        norms.append(float(opt.grad_norm))
+    run = train_data_parallel(model, opt, batches, group=parallel_state.get_data_parallel_group(), loss_of=lm_loss)
+    losses, norms = run.losses, run.grad_norms
     weights = collect_hf_state_dict(model)
     if dist.get_rank() != 0:
         return None

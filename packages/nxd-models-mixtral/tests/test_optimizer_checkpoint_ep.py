@@ -14,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mixtral_test_utils import batch, quiet_transformers, save_hf  # noqa: E402
+from mixtral_test_utils import batch, lm_loss, quiet_transformers, save_hf  # noqa: E402
 
 quiet_transformers()
 
@@ -28,38 +28,25 @@ def optim_body(ep: int, zero1: bool, hf_dir: str, load_from: str | None, save_to
     of the steps after the save."""
     import json
 
-    import torch.distributed as dist
-
     import nxd
     from nxd_core_parallel import parallel_state
     from nxd_models_mixtral import MixtralConfig, MixtralForCausalLM, load_hf_checkpoint
+    from nxd_testing.reference import train_data_parallel
 
     cfg = nxd.neuronx_distributed_config(expert_parallel_size=ep, optimizer_config={
         "zero_one_enabled": zero1, "grad_clipping": True, "max_grad_norm": 1.0})
     model = MixtralForCausalLM(MixtralConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text())))
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=1e-2, weight_decay=0.1)
-    dp, d = parallel_state.get_data_parallel_size(), parallel_state.get_data_parallel_rank()
-    per = BATCH // dp
-
-    def train(data: dict[str, torch.Tensor]) -> float:
-        out = model(data["input_ids"][d * per:(d + 1) * per], labels=data["labels"][d * per:(d + 1) * per])
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad()
-        loss = out.loss.detach().clone()
-        dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
-        return float(loss) / dp
-
     if load_from is None:
         load_hf_checkpoint(model, hf_dir)
-        for data in batches[:2]:
-            train(data)
+        train_data_parallel(model, opt, batches[:2], group=parallel_state.get_data_parallel_group(), loss_of=lm_loss)
     else:
         nxd.load_checkpoint(load_from, tag=TAG, model=model, optimizer=opt)
     state = copy.deepcopy(opt.state_dict())  # collective for the plain optimizer (gathers experts)
     if save_to is not None:
         nxd.save_checkpoint(save_to, tag=TAG, model=model, optimizer=opt)
-    return {"state": state, "losses": [train(data) for data in batches[2:]]}
+    return {"state": state, "losses": train_data_parallel(model, opt, batches[2:], group=parallel_state.get_data_parallel_group(),
+                                                      loss_of=lm_loss).losses}
 
 
 def _equal(a: object, b: object, where: str = "") -> None:

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 import nxd
 from nxd_core_parallel import parallel_state as ps
+from nxd_testing.reference import train_data_parallel
 
 IN, HIDDEN, OUT, GLOBAL_BATCH = 6, 7, 3, 8  # 73 params: padded differently at DP 1, 2 and 4
 FIRST, THEN, LR = 4, 4, 2e-2
@@ -38,19 +39,9 @@ def setup() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 def train(model, opt, steps: range) -> list[float]:
-    dp, r = ps.get_data_parallel_size(), ps.get_data_parallel_rank()
-    n = GLOBAL_BATCH // dp
-    losses = []
-    for step in steps:
-        x, y = batch(step)
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x[r * n:(r + 1) * n]), y[r * n:(r + 1) * n])
-        loss.backward()
-        opt.step()
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        losses.append(float(total) / dp)
-    return losses
+    """Global-batch mean losses; each DP rank takes its slice of the same global batch."""
+    return train_data_parallel(model, opt, map(batch, steps), group=ps.get_data_parallel_group(),
+                               loss_of=lambda m, rows: torch.nn.functional.mse_loss(m(rows[0]), rows[1])).losses
 
 
 def save_body(root: str) -> dict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -23,7 +22,7 @@ from nxd_core_parallel.parallel_layers import (
     RowParallelLinear,
     parallel_cross_entropy,
 )
-from nxd_testing.reference import max_rel, token_chain_batch, train_reference
+from nxd_testing.reference import max_rel, token_chain_batch, train_data_parallel, train_reference
 
 VOCAB, HID, HEADS, KV_HEADS, FFN = 32, 16, 4, 1, 24
 BATCH, SEQ, STEPS, LR, MAX_NORM = 4, 8, 20, 3e-3, 1.0
@@ -81,18 +80,8 @@ def zero1_body() -> tuple[list[float], list[float], str]:
     )
     model = nxd.initialize_parallel_model(cfg, build, False, True)
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=LR)
-    dp, dp_rank = ps.get_data_parallel_size(), ps.get_data_parallel_rank()
-    losses, norms = [], []
-    for step in range(STEPS):
-        ids, labels = batch(step)
-        rows = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
-        loss = model.run_train(ids[rows], labels[rows]).detach()
-        opt.step()
-        opt.zero_grad()
-        dist.all_reduce(loss, group=ps.get_data_parallel_group())
-        losses.append(float(loss) / dp)
-        norms.append(float(opt.grad_norm))
-    return losses, norms, type(opt).__name__
+    run = train_data_parallel(model, opt, (batch(s) for s in range(STEPS)), group=ps.get_data_parallel_group())
+    return run.losses, run.grad_norms, type(opt).__name__
 
 
 @pytest.mark.slow

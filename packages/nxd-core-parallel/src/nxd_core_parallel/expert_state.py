@@ -5,6 +5,7 @@ experts. The state dict then loads at any EP degree."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,40 +22,49 @@ def _split(param: torch.Tensor) -> tuple[Any, int, int] | None:
     return group, dist.get_world_size(group), dist.get_rank(group)
 
 
-def gather_expert_state(state_dict: dict, params: list[torch.Tensor]) -> dict:
-    """``state_dict`` (a torch optimizer's, over ``params`` in order) with every per-element state
-    tensor of an expert-parallel parameter gathered over its EP group. Collective over the EP group:
-    every rank must call it. The optimizer's own state is not modified."""
+def _map_expert_state(state_dict: dict, params: list[torch.Tensor],
+                      convert: Callable[[torch.Tensor, torch.Tensor, tuple[Any, int, int]], torch.Tensor]) -> dict:
+    """``state_dict`` with ``convert(value, param, (group, size, rank))`` applied to every state
+    tensor of each split expert-parallel parameter, keys in sorted order (so collectives pair up
+    across ranks). The optimizer's own state is not modified."""
     state = dict(state_dict["state"])
     for idx, param in enumerate(params):
         split = _split(param)
         if split is None or idx not in state:
             continue
-        group, size, _ = split
         entry = dict(state[idx])
-        for key, value in sorted(entry.items()):
-            if torch.is_tensor(value) and value.shape == param.shape:
-                pieces = [torch.empty_like(value) for _ in range(size)]
-                dist.all_gather(pieces, value.contiguous(), group=group)
-                entry[key] = torch.cat(pieces, dim=0)
+        for key in sorted(entry):
+            if torch.is_tensor(entry[key]):
+                entry[key] = convert(entry[key], param, split)
         state[idx] = entry
     return {**state_dict, "state": state}
+
+
+def _gathered(value: torch.Tensor, param: torch.Tensor, split: tuple[Any, int, int]) -> torch.Tensor:
+    group, size, _ = split
+    if value.shape != param.shape:  # not per-element (e.g. Adam's step)
+        return value
+    pieces = [torch.empty_like(value) for _ in range(size)]
+    dist.all_gather(pieces, value.contiguous(), group=group)
+    return torch.cat(pieces, dim=0)
+
+
+def _sliced(value: torch.Tensor, param: torch.Tensor, split: tuple[Any, int, int]) -> torch.Tensor:
+    _, size, rank = split
+    local = param.shape[0]
+    if value.dim() != param.dim() or value.shape[0] != local * size or value.shape[1:] != param.shape[1:]:
+        return value  # not every expert's (already local, or not per-element)
+    return value[rank * local:(rank + 1) * local]
+
+
+def gather_expert_state(state_dict: dict, params: list[torch.Tensor]) -> dict:
+    """``state_dict`` (a torch optimizer's, over ``params`` in order) with every per-element state
+    tensor of an expert-parallel parameter gathered over its EP group. Collective over the EP group:
+    every rank must call it. The optimizer's own state is not modified."""
+    return _map_expert_state(state_dict, params, _gathered)
 
 
 def slice_expert_state(state_dict: dict, params: list[torch.Tensor]) -> dict:
     """``state_dict`` with the state of each expert-parallel parameter cut to this rank's experts
     where it holds every expert (saved by :func:`gather_expert_state` or at EP=1)."""
-    state = dict(state_dict["state"])
-    for idx, param in enumerate(params):
-        split = _split(param)
-        if split is None or idx not in state:
-            continue
-        _, size, rank = split
-        local = param.shape[0]
-        entry = dict(state[idx])
-        for key, value in entry.items():
-            if torch.is_tensor(value) and value.dim() == param.dim() and value.shape[0] == local * size \
-                    and value.shape[1:] == param.shape[1:]:
-                entry[key] = value[rank * local:(rank + 1) * local]
-        state[idx] = entry
-    return {**state_dict, "state": state}
+    return _map_expert_state(state_dict, params, _sliced)

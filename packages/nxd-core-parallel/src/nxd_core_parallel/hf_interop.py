@@ -21,8 +21,9 @@ from torch import nn
 
 from nxd_core_parallel import parallel_state
 
-__all__ = ["WRAPPER_TOKENS", "SafetensorsCheckpoint", "SlicePiece", "check_config_fields", "clean_param_name",
-           "gather_over", "gather_shards", "tp_size_and_rank", "unwrap_local_module", "write_hf_dir", "writes_files"]
+__all__ = ["WRAPPER_TOKENS", "SafetensorsCheckpoint", "SlicePiece", "check_config_fields", "check_unused",
+           "clean_param_name", "gather_over", "gather_shards", "place_piece", "split_by_pieces", "tp_size_and_rank",
+           "unwrap_local_module", "write_hf_dir", "writes_files"]
 
 #: Wrapper prefixes (activation checkpointing, torch.compile, DDP-style) dropped from parameter names.
 WRAPPER_TOKENS = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
@@ -123,6 +124,57 @@ class SafetensorsCheckpoint:
             shape[piece.dim] = zeros
             block = torch.cat([block, block.new_zeros(shape)], dim=piece.dim)
         return block.t() if getattr(piece, "transpose", False) else block
+
+
+    def read_pieces(self, pieces: list[SlicePiece], expected: Mapping[str, tuple[int, ...]], used: set[str]
+                    ) -> torch.Tensor:
+        """The tensor ``pieces`` make up (concatenated along their ``dim``). Each HF tensor's full
+        shape must be ``expected[hf_key]`` (a ``ValueError`` naming it otherwise); its key is added
+        to ``used`` (for :func:`check_unused`)."""
+        parts = []
+        for piece in pieces:
+            shape = self.shape(piece.hf_key)
+            if shape != tuple(expected[piece.hf_key]):
+                raise ValueError(f"{self.dir}: {piece.hf_key} has shape {list(shape)}, expected "
+                                 f"{list(expected[piece.hf_key])} for this config")
+            parts.append(self.read(piece))
+            used.add(piece.hf_key)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=pieces[0].dim)
+
+
+def check_unused(ckpt: SafetensorsCheckpoint, used: set[str], strict: bool,
+                 buffers: tuple[str, ...] = ("rotary_emb.inv_freq",)) -> None:
+    """With ``strict``, a ``ValueError`` naming the checkpoint tensors no parameter read (names
+    ending in one of ``buffers``, tensors HF stores but nxd recomputes, excepted)."""
+    leftover = sorted(k for k in ckpt.keys() - used if not k.endswith(buffers))
+    if leftover and strict:
+        more = f" (+{len(leftover) - 5} more)" if len(leftover) > 5 else ""
+        raise ValueError(f"{ckpt.dir}: tensors not used by the model: {leftover[:5]}{more}; pass strict=False to "
+                         "ignore them")
+
+
+def split_by_pieces(shard: torch.Tensor, pieces: list[SlicePiece]) -> list[torch.Tensor]:
+    """A TP rank's ``shard`` cut into the parts its ``pieces`` name (TP padding rows included)."""
+    if len(pieces) == 1 or pieces[0].dim is None:
+        return [shard]
+    return list(shard.split([len(p.index) + getattr(p, "zeros", 0) for p in pieces], dim=pieces[0].dim))
+
+
+def place_piece(out: dict[str, torch.Tensor], shape: tuple[int, ...], piece: SlicePiece, chunk: torch.Tensor,
+                dtype: torch.dtype | None = None) -> None:
+    """Write ``chunk`` (the part of a shard ``piece`` names) into the full HF tensor
+    ``out[piece.hf_key]``, created with ``shape`` and ``dtype`` (default: the chunk's) on first use;
+    TP padding rows (``piece.zeros``) are dropped."""
+    zeros = getattr(piece, "zeros", 0)
+    if zeros:
+        chunk = chunk.narrow(piece.dim, 0, len(piece.index))
+    target = out.get(piece.hf_key)
+    if target is None:
+        target = out[piece.hf_key] = torch.empty(shape, dtype=dtype or chunk.dtype)
+    if piece.dim is None:
+        target.copy_(chunk)
+    elif piece.index:
+        target.index_copy_(piece.dim, torch.tensor(piece.index), chunk.to(target.dtype))
 
 
 def gather_over(tensor: torch.Tensor, size: int, group: object) -> list[torch.Tensor]:

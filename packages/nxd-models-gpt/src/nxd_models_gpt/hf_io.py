@@ -14,6 +14,7 @@ from nxd_core_parallel import parallel_state
 from nxd_core_parallel.hf_interop import (
     SafetensorsCheckpoint,
     check_config_fields,
+    check_unused,
     gather_shards,
     tp_size_and_rank,
     unwrap_local_module,
@@ -90,13 +91,8 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, layout: str 
         used.update(ckpt.resolve(key) for key in expected)
         if config.share_embeddings_and_output_weights:
             used.add("lm_head.weight")  # tied checkpoints may still store it
-        leftover = sorted(k for k in ckpt.keys() - used
-                          if not k.endswith(("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias",
-                                             "attention.bias", "attention.masked_bias")))
-        if leftover and strict:
-            more = f" (+{len(leftover) - 5} more)" if len(leftover) > 5 else ""
-            raise ValueError(f"{hf_dir}: tensors not used by the model: {leftover[:5]}{more}; pass strict=False "
-                             "to ignore them")
+        check_unused(ckpt, used, strict, buffers=("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias",
+                                                  "attention.bias", "attention.masked_bias"))
 
 
 @torch.no_grad()

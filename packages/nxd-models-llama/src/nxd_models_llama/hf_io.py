@@ -13,8 +13,11 @@ from nxd_core_parallel import parallel_state
 from nxd_core_parallel.hf_interop import (
     SafetensorsCheckpoint,
     check_config_fields,
+    check_unused,
     clean_param_name,
     gather_shards,
+    place_piece,
+    split_by_pieces,
     tp_size_and_rank,
     unwrap_local_module,
     write_hf_dir,
@@ -56,27 +59,14 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
             name = clean_param_name(raw_name)
             if param.is_meta:
                 raise ValueError(f"parameter {name} is on the meta device: materialise the model before loading")
-            pieces = plan_for(name, config, tp, rank, multiplier)
-            parts = []
-            for piece in pieces:
-                shape = ckpt.shape(piece.hf_key)
-                if shape != expected[piece.hf_key]:
-                    raise ValueError(f"{hf_dir}: {piece.hf_key} has shape {list(shape)}, expected "
-                                     f"{list(expected[piece.hf_key])} for this config")
-                parts.append(ckpt.read(piece))
-                used.add(piece.hf_key)
-            tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=pieces[0].dim)
+            tensor = ckpt.read_pieces(plan_for(name, config, tp, rank, multiplier), expected, used)
             if tensor.shape != param.shape:
                 raise ValueError(f"{name}: checkpoint slices give shape {list(tensor.shape)}, the parameter on TP rank "
                                  f"{rank} has {list(param.shape)}")
             param.copy_(tensor.to(param.dtype))
         if config.tie_word_embeddings:
             used.add("lm_head.weight")  # some tied checkpoints still store it
-        leftover = sorted(k for k in ckpt.keys() - used if not k.endswith("rotary_emb.inv_freq"))
-        if leftover and strict:
-            more = f" (+{len(leftover) - 5} more)" if len(leftover) > 5 else ""
-            raise ValueError(f"{hf_dir}: tensors not used by the model: {leftover[:5]}{more}; pass strict=False to "
-                             "ignore them")
+        check_unused(ckpt, used, strict)
 
 
 @torch.no_grad()
@@ -100,18 +90,8 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
             continue
         for r, shard in enumerate(shards):
             pieces = plan_for(name, config, tp, r, multiplier)
-            sizes = [len(p.index) + p.zeros for p in pieces] if pieces[0].dim is not None else [shard.shape[0]]
-            chunks = shard.split(sizes, dim=pieces[0].dim or 0) if len(pieces) > 1 else [shard]
-            for piece, chunk in zip(pieces, chunks):
-                if piece.zeros:  # TP padding rows: not part of the HF tensor
-                    chunk = chunk.narrow(piece.dim, 0, len(piece.index))
-                target_dtype = dtype or param.dtype
-                if piece.hf_key not in out:
-                    out[piece.hf_key] = torch.empty(shapes[piece.hf_key], dtype=target_dtype)
-                if piece.dim is None:
-                    out[piece.hf_key].copy_(chunk)
-                elif piece.index:
-                    out[piece.hf_key].index_copy_(piece.dim, torch.tensor(piece.index), chunk.to(target_dtype))
+            for piece, chunk in zip(pieces, split_by_pieces(shard, pieces)):
+                place_piece(out, shapes[piece.hf_key], piece, chunk, dtype)
     if writer and set(out) != set(shapes):
         raise RuntimeError(f"export is missing HF tensors {sorted(set(shapes) - set(out))}")
     return out

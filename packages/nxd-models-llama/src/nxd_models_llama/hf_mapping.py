@@ -101,8 +101,9 @@ def plan_for(name: str, config: LlamaConfig, tp: int, rank: int, kv_size_multipl
     raise KeyError(name)
 
 
-def hf_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor of the HF checkpoint for ``config`` and its shape."""
+def hf_shapes(config: LlamaConfig, dense_mlp: bool = True) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the HF checkpoint for ``config`` and its shape. ``dense_mlp=False`` leaves
+    out the MLP tensors (a family with its own feed-forward, such as Mixtral's experts)."""
     h, v, hd, inter = config.hidden_size, config.vocab_size, config.head_dim, config.intermediate_size
     q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
@@ -114,13 +115,14 @@ def hf_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
             p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
             p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
         })
+        if dense_mlp:
+            shapes.update({p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                           p + "mlp.down_proj.weight": (h, inter)})
         if config.attention_bias:
             shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                            p + "self_attn.v_proj.bias": (kv,), p + "self_attn.o_proj.bias": (h,)})
-        if config.mlp_bias:
+        if config.mlp_bias and dense_mlp:
             shapes.update({p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,),
                            p + "mlp.down_proj.bias": (h,)})
     return shapes

@@ -24,15 +24,20 @@ from nxd_core_parallel import parallel_state
 from nxd_core_parallel.hf_interop import (
     SafetensorsCheckpoint,
     check_config_fields,
+    check_unused,
     clean_param_name,
     gather_over,
     gather_shards,
+    place_piece,
+    split_by_pieces,
     tp_size_and_rank,
     unwrap_local_module,
     write_hf_dir,
+    writes_files,
 )
 from nxd_core_parallel.vocab_padding import real_vocab_rows
 from nxd_models_llama.hf_mapping import Piece, plan_for
+from nxd_models_llama.hf_mapping import hf_shapes as llama_hf_shapes
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_moe import expert_parallel_groups
 
@@ -85,34 +90,16 @@ def plain_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, multip
 
 
 def hf_shapes(config: MixtralConfig) -> dict[str, tuple[int, ...]]:
-    h, v, hd, inter, e = (config.hidden_size, config.vocab_size, config.head_dim, config.intermediate_size,
-                          config.num_local_experts)
-    q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (v, h)
+    """Llama's tensors without the dense MLP, plus each layer's router and experts."""
+    h, inter, e = config.hidden_size, config.intermediate_size, config.num_local_experts
+    shapes = llama_hf_shapes(config, dense_mlp=False)
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                       p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                       p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-                       p + "block_sparse_moe.gate.weight": (e, h)})
+        shapes[p + "block_sparse_moe.gate.weight"] = (e, h)
         for x in range(e):
             m = f"{p}block_sparse_moe.experts.{x}."
             shapes.update({m + "w1.weight": (inter, h), m + "w3.weight": (inter, h), m + "w2.weight": (h, inter)})
     return shapes
-
-
-def _read(ckpt: SafetensorsCheckpoint, pieces: list[Piece], expected: dict, used: set[str], hf_dir: Path
-          ) -> torch.Tensor:
-    parts = []
-    for piece in pieces:
-        shape = ckpt.shape(piece.hf_key)
-        if shape != expected[piece.hf_key]:
-            raise ValueError(f"{hf_dir}: {piece.hf_key} has shape {list(shape)}, expected {list(expected[piece.hf_key])}")
-        parts.append(ckpt.read(piece))
-        used.add(piece.hf_key)
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=pieces[0].dim)
 
 
 @torch.no_grad()
@@ -134,16 +121,16 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
                 raise ValueError(f"parameter {name} is on the meta device: materialise the model before loading")
             per_expert = expert_pieces(name, config, tp, tp_rank, groups.ep_size, groups.ep_rank)
             if per_expert is not None:
-                tensor = torch.stack([_read(ckpt, pieces, expected, used, hf_dir) for pieces in per_expert])
+                tensor = torch.stack([ckpt.read_pieces(pieces, expected, used) for pieces in per_expert])
             else:
                 pieces = plain_pieces(name, config, tp, tp_rank, multiplier)
                 if name in _VOCAB and len(pieces[0].index) < param.shape[0]:  # padding rows start at zero
                     tensor = param.new_zeros(param.shape)
                     used.add(pieces[0].hf_key)  # a rank may hold only padding
                     if pieces[0].index:
-                        tensor[:len(pieces[0].index)] = _read(ckpt, pieces, expected, used, hf_dir)
+                        tensor[:len(pieces[0].index)] = ckpt.read_pieces(pieces, expected, used)
                 else:
-                    tensor = _read(ckpt, pieces, expected, used, hf_dir)
+                    tensor = ckpt.read_pieces(pieces, expected, used)
             if tensor.shape != param.shape:
                 raise ValueError(f"{name}: checkpoint slices give shape {list(tensor.shape)}, the parameter has "
                                  f"{list(param.shape)}")
@@ -152,13 +139,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
             used.add("lm_head.weight")
         if groups.ep_size > 1:  # other EP ranks read the other experts
             used |= {k for k in ckpt.keys() if ".block_sparse_moe.experts." in k}
-        leftover = sorted(k for k in ckpt.keys() - used if not k.endswith("rotary_emb.inv_freq"))
-        if leftover and strict:
-            raise ValueError(f"{hf_dir}: tensors not used by the model: {leftover[:5]}; pass strict=False to ignore them")
-
-
-def _writes_files() -> bool:
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        check_unused(ckpt, used, strict)
 
 
 @torch.no_grad()
@@ -172,16 +153,12 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
     tp, _ = tp_size_and_rank()
     groups = expert_parallel_groups(module.parallel_context)
     multiplier = _kv_multiplier(module)
-    writer = _writes_files()
+    writer = writes_files()
     out: dict[str, torch.Tensor] = {}
     shapes = hf_shapes(config)
 
     def put(piece: Piece, chunk: torch.Tensor) -> None:
-        target = out.setdefault(piece.hf_key, torch.empty(shapes[piece.hf_key], dtype=dtype or chunk.dtype))
-        if piece.dim is None:
-            target.copy_(chunk)
-        else:
-            target.index_copy_(piece.dim, torch.tensor(piece.index), chunk.to(target.dtype))
+        place_piece(out, shapes[piece.hf_key], piece, chunk, dtype)
 
     for raw_name, param in module.named_parameters():
         name = clean_param_name(raw_name)
@@ -193,8 +170,7 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
             for r in range(tp):
                 for q in range(groups.ep_size):
                     for experts, matrix in zip(expert_pieces(name, config, tp, r, groups.ep_size, q), by_rank[r][q]):
-                        dim = experts[0].dim
-                        for piece, chunk in zip(experts, matrix.split([len(p.index) for p in experts], dim=dim)):
+                        for piece, chunk in zip(experts, split_by_pieces(matrix, experts)):
                             put(piece, chunk)
             continue
         if not writer:
@@ -205,10 +181,7 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
                 shard = shard[:len(pieces[0].index)]  # drop the vocabulary padding
                 if not pieces[0].index:
                     continue
-            if pieces[0].dim is None:
-                put(pieces[0], shard)
-                continue
-            for piece, chunk in zip(pieces, shard.split([len(p.index) for p in pieces], dim=pieces[0].dim)):
+            for piece, chunk in zip(pieces, split_by_pieces(shard, pieces)):
                 put(piece, chunk)
     if writer and set(out) != set(shapes):
         raise RuntimeError(f"export is missing HF tensors {sorted(set(shapes) - set(out))[:5]}")

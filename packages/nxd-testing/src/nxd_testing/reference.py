@@ -1,5 +1,6 @@
-"""Single-process oracles the parity tests share: learnable token data, the plain-torch training
-loop a parallel run must match, and relative-error helpers."""
+"""What the parity tests share: learnable token data, the plain-torch training loop a parallel run
+must match and the data-parallel loop that runs on the ranks, relative-error helpers, and the
+comparison of a model family's logits, loss and gradients with its transformers oracle."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 def token_chain_batch(step: int, *, batch: int, seq: int, vocab: int, mult: int = 3, add: int = 1,
@@ -48,6 +50,42 @@ def train_reference(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ba
     return run
 
 
+def _rows(batch: Any, rank: int, size: int) -> Any:
+    """Data-parallel rank ``rank``'s share (dim 0) of a tuple or dict of tensors."""
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        per = t.shape[0] // size
+        return t[rank * per:(rank + 1) * per]
+
+    return {k: cut(v) for k, v in batch.items()} if isinstance(batch, Mapping) else tuple(cut(t) for t in batch)
+
+
+def train_data_parallel(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Iterable[Any], *,
+                        group: Any = None,
+                        loss_of: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None) -> ReferenceRun:
+    """The ranks' side of a parity test: per batch (tuple or dict of tensors, split along dim 0 over
+    the data-parallel ``group``), this rank's rows through ``model.run_train(*rows)`` (or
+    ``loss_of(model, rows)``, which backpropagates nothing: its loss is backpropagated here), then
+    ``optimizer.step()`` and ``zero_grad()``. Records the DP-mean loss and ``optimizer.grad_norm``
+    (when it has one). Collective over ``group``."""
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    run = ReferenceRun()
+    for batch in batches:
+        rows = _rows(batch, rank, size)
+        if loss_of is None:
+            loss = model.run_train(*rows)
+        else:
+            loss = loss_of(model, rows)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        loss = loss.detach().clone()
+        dist.all_reduce(loss, group=group)
+        run.losses.append(float(loss) / size)
+        if getattr(optimizer, "grad_norm", None) is not None:
+            run.grad_norms.append(float(optimizer.grad_norm))
+    return run
+
+
 def max_rel(got: Sequence[float] | Mapping[Any, float], want: Sequence[float] | Mapping[Any, float]) -> float:
     """Largest ``|got - want| / |want|`` over paired values (lists by position, dicts by key)."""
     if isinstance(want, Mapping):
@@ -64,3 +102,39 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     scale = expected.abs().max().item()
     diff = (actual.double() - expected.double()).abs().max().item()
     return diff / scale if scale else diff
+
+
+def parity_errors(result: Mapping[str, Any], ref: Mapping[str, Any]) -> dict[str, float]:
+    """:func:`rel_err` of ``result`` against the oracle ``ref`` for ``logits`` (same shape required),
+    ``loss``, ``aux_loss`` when ``result`` has one, and every gradient of ``ref["grads"]`` (the
+    same names required), keyed by those names."""
+    assert result["logits"].shape == ref["logits"].shape, (result["logits"].shape, ref["logits"].shape)
+    errors = {key: rel_err(result[key], ref[key]) for key in ("logits", "loss", "aux_loss") if key in result}
+    assert set(result["grads"]) == set(ref["grads"]), set(result["grads"]) ^ set(ref["grads"])
+    for name, grad in ref["grads"].items():
+        errors[name] = rel_err(result["grads"][name], grad)
+    return errors
+
+
+def assert_parity(result: Mapping[str, Any], ref: Mapping[str, Any], tol: float = 1e-5) -> float:
+    """The worst of :func:`parity_errors`, asserted ``<= tol`` (the message names it)."""
+    errors = parity_errors(result, ref)
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= tol, f"{worst}: relative error {errors[worst]:.3g} > {tol} (all: {errors})"
+    return errors[worst]
+
+
+def grads_into_parameters(model: torch.nn.Module) -> None:
+    """Replace every parameter's data by its gradient, so the model's own (TP/EP-gathering) Hugging
+    Face exporter returns full, HF-named gradients."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.grad.detach().clone()
+
+
+def quiet_transformers() -> None:
+    """No progress bars or warnings from transformers, the oracle (imported here, on use)."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()

@@ -16,7 +16,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from nxd_testing.reference import assert_parity, grads_into_parameters, parity_errors, quiet_transformers, rel_err  # noqa: E402, F401 (re-exported to the tests)
+# nxd-testing's shared oracle helpers, re-exported to this package's tests
+from nxd_testing.reference import assert_parity, forward_backward_result, parity_errors, quiet_transformers, rel_err  # noqa: E402, F401
 
 BATCH, SEQ = 2, 16
 _NO_IDS = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
@@ -107,21 +108,16 @@ def compare(result: dict, ref: dict, tol: float = 1e-5) -> dict:
 def nxd_forward_backward(hf_dir: Path, data: dict[str, torch.Tensor], sequence_parallel: bool = False) -> dict:
     """Import ``hf_dir`` at the current TP degree, run forward + backward; return full logits
     (gathered over TP, padding dropped) and HF-named full grads (assembled on TP rank 0)."""
+    from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients
     from nxd_models_gpt import GPTConfig, GPTForCausalLM, collect_hf_state_dict, gather_vocab_logits, load_hf_checkpoint
 
     config = GPTConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
     model = GPTForCausalLM(config, sequence_parallel=sequence_parallel)
     load_hf_checkpoint(model, hf_dir)
-    out = model(data["input_ids"], labels=data["labels"])
-    out.loss.backward()
-    if sequence_parallel:  # norm/bias grads are partial per rank under SP (the optimizer wrapper all-reduces them)
-        from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients
-
-        allreduce_sequence_parallel_gradients(list(model.parameters()))
-    logits = gather_vocab_logits(model, out.logits).detach()
-    grads_into_parameters(model)
-    grads = collect_hf_state_dict(model)
-    return {"logits": logits, "loss": out.loss.detach(), "grads": grads}
+    # norm/bias grads are partial per rank under SP (the optimizer wrapper all-reduces them)
+    return forward_backward_result(model, data, gather_logits=lambda logits: gather_vocab_logits(model, logits),
+                                   export_grads=collect_hf_state_dict,
+                                   sync_grads=allreduce_sequence_parallel_gradients if sequence_parallel else None)
 
 
 def parity_body(tp: int, cases: list[tuple[str, str, bool]], data: dict[str, dict]) -> dict | None:

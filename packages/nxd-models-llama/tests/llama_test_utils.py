@@ -15,8 +15,9 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+# nxd-testing's shared oracle helpers, re-exported to this package's tests
 from nxd_testing.reference import assert_parity as compare  # noqa: E402, F401
-from nxd_testing.reference import grads_into_parameters, quiet_transformers, rel_err  # noqa: E402, F401 (re-exported to the tests)
+from nxd_testing.reference import forward_backward_result, quiet_transformers, rel_err  # noqa: E402, F401
 
 VOCAB = 128
 BATCH, SEQ = 2, 16
@@ -86,6 +87,7 @@ def nxd_forward_backward(hf_dir: Path, data: dict[str, torch.Tensor], sequence_p
     full logits (gathered over TP) and HF-named full grads (assembled on TP rank 0)."""
     import json
 
+    from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients
     from nxd_models_llama import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -97,16 +99,10 @@ def nxd_forward_backward(hf_dir: Path, data: dict[str, torch.Tensor], sequence_p
     config = LlamaConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
     model = LlamaForCausalLM(config, sequence_parallel=sequence_parallel)
     load_hf_checkpoint(model, hf_dir)
-    out = model(data["input_ids"], labels=data["labels"])
-    out.loss.backward()
-    if sequence_parallel:  # norm grads are partial per rank under SP (the optimizer wrapper all-reduces them)
-        from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients
-
-        allreduce_sequence_parallel_gradients(list(model.parameters()))
-    logits = gather_vocab_logits(out.logits, config.vocab_size).detach()
-    grads_into_parameters(model)
-    grads = collect_hf_state_dict(model)
-    return {"logits": logits, "loss": out.loss.detach(), "grads": grads}
+    # norm grads are partial per rank under SP (the optimizer wrapper all-reduces them)
+    return forward_backward_result(model, data, gather_logits=lambda logits: gather_vocab_logits(logits, config.vocab_size),
+                                   export_grads=collect_hf_state_dict,
+                                   sync_grads=allreduce_sequence_parallel_gradients if sequence_parallel else None)
 
 
 def parity_body(tp: int, cases: list[tuple[str, str, bool]], data: dict[str, dict]) -> dict | None:

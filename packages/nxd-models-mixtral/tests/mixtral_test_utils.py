@@ -16,8 +16,9 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+# nxd-testing's shared oracle helpers, re-exported to this package's tests
 from nxd_testing.reference import assert_parity as compare  # noqa: E402, F401
-from nxd_testing.reference import grads_into_parameters, quiet_transformers, rel_err  # noqa: E402, F401 (re-exported to the tests)
+from nxd_testing.reference import forward_backward_result, quiet_transformers, rel_err  # noqa: E402, F401
 
 VOCAB, BATCH, SEQ = 128, 2, 16
 CONFIG = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -88,14 +89,8 @@ def nxd_forward_backward(hf_dir: str, data: dict[str, torch.Tensor], sequence_pa
     config = MixtralConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
     model = MixtralForCausalLM(config, sequence_parallel=sequence_parallel)
     load_hf_checkpoint(model, hf_dir)
-    out = model(data["input_ids"], labels=data["labels"])
-    out.loss.backward()
-    if sequence_parallel:
-        allreduce_sequence_parallel_gradients(list(model.parameters()))
-    logits = gather_vocab_logits(out.logits).detach()
-    grads_into_parameters(model)
-    return {"logits": logits, "loss": out.loss.detach(), "aux_loss": out.aux_loss.detach(),
-            "grads": collect_hf_state_dict(model)}
+    return forward_backward_result(model, data, gather_logits=gather_vocab_logits, export_grads=collect_hf_state_dict,
+                                   sync_grads=allreduce_sequence_parallel_gradients if sequence_parallel else None)
 
 
 def lm_loss(model, rows: dict[str, torch.Tensor]) -> torch.Tensor:

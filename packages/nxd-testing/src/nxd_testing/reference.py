@@ -132,6 +132,27 @@ def grads_into_parameters(model: torch.nn.Module) -> None:
             p.data = p.grad.detach().clone()
 
 
+def forward_backward_result(model: torch.nn.Module, data: Mapping[str, torch.Tensor], *,
+                            gather_logits: Callable[[torch.Tensor], torch.Tensor],
+                            export_grads: Callable[[torch.nn.Module], dict[str, torch.Tensor]],
+                            sync_grads: Callable[[list[torch.Tensor]], None] | None = None) -> dict[str, Any]:
+    """The parallel side of a Hugging Face parity check (compare with :func:`assert_parity`):
+    ``model(input_ids, labels=labels)`` and backward, ``sync_grads(parameters)`` (e.g. the
+    sequence-parallel all-reduce), then the full logits (``gather_logits(out.logits)``), the loss,
+    ``aux_loss`` when the output has one, and the full HF-named gradients (``export_grads(model)``
+    after :func:`grads_into_parameters`; collective when the exporter is)."""
+    out = model(data["input_ids"], labels=data["labels"])
+    out.loss.backward()
+    if sync_grads is not None:
+        sync_grads(list(model.parameters()))
+    result = {"logits": gather_logits(out.logits).detach(), "loss": out.loss.detach()}
+    if getattr(out, "aux_loss", None) is not None:
+        result["aux_loss"] = out.aux_loss.detach()
+    grads_into_parameters(model)
+    result["grads"] = export_grads(model)
+    return result
+
+
 def quiet_transformers() -> None:
     """No progress bars or warnings from transformers, the oracle (imported here, on use)."""
     from transformers.utils import logging

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +22,7 @@ from torch import nn
 from nxd_core_parallel import parallel_state
 
 __all__ = ["WRAPPER_TOKENS", "SafetensorsCheckpoint", "SlicePiece", "check_config_fields", "check_unused",
-           "clean_param_name", "gather_over", "gather_shards", "place_piece", "split_by_pieces", "tp_size_and_rank",
+           "clean_param_name", "gather_over", "gather_shards", "loadable_parameters", "place_piece", "split_by_pieces", "tp_size_and_rank",
            "unwrap_local_module", "write_hf_dir", "writes_files"]
 
 #: Wrapper prefixes (activation checkpointing, torch.compile, DDP-style) dropped from parameter names.
@@ -34,6 +34,16 @@ def clean_param_name(name: str) -> str:
     for token in WRAPPER_TOKENS:
         name = name.replace(token, "")
     return name
+
+
+def loadable_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``module``'s parameters under their :func:`clean_param_name` names, for an importer to fill;
+    a ``ValueError`` naming the first one still on the meta device."""
+    for raw_name, param in module.named_parameters():
+        name = clean_param_name(raw_name)
+        if param.is_meta:
+            raise ValueError(f"parameter {name} is on the meta device: materialise the model before loading")
+        yield name, param
 
 
 def tp_size_and_rank() -> tuple[int, int]:

@@ -16,6 +16,7 @@ from nxd_core_parallel.hf_interop import (
     check_config_fields,
     check_unused,
     gather_shards,
+    loadable_parameters,
     tp_size_and_rank,
     unwrap_local_module,
     write_hf_dir,
@@ -76,10 +77,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, layout: str 
     expected = hf_shapes(config, layout)
     used: set[str] = set()
     with SafetensorsCheckpoint(hf_dir, HF_KEY_ALIASES) as ckpt:
-        for raw_name, param in module.named_parameters():
-            name = clean_name(raw_name)
-            if param.is_meta:
-                raise ValueError(f"parameter {name} is on the meta device: materialise the model before loading")
+        for name, param in loadable_parameters(module):
             pieces = plan_for(name, config, layout, tp, rank, module.padded_vocab_size)
             tensor = _local_tensor(ckpt, pieces, param, expected, hf_dir)
             used.update(ckpt.resolve(p.hf_key) for p in pieces if p.hf_key)

@@ -16,6 +16,7 @@ from nxd_core_parallel.hf_interop import (
     check_unused,
     clean_param_name,
     gather_shards,
+    loadable_parameters,
     place_piece,
     split_by_pieces,
     tp_size_and_rank,
@@ -55,10 +56,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
     expected = hf_shapes(config)
     used: set[str] = set()
     with SafetensorsCheckpoint(hf_dir) as ckpt:
-        for raw_name, param in module.named_parameters():
-            name = clean_param_name(raw_name)
-            if param.is_meta:
-                raise ValueError(f"parameter {name} is on the meta device: materialise the model before loading")
+        for name, param in loadable_parameters(module):
             tensor = ckpt.read_pieces(plan_for(name, config, tp, rank, multiplier), expected, used)
             if tensor.shape != param.shape:
                 raise ValueError(f"{name}: checkpoint slices give shape {list(tensor.shape)}, the parameter on TP rank "

@@ -28,6 +28,7 @@ from nxd_core_parallel.hf_interop import (
     clean_param_name,
     gather_over,
     gather_shards,
+    loadable_parameters,
     place_piece,
     split_by_pieces,
     tp_size_and_rank,
@@ -115,10 +116,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
     expected = hf_shapes(config)
     used: set[str] = set()
     with SafetensorsCheckpoint(hf_dir) as ckpt:
-        for raw_name, param in module.named_parameters():
-            name = clean_param_name(raw_name)
-            if param.is_meta:
-                raise ValueError(f"parameter {name} is on the meta device: materialise the model before loading")
+        for name, param in loadable_parameters(module):
             per_expert = expert_pieces(name, config, tp, tp_rank, groups.ep_size, groups.ep_rank)
             if per_expert is not None:
                 tensor = torch.stack([ckpt.read_pieces(pieces, expected, used) for pieces in per_expert])

@@ -104,8 +104,32 @@ def _sequence_dimension(sequence_parallel_enabled: bool, sequence_dimension: Opt
     return 0 if sequence_dimension is None else int(sequence_dimension)
 
 
-class ColumnParallelLinear(nn.Module):
+class _ShardedLinear(nn.Module):
+    """What the column and row layers share: the weight's sharded init (along ``weight_shard_dim``)
+    and NxD's re-init name."""
+
+    weight_shard_dim: int
+
+    def reset_parameters(self) -> None:
+        init_sharded_(self.weight, (self.output_size, self.input_size), self.weight_shard_dim, self.stride,
+                      self.init_method, *self._rank_size(), pad=self.pad_size)
+        if self.bias is not None and not self.bias.is_meta:
+            with torch.no_grad():
+                self.bias.zero_()
+
+    def _rank_size(self) -> tuple[int, int]:
+        size, rank = _tp_size_rank(self.tensor_parallel_group)
+        return rank, size
+
+    def init_weight_cpu(self) -> None:
+        """NxD's name for re-initialising the weights (e.g. after meta-device init)."""
+        self.reset_parameters()
+
+
+class ColumnParallelLinear(_ShardedLinear):
     """``Y = X A^T + b`` with A's output dimension sharded over TP ranks."""
+
+    weight_shard_dim = 0
 
     def __init__(
         self,
@@ -156,21 +180,6 @@ class ColumnParallelLinear(nn.Module):
                     mark_padding(p, output_size, pad_alignment_size_per_rank)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        init_sharded_(self.weight, (self.output_size, self.input_size), 0, self.stride, self.init_method,
-                      *self._rank_size(), pad=self.pad_size)
-        if self.bias is not None and not self.bias.is_meta:
-            with torch.no_grad():
-                self.bias.zero_()
-
-    def _rank_size(self) -> tuple[int, int]:
-        size, rank = _tp_size_rank(self.tensor_parallel_group)
-        return rank, size
-
-    def init_weight_cpu(self) -> None:
-        """NxD's name for re-initialising the weights (e.g. after meta-device init)."""
-        self.reset_parameters()
-
     def forward(self, x: torch.Tensor):
         group = self.tensor_parallel_group
         if self.sequence_parallel_enabled:
@@ -190,9 +199,11 @@ class ColumnParallelLinear(nn.Module):
                 f"gather_output={self.gather_output}, sequence_parallel={self.sequence_parallel_enabled}")
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ShardedLinear):
     """``Y = X A^T + b`` with A's input dimension sharded; partial outputs are summed over TP
     (all-reduce, or reduce-scatter along the sequence dimension with sequence parallelism)."""
+
+    weight_shard_dim = 1
 
     def __init__(
         self,
@@ -242,21 +253,6 @@ class RowParallelLinear(nn.Module):
             self.register_parameter("bias", None)
         if self.pad_size:
             mark_padding(self.weight, input_size)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        init_sharded_(self.weight, (self.output_size, self.input_size), 1, self.stride, self.init_method,
-                      *self._rank_size(), pad=self.pad_size)
-        if self.bias is not None and not self.bias.is_meta:
-            with torch.no_grad():
-                self.bias.zero_()
-
-    def _rank_size(self) -> tuple[int, int]:
-        size, rank = _tp_size_rank(self.tensor_parallel_group)
-        return rank, size
-
-    def init_weight_cpu(self) -> None:
-        """NxD's name for re-initialising the weights (e.g. after meta-device init)."""
         self.reset_parameters()
 
     def forward(self, x: torch.Tensor):

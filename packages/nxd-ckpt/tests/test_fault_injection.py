@@ -304,7 +304,8 @@ def test_checkpoint_missing_only_done_is_kept_warned_and_resumable_after_verify(
         assert nxd.load_checkpoint(str(tmp_path), model=TinyNet(), load_rng=False) == {"step": 1}
     assert (tmp_path / "step_2").is_dir()  # auto-resume did not remove it
     # the next run (a fresh checkpointer: it did not save step_2) saves with save_top_k=1
-    Checkpointer().save(str(tmp_path), "step_3", model=TinyNet(), user_content={"step": 3}, num_kept_ckpts=1)
+    Checkpointer().save(str(tmp_path), "step_3", model=TinyNet(), user_content={"step": 3}, num_kept_ckpts=1,
+                       context=None)  # one process: no parallel context
     assert (tmp_path / "step_2").is_dir()  # retention did not remove what this run did not save
     assert not (tmp_path / "step_1").exists()
     with pytest.raises(CheckpointError, match="every file is there.*nxd ckpt verify"):

@@ -43,6 +43,22 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [str(script), *args[1:]]
     sys.path.insert(0, str(script.resolve().parent))
     runpy.run_path(str(script), run_name="__main__")
+    _finish()
+
+
+def _finish() -> None:
+    """After the script returned: its in-flight asynchronous saves commit, then the process group it
+    left open is torn down while Python still runs. Left to interpreter shutdown, a gloo group's
+    threads can be destroyed unjoined, and the rank aborts ("terminate called without an active
+    exception") after training succeeded."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    import nxd
+
+    nxd.finalize_checkpoint()  # raises a failed save's error: the run must not look successful
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

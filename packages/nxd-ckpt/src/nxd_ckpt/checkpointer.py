@@ -94,17 +94,16 @@ class Checkpointer:
             return
         # the group is fixed now, on the training thread: the writer's agreements need all its ranks
         ranks = Ranks.current(self._async_group())
-        if staging is None:
-            self._writer.submit(lambda: run_save(storage, plan, ranks), storage.describe(tag))
-            return
-        staging.start()
-        self._staging = staging
+        if staging is not None:
+            staging.start()
+            self._staging = staging
 
-        def copy_then_save() -> None:
-            staging.copy_on_writer()
+        def write() -> None:
+            if staging is not None:
+                staging.copy_on_writer()
             run_save(storage, plan, ranks)
 
-        self._writer.submit(copy_then_save, storage.describe(tag))
+        self._writer.submit(write, storage.describe(tag))
 
     def _wait_writer(self) -> None:
         """Wait for the in-flight save (raising its error); an overlapped snapshot's step guard goes with it."""

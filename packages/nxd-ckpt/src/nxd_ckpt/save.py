@@ -63,11 +63,7 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
     plan = SavePlan(tag, topo, fmt.name, num_kept=num_kept)
 
     def snap(obj: Any, name: str, deferrable: Any = None) -> Any:
-        if not private:  # a synchronous save: host state written in place, device state via reused buffers
-            return buffers.snapshot(obj, name, private=False)
-        if staging is None or deferrable is None:
-            return buffers.snapshot(obj, name)
-        return buffers.snapshot(obj, name, staging, deferrable)
+        return buffers.snapshot(obj, name, private=private, staging=staging, deferrable=deferrable)
 
     if model is not None:
         module = unwrap_model(model)

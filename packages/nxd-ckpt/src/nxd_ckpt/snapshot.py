@@ -42,8 +42,8 @@ class SnapshotBuffers:
         self._used: dict[tuple, torch.Tensor] = {}
         self._device_copies: set[torch.device] = set()
 
-    def snapshot(self, obj: Any, name: str, staging: Staging | None = None,
-                 deferrable: Callable[[torch.Tensor], bool] = lambda _: True, private: bool = True) -> Any:
+    def snapshot(self, obj: Any, name: str, *, private: bool = True, staging: Staging | None = None,
+                 deferrable: Callable[[torch.Tensor], bool] | None = None) -> Any:
         """A private copy of ``obj`` (tensors in reused host buffers keyed by ``name`` and their path).
         With ``staging``, the copy of each tensor ``deferrable`` accepts is left to it (see staging.py).
         ``private=False`` (a synchronous save): host tensors and other values are referenced, not
@@ -61,7 +61,7 @@ class SnapshotBuffers:
             if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
                 pin = t.device.type == "cuda"  # page-locked memory makes device-to-host copies faster
                 buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
-            if staging is not None and deferrable(v):
+            if staging is not None and deferrable is not None and deferrable(v):
                 staging.defer(buf, t)
             else:
                 # into page-locked memory a device copy is asynchronous: all are queued, done() waits once

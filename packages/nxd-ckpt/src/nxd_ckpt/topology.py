@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from nxd import ParallelContext, current_parallel_context
+from nxd import ParallelContext
 from nxd_ckpt.errors import CheckpointError
 
 
@@ -52,11 +52,6 @@ def topology_of(context: ParallelContext | None) -> Topology:
         return Topology(rank, world, 1, 1, world, 0, 0, rank)
     return Topology(rank, world, context.tp.size, context.pp.size, context.dp.size,
                     context.tp.rank, context.pp.rank, context.dp.rank, context.cp.rank, context.ep.size)
-
-
-def current_topology() -> Topology:
-    """This rank's place in the current parallel context (for tools outside ``nxd.save_checkpoint``)."""
-    return topology_of(current_parallel_context())
 
 
 class GroupGone(CheckpointError):

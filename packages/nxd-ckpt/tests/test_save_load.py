@@ -63,16 +63,17 @@ def test_round_trip_is_exact(tmp_path, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["torch", "safetensors"])
-def test_large_tensors_stream_with_overlapped_hashing(tmp_path, fmt):
-    """Tensors above the overlap threshold are written by a helper thread while the caller hashes
-    them: the files are what torch / safetensors read back, and the recorded CRC-32 is the file's."""
+def test_large_tensors_are_hashed_while_the_file_syncs(tmp_path, fmt):
+    """Tensors above the large-write threshold are hashed from their own memory after the last
+    write (while the file is synced): the files are what torch / safetensors read back, and the
+    recorded CRC-32 is the file's."""
     import zlib
 
     from safetensors.torch import load_file
 
-    from nxd_ckpt.checksum import OVERLAP_BYTES
+    from nxd_ckpt.checksum import LARGE_WRITE
 
-    model = torch.nn.Linear(1024, 3 * OVERLAP_BYTES // 4 // 1024 + 1)  # a 3 MiB+ weight
+    model = torch.nn.Linear(1024, 3 * LARGE_WRITE // 4 // 1024 + 1)  # a 3 MiB+ weight
     nxd.save_checkpoint(str(tmp_path), "big", model=model, format=fmt, save_rng=False)
     suffix = ".safetensors" if fmt == "safetensors" else ".pt"
     path = tmp_path / "big" / "model" / f"dp_rank_00_tp_rank_00_pp_rank_00{suffix}"
@@ -84,6 +85,32 @@ def test_large_tensors_stream_with_overlapped_hashing(tmp_path, fmt):
     m2 = torch.nn.Linear(1024, model.out_features)
     nxd.load_checkpoint(str(tmp_path), "big", model=m2)
     assert torch.equal(m2.weight, model.weight)
+
+
+def test_hashing_writer_hashes_reused_buffers_before_returning(tmp_path):
+    """Only memory the saver holds still is hashed late: a large buffer the caller overwrites after
+    each write (as torch.save may with its own scratch memory), a non-contiguous tensor's temporary
+    copy and small writes are hashed as written, so the digest is always the file's."""
+    import zlib
+
+    from nxd_ckpt.checksum import LARGE_WRITE, HashingWriter, stable_regions
+
+    held = torch.arange(LARGE_WRITE // 2, dtype=torch.int32)  # 2 MiB the saver holds
+    scratch = bytearray(LARGE_WRITE)
+    path = tmp_path / "f.bin"
+    with open(path, "wb") as f:
+        out = HashingWriter(f, stable=stable_regions({"a": [held]}))
+        out.write(b"head")
+        out.write(memoryview(held.numpy()))
+        for value in (1, 2):
+            scratch[:] = bytes([value]) * len(scratch)
+            out.write(scratch)
+        out.write(memoryview(held.reshape(-1, 2).t().contiguous().numpy()))
+        out.write(b"tail")
+        out.hash_in_background()
+        scratch[:] = bytes(len(scratch))  # reused after the writer returned
+    raw = path.read_bytes()
+    assert out.digest() == {"bytes": len(raw), "crc32": f"{zlib.crc32(raw):08x}"}
 
 
 def test_metadata_records_degrees_shapes_and_versions(tmp_path):

@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from nxd_ckpt.checksum import HashingWriter
+from nxd_ckpt.checksum import HashingWriter, stable_regions
 from nxd_ckpt.errors import CheckpointError
 from nxd_ckpt.formats import CheckpointFormat, get_format
 from nxd_ckpt.layout import CHECKPOINT_MARKER, DONE_MARKER, NEWEST_POINTER, done_payload, rng_name, shard_name
@@ -126,7 +126,10 @@ def run_save(storage: Storage, plan: SavePlan, ranks: Ranks) -> str:
 
 def write_files(storage: Storage, tag: str, plan: SavePlan) -> tuple[str | None, dict[str, dict]]:
     """Write this rank's files into directory ``tag``, hashing the bytes as they stream out;
-    return an error description instead of raising (for agreement) and each file's digest."""
+    return an error description instead of raising (for agreement) and each file's digest. The
+    objects' tensors hold still until their file's digest is taken (this call holds them; a
+    snapshot's buffers are not reused before its save ends), so they are hashed while the file
+    is synced."""
     rank = plan.topo.rank
     sums: dict[str, dict] = {}
     try:
@@ -135,13 +138,14 @@ def write_files(storage: Storage, tag: str, plan: SavePlan) -> tuple[str | None,
                 f.write(b"1")
         for path, fmt, obj in plan.files:
             with storage.open_write(f"{tag}/{path}") as f:
-                out = HashingWriter(f)
+                out = HashingWriter(f, stable=stable_regions(obj))
                 try:
                     fmt.dump(obj, out)
                 except Exception as exc:
                     if out.error is not None and out.error is not exc:  # torch.save hides it as "unexpected pos"
                         raise out.error from exc
                     raise
+                out.hash_in_background()  # while the file is flushed and synced
             sums[path] = out.digest()
     except Exception as exc:  # noqa: BLE001 - reported to every rank by commit()
         return f"rank {rank}: writing {storage.describe(tag)} failed: {type(exc).__name__}: {exc}", sums

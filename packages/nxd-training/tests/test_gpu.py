@@ -15,10 +15,16 @@ pytestmark = [pytest.mark.gpu,
 
 
 def _run(config: dict[str, Any], log_dir: Path) -> Any:
+    """One training in a fresh process, as ``nxd train`` runs it. The compiled quickstart followed
+    by ZeRO-1 or LoRA training in the same interpreter crashed it in 7 of 14 runs on an H100 with
+    torch 2.11+cu130 (docs/training.md, "Known issue"); every test alone passed and exited cleanly."""
+    import multiprocessing
+
     from nxd_training.config import load_config
     from nxd_training.loop import train
 
-    return train(load_config(config), log_dir=str(log_dir))
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(train, (load_config(config),), {"log_dir": str(log_dir)})
 
 
 def _gpu(make_config, **sections: Any) -> dict[str, Any]:

@@ -88,20 +88,25 @@ def test_large_tensors_are_hashed_while_the_file_syncs(tmp_path, fmt):
 
 
 def test_hashing_writer_hashes_reused_buffers_before_returning(tmp_path):
-    """Only memory the saver holds still is hashed late: a large buffer the caller overwrites after
-    each write (as torch.save may with its own scratch memory), a non-contiguous tensor's temporary
-    copy and small writes are hashed as written, so the digest is always the file's."""
+    """Only memory the saver holds still is hashed late: a buffer the caller overwrites after each
+    write (as torch.save may with its own scratch memory; small ones are copied, large ones hashed
+    at once) and a non-contiguous tensor's temporary copy are not, so the digest is the file's."""
     import zlib
 
     from nxd_ckpt.checksum import LARGE_WRITE, HashingWriter, stable_regions
 
     held = torch.arange(LARGE_WRITE // 2, dtype=torch.int32)  # 2 MiB the saver holds
+    small_held = torch.arange(256, dtype=torch.int32)  # held too: referenced, not copied
     scratch = bytearray(LARGE_WRITE)
+    small_scratch = bytearray(b"x" * 64)
     path = tmp_path / "f.bin"
     with open(path, "wb") as f:
-        out = HashingWriter(f, stable=stable_regions({"a": [held]}))
+        out = HashingWriter(f, stable=stable_regions({"a": [held], "b": (small_held,)}))
         out.write(b"head")
         out.write(memoryview(held.numpy()))
+        out.write(memoryview(small_held.numpy()))
+        out.write(small_scratch)
+        small_scratch[:] = b"y" * 64  # reused: the copy taken at write() is what was written
         for value in (1, 2):
             scratch[:] = bytes([value]) * len(scratch)
             out.write(scratch)

@@ -29,7 +29,7 @@ except ImportError:  # the same checksum, slower
 from nxd_ckpt.errors import CorruptCheckpointError
 
 ALGORITHM = "crc32"
-#: writes at least this large are hashed from the caller's memory; smaller ones are copied
+#: a write of memory that may not hold still is copied below this size, hashed at once above it
 LARGE_WRITE = 1 << 20
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -74,11 +74,11 @@ class HashingWriter:
     """A write-only binary file that forwards every byte to ``f`` and hashes and counts it.
 
     ``stable``: memory regions (from :func:`stable_regions`) that hold still until :meth:`digest`.
-    A large write from those is only remembered, and hashed after the last write, while the file is
+    A write from those is only remembered, and hashed after the last write, while the file is
     flushed (:meth:`hash_in_background`, then :meth:`digest`): measured here, hashing at the same
     time as writing slowed the writes more than it saved, while hashing during the fsync is free.
-    A large write from anywhere else is hashed before the write returns (its caller may reuse the
-    buffer), small ones are copied. An OSError from ``f`` is kept (``error``) so a caller whose
+    A small write from anywhere else is copied; a large one is hashed before the write returns (its
+    caller may reuse the buffer). An OSError from ``f`` is kept (``error``) so a caller whose
     library turns it into an unclear message (torch.save: ``unexpected pos``) can report the real
     cause."""
 
@@ -99,6 +99,8 @@ class HashingWriter:
         self._unhashed = []
 
     def _holds_still(self, view: memoryview) -> bool:
+        if not self._stable or not view.nbytes:
+            return False
         start = np.frombuffer(view, dtype=np.uint8).ctypes.data
         i = bisect.bisect_right(self._stable_starts, start) - 1
         return i >= 0 and start + view.nbytes <= self._stable[i][1]
@@ -114,12 +116,12 @@ class HashingWriter:
         except OSError as exc:
             self.error = exc
             raise
-        if view.nbytes < LARGE_WRITE:
+        if self._holds_still(view):
+            self._unhashed.append(view)
+        elif view.nbytes < LARGE_WRITE:  # zip headers, pickles: copied, a few bytes each
             if not self._unhashed or not isinstance(self._unhashed[-1], bytearray):
                 self._unhashed.append(bytearray())
             self._unhashed[-1] += view
-        elif self._holds_still(view):
-            self._unhashed.append(view)
         else:
             self._hash_unhashed()
             self._crc = crc32(view, self._crc)

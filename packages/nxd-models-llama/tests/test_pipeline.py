@@ -73,3 +73,60 @@ def test_llama_pp2_1f1b_matches_pp1(rank_pool, tied):
     worst_grad = max(v for r in per_rank for v in r["grads"].values())
     print(f"\nLlama PP=2 1f1b vs PP=1 (tied={tied}): loss rel {worst_loss:.2e}, grads rel {worst_grad:.2e}")
     assert worst_loss <= TOL and worst_grad <= TOL
+
+
+def export_body(out_dir: str) -> dict:
+    """One 1F1B step at PP=2, then the HF export at PP=2, against the same weights at PP=1 (each
+    stage's ``state_dict`` merged: global layer names) exported and run by nxd."""
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+
+    from nxd_core_parallel import parallel_state
+    from nxd_models_llama import collect_hf_state_dict, save_hf_checkpoint
+    from nxd_pipeline import NxDPPModel, merge_stage_state_dicts
+    from nxd_testing.reference import quiet_transformers, rel_err
+
+    out = {}
+    for tied in (False, True):
+        parallel_state.initialize_model_parallel(1, 2)
+        model = NxDPPModel(_build(tied), 2, {"num_microbatches": 2, "schedule": "1f1b"})
+        model.run_train(**_batch(tied))
+        with torch.no_grad():  # trained: every stage's weights move away from the shared init
+            for p in model.parameters():
+                p -= 0.5 * p.grad
+        folder = f"{out_dir}/pp2_tied{tied}"
+        save_hf_checkpoint(model, folder)
+        returned = collect_hf_state_dict(model)
+        stages = [None, None]
+        dist.all_gather_object(stages, {k: v.detach().clone() for k, v in model.state_dict().items()})
+        parallel_state.destroy_model_parallel()
+
+        parallel_state.initialize_model_parallel(1, 1)
+        reference = _build(tied)
+        reference.load_state_dict(merge_stage_state_dicts(stages))
+        want = collect_hf_state_dict(reference)
+        parallel_state.destroy_model_parallel()
+        if dist.get_rank() != 0:
+            out[tied] = {"returned": len(returned)}
+            continue
+        quiet_transformers()
+        from transformers import AutoModelForCausalLM
+
+        got = load_file(f"{folder}/model.safetensors")
+        ids = _batch(tied)["input_ids"]
+        hf_logits = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)(ids).logits
+        out[tied] = {"returned": len(returned), "keys": sorted(got) == sorted(want),
+                     "equal": all(torch.equal(got[k], want[k]) for k in want),
+                     "logits": rel_err(hf_logits, reference(ids).logits.detach())}
+    return out
+
+
+def test_llama_pp2_hf_export_matches_pp1(rank_pool, tmp_path):
+    """Each stage exports its own layers (global indices), gathered to global rank 0: the folder
+    equals the PP=1 export bit for bit and transformers gives the PP=1 logits (tied and untied)."""
+    first, second = rank_pool(2).run(export_body, str(tmp_path))
+    for tied in (False, True):
+        assert second[tied]["returned"] == 0  # not the writer: nothing returned, nothing written
+        assert first[tied]["returned"] > 0 and first[tied]["keys"] and first[tied]["equal"], first[tied]
+        print(f"\nLlama PP=2 HF export (tied={tied}) vs PP=1: transformers logits rel {first[tied]['logits']:.2e}")
+        assert first[tied]["logits"] <= TOL

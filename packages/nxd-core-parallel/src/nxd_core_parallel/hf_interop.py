@@ -1,7 +1,8 @@
-"""Model-agnostic helpers for Hugging Face checkpoint import/export under tensor parallelism.
+"""Model-agnostic helpers for Hugging Face checkpoint import/export under tensor and pipeline parallelism.
 
 Each model package keeps its own name mapping (which HF rows/columns a TP rank holds); the reading
-of safetensors slices, the gathering of shards and the choice of the writing rank live here once.
+of safetensors slices, the gathering of shards, the gathering of pipeline stages and the choice of
+the writing rank live here once.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from torch import nn
 
 from nxd_core_parallel import parallel_state
 
-__all__ = ["WRAPPER_TOKENS", "SafetensorsCheckpoint", "SlicePiece", "check_config_fields", "check_unused",
-           "clean_param_name", "gather_over", "gather_shards", "loadable_parameters", "place_piece", "split_by_pieces", "tp_size_and_rank",
+__all__ = ["WRAPPER_TOKENS", "SafetensorsCheckpoint", "SlicePiece", "assembles_stage", "check_config_fields",
+           "check_unused", "clean_param_name", "exported_parameters", "gather_over", "gather_pipeline_stages",
+           "gather_shards", "loadable_parameters", "place_piece", "split_by_pieces", "tp_size_and_rank",
            "unwrap_local_module", "write_hf_dir", "writes_files"]
 
 #: Wrapper prefixes (activation checkpointing, torch.compile, DDP-style) dropped from parameter names.
@@ -204,14 +206,62 @@ def gather_shards(param: torch.Tensor, tp: int) -> list[torch.Tensor]:
     return gather_over(param, tp, parallel_state.get_tensor_model_parallel_group())
 
 
-def writes_files() -> bool:
-    """True on the one rank that writes exported files (TP rank 0 of DP rank 0)."""
+def exported_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``module``'s parameters under their :func:`clean_param_name` names, for an exporter to
+    assemble; the copy of a tied weight that a later pipeline stage keeps (nxd-pipeline marks it
+    ``pipeline_shared_duplicate``) is left out, its first owner exports it."""
+    for raw_name, param in module.named_parameters():
+        if not getattr(param, "pipeline_shared_duplicate", False):
+            yield clean_param_name(raw_name), param
+
+
+def _pipeline_size_and_rank() -> tuple[int, int]:
+    if not (dist.is_available() and dist.is_initialized() and parallel_state.model_parallel_is_initialized()):
+        return 1, 0
+    return parallel_state.get_pipeline_model_parallel_size(), parallel_state.get_pipeline_model_parallel_rank()
+
+
+def assembles_stage() -> bool:
+    """True on the one rank per pipeline stage that assembles the stage's HF tensors from its TP
+    (and EP) shards: TP rank 0 of DP rank 0. Without pipeline parallelism it is the writing rank."""
     if not (dist.is_available() and dist.is_initialized()):
         return True
     if not parallel_state.model_parallel_is_initialized():
         return dist.get_rank() == 0
     return dist.get_rank() == parallel_state.get_tensor_model_parallel_src_rank() and \
         parallel_state.get_data_parallel_rank() == 0
+
+
+def writes_files() -> bool:
+    """True on the one rank that writes exported files: the assembler (:func:`assembles_stage`)
+    of pipeline stage 0, global rank 0 in NxD's rank layout."""
+    return assembles_stage() and _pipeline_size_and_rank()[1] == 0
+
+
+def gather_pipeline_stages(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every pipeline stage's HF tensors merged on pipeline rank 0 (collective over the pipeline
+    group: every rank calls it, each stage's assembler with the tensors of the layers it owns, the
+    others with an empty dict); an empty dict on the other ranks. Without pipeline parallelism
+    ``tensors`` comes back as it is. A key exported by two stages is a ``RuntimeError``."""
+    pp, pp_rank = _pipeline_size_and_rank()
+    if pp == 1:
+        return tensors
+    dst = parallel_state.get_pipeline_model_parallel_ranks()[0]
+    received: list[Any] | None = [None] * pp if pp_rank == 0 else None
+    # host tensors pickled once per stage: the writer holds the whole model to write it anyway
+    local = {key: value.detach().cpu() for key, value in tensors.items()}
+    dist.gather_object(local, received, dst=dst, group=parallel_state.get_pipeline_model_parallel_group())
+    if received is None:
+        return {}
+    merged: dict[str, torch.Tensor] = {}
+    owner: dict[str, int] = {}
+    for stage, part in enumerate(received):
+        for key, value in part.items():
+            if key in merged:
+                raise RuntimeError(f"HF tensor {key} is exported by pipeline stages {owner[key]} and {stage}; "
+                                   "each tensor must belong to one stage")
+            merged[key], owner[key] = value, stage
+    return merged
 
 
 def unwrap_local_module(model: nn.Module, config_type: type, expected: str) -> nn.Module:

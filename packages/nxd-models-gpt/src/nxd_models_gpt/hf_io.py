@@ -10,11 +10,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nxd_core_parallel import parallel_state
 from nxd_core_parallel.hf_interop import (
     SafetensorsCheckpoint,
+    assembles_stage,
     check_config_fields,
     check_unused,
+    exported_parameters,
+    gather_pipeline_stages,
     gather_shards,
     loadable_parameters,
     tp_size_and_rank,
@@ -22,7 +24,6 @@ from nxd_core_parallel.hf_interop import (
     write_hf_dir,
     writes_files,
 )
-from nxd_core_parallel.hf_interop import clean_param_name as clean_name
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.hf_mapping import (
     HF_KEY_ALIASES,
@@ -96,22 +97,20 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, layout: str 
 @torch.no_grad()
 def collect_hf_state_dict(model: nn.Module, layout: str | None = None,
                           dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The full HF-named state dict assembled from all TP ranks (collective over TP); the tensors on
-    the writing rank, an empty dict elsewhere."""
+    """The full HF-named state dict assembled from all TP ranks and, under pipeline parallelism,
+    from every stage's layers (collective: every rank calls it); the tensors on the writing rank, an
+    empty dict elsewhere."""
     module = unwrap_model(model)
     config = module.config
     layout = layout or default_layout(config)
     check_exportable(config, layout)
-    if parallel_state.model_parallel_is_initialized() and parallel_state.get_pipeline_model_parallel_size() > 1:
-        raise NotImplementedError("save_hf_checkpoint with pipeline parallelism: gather the stages first")
     tp, _ = tp_size_and_rank()
-    writer = writes_files()
+    assembler = assembles_stage()  # of this pipeline stage's tensors
     shapes = hf_shapes(config, layout)
     out: dict[str, torch.Tensor] = {}
-    for raw_name, param in module.named_parameters():
-        name = clean_name(raw_name)
+    for name, param in exported_parameters(module):  # this stage's layers, under their global indices
         shards = gather_shards(param, tp)
-        if not writer:
+        if not assembler:
             continue
         for r, shard in enumerate(shards):
             pieces = plan_for(name, config, layout, tp, r, module.padded_vocab_size)
@@ -128,7 +127,8 @@ def collect_hf_state_dict(model: nn.Module, layout: str | None = None,
                     out[piece.hf_key].copy_(chunk)
                 else:
                     out[piece.hf_key].index_copy_(piece.dim, torch.tensor(piece.index), chunk.to(target))
-    if writer and set(out) != set(shapes):
+    out = gather_pipeline_stages(out)
+    if writes_files() and set(out) != set(shapes):
         raise RuntimeError(f"export is missing HF tensors {sorted(set(shapes) - set(out))}")
     return out
 
@@ -136,8 +136,8 @@ def collect_hf_state_dict(model: nn.Module, layout: str | None = None,
 def save_hf_checkpoint(model: nn.Module, out_dir: str | os.PathLike, layout: str | None = None,
                        dtype: torch.dtype | None = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` that ``GPT2LMHeadModel`` (``layout="gpt2"``) or
-    ``GPTNeoXForCausalLM`` (``"gpt_neox"``) ``.from_pretrained`` loads. Collective over TP; one rank
-    writes. The Megatron vocabulary padding is dropped."""
+    ``GPTNeoXForCausalLM`` (``"gpt_neox"``) ``.from_pretrained`` loads. Collective over all ranks
+    (TP and pipeline stages); one rank writes. The Megatron vocabulary padding is dropped."""
     module = unwrap_model(model)
     layout = layout or default_layout(module.config)
     tensors = collect_hf_state_dict(module, layout, dtype)

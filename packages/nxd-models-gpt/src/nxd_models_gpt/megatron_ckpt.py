@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from nxd_core_parallel import parallel_state
-from nxd_models_gpt.hf_io import clean_name, unwrap_model
+from nxd_core_parallel.hf_interop import clean_param_name as clean_name
+from nxd_models_gpt.hf_io import unwrap_model
 from nxd_models_gpt.safe_load import load_weights_only
 
 _RANK_DIR = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?$")

@@ -9,12 +9,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nxd_core_parallel import parallel_state
 from nxd_core_parallel.hf_interop import (
     SafetensorsCheckpoint,
+    assembles_stage,
     check_config_fields,
     check_unused,
-    clean_param_name,
+    exported_parameters,
+    gather_pipeline_stages,
     gather_shards,
     loadable_parameters,
     place_piece,
@@ -38,7 +39,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 def _kv_multiplier(model: nn.Module) -> int:
-    return model.model.layers[0].self_attn.kv_size_multiplier if len(model.model.layers) else 1
+    layer = next(iter(model.model.layers), None)  # under pipeline parallelism: this stage's first layer
+    return layer.self_attn.kv_size_multiplier if layer is not None else 1
 
 
 @torch.no_grad()
@@ -69,28 +71,27 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
 
 @torch.no_grad()
 def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The full HF-named state dict, assembled from all TP ranks (collective: every TP rank calls it).
+    """The full HF-named state dict, assembled from all TP ranks and, under pipeline parallelism,
+    from every stage's layers (collective: every rank calls it).
 
     Returns the tensors on the rank that writes files and an empty dict elsewhere."""
     module = unwrap_model(model)
     config = module.config
-    if parallel_state.model_parallel_is_initialized() and parallel_state.get_pipeline_model_parallel_size() > 1:
-        raise NotImplementedError("save_hf_checkpoint with pipeline parallelism: gather the stages first")
     tp, _ = tp_size_and_rank()
     multiplier = _kv_multiplier(module)
-    writer = writes_files()
+    assembler = assembles_stage()
     shapes = hf_shapes(config)
     out: dict[str, torch.Tensor] = {}
-    for raw_name, param in module.named_parameters():
-        name = clean_param_name(raw_name)
+    for name, param in exported_parameters(module):  # this stage's layers, under their global indices
         shards = gather_shards(param, tp)
-        if not writer:
+        if not assembler:
             continue
         for r, shard in enumerate(shards):
             pieces = plan_for(name, config, tp, r, multiplier)
             for piece, chunk in zip(pieces, split_by_pieces(shard, pieces)):
                 place_piece(out, shapes[piece.hf_key], piece, chunk, dtype)
-    if writer and set(out) != set(shapes):
+    out = gather_pipeline_stages(out)
+    if writes_files() and set(out) != set(shapes):
         raise RuntimeError(f"export is missing HF tensors {sorted(set(shapes) - set(out))}")
     return out
 
@@ -98,7 +99,8 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
 def save_hf_checkpoint(model: nn.Module, out_dir: str | os.PathLike, dtype: torch.dtype | None = None,
                        max_shard_size: int = 5 * 2**30) -> None:
     """Write ``config.json`` + ``model.safetensors`` (or shards + index) that
-    ``transformers.LlamaForCausalLM.from_pretrained`` loads. Collective over TP; one rank writes."""
+    ``transformers.LlamaForCausalLM.from_pretrained`` loads. Collective over all ranks (TP and
+    pipeline stages); one rank writes."""
     module = unwrap_model(model)
     tensors = collect_hf_state_dict(module, dtype)
     if tensors:

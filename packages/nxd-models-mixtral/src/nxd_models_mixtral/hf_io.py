@@ -20,13 +20,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nxd_core_parallel import parallel_state
 from nxd_core_parallel.hf_interop import (
     SafetensorsCheckpoint,
+    assembles_stage,
     check_config_fields,
     check_unused,
-    clean_param_name,
+    exported_parameters,
     gather_over,
+    gather_pipeline_stages,
     gather_shards,
     loadable_parameters,
     place_piece,
@@ -56,7 +57,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 def _kv_multiplier(model: nn.Module) -> int:
-    return model.model.layers[0].self_attn.kv_size_multiplier if len(model.model.layers) else 1
+    layer = next(iter(model.model.layers), None)  # under pipeline parallelism: this stage's first layer
+    return layer.self_attn.kv_size_multiplier if layer is not None else 1
 
 
 def expert_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, ep: int, ep_rank: int
@@ -142,28 +144,25 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
 
 @torch.no_grad()
 def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The full HF-named state dict, gathered over TP and EP (collective: every rank calls it);
-    returned on global rank 0, empty elsewhere."""
+    """The full HF-named state dict, gathered over TP and EP and, under pipeline parallelism, from
+    every stage's layers (collective: every rank calls it); returned on global rank 0, empty elsewhere."""
     module = unwrap_model(model)
     config = module.config
-    if parallel_state.get_pipeline_model_parallel_size() > 1:
-        raise NotImplementedError("save_hf_checkpoint with pipeline parallelism: gather the stages first")
     tp, _ = tp_size_and_rank()
     groups = expert_parallel_groups(module.parallel_context)
     multiplier = _kv_multiplier(module)
-    writer = writes_files()
+    assembler = assembles_stage()  # of this pipeline stage's tensors
     out: dict[str, torch.Tensor] = {}
     shapes = hf_shapes(config)
 
     def put(piece: Piece, chunk: torch.Tensor) -> None:
         place_piece(out, shapes[piece.hf_key], piece, chunk, dtype)
 
-    for raw_name, param in module.named_parameters():
-        name = clean_param_name(raw_name)
+    for name, param in exported_parameters(module):  # this stage's layers, under their global indices
         tp_shards = gather_shards(param, tp)
         if _EXPERT.match(name):
             by_rank = [gather_over(shard, groups.ep_size, groups.ep_group) for shard in tp_shards]  # [tp][ep]
-            if not writer:
+            if not assembler:
                 continue
             for r in range(tp):
                 for q in range(groups.ep_size):
@@ -171,7 +170,7 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
                         for piece, chunk in zip(experts, split_by_pieces(matrix, experts)):
                             put(piece, chunk)
             continue
-        if not writer:
+        if not assembler:
             continue
         for r, shard in enumerate(tp_shards):
             pieces = plain_pieces(name, config, tp, r, multiplier)
@@ -181,14 +180,15 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
                     continue
             for piece, chunk in zip(pieces, split_by_pieces(shard, pieces)):
                 put(piece, chunk)
-    if writer and set(out) != set(shapes):
+    out = gather_pipeline_stages(out)
+    if writes_files() and set(out) != set(shapes):
         raise RuntimeError(f"export is missing HF tensors {sorted(set(shapes) - set(out))[:5]}")
     return out
 
 
 def save_hf_checkpoint(model: nn.Module, out_dir: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` that ``transformers.MixtralForCausalLM``
-    loads (collective over all ranks; global rank 0 writes)."""
+    loads (collective over all ranks, every pipeline stage included; global rank 0 writes)."""
     module = unwrap_model(model)
     tensors = collect_hf_state_dict(module, dtype)
     if tensors:

@@ -379,3 +379,41 @@ def test_run_train_loss_fn_replaces_the_model_loss():
 
     with pytest.raises(ValueError, match="loss_fn is not supported under pipeline parallelism"):
         NxDModel(_Pipelined()).run_train(*micro, loss_fn=doubled)
+
+
+class _TermsLM(_TinyLM):
+    """Reports its loss as two named terms (``loss = ce + 0.5 * reg``), as an MoE model does."""
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict:
+        ce = super().forward(input_ids, labels)
+        reg = self.out.weight.pow(2).mean()
+        return {"loss": ce + 0.5 * reg, "loss_terms": {"ce": ce, "reg": reg}}
+
+
+def test_run_train_sums_the_outputs_named_loss_terms():
+    torch.manual_seed(0)
+    model = NxDModel(_TermsLM())
+    micro = [{"input_ids": torch.randint(0, 11, (2, 5)), "labels": torch.randint(0, 11, (2, 5))} for _ in range(2)]
+    sums: dict = {}
+    loss = model.run_train(*micro, loss_terms=sums)
+    assert sorted(sums) == ["ce", "reg"] and not any(v.requires_grad for v in sums.values())
+    assert torch.allclose((sums["ce"] + 0.5 * sums["reg"]) / 2, loss, rtol=1e-6)
+    evaluated: dict = {}
+    model.run_eval(*micro, loss_terms=evaluated)
+    assert torch.allclose(evaluated["ce"], sums["ce"], rtol=1e-6)
+
+
+def test_loss_terms_of_reads_an_hf_style_aux_loss_and_refuses_non_scalars():
+    from types import SimpleNamespace
+
+    from nxd_core_parallel.loss_terms import loss_terms_of
+
+    aux = torch.tensor(2.0)
+    # transformers' MoeCausalLMOutputWithPast is a dict with attributes; its aux_loss is None without
+    # output_router_logits
+    assert loss_terms_of({"loss": torch.tensor(1.0), "aux_loss": aux}) == {"aux_loss": aux}
+    assert loss_terms_of(SimpleNamespace(loss=torch.tensor(1.0), aux_loss=aux)) == {"aux_loss": aux}
+    assert loss_terms_of({"loss": torch.tensor(1.0), "aux_loss": None}) == {}
+    assert loss_terms_of(torch.tensor(1.0)) == {}
+    with pytest.raises(TypeError, match=r"loss_terms\['ce'\] must be a scalar tensor"):
+        loss_terms_of({"loss": aux, "loss_terms": {"ce": torch.ones(3)}})

@@ -1,6 +1,8 @@
 """``nxd train`` of an NxD Training Mixtral config (hf_mixtral_8x7b_dropless_config.yaml's
 ``model.moe`` section and ``expert_model_parallel_size``, at tiny size) on 2 gloo ranks: EP=2 learns,
-and the same config at PP=2 (DP=1, two micro-batches per step) follows the EP=2 run's losses."""
+and the same config at PP=2 (DP=1, two micro-batches per step) follows the EP=2 run's losses. Both
+log the language-model and load-balancing losses beside the loss (``lm_loss``, ``aux_loss``); under
+PP=2 they come from the last stage and reach rank 0's metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -43,11 +45,19 @@ def mixtral_config(corpus: dict[str, str], exp_dir: Path, ep: int, pp: int = 1, 
     }
 
 
-def _train(config: dict[str, Any], log_dir: str) -> dict[int, float]:
+def _train(config: dict[str, Any], log_dir: str) -> dict[str, Any]:
     from nxd_training.config import load_config
     from nxd_training.loop import train
 
-    return dict(train(load_config(config), log_dir=log_dir).losses)
+    result = train(load_config(config), log_dir=log_dir)
+    return {"losses": dict(result.losses), "metrics": dict(result.metrics)}
+
+
+def _logged_terms(log_dir: str) -> dict[int, dict[str, float]]:
+    """Rank 0's metrics.jsonl: each step's lm_loss and aux_loss."""
+    from nxd_training.exp_manager import read_metrics
+
+    return {r["step"]: {k: r[k] for k in ("loss", "lm_loss", "aux_loss")} for r in read_metrics(log_dir)}
 
 
 def test_nxdt_mixtral_config_validates_and_selects_mixtral(corpus, tmp_path):
@@ -62,11 +72,29 @@ def test_nxdt_mixtral_config_validates_and_selects_mixtral(corpus, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def ep2_losses(rank_pool, corpus, tmp_path_factory) -> dict[int, float]:
+def ep2_run(rank_pool, corpus, tmp_path_factory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("ep2")
-    losses = rank_pool(2).run(_train, mixtral_config(corpus, tmp / "runs", ep=2), str(tmp / "log"), timeout=900)
-    assert losses[0] == losses[1]
-    return losses[0]
+    results = rank_pool(2).run(_train, mixtral_config(corpus, tmp / "runs", ep=2), str(tmp / "log"), timeout=900)
+    assert results[0] == results[1]
+    return {**results[0], "logged": _logged_terms(str(tmp / "log"))}
+
+
+@pytest.fixture(scope="module")
+def ep2_losses(ep2_run) -> dict[int, float]:
+    return ep2_run["losses"]
+
+
+@pytest.mark.slow
+def test_ep2_run_logs_lm_and_aux_losses_adding_up_to_the_loss(ep2_run):
+    """The logged loss is lm_loss + router_aux_loss_coef x aux_loss (means over the DP ranks)."""
+    coef = NXDT_DROPLESS_MOE["router_aux_loss_coef"]
+    logged = ep2_run["logged"]
+    assert sorted(logged) == list(range(1, 13))
+    worst = max(abs(r["lm_loss"] + coef * r["aux_loss"] - r["loss"]) / abs(r["loss"]) for r in logged.values())
+    print(f"\nEP=2 nxd train: loss vs lm_loss + {coef} aux_loss, worst relative difference over 12 steps {worst:.2e} "
+          f"(step 1: lm {logged[1]['lm_loss']:.6f}, aux {logged[1]['aux_loss']:.6f})")
+    assert worst < 1e-6
+    assert all(ep2_run["metrics"][s] == {k: v for k, v in r.items() if k != "loss"} for s, r in logged.items())
 
 
 @pytest.mark.slow
@@ -77,12 +105,21 @@ def test_ep2_run_learns(ep2_losses):
 
 
 @pytest.mark.slow
-def test_pp2_run_follows_the_ep2_run(rank_pool, corpus, tmp_path, ep2_losses):
+def test_pp2_run_follows_the_ep2_run(rank_pool, corpus, tmp_path, ep2_losses, ep2_run):
     """PP=2 x DP=1 runs each global batch as 2 micro-batches through the pipeline (router statistics
     carried between the stages); the EP=2 run (PP=1, DP=2) sees the same micro-batches, one per rank."""
     config = mixtral_config(corpus, tmp_path / "runs", ep=1, pp=2, steps=4)
-    losses = rank_pool(2).run(_train, config, str(tmp_path / "pp2"), timeout=900)
+    results = rank_pool(2).run(_train, config, str(tmp_path / "pp2"), timeout=900)
+    losses = [r["losses"] for r in results]
     assert losses[0] == losses[1] and sorted(losses[0]) == [1, 2, 3, 4]
     worst = max(abs(losses[0][s] - ep2_losses[s]) / abs(ep2_losses[s]) for s in losses[0])
     print(f"\nPP=2 nxd train vs EP=2: worst relative loss difference over 4 steps {worst:.2e}")
     assert worst < 1e-5
+    # the last stage's lm/aux losses: on both pipeline ranks, and in rank 0's (the first stage's) log
+    assert results[0]["metrics"] == results[1]["metrics"]
+    logged, reference = _logged_terms(str(tmp_path / "pp2")), ep2_run["logged"]
+    assert sorted(logged) == [1, 2, 3, 4]
+    terms = {name: max(abs(logged[s][name] - reference[s][name]) / abs(reference[s][name]) for s in logged)
+             for name in ("lm_loss", "aux_loss")}
+    print(f"PP=2 vs EP=2 logged terms, worst relative difference over 4 steps: {terms}")
+    assert all(err < 1e-5 for err in terms.values()), terms

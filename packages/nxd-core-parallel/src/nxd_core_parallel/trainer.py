@@ -19,6 +19,7 @@ from nxd_core_parallel.grads import (
     gradient_reduction_group,
     is_expert_parallel,
 )
+from nxd_core_parallel.loss_terms import add_loss_terms
 
 
 def _loss_of(output: Any) -> torch.Tensor:
@@ -42,6 +43,12 @@ def _refuse_pipeline_loss_fn(loss_fn: LossFn | None) -> None:
     if loss_fn is not None:
         raise ValueError("loss_fn is not supported under pipeline parallelism: the last pipeline stage computes "
                          "the loss (the model's nxd_pipeline_head)")
+
+
+def _terms_kwarg(loss_terms: dict | None) -> dict[str, Any]:
+    """``loss_terms`` for a pipelined module's step contract, passed only when asked for (a module
+    written before it existed keeps working)."""
+    return {} if loss_terms is None else {"loss_terms": loss_terms}
 
 
 def _is_micro_batches(args: tuple, kwargs: dict) -> bool:
@@ -89,7 +96,7 @@ class NxDModel(nn.Module):
             yield
 
     def run_train(self, *args: Any, autocast: torch.dtype | None = None, loss_fn: LossFn | None = None,
-                  **kwargs: Any) -> torch.Tensor:
+                  loss_terms: dict[str, torch.Tensor] | None = None, **kwargs: Any) -> torch.Tensor:
         """Forward + backward; returns the detached loss.
 
         Two forms: NxD's ``run_train(**batch)`` (one batch), and nxd's step contract
@@ -97,32 +104,39 @@ class NxDModel(nn.Module):
         (dicts of model inputs), gradients accumulated (synced once, by the last), the mean loss
         returned; forward passes run under ``torch.autocast(dtype=autocast)`` when given, and
         ``loss_fn(micro_batch)`` replaces the model's own loss (e.g. a preference workflow's).
+        ``loss_terms``, when given, receives the sum over the micro-batches of each named loss term
+        the outputs report (:mod:`nxd_core_parallel.loss_terms`: e.g. an MoE model's ``lm_loss`` and
+        ``aux_loss``), detached, the same on every rank of a model replica.
         A pipeline-parallel module runs its schedule instead, in both forms (its last stage computes
         the loss, so it takes no ``loss_fn``).
         """
         if _is_micro_batches(args, kwargs):
             if hasattr(self.module, "run_train"):
                 _refuse_pipeline_loss_fn(loss_fn)
-                return self.module.run_train(*args, autocast=autocast)
-            return self._accumulate(args, autocast, loss_fn)
+                return self.module.run_train(*args, autocast=autocast, **_terms_kwarg(loss_terms))
+            return self._accumulate(args, autocast, loss_fn, loss_terms)
         if hasattr(self.module, "run_train"):
             return self.module.run_train(*args, **kwargs)
         loss = _loss_of(self.module(*args, **kwargs))
         loss.backward()
         return loss.detach()
 
-    def _micro_batch_loss(self, batch: dict, loss_fn: LossFn | None) -> torch.Tensor:
-        return _loss_of(self.module(**batch) if loss_fn is None else loss_fn(batch))
+    def _micro_batch_loss(self, batch: dict, loss_fn: LossFn | None,
+                          loss_terms: dict[str, torch.Tensor] | None) -> torch.Tensor:
+        output = self.module(**batch) if loss_fn is None else loss_fn(batch)
+        if loss_terms is not None:
+            add_loss_terms(loss_terms, output)
+        return _loss_of(output)
 
     def _accumulate(self, micro_batches: tuple[dict, ...], autocast: torch.dtype | None,
-                    loss_fn: LossFn | None) -> torch.Tensor:
+                    loss_fn: LossFn | None, loss_terms: dict[str, torch.Tensor] | None) -> torch.Tensor:
         n = len(micro_batches)
         total: torch.Tensor | None = None
         for i, batch in enumerate(micro_batches):
             # forward and backward both inside: the overlap hooks check no_sync as they fire
             with self.no_sync() if i < n - 1 else contextlib.nullcontext():
                 with autocast_context(batch, autocast):
-                    loss = self._micro_batch_loss(batch, loss_fn)
+                    loss = self._micro_batch_loss(batch, loss_fn, loss_terms)
                 (loss / n).backward()
             part = loss.detach().float() / n
             total = part if total is None else total + part
@@ -130,18 +144,19 @@ class NxDModel(nn.Module):
         return total
 
     def run_eval(self, *args: Any, autocast: torch.dtype | None = None, loss_fn: LossFn | None = None,
-                 **kwargs: Any) -> Any:
+                 loss_terms: dict[str, torch.Tensor] | None = None, **kwargs: Any) -> Any:
         """Forward only: NxD's ``run_eval(**batch)``, or ``run_eval(*micro_batches, autocast=None,
-        loss_fn=None)`` returning the mean loss over the micro-batches."""
+        loss_fn=None, loss_terms=None)`` returning the mean loss over the micro-batches (``loss_terms``
+        as for ``run_train``)."""
         if _is_micro_batches(args, kwargs):
             if hasattr(self.module, "run_eval"):
                 _refuse_pipeline_loss_fn(loss_fn)
-                return self.module.run_eval(*args, autocast=autocast)
+                return self.module.run_eval(*args, autocast=autocast, **_terms_kwarg(loss_terms))
             with torch.no_grad():
                 losses = []
                 for batch in args:
                     with autocast_context(batch, autocast):
-                        losses.append(self._micro_batch_loss(batch, loss_fn).detach().float())
+                        losses.append(self._micro_batch_loss(batch, loss_fn, loss_terms).detach().float())
                 return torch.stack(losses).mean()
         if hasattr(self.module, "run_eval"):
             return self.module.run_eval(*args, **kwargs)

@@ -7,7 +7,7 @@ or stack weights (:mod:`nxd_models_mixtral.hf_io` holds the mapping).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -40,12 +40,16 @@ SEQUENCE_DIM = 1
 class MoECausalLMOutput:
     """``loss`` = cross-entropy + ``router_aux_loss_coef`` x load-balancing loss (as HF computes it
     with ``output_router_logits``) + z-loss when configured; ``aux_loss``: the load-balancing loss;
-    ``router_logits``: one ``[batch*seq, num_experts]`` tensor per layer."""
+    ``router_logits``: one ``[batch*seq, num_experts]`` tensor per layer; ``loss_terms``: the parts
+    of ``loss`` by name for the metrics log (nxd_core_parallel.loss_terms): ``lm_loss`` (the
+    cross-entropy), ``aux_loss`` and, with a z-loss coefficient, ``z_loss``, each before its
+    coefficient (empty without ``output_router_logits``: ``loss`` is then the cross-entropy)."""
 
     loss: torch.Tensor | None
     logits: torch.Tensor
     aux_loss: torch.Tensor | None = None
     router_logits: tuple[torch.Tensor, ...] = ()
+    loss_terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def sliding_window_mask(mask: torch.Tensor | None, batch: int, seq: int, past: int, window: int | None,
@@ -179,25 +183,29 @@ class MixtralForCausalLM(nn.Module):
         mask = (attention_mask != 0).long() if attention_mask is not None and attention_mask.dim() == 2 else None
         return router_statistics(router_logits, cfg.num_experts, cfg.top_k, mask, cfg.router_activation)
 
-    def router_losses(self, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(load-balancing loss, weighted sum of the router losses added to the LM loss)`` from the
-        router statistics summed over every layer."""
+    def router_losses(self, stats: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``({"aux_loss": load-balancing loss[, "z_loss": z-loss]}, their weighted sum added to the
+        LM loss)`` from the router statistics summed over every layer (the z-loss only when its
+        coefficient is set)."""
         aux, z = losses_from_router_statistics(stats, self.config.num_hidden_layers, self.moe_config.num_experts)
-        total = self.config.router_aux_loss_coef * aux
+        terms, total = {"aux_loss": aux}, self.config.router_aux_loss_coef * aux
         if self.moe_config.router_z_loss_coef:
+            terms["z_loss"] = z
             total = total + self.moe_config.router_z_loss_coef * z
-        return aux, total
+        return terms, total
 
     def lm_loss(self, hidden: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor | None,
-                stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """``(logits, loss, aux)`` from the final hidden state and the summed router statistics: the
-        cross-entropy plus, with ``output_router_logits``, the router losses (as HF)."""
+                stats: torch.Tensor) -> MoECausalLMOutput:
+        """The output (logits, loss, aux, loss terms) from the final hidden state and the summed
+        router statistics: the cross-entropy plus, with ``output_router_logits``, the router losses
+        (as HF)."""
         logits = self.logits(hidden)
-        loss, aux = causal_lm_loss(logits, labels, loss_mask), None
-        if self.config.output_router_logits:
-            aux, extra = self.router_losses(stats)
-            loss = loss + extra
-        return logits, loss, aux
+        loss = causal_lm_loss(logits, labels, loss_mask)
+        if not self.config.output_router_logits:
+            return MoECausalLMOutput(loss=loss, logits=logits)
+        terms, extra = self.router_losses(stats)
+        return MoECausalLMOutput(loss=loss + extra, logits=logits, aux_loss=terms["aux_loss"],
+                                 loss_terms={"lm_loss": loss, **terms})
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)
@@ -218,8 +226,9 @@ class MixtralForCausalLM(nn.Module):
         stats = torch.zeros(self._num_router_statistics, device=hidden.device)
         for layer_logits in router_logits:
             stats = stats + self.layer_router_statistics(layer_logits, attention_mask)
-        logits, loss, aux = self.lm_loss(hidden, labels, loss_mask, stats)
-        return MoECausalLMOutput(loss=loss, logits=logits, aux_loss=aux, router_logits=router_logits)
+        output = self.lm_loss(hidden, labels, loss_mask, stats)
+        output.router_logits = router_logits
+        return output
 
     @property
     def _num_router_statistics(self) -> int:
@@ -257,9 +266,9 @@ class MixtralForCausalLM(nn.Module):
 
     def nxd_pipeline_head(self, packed: torch.Tensor, input_ids: torch.Tensor | None = None,
                           labels: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,
-                          **batch: object) -> torch.Tensor:
-        """Last stage: final norm, LM head, the micro-batch's loss as forward's ``.loss``."""
+                          **batch: object) -> MoECausalLMOutput:
+        """Last stage: final norm, LM head; forward's output (its ``.loss`` and ``.loss_terms``)."""
         if labels is None:
             raise ValueError("pipeline training needs 'labels' in the batch (the last stage returns the loss)")
         hidden, stats = self._unpack(packed, input_ids)
-        return self.lm_loss(self.model.norm(hidden), labels, loss_mask, stats)[1]
+        return self.lm_loss(self.model.norm(hidden), labels, loss_mask, stats)

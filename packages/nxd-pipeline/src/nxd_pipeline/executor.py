@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nxd_core_parallel.loss_terms import add_loss_terms
 from nxd_pipeline import partition as part
 from nxd_pipeline import split_backward as sb
 from nxd_pipeline.comm import P2P, PipelineGroup, batch_signature
@@ -48,7 +49,10 @@ class StageRunner:
                 seen.setdefault(id(p), p)
         return list(seen.values())
 
-    def forward(self, stage: int, hidden: torch.Tensor | None, batch: dict[str, Any]) -> torch.Tensor:
+    def forward(self, stage: int, hidden: torch.Tensor | None, batch: dict[str, Any],
+                loss_terms: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """The stage's output: the activation to send on, or on the last stage the loss (the head
+        output's named loss terms added into ``loss_terms`` when given)."""
         model = self.model
         if stage == 0:
             hidden = self.api.nxd_pipeline_embed(**batch)
@@ -61,6 +65,8 @@ class StageRunner:
         out = self.api.nxd_pipeline_head(hidden, **batch)
         if self.loss_fn is not None:
             out = self.loss_fn(out, **batch)
+        if loss_terms is not None:
+            add_loss_terms(loss_terms, out)
         return self._loss(out)
 
     def _loss(self, out: Any) -> torch.Tensor:
@@ -88,10 +94,12 @@ class _InFlight:
 
 
 def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], micro: list[dict[str, Any]],
-                 num_stages: int, train: bool = True, trace: list | None = None) -> list[torch.Tensor]:
+                 num_stages: int, train: bool = True, trace: list | None = None,
+                 loss_terms: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Execute ``actions`` on this rank; returns the last stage's per-micro-batch losses (empty
     elsewhere). Backward scales each loss by ``1 / len(micro)`` (mean over micro-batches).
-    ``trace``, when given, receives ``(action, compute_seconds)`` per action (receives excluded)."""
+    ``trace``, when given, receives ``(action, compute_seconds)`` per action (receives excluded);
+    ``loss_terms`` the last stage's named loss terms summed over the micro-batches."""
     p, r, m = pg.size, pg.rank, len(micro)
     comm = P2P(pg, runner.activation_shapes)
     signatures = [batch_signature(mb) for mb in micro]
@@ -133,10 +141,10 @@ def run_schedule(runner: StageRunner, pg: PipelineGroup, actions: list[Action], 
                     if stage not in params_by_stage:
                         params_by_stage[stage] = runner.stage_parameters(stage)
                     with sb.record_param_outputs(params_by_stage[stage]) as rec:
-                        out = runner.forward(stage, x, micro[a.microbatch])
+                        out = runner.forward(stage, x, micro[a.microbatch], loss_terms)
                 else:
                     rec = None
-                    out = runner.forward(stage, x, micro[a.microbatch])
+                    out = runner.forward(stage, x, micro[a.microbatch], loss_terms)
                 compute = time.perf_counter() - t0
                 if stage == num_stages - 1:
                     losses[a.microbatch] = out.detach()

@@ -155,50 +155,69 @@ class NxDPPModel(nn.Module):
         return out
 
     def run_train(self, *micro_batches: dict[str, Any], autocast: torch.dtype | None = None,
-                  **batch: Any) -> torch.Tensor:
+                  loss_terms: dict[str, torch.Tensor] | None = None, **batch: Any) -> torch.Tensor:
         """Forward and backward of one global batch (NxD's ``run_train(**batch)``, split into
         ``num_microbatches``) or of the given micro-batches (nxd's step contract); returns the mean
         micro-batch loss on every pipeline rank (and averaged over data parallel with
-        ``broadcast_and_average_loss``). ``autocast``: run the schedule under ``torch.autocast``."""
+        ``broadcast_and_average_loss``). ``autocast``: run the schedule under ``torch.autocast``.
+        ``loss_terms``, when given, receives the last stage's named loss terms (the head output's
+        ``loss_terms``, see nxd_core_parallel.loss_terms) summed over the micro-batches, on every
+        pipeline rank."""
         micro = list(micro_batches) if micro_batches else self._split(batch)
         with autocast_context(micro[0], autocast):
-            return self._train(micro)
+            return self._train(micro, loss_terms)
 
-    def _train(self, micro: list[dict[str, Any]]) -> torch.Tensor:
+    def _train(self, micro: list[dict[str, Any]], loss_terms: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         actions = self.schedule.actions(self.pg.size, self.pg.rank, len(micro), self.config.virtual_pipeline_size)
-        losses = run_schedule(self._runner, self.pg, actions, micro, self.num_stages, trace=self.trace)
+        terms: dict[str, torch.Tensor] | None = None if loss_terms is None else {}
+        losses = run_schedule(self._runner, self.pg, actions, micro, self.num_stages, trace=self.trace,
+                              loss_terms=terms)
         for param, group in self._shared:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(param.grad, group=group)
-        return self._reduce_loss(losses, len(micro))
+        return self._reduce_loss(losses, len(micro), terms, loss_terms)
 
     @torch.no_grad()
     def run_eval(self, *micro_batches: dict[str, Any], autocast: torch.dtype | None = None,
-                 **batch: Any) -> torch.Tensor:
+                 loss_terms: dict[str, torch.Tensor] | None = None, **batch: Any) -> torch.Tensor:
         """Forward only (one global batch or the given micro-batches); returns the mean
-        micro-batch loss on every pipeline rank."""
+        micro-batch loss on every pipeline rank (``loss_terms`` as for ``run_train``)."""
         micro = list(micro_batches) if micro_batches else self._split(batch)
         with autocast_context(micro[0], autocast):
-            return self._eval(micro)
+            return self._eval(micro, loss_terms)
 
-    def _eval(self, micro: list[dict[str, Any]]) -> torch.Tensor:
+    def _eval(self, micro: list[dict[str, Any]], loss_terms: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         v = self.config.virtual_pipeline_size
         actions = [Action(FORWARD, c, i) for i in range(len(micro)) for c in range(v)]
         actions.sort(key=lambda a: (a.microbatch // self.pg.size, a.chunk, a.microbatch))
-        losses = run_schedule(self._runner, self.pg, actions, micro, self.num_stages, train=False)
-        return self._reduce_loss(losses, len(micro))
+        terms: dict[str, torch.Tensor] | None = None if loss_terms is None else {}
+        losses = run_schedule(self._runner, self.pg, actions, micro, self.num_stages, train=False, loss_terms=terms)
+        return self._reduce_loss(losses, len(micro), terms, loss_terms)
 
-    def _reduce_loss(self, losses: list[torch.Tensor], m: int) -> torch.Tensor:
+    def _reduce_loss(self, losses: list[torch.Tensor], m: int, terms: dict[str, torch.Tensor] | None = None,
+                     out_terms: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """The last stage's mean loss on every pipeline rank; with ``out_terms`` also its summed
+        loss ``terms`` (one broadcast carries both; the names travel first, as only that stage
+        knows them), added into ``out_terms``."""
         last = self.pg.ranks[(self.num_stages - 1) % self.pg.size]
         param = next(self.parameters(), None)  # the broadcast below needs the backend's device (NCCL: CUDA)
         device = param.device if param is not None else torch.device("cpu")
         loss = torch.stack(losses).mean() if losses else torch.zeros((), device=device)
-        loss = loss.detach().float().clone()
-        dist.broadcast(loss, src=last, group=self.pg.group)
+        names: list[str] = []
+        if out_terms is not None:
+            holder = [sorted(terms or {})]
+            dist.broadcast_object_list(holder, src=last, group=self.pg.group)
+            names = holder[0]
+        values = torch.stack([loss.detach().float().reshape(()).to(device)]
+                             + [(terms or {}).get(n, torch.zeros((), device=device)).to(device) for n in names])
+        dist.broadcast(values, src=last, group=self.pg.group)
         if self.config.broadcast_and_average_loss:
             dp = data_parallel_group(self.parallel_context)
             if dp is not None:
-                dist.all_reduce(loss, group=dp)
-                loss /= dist.get_world_size(dp)
-        return loss
+                dist.all_reduce(values, group=dp)
+                values /= dist.get_world_size(dp)
+        if out_terms is not None:
+            for name, value in zip(names, values[1:]):
+                out_terms[name] = out_terms[name] + value if name in out_terms else value.clone()
+        return values[0].clone()

@@ -50,7 +50,7 @@ class TrainResult:
     final_step: int
     losses: dict[int, float] = field(default_factory=dict)
     valid_losses: dict[int, float] = field(default_factory=dict)
-    #: workflow metrics per step (DPO/ORPO: rewards/chosen, rewards/accuracies, ...), DP means
+    #: step metrics (a workflow's: rewards/chosen, ...; the model's named loss terms: lm_loss, ...), DP means
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     resumed_from: str | None = None
     samples: list[str] = field(default_factory=list)
@@ -192,6 +192,8 @@ class Trainer:
         return loss_fn
 
     def _dp_mean_metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]:
+        """Per-micro-batch sums (a workflow's metrics, the model's named loss terms) as the logged
+        means over the ``count`` micro-batches and the DP ranks, as the loss."""
         if not sums:
             return {}
         names = sorted(sums)
@@ -219,7 +221,8 @@ class Trainer:
         self.model.train()
         micro_batches = [self._batch(it) for _ in range(self.plan.num_microbatches)]
         sums: dict[str, torch.Tensor] = {}
-        total = self.model.run_train(*micro_batches, autocast=self._autocast(), loss_fn=self._loss_fn(sums))
+        total = self.model.run_train(*micro_batches, autocast=self._autocast(), loss_fn=self._loss_fn(sums),
+                                     loss_terms=sums)
         self.step_metrics = self._dp_mean_metrics(sums, len(micro_batches))
         self.optimizer.step()
         self.scheduler.step()
@@ -258,7 +261,7 @@ class Trainer:
         total, n = torch.zeros((), device=self.device), 0
         sums: dict[str, torch.Tensor] = {}
         for group in self._valid_groups(cap):
-            loss = self.model.run_eval(*group, autocast=self._autocast(), loss_fn=self._loss_fn(sums))
+            loss = self.model.run_eval(*group, autocast=self._autocast(), loss_fn=self._loss_fn(sums), loss_terms=sums)
             # run_eval gives the group's mean: weigh it by its micro-batches
             total += loss.detach().float() * len(group)
             n += len(group)

@@ -56,10 +56,12 @@ def peak_memory_mb(backend: str) -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
 
 
-#: workflow metrics shown in the progress bar (all of them go to metrics.jsonl / TensorBoard)
-PROGRESS_METRICS = {"rewards/accuracies": "acc", "rewards/margins": "margin"}
+#: step metrics shown in the progress bar (all of them go to metrics.jsonl / TensorBoard): a
+#: workflow's (DPO/ORPO reward accuracy, margin) and the model's named loss terms
+#: (nxd_core_parallel.loss_terms: an MoE model's language-model and load-balancing losses)
+PROGRESS_METRICS = {"rewards/accuracies": "acc", "rewards/margins": "margin", "lm_loss": "lm", "aux_loss": "aux"}
 
 
 def progress_fields(values: dict[str, float]) -> dict[str, str]:
-    """Short progress-bar fields for a workflow's step metrics (DPO/ORPO reward accuracy, margin)."""
+    """Short progress-bar fields for the step metrics named in ``PROGRESS_METRICS``."""
     return {short: f"{values[name]:.3f}" for name, short in PROGRESS_METRICS.items() if name in values}

@@ -50,3 +50,39 @@ def test_clean_param_name_and_replicated_gather():
         "layers.0.mlp.weight"
     param = torch.ones(2, 3)
     assert [t.shape for t in gather_shards(param, 2)] == [(2, 3), (2, 3)]
+
+
+def pipeline_gather_body(out_dir: str) -> dict:
+    """PP=2 on 2 ranks: each stage contributes its own tensors; a key from both stages is refused."""
+    from nxd_core_parallel import parallel_state
+    from nxd_core_parallel.hf_interop import (
+        assembles_stage,
+        check_unused,
+        gather_pipeline_stages,
+        writes_files,
+    )
+
+    parallel_state.initialize_model_parallel(1, 2)
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    merged = gather_pipeline_stages({f"model.layers.{stage}.w": torch.full((2,), float(stage))})
+    try:
+        gather_pipeline_stages({"model.norm.weight": torch.zeros(1)})
+        duplicate = ""
+    except RuntimeError as err:
+        duplicate = str(err)
+    if writes_files():
+        write_hf_dir(out_dir, {}, {"model.layers.0.w": torch.zeros(1), "model.layers.1.w": torch.zeros(1)})
+    torch.distributed.barrier()
+    with SafetensorsCheckpoint(out_dir) as ckpt:  # strict: the other stage's read counts
+        check_unused(ckpt, {f"model.layers.{stage}.w"}, strict=True)
+    return {"merged": {k: v.tolist() for k, v in merged.items()}, "duplicate": duplicate,
+            "assembles": assembles_stage(), "writes": writes_files()}
+
+
+def test_gather_pipeline_stages_on_two_ranks(rank_pool, tmp_path):
+    first, second = rank_pool(2).run(pipeline_gather_body, str(tmp_path))
+    assert first["merged"] == {"model.layers.0.w": [0.0, 0.0], "model.layers.1.w": [1.0, 1.0]}
+    assert second["merged"] == {} and second["duplicate"] == ""  # only pipeline rank 0 merges
+    assert "model.norm.weight is exported by pipeline stages 0 and 1" in first["duplicate"]
+    assert first["assembles"] and second["assembles"]  # each stage assembles its own tensors
+    assert first["writes"] and not second["writes"]

@@ -165,3 +165,22 @@ def assert_same_tensors(dir_a: Path, dir_b: Path) -> None:
     for key in a:
         assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
         assert a[key].contiguous().view(torch.uint8).equal(b[key].contiguous().view(torch.uint8)), key
+
+
+def pipeline_roundtrip_body(cases: list[tuple[str, str]]) -> None:
+    """For each ``(hf_dir, out_dir)``: import at PP=2 (strict; each stage reads its layers) into
+    zeroed weights, export at PP=2 (each stage's layers gathered to global rank 0)."""
+    from nxd_core_parallel import parallel_state
+    from nxd_models_gpt import GPTConfig, GPTForCausalLM, load_hf_checkpoint, save_hf_checkpoint
+    from nxd_pipeline import NxDPPModel
+
+    parallel_state.initialize_model_parallel(1, 2)
+    for hf_dir, out_dir in cases:
+        config = GPTConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
+        model = NxDPPModel(GPTForCausalLM(config), 2, {"num_microbatches": 1, "schedule": "1f1b"})
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        load_hf_checkpoint(model, hf_dir)
+        save_hf_checkpoint(model, out_dir)
+    parallel_state.destroy_model_parallel()

@@ -17,6 +17,7 @@ from gpt_test_utils import (  # noqa: E402
     hf_generate,
     hf_reference,
     parity_body,
+    pipeline_roundtrip_body,
     quiet_transformers,
     roundtrip_body,
     save_hf,
@@ -49,3 +50,13 @@ def test_tp2_padded_vocab_roundtrip_and_generate(rank_pool, tmp_path):
     assert_same_tensors(src, out)
     expected = hf_generate(src, prompt, 20)
     assert tokens[0].equal(expected) and tokens[1].equal(expected)
+
+
+def test_pp2_import_export_roundtrip(rank_pool, tmp_path):
+    """PP=2 on two ranks, tied GPT-2 (the last stage's head reads the embedding) and untied NeoX:
+    the exported folder equals transformers' checkpoint byte for byte."""
+    names = ["gpt2", "neox"]
+    cases = [(str(save_hf(n, tmp_path / n)), str(tmp_path / f"{n}_pp2")) for n in names]
+    rank_pool(2).run(pipeline_roundtrip_body, cases)
+    for src, out in cases:
+        assert_same_tensors(Path(src), Path(out))

@@ -77,14 +77,14 @@ def test_llama_pp2_1f1b_matches_pp1(rank_pool, tied):
 
 def export_body(out_dir: str) -> dict:
     """One 1F1B step at PP=2, then the HF export at PP=2, against the same weights at PP=1 (each
-    stage's ``state_dict`` merged: global layer names) exported and run by nxd."""
+    stage's ``state_dict`` merged: global layer names) exported and run by nxd; transformers runs
+    the folder in the test's process."""
     import torch.distributed as dist
     from safetensors.torch import load_file
 
     from nxd_core_parallel import parallel_state
-    from nxd_models_llama import collect_hf_state_dict, save_hf_checkpoint
+    from nxd_models_llama import collect_hf_state_dict, load_hf_checkpoint, save_hf_checkpoint
     from nxd_pipeline import NxDPPModel, merge_stage_state_dicts
-    from nxd_testing.reference import quiet_transformers, rel_err
 
     out = {}
     for tied in (False, True):
@@ -97,6 +97,14 @@ def export_body(out_dir: str) -> dict:
         folder = f"{out_dir}/pp2_tied{tied}"
         save_hf_checkpoint(model, folder)
         returned = collect_hf_state_dict(model)
+        # and back: strict import at PP=2 (each stage reads its layers; the others' count as read)
+        fresh = NxDPPModel(_build(tied), 2, {"num_microbatches": 2, "schedule": "1f1b"})
+        with torch.no_grad():
+            for p in fresh.parameters():
+                p.zero_()
+        load_hf_checkpoint(fresh, folder)
+        trained = model.state_dict()
+        reloaded = all(torch.equal(v, trained[k]) for k, v in fresh.state_dict().items())
         stages = [None, None]
         dist.all_gather_object(stages, {k: v.detach().clone() for k, v in model.state_dict().items()})
         parallel_state.destroy_model_parallel()
@@ -107,26 +115,33 @@ def export_body(out_dir: str) -> dict:
         want = collect_hf_state_dict(reference)
         parallel_state.destroy_model_parallel()
         if dist.get_rank() != 0:
-            out[tied] = {"returned": len(returned)}
+            out[tied] = {"returned": len(returned), "reloaded": reloaded}
             continue
-        quiet_transformers()
-        from transformers import AutoModelForCausalLM
-
         got = load_file(f"{folder}/model.safetensors")
         ids = _batch(tied)["input_ids"]
-        hf_logits = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)(ids).logits
-        out[tied] = {"returned": len(returned), "keys": sorted(got) == sorted(want),
-                     "equal": all(torch.equal(got[k], want[k]) for k in want),
-                     "logits": rel_err(hf_logits, reference(ids).logits.detach())}
+        out[tied] = {"returned": len(returned), "reloaded": reloaded, "keys": sorted(got) == sorted(want),
+                     "equal": all(torch.equal(got[k], want[k]) for k in want), "folder": folder, "ids": ids,
+                     "logits": reference(ids).logits.detach()}
     return out
 
 
 def test_llama_pp2_hf_export_matches_pp1(rank_pool, tmp_path):
     """Each stage exports its own layers (global indices), gathered to global rank 0: the folder
-    equals the PP=1 export bit for bit and transformers gives the PP=1 logits (tied and untied)."""
+    equals the PP=1 export bit for bit and transformers gives the PP=1 logits (tied and untied);
+    a strict import of it at PP=2 gives back every stage's trained weights exactly."""
+    from nxd_testing.reference import quiet_transformers, rel_err
+
+    quiet_transformers()
+    from transformers import AutoModelForCausalLM
+
     first, second = rank_pool(2).run(export_body, str(tmp_path))
     for tied in (False, True):
         assert second[tied]["returned"] == 0  # not the writer: nothing returned, nothing written
-        assert first[tied]["returned"] > 0 and first[tied]["keys"] and first[tied]["equal"], first[tied]
-        print(f"\nLlama PP=2 HF export (tied={tied}) vs PP=1: transformers logits rel {first[tied]['logits']:.2e}")
-        assert first[tied]["logits"] <= TOL
+        assert first[tied]["reloaded"] and second[tied]["reloaded"]
+        r = first[tied]
+        assert r["returned"] > 0 and r["keys"] and r["equal"]
+        with torch.no_grad():
+            logits = AutoModelForCausalLM.from_pretrained(r["folder"], dtype=torch.float32)(r["ids"]).logits
+        err = rel_err(logits, r["logits"])
+        print(f"\nLlama PP=2 HF export (tied={tied}) vs PP=1: transformers logits rel {err:.2e}")
+        assert err <= TOL

@@ -149,3 +149,75 @@ def check(per_rank: list[dict], label: str) -> None:
     worst_grad = max(v for r in per_rank for v in r["grads"].values())
     print(f"\nMixtral {label} vs PP=1: loss rel {worst_loss:.2e}, grads rel {worst_grad:.2e}")
     assert worst_loss <= TOL and worst_grad <= TOL
+
+
+def export_body(out_dir: str, layouts: list[tuple[int, int, int, bool]], layers: int = 4) -> dict:
+    """HF export at PP=2 for each ``(tp, ep, virtual, train)`` layout. The model at PP=1, TP=1 is
+    written first; the PP=2 model imports that folder (strict), takes one step when ``train``
+    (TP=EP=1: its stages' state dicts then merge into the PP=1 model), and exports. Global rank 0
+    returns, per layout, whether the folder equals the PP=1 export of the same weights bit for bit,
+    and nxd's logits at PP=1 (:func:`check_export` runs transformers on the folder against them)."""
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+
+    from nxd_core_parallel import parallel_state
+    from nxd_models_mixtral import collect_hf_state_dict, load_hf_checkpoint, save_hf_checkpoint
+    from nxd_pipeline import NxDPPModel, merge_stage_state_dicts
+
+    parallel_state.initialize_model_parallel(1, 1)
+    reference = build(False, layers)
+    source = f"{out_dir}/pp1"
+    save_hf_checkpoint(reference, source)
+    parallel_state.destroy_model_parallel()
+    out = {}
+    for tp, ep, virtual, train in layouts:
+        parallel_state.initialize_model_parallel(tp, 2, expert_model_parallel_size=ep)
+        config = {"num_microbatches": 2, "schedule": "interleaved_1f1b" if virtual > 1 else "1f1b",
+                  "virtual_pipeline_size": virtual}
+        model = NxDPPModel(build(False, layers), 2, config)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        load_hf_checkpoint(model, source)
+        if train:
+            model.run_train(*micro_batches(2))
+            with torch.no_grad():  # every stage's weights move away from the PP=1 model's
+                for p in model.parameters():
+                    p -= 0.5 * p.grad
+        folder = f"{out_dir}/tp{tp}_ep{ep}_v{virtual}"
+        save_hf_checkpoint(model, folder)
+        if train:
+            stages = [None] * dist.get_world_size()
+            dist.all_gather_object(stages, {k: v.detach().clone() for k, v in model.state_dict().items()})
+        parallel_state.destroy_model_parallel()
+        parallel_state.initialize_model_parallel(1, 1)
+        if train:
+            reference.load_state_dict(merge_stage_state_dicts(stages))
+        want = collect_hf_state_dict(reference)
+        parallel_state.destroy_model_parallel()
+        if dist.get_rank() != 0:
+            continue
+        got = load_file(f"{folder}/model.safetensors")
+        ids = micro_batches(1)[0]["input_ids"]
+        with torch.no_grad():
+            logits = reference(ids).logits
+        out[(tp, ep, virtual)] = {"keys": sorted(got) == sorted(want), "folder": folder, "ids": ids,
+                                  "equal": all(torch.equal(got[k], want[k]) for k in want), "logits": logits}
+    return out
+
+
+def check_export(result: dict) -> None:
+    """Each layout's folder equals the PP=1 export, and transformers' logits on it nxd's at PP=1."""
+    from nxd_testing.reference import quiet_transformers, rel_err
+
+    quiet_transformers()
+    from transformers import AutoModelForCausalLM
+
+    assert result
+    for layout, r in result.items():
+        assert r["keys"] and r["equal"], layout
+        with torch.no_grad():
+            logits = AutoModelForCausalLM.from_pretrained(r["folder"], dtype=torch.float32)(r["ids"]).logits
+        err = rel_err(logits, r["logits"])
+        print(f"\nMixtral HF export at PP=2 (tp, ep, virtual)={layout} vs PP=1: transformers logits rel {err:.2e}")
+        assert err <= TOL

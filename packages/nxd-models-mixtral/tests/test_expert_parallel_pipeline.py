@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mixtral_pipeline_utils import check, pp_body, pp_ep_body  # noqa: E402
+from mixtral_pipeline_utils import check, check_export, export_body, pp_body, pp_ep_body  # noqa: E402
 
 
 @pytest.mark.slow  # 4 ranks; 2 layers, 2 micro-batches
@@ -22,3 +22,12 @@ def test_mixtral_pp2_tp2_sequence_parallel_matches_pp1(rank_pool):
 @pytest.mark.slow  # 4 ranks
 def test_mixtral_pp2_ep2_matches_pp1(rank_pool):
     check(rank_pool(4).run(pp_ep_body), "PP=2 x EP=2 (DP=2) 1f1b")
+
+
+@pytest.mark.slow  # 4 ranks
+def test_mixtral_hf_export_pp2_tp2_and_pp2_ep2(rank_pool, tmp_path):
+    """PP=2 x TP=2 and PP=2 x EP=2 (DP=2) import the PP=1 folder (strict) and export it again bit
+    for bit: each stage's TP rank 0 of DP rank 0 assembles its TP/EP shards, global rank 0 writes."""
+    per_rank = rank_pool(4).run(export_body, str(tmp_path), [(2, 1, 1, False), (1, 2, 1, False)], 2)
+    assert per_rank[1:] == [{}, {}, {}]
+    check_export(per_rank[0])

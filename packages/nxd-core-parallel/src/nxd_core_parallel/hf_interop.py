@@ -157,7 +157,9 @@ class SafetensorsCheckpoint:
 def check_unused(ckpt: SafetensorsCheckpoint, used: set[str], strict: bool,
                  buffers: tuple[str, ...] = ("rotary_emb.inv_freq",)) -> None:
     """With ``strict``, a ``ValueError`` naming the checkpoint tensors no parameter read (names
-    ending in one of ``buffers``, tensors HF stores but nxd recomputes, excepted)."""
+    ending in one of ``buffers``, tensors HF stores but nxd recomputes, excepted). Under pipeline
+    parallelism the tensors every stage read count (collective over the pipeline group)."""
+    used = _union_over_pipeline(used)
     leftover = sorted(k for k in ckpt.keys() - used if not k.endswith(buffers))
     if leftover and strict:
         more = f" (+{len(leftover) - 5} more)" if len(leftover) > 5 else ""
@@ -219,6 +221,15 @@ def _pipeline_size_and_rank() -> tuple[int, int]:
     if not (dist.is_available() and dist.is_initialized() and parallel_state.model_parallel_is_initialized()):
         return 1, 0
     return parallel_state.get_pipeline_model_parallel_size(), parallel_state.get_pipeline_model_parallel_rank()
+
+
+def _union_over_pipeline(keys: set[str]) -> set[str]:
+    pp, _ = _pipeline_size_and_rank()
+    if pp == 1:
+        return keys
+    parts: list[Any] = [None] * pp
+    dist.all_gather_object(parts, sorted(keys), group=parallel_state.get_pipeline_model_parallel_group())
+    return set().union(*parts)
 
 
 def assembles_stage() -> bool:

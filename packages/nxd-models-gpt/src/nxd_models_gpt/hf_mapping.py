@@ -95,7 +95,8 @@ def plan_for(name: str, config: GPTConfig, layout: str, tp: int, rank: int, padd
     """The pieces that make nxd parameter ``name`` on TP ``rank`` of ``tp``."""
     gpt2 = layout == "gpt2"
     pre = "transformer." if gpt2 else "gpt_neox."
-    if name == "embedding.word_embeddings.weight":
+    tied_head = name == "output_layer.weight" and config.share_embeddings_and_output_weights
+    if name == "embedding.word_embeddings.weight" or tied_head:  # a later pipeline stage's copy of the tied weight
         return _vocab_rows(pre + ("wte.weight" if gpt2 else "embed_in.weight"), config, padded_vocab, tp, rank)
     if name == "output_layer.weight":
         return _vocab_rows(hf_output_key(layout), config, padded_vocab, tp, rank)

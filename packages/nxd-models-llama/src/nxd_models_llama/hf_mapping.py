@@ -58,6 +58,12 @@ def heads_of_rank(config: LlamaConfig, tp: int, rank: int, kv_size_multiplier: i
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
+def tied_hf_key(name: str, config: LlamaConfig) -> str:
+    """``name``, or the embedding's key for the LM head of a tied model: the copy a later pipeline
+    stage keeps of the tied weight is read from the one tensor HF stores."""
+    return "model.embed_tokens.weight" if name == "lm_head.weight" and config.tie_word_embeddings else name
+
+
 def plan_for(name: str, config: LlamaConfig, tp: int, rank: int, kv_size_multiplier: int) -> list[Piece]:
     """The pieces that make parameter ``name`` (nxd name) on TP ``rank``."""
     hd, inter = config.head_dim, config.intermediate_size
@@ -65,7 +71,7 @@ def plan_for(name: str, config: LlamaConfig, tp: int, rank: int, kv_size_multipl
         vocab = config.vocab_size
         per = (vocab + get_padding_length(vocab, tp)) // tp
         start, stop = min(rank * per, vocab), min((rank + 1) * per, vocab)
-        return [Piece(name, 0, tuple(range(start, stop)), zeros=per - (stop - start))]
+        return [Piece(tied_hf_key(name, config), 0, tuple(range(start, stop)), zeros=per - (stop - start))]
     if name == "model.norm.weight":
         return [Piece(name, None)]
     match = _LAYER.match(name)

@@ -38,7 +38,7 @@ from nxd_core_parallel.hf_interop import (
     writes_files,
 )
 from nxd_core_parallel.vocab_padding import real_vocab_rows
-from nxd_models_llama.hf_mapping import Piece, plan_for
+from nxd_models_llama.hf_mapping import Piece, plan_for, tied_hf_key
 from nxd_models_llama.hf_mapping import hf_shapes as llama_hf_shapes
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_moe import expert_parallel_groups
@@ -88,7 +88,7 @@ def plain_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, multip
         return [Piece(f"model.layers.{match.group(1)}.block_sparse_moe.gate.weight", None)]
     padded = config.padded_vocab_size(tp)
     if name in _VOCAB and padded != config.vocab_size:  # only the real rows of this rank's padded slice
-        return [Piece(name, 0, tuple(real_vocab_rows(config.vocab_size, padded, tp, tp_rank)))]
+        return [Piece(tied_hf_key(name, config), 0, tuple(real_vocab_rows(config.vocab_size, padded, tp, tp_rank)))]
     return plan_for(name, config, tp, tp_rank, multiplier)
 
 

@@ -53,11 +53,11 @@ def _train(config: dict[str, Any], log_dir: str) -> dict[str, Any]:
     return {"losses": dict(result.losses), "metrics": dict(result.metrics)}
 
 
-def _logged_terms(log_dir: str) -> dict[int, dict[str, float]]:
-    """Rank 0's metrics.jsonl: each step's lm_loss and aux_loss."""
+def _logged_terms(log_dir: str, split: str = "train") -> dict[int, dict[str, float]]:
+    """Rank 0's metrics.jsonl: each step's loss, lm_loss and aux_loss."""
     from nxd_training.exp_manager import read_metrics
 
-    return {r["step"]: {k: r[k] for k in ("loss", "lm_loss", "aux_loss")} for r in read_metrics(log_dir)}
+    return {r["step"]: {k: r[k] for k in ("loss", "lm_loss", "aux_loss")} for r in read_metrics(log_dir, split)}
 
 
 def test_nxdt_mixtral_config_validates_and_selects_mixtral(corpus, tmp_path):
@@ -109,6 +109,7 @@ def test_pp2_run_follows_the_ep2_run(rank_pool, corpus, tmp_path, ep2_losses, ep
     """PP=2 x DP=1 runs each global batch as 2 micro-batches through the pipeline (router statistics
     carried between the stages); the EP=2 run (PP=1, DP=2) sees the same micro-batches, one per rank."""
     config = mixtral_config(corpus, tmp_path / "runs", ep=1, pp=2, steps=4)
+    config["trainer"].update(val_check_interval=4, limit_val_batches=1)  # one validation group (run_eval)
     results = rank_pool(2).run(_train, config, str(tmp_path / "pp2"), timeout=900)
     losses = [r["losses"] for r in results]
     assert losses[0] == losses[1] and sorted(losses[0]) == [1, 2, 3, 4]
@@ -123,3 +124,6 @@ def test_pp2_run_follows_the_ep2_run(rank_pool, corpus, tmp_path, ep2_losses, ep
              for name in ("lm_loss", "aux_loss")}
     print(f"PP=2 vs EP=2 logged terms, worst relative difference over 4 steps: {terms}")
     assert all(err < 1e-5 for err in terms.values()), terms
+    valid = _logged_terms(str(tmp_path / "pp2"), "valid")[4]
+    coef = NXDT_DROPLESS_MOE["router_aux_loss_coef"]
+    assert abs(valid["lm_loss"] + coef * valid["aux_loss"] - valid["loss"]) / valid["loss"] < 1e-6, valid

@@ -67,6 +67,8 @@ class NxDPPModel(nn.Module):
         self._shared = self._setup_shared_weights(tied)
         #: set to a list to receive ``(action, compute_seconds)`` of the next steps (benchmarks)
         self.trace: list | None = None
+        #: the names of the last stage's loss terms, once broadcast (see _broadcast_with_terms)
+        self._term_names: list[str] | None = None
         self._runner = StageRunner(module, self.layout, self.stage_bounds, cfg.output_loss_value_spec, cfg.loss_fn)
 
     # ------------------------------------------------------------------ structure
@@ -198,26 +200,44 @@ class NxDPPModel(nn.Module):
     def _reduce_loss(self, losses: list[torch.Tensor], m: int, terms: dict[str, torch.Tensor] | None = None,
                      out_terms: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """The last stage's mean loss on every pipeline rank; with ``out_terms`` also its summed
-        loss ``terms`` (one broadcast carries both; the names travel first, as only that stage
-        knows them), added into ``out_terms``."""
+        loss ``terms``, added into ``out_terms`` (one broadcast carries both)."""
         last = self.pg.ranks[(self.num_stages - 1) % self.pg.size]
         param = next(self.parameters(), None)  # the broadcast below needs the backend's device (NCCL: CUDA)
         device = param.device if param is not None else torch.device("cpu")
         loss = torch.stack(losses).mean() if losses else torch.zeros((), device=device)
-        names: list[str] = []
-        if out_terms is not None:
-            holder = [sorted(terms or {})]
-            dist.broadcast_object_list(holder, src=last, group=self.pg.group)
-            names = holder[0]
-        values = torch.stack([loss.detach().float().reshape(()).to(device)]
-                             + [(terms or {}).get(n, torch.zeros((), device=device)).to(device) for n in names])
-        dist.broadcast(values, src=last, group=self.pg.group)
+        loss = loss.detach().float().reshape(1).to(device)
+        if out_terms is None:
+            names, values = [], loss.clone()
+            dist.broadcast(values, src=last, group=self.pg.group)
+        else:
+            names, values = self._broadcast_with_terms(loss, terms or {}, last, device)
         if self.config.broadcast_and_average_loss:
             dp = data_parallel_group(self.parallel_context)
             if dp is not None:
                 dist.all_reduce(values, group=dp)
                 values /= dist.get_world_size(dp)
-        if out_terms is not None:
-            for name, value in zip(names, values[1:]):
-                out_terms[name] = out_terms[name] + value if name in out_terms else value.clone()
+        for name, value in zip(names, values[1:]):
+            out_terms[name] = out_terms[name] + value if name in out_terms else value.clone()  # type: ignore[index]
         return values[0].clone()
+
+    def _broadcast_with_terms(self, loss: torch.Tensor, terms: dict[str, torch.Tensor], last: int,
+                              device: torch.device) -> tuple[list[str], torch.Tensor]:
+        """``(names, [loss, *terms by name])`` from the last stage. Only that stage knows the names:
+        they travel on the first call and again only when they change (a flag in the values says
+        so), so a step costs one broadcast."""
+        if self._term_names is None:
+            self._term_names = self._broadcast_names(sorted(terms), last)
+        while True:
+            names = self._term_names
+            changed = dist.get_rank() == last and sorted(terms) != names
+            zero = torch.zeros((), device=device)
+            values = torch.stack([loss[0], zero + float(changed)] + [terms.get(n, zero).to(device) for n in names])
+            dist.broadcast(values, src=last, group=self.pg.group)
+            if not values[1]:
+                return names, torch.cat([values[:1], values[2:]])
+            self._term_names = self._broadcast_names(sorted(terms), last)
+
+    def _broadcast_names(self, names: list[str], last: int) -> list[str]:
+        holder: list[Any] = [names]
+        dist.broadcast_object_list(holder, src=last, group=self.pg.group)
+        return holder[0]

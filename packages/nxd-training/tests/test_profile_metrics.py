@@ -31,6 +31,13 @@ def test_flops_per_token_counts_attention() -> None:
 
 
 @pytest.mark.slow
+def test_progress_bar_shows_loss_terms_and_workflow_metrics() -> None:
+    from nxd_training import metrics
+
+    fields = metrics.progress_fields({"lm_loss": 6.25, "aux_loss": 2.0017, "z_loss": 4.0, "rewards/accuracies": 0.5})
+    assert fields == {"lm": "6.2500", "aux": "2.0017", "acc": "0.5000"}  # z_loss: metrics.jsonl/TensorBoard only
+
+
 def test_profile_compile_and_mfu(rank_pool, make_config, tmp_path: Path) -> None:
     common = {"trainer": {"max_steps": 3}, "distributed_strategy": {"tensor_model_parallel_size": 1},
               "exp_manager": {"create_checkpoint_callback": False, "peak_tflops_per_device": 1.0}}

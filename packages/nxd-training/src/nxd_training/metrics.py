@@ -64,4 +64,4 @@ PROGRESS_METRICS = {"rewards/accuracies": "acc", "rewards/margins": "margin", "l
 
 def progress_fields(values: dict[str, float]) -> dict[str, str]:
     """Short progress-bar fields for the step metrics named in ``PROGRESS_METRICS``."""
-    return {short: f"{values[name]:.3f}" for name, short in PROGRESS_METRICS.items() if name in values}
+    return {short: f"{values[name]:.4f}" for name, short in PROGRESS_METRICS.items() if name in values}

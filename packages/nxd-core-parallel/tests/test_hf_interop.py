@@ -53,7 +53,8 @@ def test_clean_param_name_and_replicated_gather():
 
 
 def pipeline_gather_body(out_dir: str) -> dict:
-    """PP=2 on 2 ranks: each stage contributes its own tensors; a key from both stages is refused."""
+    """PP=2 on 2 ranks: each stage contributes its own tensors; a key from both stages is refused.
+    Then CP=2: one writer."""
     from nxd_core_parallel import parallel_state
     from nxd_core_parallel.hf_interop import (
         assembles_stage,
@@ -75,8 +76,11 @@ def pipeline_gather_body(out_dir: str) -> dict:
     torch.distributed.barrier()
     with SafetensorsCheckpoint(out_dir) as ckpt:  # strict: the other stage's read counts
         check_unused(ckpt, {f"model.layers.{stage}.w"}, strict=True)
-    return {"merged": {k: v.tolist() for k, v in merged.items()}, "duplicate": duplicate,
-            "assembles": assembles_stage(), "writes": writes_files()}
+    result = {"merged": {k: v.tolist() for k, v in merged.items()}, "duplicate": duplicate,
+              "assembles": assembles_stage(), "writes": writes_files()}
+    parallel_state.initialize_model_parallel(1, 1, context_parallel_size=2)  # CP ranks hold the same weights
+    result["cp_writes"] = writes_files()
+    return result
 
 
 def test_gather_pipeline_stages_on_two_ranks(rank_pool, tmp_path):
@@ -86,3 +90,4 @@ def test_gather_pipeline_stages_on_two_ranks(rank_pool, tmp_path):
     assert "model.norm.weight is exported by pipeline stages 0 and 1" in first["duplicate"]
     assert first["assembles"] and second["assembles"]  # each stage assembles its own tensors
     assert first["writes"] and not second["writes"]
+    assert first["cp_writes"] and not second["cp_writes"]  # one writer at CP=2, not one per CP rank

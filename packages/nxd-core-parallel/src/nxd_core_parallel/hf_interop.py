@@ -234,13 +234,14 @@ def _union_over_pipeline(keys: set[str]) -> set[str]:
 
 def assembles_stage() -> bool:
     """True on the one rank per pipeline stage that assembles the stage's HF tensors from its TP
-    (and EP) shards: TP rank 0 of DP rank 0. Without pipeline parallelism it is the writing rank."""
+    (and EP) shards: TP rank 0 of DP rank 0 and context-parallel rank 0 (CP ranks hold the same
+    weights). Without pipeline parallelism it is the writing rank."""
     if not (dist.is_available() and dist.is_initialized()):
         return True
     if not parallel_state.model_parallel_is_initialized():
         return dist.get_rank() == 0
     return dist.get_rank() == parallel_state.get_tensor_model_parallel_src_rank() and \
-        parallel_state.get_data_parallel_rank() == 0
+        parallel_state.get_data_parallel_rank() == 0 and parallel_state.get_context_model_parallel_rank() == 0
 
 
 def writes_files() -> bool:

@@ -151,8 +151,8 @@ def check(per_rank: list[dict], label: str) -> None:
     assert worst_loss <= TOL and worst_grad <= TOL
 
 
-def export_body(out_dir: str, layouts: list[tuple[int, int, int, bool]], layers: int = 4) -> dict:
-    """HF export at PP=2 for each ``(tp, ep, virtual, train)`` layout. The model at PP=1, TP=1 is
+def export_body(out_dir: str, layouts: list[tuple[int, int, int, int, bool]], layers: int = 4) -> dict:
+    """HF export for each ``(pp, tp, ep, virtual, train)`` layout. The model at PP=1, TP=1 is
     written first; the PP=2 model imports that folder (strict), takes one step when ``train``
     (TP=EP=1: its stages' state dicts then merge into the PP=1 model), and exports. Global rank 0
     returns, per layout, whether the folder equals the PP=1 export of the same weights bit for bit,
@@ -170,11 +170,11 @@ def export_body(out_dir: str, layouts: list[tuple[int, int, int, bool]], layers:
     save_hf_checkpoint(reference, source)
     parallel_state.destroy_model_parallel()
     out = {}
-    for tp, ep, virtual, train in layouts:
-        parallel_state.initialize_model_parallel(tp, 2, expert_model_parallel_size=ep)
+    for pp, tp, ep, virtual, train in layouts:
+        parallel_state.initialize_model_parallel(tp, pp, expert_model_parallel_size=ep)
         config = {"num_microbatches": 2, "schedule": "interleaved_1f1b" if virtual > 1 else "1f1b",
                   "virtual_pipeline_size": virtual}
-        model = NxDPPModel(build(False, layers), 2, config)
+        model = NxDPPModel(build(False, layers), pp, config)
         with torch.no_grad():
             for p in model.parameters():
                 p.zero_()
@@ -184,7 +184,7 @@ def export_body(out_dir: str, layouts: list[tuple[int, int, int, bool]], layers:
             with torch.no_grad():  # every stage's weights move away from the PP=1 model's
                 for p in model.parameters():
                     p -= 0.5 * p.grad
-        folder = f"{out_dir}/tp{tp}_ep{ep}_v{virtual}"
+        folder = f"{out_dir}/pp{pp}_tp{tp}_ep{ep}_v{virtual}"
         save_hf_checkpoint(model, folder)
         if train:
             stages = [None] * dist.get_world_size()
@@ -201,7 +201,7 @@ def export_body(out_dir: str, layouts: list[tuple[int, int, int, bool]], layers:
         ids = micro_batches(1)[0]["input_ids"]
         with torch.no_grad():
             logits = reference(ids).logits
-        out[(tp, ep, virtual)] = {"keys": sorted(got) == sorted(want), "folder": folder, "ids": ids,
+        out[(pp, tp, ep, virtual)] = {"keys": sorted(got) == sorted(want), "folder": folder, "ids": ids,
                                   "equal": all(torch.equal(got[k], want[k]) for k in want), "logits": logits}
     return out
 
@@ -219,5 +219,5 @@ def check_export(result: dict) -> None:
         with torch.no_grad():
             logits = AutoModelForCausalLM.from_pretrained(r["folder"], dtype=torch.float32)(r["ids"]).logits
         err = rel_err(logits, r["logits"])
-        print(f"\nMixtral HF export at PP=2 (tp, ep, virtual)={layout} vs PP=1: transformers logits rel {err:.2e}")
+        print(f"\nMixtral HF export (pp, tp, ep, virtual)={layout} vs PP=1: transformers logits rel {err:.2e}")
         assert err <= TOL

@@ -25,9 +25,11 @@ def test_mixtral_pp2_ep2_matches_pp1(rank_pool):
 
 
 @pytest.mark.slow  # 4 ranks
-def test_mixtral_hf_export_pp2_tp2_and_pp2_ep2(rank_pool, tmp_path):
-    """PP=2 x TP=2 and PP=2 x EP=2 (DP=2) import the PP=1 folder (strict) and export it again bit
-    for bit: each stage's TP rank 0 of DP rank 0 assembles its TP/EP shards, global rank 0 writes."""
-    per_rank = rank_pool(4).run(export_body, str(tmp_path), [(2, 1, 1, False), (1, 2, 1, False)], 2)
+def test_mixtral_hf_export_pp2_tp2_pp2_ep2_and_pp4(rank_pool, tmp_path):
+    """PP=2 x TP=2, PP=2 x EP=2 (DP=2) and PP=4 import the PP=1 folder (strict) and export it again
+    bit for bit: each stage's TP rank 0 of DP rank 0 assembles its TP/EP shards, global rank 0
+    receives the other stages one at a time and writes."""
+    layouts = [(2, 2, 1, 1, False), (2, 1, 2, 1, False), (4, 1, 1, 1, False)]
+    per_rank = rank_pool(4).run(export_body, str(tmp_path), layouts, 4)
     assert per_rank[1:] == [{}, {}, {}]
     check_export(per_rank[0])

@@ -23,6 +23,6 @@ def test_mixtral_pp2_matches_pp1(rank_pool, schedule, virtual, checkpointing):
 def test_mixtral_pp2_hf_export_matches_pp1(rank_pool, tmp_path):
     """interleaved_1f1b with 2 chunks: each rank owns non-adjacent layers (0 and 2, 1 and 3); after
     one step the PP=2 export equals the PP=1 export of the merged weights (see export_body)."""
-    first, second = rank_pool(2).run(export_body, str(tmp_path), [(1, 1, 2, True)])
+    first, second = rank_pool(2).run(export_body, str(tmp_path), [(2, 1, 1, 2, True)])
     assert second == {}  # not the writer
     check_export(first)

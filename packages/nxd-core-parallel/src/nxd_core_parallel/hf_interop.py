@@ -258,21 +258,23 @@ def gather_pipeline_stages(tensors: dict[str, torch.Tensor]) -> dict[str, torch.
     pp, pp_rank = _pipeline_size_and_rank()
     if pp == 1:
         return tensors
-    dst = parallel_state.get_pipeline_model_parallel_ranks()[0]
-    received: list[Any] | None = [None] * pp if pp_rank == 0 else None
-    # host tensors pickled once per stage: the writer holds the whole model to write it anyway
+    group, ranks = parallel_state.get_pipeline_model_parallel_group(), parallel_state.get_pipeline_model_parallel_ranks()
     local = {key: value.detach().cpu() for key, value in tensors.items()}
-    dist.gather_object(local, received, dst=dst, group=parallel_state.get_pipeline_model_parallel_group())
-    if received is None:
+    if pp_rank != 0:
+        dist.send_object_list([local], dst=ranks[0], group=group)
         return {}
-    merged: dict[str, torch.Tensor] = {}
-    owner: dict[str, int] = {}
-    for stage, part in enumerate(received):
-        for key, value in part.items():
+    # one stage at a time: the writer holds the model plus one stage in transit, not every stage's copy
+    merged, owner = local, dict.fromkeys(local, 0)
+    clash = None
+    for stage in range(1, pp):  # every stage is received before an error, so no sender is left waiting
+        box: list[Any] = [None]
+        dist.recv_object_list(box, src=ranks[stage], group=group)
+        for key, value in box[0].items():
             if key in merged:
-                raise RuntimeError(f"HF tensor {key} is exported by pipeline stages {owner[key]} and {stage}; "
-                                   "each tensor must belong to one stage")
+                clash = clash or f"HF tensor {key} is exported by pipeline stages {owner[key]} and {stage}"
             merged[key], owner[key] = value, stage
+    if clash:
+        raise RuntimeError(f"{clash}; each tensor must belong to one stage")
     return merged
 
 

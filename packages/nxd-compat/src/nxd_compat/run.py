@@ -9,6 +9,7 @@ runs as is. Launch ranks with torchrun: ``torchrun --nproc-per-node 2 -m nxd_com
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import runpy
@@ -42,24 +43,38 @@ def main(argv: list[str] | None = None) -> None:
              "(process group 'xla' = gloo on CPU, NCCL on CUDA)")
     sys.argv = [str(script), *args[1:]]
     sys.path.insert(0, str(script.resolve().parent))
-    runpy.run_path(str(script), run_name="__main__")
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:  # a script ending with sys.exit(0) has finished too
+        if exc.code not in (0, None):
+            raise
     _finish()
 
 
 def _finish() -> None:
-    """After the script returned: its in-flight asynchronous saves commit, then the process group it
-    left open is torn down while Python still runs. Left to interpreter shutdown, a gloo group's
-    threads can be destroyed unjoined, and the rank aborts ("terminate called without an active
-    exception") after training succeeded."""
+    """After the script returned: its in-flight asynchronous saves commit and every rank reaches the end."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    import nxd
+    if dist.is_available() and dist.is_initialized():
+        import nxd
 
-    nxd.finalize_checkpoint()  # raises a failed save's error: the run must not look successful
-    dist.destroy_process_group()
+        nxd.finalize_checkpoint()  # raises a failed save's error: the run must not look successful
+        dist.barrier()  # no rank leaves while another may still talk to it
+
+
+def cli() -> None:
+    """The command (``nxd-compat-run``, ``python -m nxd_compat.run``): :func:`main`, then leave
+    the way ``multiprocessing`` ends its children: Python's exit handlers run and output is flushed,
+    then ``os._exit`` skips the native teardown. Left to interpreter shutdown, the process group the
+    script left open aborted a rank now and then ("terminate called without an active exception",
+    in 2 CI runs of NxD's TP+SP+ZeRO-1 example, after it had trained and written its metrics;
+    destroying the group first did not prevent it)."""
+    main()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    main()
+    cli()

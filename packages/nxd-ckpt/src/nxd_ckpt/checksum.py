@@ -12,6 +12,7 @@ slower of the two.
 from __future__ import annotations
 
 import bisect
+import math
 import os
 import threading
 from collections.abc import Iterable
@@ -89,7 +90,6 @@ class HashingWriter:
         self._unhashed: list[Any] = []
         self._hashing: Future | None = None
         self._stable = sorted(stable)
-        self._stable_starts = [start for start, _ in self._stable]
         self.nbytes = 0
         self.error: OSError | None = None
 
@@ -102,7 +102,7 @@ class HashingWriter:
         if not self._stable or not view.nbytes:
             return False
         start = np.frombuffer(view, dtype=np.uint8).ctypes.data
-        i = bisect.bisect_right(self._stable_starts, start) - 1
+        i = bisect.bisect_right(self._stable, (start, math.inf)) - 1  # the last region starting at or before it
         return i >= 0 and start + view.nbytes <= self._stable[i][1]
 
     def write(self, data: Any) -> int:

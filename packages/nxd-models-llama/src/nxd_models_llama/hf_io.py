@@ -38,7 +38,9 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return unwrap_local_module(model, LlamaConfig, "LlamaForCausalLM")
 
 
-def _kv_multiplier(model: nn.Module) -> int:
+def kv_size_multiplier(model: nn.Module) -> int:
+    """How many times the KV heads of an (unwrapped) Llama-shaped model are replicated over TP
+    (Mixtral's decoder shares the layout)."""
     layer = next(iter(model.model.layers), None)  # under pipeline parallelism: this stage's first layer
     return layer.self_attn.kv_size_multiplier if layer is not None else 1
 
@@ -54,7 +56,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
     config, hf_dir = module.config, Path(hf_dir)
     check_config_fields(config, hf_dir, LlamaConfig.from_dict, _SHAPE_FIELDS)
     tp, rank = tp_size_and_rank()
-    multiplier = _kv_multiplier(module)
+    multiplier = kv_size_multiplier(module)
     expected = hf_shapes(config)
     used: set[str] = set()
     with SafetensorsCheckpoint(hf_dir) as ckpt:
@@ -78,7 +80,7 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
     module = unwrap_model(model)
     config = module.config
     tp, _ = tp_size_and_rank()
-    multiplier = _kv_multiplier(module)
+    multiplier = kv_size_multiplier(module)
     assembler = assembles_stage()
     shapes = hf_shapes(config)
     out: dict[str, torch.Tensor] = {}

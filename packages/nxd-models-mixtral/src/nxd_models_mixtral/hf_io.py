@@ -38,6 +38,7 @@ from nxd_core_parallel.hf_interop import (
     writes_files,
 )
 from nxd_core_parallel.vocab_padding import real_vocab_rows
+from nxd_models_llama.hf_io import kv_size_multiplier
 from nxd_models_llama.hf_mapping import Piece, plan_for, tied_hf_key
 from nxd_models_llama.hf_mapping import hf_shapes as llama_hf_shapes
 from nxd_models_mixtral.config import MixtralConfig
@@ -54,11 +55,6 @@ _SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_l
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The :class:`MixtralForCausalLM` inside an ``NxDModel`` (or the model itself)."""
     return unwrap_local_module(model, MixtralConfig, "MixtralForCausalLM")
-
-
-def _kv_multiplier(model: nn.Module) -> int:
-    layer = next(iter(model.model.layers), None)  # under pipeline parallelism: this stage's first layer
-    return layer.self_attn.kv_size_multiplier if layer is not None else 1
 
 
 def expert_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, ep: int, ep_rank: int
@@ -114,7 +110,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
     check_config_fields(config, hf_dir, MixtralConfig.from_dict, _SHAPE_FIELDS)
     tp, tp_rank = tp_size_and_rank()
     groups = expert_parallel_groups(module.parallel_context)
-    multiplier = _kv_multiplier(module)
+    multiplier = kv_size_multiplier(module)
     expected = hf_shapes(config)
     used: set[str] = set()
     with SafetensorsCheckpoint(hf_dir) as ckpt:
@@ -150,7 +146,7 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
     config = module.config
     tp, _ = tp_size_and_rank()
     groups = expert_parallel_groups(module.parallel_context)
-    multiplier = _kv_multiplier(module)
+    multiplier = kv_size_multiplier(module)
     assembler = assembles_stage()  # of this pipeline stage's tensors
     out: dict[str, torch.Tensor] = {}
     shapes = hf_shapes(config)

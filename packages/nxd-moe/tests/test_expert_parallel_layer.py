@@ -46,7 +46,10 @@ def ep_layer_body(moe: dict) -> dict:
     return _run(moe, _weights(), _inputs(rank), first=rank * E // 2, count=E // 2)
 
 
-@pytest.mark.parametrize("moe", [dict(dropless=True), dict(capacity_factor=0.75)], ids=["dropless", "capacity"])
+@pytest.mark.parametrize("moe", [dict(dropless=True), dict(capacity_factor=0.75),
+                                 dict(dropless=True, router_activation="sigmoid", n_group=2, topk_group=1,
+                                      routed_scaling_factor=2.5, expert_bias=True)],
+                         ids=["dropless", "capacity", "deepseek_group_limited"])
 def test_ep2_layer_matches_all_experts_in_one_process(rank_pool, moe):
     got = rank_pool(2).run(ep_layer_body, moe, timeout=600)
     refs = [_run(moe, _weights(), _inputs(r), first=0, count=E) for r in range(2)]

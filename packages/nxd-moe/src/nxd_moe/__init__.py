@@ -1,10 +1,17 @@
 """Mixture-of-Experts layers for nxd: routers, auxiliary losses, capacity-factor and dropless
 routing, SwiGLU experts sharded over TP, and expert parallelism (all-to-all token dispatch)."""
 
+from nxd_moe.balancer import (
+    attach_expert_bias_update,
+    biased_routers,
+    expert_bias_update,
+    routers_of_optimizer,
+    update_expert_biases,
+)
 from nxd_moe.capacity import expert_capacity, kept_assignments
 from nxd_moe.config import ROUTING_ALGORITHMS, MoEConfig
 from nxd_moe.dispatch import DispatchPlan, all_to_all, combine, dispatch
-from nxd_moe.experts import ExpertMLPs
+from nxd_moe.experts import ExpertMLPs, grouped_mm_runs
 from nxd_moe.groups import ExpertParallelGroups, expert_parallel_groups
 from nxd_moe.layer import MoELayer
 from nxd_moe.losses import (
@@ -13,14 +20,17 @@ from nxd_moe.losses import (
     router_statistics,
     router_statistics_size,
     router_z_loss,
+    sequence_balance_loss,
 )
 from nxd_moe.pipeline import pack_router_statistics, unpack_router_statistics
-from nxd_moe.routing import RouterSinkhorn, RouterTopK, make_router, sinkhorn
+from nxd_moe.routing import RouterSinkhorn, RouterTopK, group_limited_scores, make_router, sinkhorn
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ROUTING_ALGORITHMS", "DispatchPlan", "ExpertMLPs", "ExpertParallelGroups", "MoEConfig", "MoELayer",
+    "ROUTING_ALGORITHMS", "DispatchPlan", "attach_expert_bias_update", "biased_routers", "expert_bias_update",
+    "group_limited_scores", "grouped_mm_runs", "routers_of_optimizer", "sequence_balance_loss",
+    "update_expert_biases", "ExpertMLPs", "ExpertParallelGroups", "MoEConfig", "MoELayer",
     "RouterSinkhorn", "RouterTopK", "all_to_all", "combine", "dispatch", "expert_capacity",
     "expert_parallel_groups", "kept_assignments", "load_balancing_loss", "losses_from_router_statistics",
     "make_router", "pack_router_statistics", "router_statistics", "router_statistics_size", "router_z_loss",

@@ -39,9 +39,25 @@ class MoEConfig:
     #: stop the Sinkhorn iterations early once the mean change of the column scaling is below this
     #: (Megatron's error measure); ``None``: always ``sinkhorn_iterations``
     sinkhorn_tol: float | None = None
+    #: group-limited top-k (DeepSeek-V3): experts form ``n_group`` equal groups, each token first keeps
+    #: the ``topk_group`` groups whose two best scores sum highest, then picks ``top_k`` experts in them
+    n_group: int = 1
+    topk_group: int = 1
+    #: multiplies the chosen affinities after the optional renormalisation (DeepSeek-V3: 2.5)
+    routed_scaling_factor: float = 1.0
+    #: aux-loss-free balancing (DeepSeek-V3 paper, section 2.1.2): a per-expert bias added to the
+    #: affinities for the choice only, moved by ``bias_update_rate`` against each expert's load after
+    #: every optimizer step (:mod:`nxd_moe.balancer`)
+    expert_bias: bool = False
+    bias_update_rate: float = 0.001
+    #: DeepSeek-V3's complementary sequence-wise balance loss weight (alpha); 0 = off
+    seq_aux_loss_coef: float = 0.0
+    #: expert matmuls: ``auto`` = ``torch._grouped_mm`` on CUDA where it runs, the per-expert loop
+    #: elsewhere; ``loop`` forces the loop
+    grouped_gemm: str = "auto"
 
     def __post_init__(self) -> None:
-        for name in ("num_experts", "top_k", "frequency", "sinkhorn_iterations"):
+        for name in ("num_experts", "top_k", "frequency", "sinkhorn_iterations", "n_group", "topk_group"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "sinkhorn_iterations" else 1):
                 raise ConfigError(f"moe.{name} must be a positive integer, got {value!r}")
@@ -70,6 +86,15 @@ class MoEConfig:
             self.capacity_factor = float(self.capacity_factor)
         if not self.dropless and self.capacity_factor is None:
             raise ConfigError("moe.dropless=false needs moe.capacity_factor (how many tokens each expert may take)")
+        if self.num_experts % self.n_group or self.topk_group > self.n_group:
+            raise ConfigError(f"moe.n_group ({self.n_group}) must divide moe.num_experts ({self.num_experts}) and be "
+                              f">= moe.topk_group ({self.topk_group})")
+        if self.n_group > 1 and self.top_k > self.topk_group * (self.num_experts // self.n_group):
+            raise ConfigError(f"moe.top_k ({self.top_k}) exceeds the experts of moe.topk_group={self.topk_group} groups")
+        if self.grouped_gemm not in ("auto", "loop"):
+            raise ConfigError(f"moe.grouped_gemm must be 'auto' or 'loop', got {self.grouped_gemm!r}")
+        if self.expert_bias and self.routing_algorithm != "top_k":
+            raise ConfigError("moe.expert_bias (aux-loss-free balancing) needs moe.routing_algorithm 'top_k'")
         if self.top_k == 1 and self.normalize_top_k_affinities:
             self.normalize_top_k_affinities = False  # one affinity renormalised would always be 1
 

@@ -30,7 +30,7 @@ class ExpertMLPs(nn.Module):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, tp_size: int = 1,
                  ep_size: int = 1, ep_rank: int = 0, ep_group: object = None, edp_group: object = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, init_std: float = 0.02,
-                 output_init_std: float | None = None) -> None:
+                 output_init_std: float | None = None, grouped_gemm: str = "auto") -> None:
         super().__init__()
         if num_experts % ep_size:
             raise ConfigError(f"num_experts ({num_experts}) must be divisible by expert_model_parallel_size ({ep_size})")
@@ -41,6 +41,8 @@ class ExpertMLPs(nn.Module):
         self.num_local_experts = num_experts // ep_size
         self.local_intermediate = intermediate_size // tp_size
         self.hidden_size, self.init_std = hidden_size, init_std
+        #: ``auto``: :func:`torch._grouped_mm` where :func:`grouped_mm_runs` says it can; ``loop``: never
+        self.grouped_gemm = grouped_gemm
         #: ``down_proj``'s init std (Megatron's scaled init of output layers); ``None``: ``init_std``
         self.output_init_std = output_init_std
         e, i, h = self.num_local_experts, self.local_intermediate, hidden_size
@@ -102,7 +104,13 @@ class ExpertMLPs(nn.Module):
 
     def forward(self, tokens: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """``tokens`` ``[N, H]`` grouped by local expert (``counts[e]`` rows for local expert ``e``)
-        -> ``[N, H]`` partial over TP."""
+        -> ``[N, H]`` partial over TP. One grouped GEMM per projection where
+        :func:`grouped_mm_runs`, else one pair of matmuls per local expert."""
+        if self.grouped_gemm == "auto" and tokens.shape[0] and grouped_mm_runs(tokens, self.gate_up_proj):
+            offsets = torch.tensor(counts, device=tokens.device).cumsum(0).to(torch.int32)
+            gate_up = torch._grouped_mm(tokens, self.gate_up_proj.transpose(-2, -1), offs=offsets)
+            gate, up = gate_up.split(self.local_intermediate, dim=-1)
+            return torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(-2, -1), offs=offsets)
         outputs = []
         for e, chunk in enumerate(tokens.split(counts, dim=0)):
             if chunk.shape[0] == 0:
@@ -114,3 +122,13 @@ class ExpertMLPs(nn.Module):
             # rank's backward produces the same set of gradients for the collectives that follow
             return tokens.new_zeros(0, self.hidden_size) + 0 * (self.gate_up_proj.sum() + self.down_proj.sum())
         return torch.cat(outputs, dim=0)
+
+
+def grouped_mm_runs(tokens: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`torch._grouped_mm` takes these operands: CUDA compute capability 9.0+ (its
+    kernels are Hopper's), bf16, every matrix dimension a multiple of 8 (16-byte rows)."""
+    if not (hasattr(torch, "_grouped_mm") and tokens.is_cuda and tokens.dtype == weight.dtype == torch.bfloat16):
+        return False
+    if torch.cuda.get_device_capability(tokens.device) < (9, 0):
+        return False
+    return all(d % 8 == 0 for d in (*weight.shape[1:], tokens.shape[1]))

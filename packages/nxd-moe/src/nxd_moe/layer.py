@@ -25,6 +25,7 @@ from nxd_moe.config import MoEConfig
 from nxd_moe.dispatch import combine, dispatch
 from nxd_moe.experts import ExpertMLPs
 from nxd_moe.groups import expert_parallel_groups
+from nxd_moe.losses import sequence_balance_loss
 from nxd_moe.routing import make_router
 
 
@@ -42,7 +43,8 @@ class MoELayer(nn.Module):
     def __init__(self, config: MoEConfig, hidden_size: int, intermediate_size: int, sequence_parallel: bool = False,
                  sequence_dimension: int = 1, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, init_std: float = 0.02,
-                 output_init_std: float | None = None, context: ParallelContext | None = None) -> None:
+                 output_init_std: float | None = None, context: ParallelContext | None = None,
+                 shared_intermediate_size: int = 0) -> None:
         super().__init__()
         if sequence_dimension != 1:
             raise ValueError("MoELayer takes batch-first activations [batch, seq, hidden] (sequence_dimension=1)")
@@ -56,7 +58,9 @@ class MoELayer(nn.Module):
         self.router = make_router(self.config.routing_algorithm, self.config.num_experts, self.config.top_k,
                                   hidden_size, self.config.sinkhorn_iterations, self.config.sinkhorn_tol,
                                   dtype=dtype, device=device, init_std=init_std,
-                                  activation=self.config.router_activation)
+                                  activation=self.config.router_activation, n_group=self.config.n_group,
+                                  topk_group=self.config.topk_group, expert_bias=self.config.expert_bias)
+        self.router.bias_update_rate = self.config.bias_update_rate
         if sequence_parallel and tp > 1:
             # under SP each TP rank routes only its sequence slice: the router's gradient is partial
             # and the optimizer sums it over TP (like norm weights)
@@ -64,7 +68,17 @@ class MoELayer(nn.Module):
         self.experts = ExpertMLPs(self.config.num_experts, hidden_size, intermediate_size, tp_size=tp,
                                   ep_size=groups.ep_size, ep_rank=groups.ep_rank, ep_group=groups.ep_group,
                                   edp_group=groups.edp_group, dtype=dtype, device=device,
-                                  init_std=init_std, output_init_std=output_init_std)
+                                  init_std=init_std, output_init_std=output_init_std,
+                                  grouped_gemm=self.config.grouped_gemm)
+        #: shared experts (DeepSeek-V3): one dense SwiGLU every token goes through, unweighted, TP-sharded
+        #: like the routed experts and never split over EP (``shared_intermediate_size`` = the shared
+        #: experts' intermediate sizes together); its partial output joins the routed one before the
+        #: single TP reduction
+        self.shared_experts = ExpertMLPs(1, hidden_size, shared_intermediate_size, tp_size=tp, dtype=dtype,
+                                         device=device, init_std=init_std, output_init_std=output_init_std) \
+            if shared_intermediate_size else None
+        #: DeepSeek-V3's sequence-wise balance loss of the last training forward (``seq_aux_loss_coef`` > 0)
+        self.last_seq_aux_loss: torch.Tensor | None = None
 
     def route(self, probs: torch.Tensor, index: torch.Tensor, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights [T, k], kept [T, k])`` from the softmax ``probs`` and chosen ``index``."""
@@ -81,6 +95,8 @@ class MoELayer(nn.Module):
             weights = weights * kept
         if cfg.normalize_top_k_affinities:
             weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+        if cfg.routed_scaling_factor != 1.0:
+            weights = weights * cfg.routed_scaling_factor
         return weights, kept
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,6 +121,8 @@ class MoELayer(nn.Module):
         with torch.no_grad():
             index = self.router.choose(probs.detach(), logits.detach())
         weights, kept = self.route(probs, index, b, s)
+        if self.config.seq_aux_loss_coef and self.training:
+            self.last_seq_aux_loss = sequence_balance_loss(probs, index, b, self.config.num_experts)
         token_ids = torch.arange(b * s, device=tokens.device).unsqueeze(1).expand_as(index)[kept]
         expert_ids, weights = index[kept], weights[kept]
         groups = expert_parallel_groups(self.parallel_context)
@@ -113,6 +131,8 @@ class MoELayer(nn.Module):
         out = combine(self.experts(grouped, plan.local_counts), plan)  # rows in plan.order
         weights = weights[plan.order].unsqueeze(1).to(out.dtype)
         out = torch.zeros_like(tokens).index_add(0, token_ids[plan.order], out * weights)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(tokens, [b * s])
         out = out.view(b, s, h)
         if sp:
             out = reduce_scatter_to_sequence_parallel_region(out, 1)

@@ -90,3 +90,18 @@ def router_z_loss(router_logits: torch.Tensor | Sequence[torch.Tensor]) -> torch
         router_logits = [router_logits]
     logits = torch.cat([t.reshape(-1, t.shape[-1]) for t in router_logits], dim=0).float()
     return torch.logsumexp(logits, dim=-1).pow(2).mean()
+
+
+def sequence_balance_loss(probs: torch.Tensor, index: torch.Tensor, batch: int, num_experts: int) -> torch.Tensor:
+    """DeepSeek-V3's complementary sequence-wise balance loss (paper eqs. 17-20), before its weight
+    alpha, averaged over the ``batch`` sequences: per sequence of ``T`` tokens,
+    ``sum_i f_i * P_i`` with ``f_i = E / (K * T) * #(tokens choosing i)`` (no gradient) and
+    ``P_i = mean_t s_it / sum_j s_jt``. ``probs`` ``[batch*T, E]`` affinities, ``index`` ``[batch*T, K]``."""
+    top_k = index.shape[-1]
+    scores = probs.view(batch, -1, num_experts)
+    seq = scores.shape[1]
+    with torch.no_grad():
+        chosen = F.one_hot(index.view(batch, seq, top_k), num_experts).sum((1, 2)).to(scores.dtype)  # [B, E]
+        f = chosen * (num_experts / (top_k * seq))
+    p = (scores / scores.sum(-1, keepdim=True)).mean(1)  # [B, E]
+    return (f * p).sum(-1).mean()

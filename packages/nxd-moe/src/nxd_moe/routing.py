@@ -10,6 +10,7 @@ affinities are the softmax over experts, or with ``activation="sigmoid"`` each e
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -53,10 +54,47 @@ class _RouterBase(nn.Module):
 
 
 class RouterTopK(_RouterBase):
-    """Each token goes to its ``top_k`` most probable experts (train with the load-balancing loss)."""
+    """Each token goes to its ``top_k`` most probable experts (train with the load-balancing loss).
+
+    DeepSeek-V3's variants: ``n_group > 1`` limits the choice to the ``topk_group`` expert groups
+    whose two best scores sum highest (group-limited routing); ``expert_bias`` adds the buffer
+    ``e_score_correction_bias`` ``[E]`` (Hugging Face's name) to the scores for the choice only (the
+    affinities that weight the experts stay unbiased) and, in training, counts each expert's
+    assignments in ``expert_load`` for :mod:`nxd_moe.balancer`."""
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, n_group: int = 1, topk_group: int = 1,
+                 expert_bias: bool = False, **kwargs: object) -> None:
+        super().__init__(num_experts, top_k, hidden_size, **kwargs)
+        self.n_group, self.topk_group = n_group, topk_group
+        #: b_i <- b_i + bias_update_rate * sign(mean load - load_i) after each step (nxd_moe.balancer)
+        self.bias_update_rate = 0.001
+        if expert_bias:
+            self.weight.nxd_moe_router = weakref.ref(self)  # how nxd_moe.balancer finds it from the optimizer
+            device = self.weight.device
+            self.register_buffer("e_score_correction_bias", torch.zeros(num_experts, device=device))
+            self.register_buffer("expert_load", torch.zeros(num_experts, device=device), persistent=False)
+        else:
+            self.e_score_correction_bias = None
 
     def choose(self, probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        return torch.topk(probs, self.top_k, dim=-1).indices
+        scores = probs if self.e_score_correction_bias is None else probs + self.e_score_correction_bias
+        if self.n_group > 1:
+            scores = group_limited_scores(scores, self.n_group, self.topk_group)
+        index = torch.topk(scores, self.top_k, dim=-1).indices
+        if self.e_score_correction_bias is not None and self.training:
+            self.expert_load += torch.bincount(index.reshape(-1), minlength=self.num_experts).to(self.expert_load)
+        return index
+
+
+def group_limited_scores(scores: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
+    """``scores`` ``[T, E]`` with every expert outside each token's ``topk_group`` best groups set to
+    ``-inf``; a group's score is the sum of its two best experts' (DeepSeek-V3's ``group_scores``)."""
+    t, e = scores.shape
+    grouped = scores.view(t, n_group, e // n_group)
+    group_scores = grouped.topk(min(2, e // n_group), dim=-1).values.sum(-1)
+    keep = torch.zeros_like(group_scores, dtype=torch.bool)
+    keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
+    return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(t, e)
 
 
 class RouterSinkhorn(_RouterBase):
@@ -108,6 +146,7 @@ def make_router(routing_algorithm: str, num_experts: int, top_k: int, hidden_siz
     """``"top_k"`` -> :class:`RouterTopK`, ``"sinkhorn"`` -> :class:`RouterSinkhorn`."""
     if routing_algorithm == "top_k":
         return RouterTopK(num_experts, top_k, hidden_size, **kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("n_group", "topk_group", "expert_bias")}
     if routing_algorithm == "sinkhorn":
         return RouterSinkhorn(num_experts, top_k, hidden_size, sinkhorn_iterations=sinkhorn_iterations,
                               sinkhorn_tol=sinkhorn_tol, **kwargs)

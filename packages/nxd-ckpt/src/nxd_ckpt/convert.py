@@ -34,6 +34,12 @@ class FullState:
     state: dict[str, torch.Tensor]
     #: model config dict (Hugging Face config.json keys) when known
     config: dict | None = None
+    #: the registered model name, when the source records it (an ``nxd train`` checkpoint)
+    model: str | None = None
+    #: the tokenizer the model was trained with (a local folder or file), when recorded
+    tokenizer: str | None = None
+    #: a LoRA run's ``LoraConfig`` fields: ``state`` then holds ``module.*`` (base) and ``lora_layers.*``
+    lora: dict | None = None
 
 
 @dataclass
@@ -100,14 +106,37 @@ def read_config_file(source: str, path: str | None) -> dict | None:
     if reader is not None:
         return reader(path)
     with open(path) as f:
-        return json.loads(f.read())
+        text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(
+            f"--config {path}: not a JSON model config (Hugging Face config.json keys): {exc.msg} at line "
+            f"{exc.lineno}. A run of nxd train needs no --config: give its run directory (nxd ckpt convert --from "
+            "nxd --to hf RUN_DIR); its checkpoints record the model") from None
 
 
-def run_convert(source: str, target: str, input: str, output: str, *, model: str | None = None,
-                tag: str | None = None, config_path: str | None = None, allow_pickle: bool = False) -> FullState:
-    """What ``nxd ckpt convert`` (and ``nxd migrate checkpoint``) run: convert and report."""
+def run_convert(source: str, target: str, input: str, output: str | None = None, *, model: str | None = None,
+                tag: str | None = None, config_path: str | None = None, allow_pickle: bool = False,
+                lora: str | None = None) -> FullState:
+    """What ``nxd ckpt convert`` (and ``nxd migrate checkpoint``) run: convert and report.
+
+    An ``nxd train`` run directory is a valid ``input`` for ``--from nxd`` (its ``checkpoints/``
+    are read); ``output`` then defaults to ``<run dir>/hf/<tag>`` for ``--to hf``. ``lora``
+    (``merge`` or ``adapter``) says how a LoRA run's adapters leave for ``hf``."""
+    from nxd_ckpt.run_dir import checkpoint_root, is_run_dir
+
+    run_dir = source == "nxd" and is_run_dir(input)
+    if run_dir:
+        input = checkpoint_root(input)
+    if output is None:
+        if not (run_dir and target == "hf"):
+            raise CheckpointError("--output is required (it defaults only for --from nxd --to hf of a run directory)")
+        from nxd_ckpt.consolidate import resolve_tag
+
+        output = os.path.join(os.path.dirname(input), "hf", tag or resolve_tag(input, None))
     request = ConvertRequest(input, output, model, tag, read_config_file(source, config_path),
-                             options={"allow_pickle": allow_pickle})
+                             options={"allow_pickle": allow_pickle, "lora": lora})
     full = convert(source, target, request)
     where = f"{output}/{tag}" if tag and target == "nxd" else output
     print(f"converted {len(full.state)} tensors: {source} {input} -> {target} {where}")
@@ -136,15 +165,20 @@ def single_rank() -> Iterator[None]:
             dist.destroy_process_group()
 
 
-def _spec(request: ConvertRequest, need: str) -> Any:
+def _spec(request: ConvertRequest, need: str, recorded: str | None = None) -> Any:
     import nxd
 
-    if not request.model:
-        raise CheckpointError(f"{need} needs --model NAME (a registered model: {', '.join(nxd.list_components('model'))})")
-    spec = nxd.get_model(request.model)
+    name = request.model or recorded
+    if not name:
+        raise CheckpointError(f"{need} needs --model NAME (a registered model: {', '.join(nxd.list_components('model'))}); "
+                              "checkpoints of nxd train record it, this one does not")
+    try:
+        spec = nxd.get_model(name)
+    except nxd.ComponentNotFound as exc:
+        raise CheckpointError(f"{need}: {exc}") from None
     hook = "load_hf" if need == "--from hf" else "save_hf"
     if getattr(spec, hook) is None:
-        raise CheckpointError(f"model {request.model!r} does not provide ModelSpec.{hook}; {need} is not possible")
+        raise CheckpointError(f"model {name!r} does not provide ModelSpec.{hook}; {need} is not possible")
     return spec
 
 
@@ -160,18 +194,30 @@ def _read_hf(request: ConvertRequest) -> FullState:
 
 
 def _write_hf(full: FullState, request: ConvertRequest) -> None:
-    spec = _spec(request, "--to hf")
+    from nxd_ckpt.hf_export import copy_tokenizer, lora_mode, write_lora_hf
+
+    spec = _spec(request, "--to hf", full.model)
     config = request.config or full.config
     if config is None:
-        raise CheckpointError("--to hf needs the model config: pass --config config.json")
+        raise CheckpointError("--to hf needs the model config: pass --config config.json (checkpoints of nxd train "
+                              "record it, this one does not)")
+    mode = lora_mode(full, request.options.get("lora"), request.input)
     with single_rank():
         model = spec.build(spec.config_from_dict(config), None)
-        model.load_state_dict(full.state, strict=True)
-        spec.save_hf(model, request.output)
+        try:
+            if mode is None:
+                model.load_state_dict(full.state, strict=True)
+                spec.save_hf(model, request.output)
+            else:
+                write_lora_hf(spec, model, full, mode, request.output)
+        except ValueError as exc:  # e.g. a config the Hugging Face layout cannot express
+            raise CheckpointError(f"--to hf ({spec.name}): {exc}") from None
+    copy_tokenizer(full.tokenizer, request.output)
 
 
 def _read_nxd(request: ConvertRequest) -> FullState:
     from nxd_ckpt.consolidate import full_model_state, resolve_tag
+    from nxd_ckpt.run_dir import MODEL_RECORD_KEY
     from nxd_ckpt.storage import open_storage
 
     tag = resolve_tag(request.input, request.tag)
@@ -181,7 +227,25 @@ def _read_nxd(request: ConvertRequest) -> FullState:
     if storage.exists(f"{tag}/config.json"):
         with storage.open_read(f"{tag}/config.json") as f:
             config = json.loads(f.read().decode())
-    return FullState(state, request.config or config)
+    content = read_user_content(request.input, tag)
+    record = content.get(MODEL_RECORD_KEY) if isinstance(content, dict) else None
+    record = record if isinstance(record, dict) else {}
+    return FullState(state, request.config or config or record.get("config"), record.get("name"),
+                     record.get("tokenizer"), record.get("lora"))
+
+
+def read_user_content(path: str, tag: str) -> Any:
+    """The ``user_content`` saved with checkpoint ``path/tag`` (``None`` when it has none)."""
+    from nxd_ckpt.layout import read_done
+    from nxd_ckpt.load import Reader
+    from nxd_ckpt.metadata import read_metadata
+    from nxd_ckpt.storage import open_storage
+
+    storage = open_storage(path)
+    meta = read_metadata(storage, tag, read_done(storage, tag).get("metadata"))
+    reader = Reader(storage, tag, meta)
+    saved = meta.get("has_user_content") if meta is not None else reader.has("user_content.pt")
+    return reader.load("user_content.pt") if saved else None
 
 
 def _write_nxd(full: FullState, request: ConvertRequest) -> None:

@@ -133,7 +133,8 @@ class LoRAModel(nn.Module):
     def print_trainable_parameters(self) -> str:
         trainable, total = self.trainable_parameters()
         line = f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
-        print(line)
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+            print(line)  # once per job, not once per rank (the counts are this rank's)
         return line
 
     # ------------------------------------------------------------------ forward

@@ -46,7 +46,9 @@ def lora_config(config: TrainingConfig, spec: Any) -> Any:
     # NxDT's YAML keys are LoraConfig's field names, except lora_bias (NxD: bias)
     same = {f.name for f in dataclasses.fields(LoraConfig)}
     fields = {k: v for k, v in peft.model_dump().items() if k in same}
-    return LoraConfig(**{**fields, "enable_lora": True, "bias": peft.lora_bias, "target_modules": targets})
+    # lora_verbose off: the trainer prints the trainable count itself, once (rank 0)
+    return LoraConfig(**{**fields, "enable_lora": True, "bias": peft.lora_bias, "target_modules": targets,
+                         "lora_verbose": False})
 
 
 def nxd_config(config: TrainingConfig, plan: RunPlan) -> dict:

@@ -15,8 +15,9 @@ import torch.distributed as dist
 
 import nxd
 from nxd import ConfigError
+from nxd_ckpt.run_dir import MODEL_RECORD_KEY, model_record
 from nxd_training import build, lora_export, metrics
-from nxd_training.config.plan import RunPlan, make_plan
+from nxd_training.config.plan import RunPlan, make_plan, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.exp_manager import (
     MetricsLogger,
@@ -103,6 +104,10 @@ class Trainer:
         if self.lora and dist.get_rank() == 0:
             print(f"nxd train: LoRA: {lora_export.describe(self.trainable)}", flush=True)
         self.lora_exports: list[str] = []
+        #: what the checkpoints record of the model, so `nxd ckpt convert RUN_DIR` needs no arguments
+        lora = build.lora_config(config, self.plan.spec) if self.lora else None
+        self.model_record = model_record(self.plan.spec.name, self.plan.model_dict, tokenizer_path(config),
+                                         lora.to_dict() if lora is not None else None)
         if self.lora and is_url(self.ckpt_dir):
             raise ConfigError(f"LoRA exports are written to a local directory, and checkpoint_callback_params.dirpath "
                               f"is the URL {self.ckpt_dir}; use a local dirpath for LoRA runs")
@@ -273,7 +278,7 @@ class Trainer:
         consumed = self.step * self.config.data.global_batch_size
         tag = checkpoint_tag(self.config, self.step, consumed, 0)
         content = {"step": self.step, "consumed_samples": consumed, "data": self._data_states(),
-                   "config_name": self.config.name}
+                   "config_name": self.config.name, MODEL_RECORD_KEY: self.model_record}
         em = self.config.exp_manager
         record = {"async": int(em.async_checkpointing)}
 

@@ -59,7 +59,7 @@ def build_state_dict(opt: NeuronZero1Optimizer) -> dict:
 def _check_shard(i: int, sd: Any) -> None:
     if not isinstance(sd, dict) or FORMAT_KEY not in sd:
         raise ValueError(f"shard {i} is not a ZeRO-1 optimizer state dict (no {FORMAT_KEY!r} key); it must come "
-                         "from NeuronZero1Optimizer.state_dict()")
+                         "from NeuronZero1Optimizer.state_dict(); NxD's torch-xla ZeRO-1 state is not read by nxd-zero1)")
     if sd[FORMAT_KEY] != FORMAT_VERSION:
         raise ValueError(f"shard {i} has ZeRO-1 format {sd[FORMAT_KEY]}, this nxd-zero1 reads {FORMAT_VERSION}")
 
@@ -170,17 +170,27 @@ def load_from_shards(opt: NeuronZero1Optimizer, shards: list[dict], allow_partia
 
 
 def shard_filename(opt: NeuronZero1Optimizer, dp_rank: int | str | None = None) -> str:
-    if dp_rank == "*":
-        dp = "*"
-    else:
-        dp = f"{opt.dp_rank if dp_rank is None else dp_rank:02d}"
-    return f"dp_rank_{dp}_tp_rank_{group_rank(opt.grad_norm_group):02d}_pp_rank_{group_rank(opt.pipeline_group):02d}.pt"
+    """NxD's file name for a DP shard, ``optim.dp_rank_DD.tp_rank_TT`` (its
+    ``zero_redundancy_optimizer.py``); at PP > 1 nxd appends ``.pp_rank_PP`` (NxD's name has no
+    pipeline rank, so its stages would overwrite each other's files)."""
+    dp = "*" if dp_rank == "*" else f"{opt.dp_rank if dp_rank is None else dp_rank:02d}"
+    name = f"optim.dp_rank_{dp}.tp_rank_{group_rank(opt.grad_norm_group):02d}"
+    pipeline = opt.pipeline_group
+    if pipeline is not None and dist.is_initialized() and dist.get_world_size(pipeline) > 1:
+        name += f".pp_rank_{group_rank(pipeline):02d}"
+    return name
+
+
+def _older_filename(opt: NeuronZero1Optimizer) -> str:
+    """The name nxd-zero1 wrote before it followed NxD's (still read)."""
+    return f"dp_rank_*_tp_rank_{group_rank(opt.grad_norm_group):02d}_pp_rank_{group_rank(opt.pipeline_group):02d}.pt"
 
 
 def save_sharded(opt: NeuronZero1Optimizer, output_dir: str, save_serially: bool = True) -> None:
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, shard_filename(opt))
     sd = opt.state_dict()
+    sd["tp_rank"] = group_rank(opt.grad_norm_group)  # NxD records both ranks in the shard
     for turn in range(opt.dp_size if save_serially else 1):
         if not save_serially or turn == opt.dp_rank:
             tmp = f"{path}.tmp{os.getpid()}"
@@ -191,9 +201,15 @@ def save_sharded(opt: NeuronZero1Optimizer, output_dir: str, save_serially: bool
 
 
 def load_sharded(opt: NeuronZero1Optimizer, output_dir: str) -> None:
-    pattern = os.path.join(output_dir, shard_filename(opt, "*"))
-    paths = sorted(p for p in glob.glob(pattern) if re.search(r"dp_rank_\d+_", os.path.basename(p)))
+    """Every DP shard of this TP/PP rank (NxD's names, else nxd-zero1's older ones), resharded
+    to the current DP size."""
+    paths: list[str] = []
+    for pattern in (shard_filename(opt, "*"), _older_filename(opt)):
+        paths = sorted(p for p in glob.glob(os.path.join(output_dir, pattern))
+                       if re.search(r"dp_rank_\d+[._]", os.path.basename(p)) and ".tmp" not in p)
+        if paths:
+            break
     if not paths:
-        raise FileNotFoundError(f"no ZeRO-1 optimizer shards matching {pattern!r}")
+        raise FileNotFoundError(f"no ZeRO-1 optimizer shards matching {os.path.join(output_dir, shard_filename(opt, '*'))!r}")
     shards = [torch.load(p, map_location="cpu", weights_only=True, mmap=True) for p in paths]
     load_from_shards(opt, shards)

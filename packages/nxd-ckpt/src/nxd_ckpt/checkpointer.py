@@ -11,9 +11,10 @@ import torch.distributed as dist
 import nxd.trainer
 from nxd.parallel import ParallelContext, process_group_timeout
 from nxd_ckpt.errors import CheckpointError
-from nxd_ckpt.layout import checkpoint_dir, newest_complete_tag, read_done, validate_tag
+from nxd_ckpt.layout import DONE_MARKER, checkpoint_dir, newest_complete_tag, read_done, validate_tag
 from nxd_ckpt.load import Reader, load_model, load_optimizer, restore_rng
 from nxd_ckpt.metadata import read_metadata
+from nxd_ckpt.nxd_layouts import is_nxd_written
 from nxd_ckpt.overwrite import recover_all
 from nxd_ckpt.retention import remove_incomplete
 from nxd_ckpt.save import is_zero1, plan_save, run_save
@@ -159,13 +160,16 @@ class Checkpointer:
             if tag is None:
                 raise CheckpointError(f"{storage.describe('')}: no complete checkpoint (no tag has a 'done' marker)")
         where = checkpoint_dir(storage, tag)
+        if where is None and is_nxd_written(storage, tag):
+            where = tag  # NxD's converter writes no 'done'; a tag named explicitly is read as written
         if where is None:
             what = "does not exist" if not storage.exists(tag) else (
                 "is incomplete (no 'done' marker: the save was interrupted)" + (
                     f"; every file is there: `nxd ckpt verify {storage.describe('')} --tag {tag} --mark-done` checks "
                     "their checksums and marks it complete" if is_whole_unmarked(storage, tag) else ""))
             raise CheckpointError(f"checkpoint {storage.describe(tag)} {what}")
-        meta = read_metadata(storage, where, read_done(storage, where).get("metadata"))
+        done = read_done(storage, where) if storage.exists(f"{where}/{DONE_MARKER}") else {}
+        meta = read_metadata(storage, where, done.get("metadata"))
         if meta is None and storage.list_files(f"{where}/rng"):
             raise CheckpointError(f"{storage.describe(f'{where}/metadata.json')}: missing, but the checkpoint was "
                                   "written by nxd-ckpt (it has rng/ states); without it the RNG states cannot be "

@@ -14,11 +14,13 @@ from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
 from nxd_ckpt.formats import format_for_file, get_format
 from nxd_ckpt.layout import parse_shard_name, rng_name, shard_name
 from nxd_ckpt.metadata import shardings_of
+from nxd_ckpt.nxd_layouts import adapt_qkv_names
 from nxd_ckpt.rng import restore_rng_state
 from nxd_ckpt.sharding import Sharding, global_shape, merge_shards, split_full
 from nxd_ckpt.snapshot import unwrap_model
 from nxd_ckpt.storage import Storage
 from nxd_ckpt.topology import Topology
+from nxd_ckpt.xser import is_xser_in_storage, load_from_storage
 
 
 class Reader:
@@ -41,6 +43,9 @@ class Reader:
                 recorded = " (metadata.json records it: it was deleted)" if self.files and rel in self.files else ""
                 raise CheckpointError(f"{where}: missing from checkpoint{recorded}; is it complete, and saved with "
                                       "this layout?")
+            if self.files is None and is_xser_in_storage(self.storage, path):  # NxD's use_xser layout
+                self._cache[rel] = load_from_storage(self.storage, path)
+                return self._cache[rel]
             fmt = get_format(fmt_name) if fmt_name else format_for_file(rel)
             with self.storage.open_read(path) as f:
                 data = f.read()
@@ -109,18 +114,27 @@ def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, st
         state = reader.load(rel, fmt)
         if meta is not None:
             check_shard(reader.storage.describe(f"{reader.tag}/{rel}"), state, meta, topo)
+        else:  # written by NxD: its modules' Q/K/V naming may differ from this model's
+            state = adapt_qkv_names(state, module)
         saved = {k: list(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
         _first_shape_mismatch(target, saved, {k: list(v.shape) for k, v in target.items()})
     else:
         state = _reshard(reader, meta, target, shardings, topo, strict)
     missing = [k for k in target if k not in state]
     unexpected = [k for k in state if k not in target] if (meta is None or topo.pp == 1) else []
+    where = reader.storage.describe(reader.tag)
     if strict and (missing or unexpected):
         raise CheckpointError(
-            f"model state in {reader.storage.describe(reader.tag)} does not match the model: "
-            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} (pass strict=False to load the overlap)"
+            f"model state in {where} does not match the model: {len(missing)} of its tensors are not in the "
+            f"checkpoint {missing[:8]}{'...' if len(missing) > 8 else ''}, {len(unexpected)} checkpoint tensors "
+            f"match nothing in the model {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}. Loading would "
+            "leave the missing ones at their initial values: check that the model is built as the checkpoint's "
+            "was (architecture, fused or separate projections, names); strict=False loads the overlap only, "
+            "warning with the name of every tensor it leaves at its initial value"
         )
+    if missing:
+        warnings.warn(f"{where}: strict=False left {len(missing)} model tensor(s) at their initial values (not in "
+                      f"the checkpoint): {missing}", stacklevel=4)
     module.load_state_dict({k: v for k, v in state.items() if k in target}, strict=False)
 
 

@@ -161,7 +161,7 @@ def reduction_param_groups(parameters: Any) -> list[dict]:
     return out
 
 
-def _counted_on_this_rank(param: torch.Tensor) -> bool:
+def counted_in_norm(param: torch.Tensor) -> bool:
     """Whether this rank owns ``param``'s gradient for the norm: replicated parameters count on
     TP rank 0 only; GQA KV weights replicated ``m`` times count on the first rank of each block
     of ``m`` neighbouring ranks that share a KV piece."""
@@ -176,13 +176,18 @@ def _counted_on_this_rank(param: torch.Tensor) -> bool:
     return True
 
 
-def _fused_pieces(param: torch.Tensor, grad: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
-    """A fused GQA QKV gradient: the Q piece always counts, replicated K/V pieces only on unique ranks."""
-    splits = param.fused_splits
-    pieces = torch.split(grad, list(splits), dim=param.partition_dim)
+def fused_pieces_counted(param: torch.Tensor) -> list[bool]:
+    """A fused GQA QKV parameter (``fused_splits`` along ``partition_dim``): whether each piece
+    counts on this rank for the norm. The Q piece always counts, replicated K/V pieces only on
+    unique ranks."""
     multiplier = getattr(param, "kv_size_multiplier", 1)
     unique = parallel_state.get_tensor_model_parallel_rank() % multiplier == 0
-    return [(piece, i == 0 or multiplier == 1 or unique) for i, piece in enumerate(pieces)]
+    return [i == 0 or multiplier == 1 or unique for i in range(len(param.fused_splits))]
+
+
+def _fused_pieces(param: torch.Tensor, grad: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
+    pieces = torch.split(grad, list(param.fused_splits), dim=param.partition_dim)
+    return list(zip(pieces, fused_pieces_counted(param)))
 
 
 def get_grad_norm(parameters: Any, norm_type: float = 2) -> torch.Tensor:
@@ -200,11 +205,11 @@ def get_grad_norm(parameters: Any, norm_type: float = 2) -> torch.Tensor:
         if initialized and is_expert_parallel(p):
             # different experts on each EP rank: their norms add up over the EP group
             group = p.expert_model_parallel_group
-            expert_pieces.setdefault(id(group), (group, []))[1].append((grad, _counted_on_this_rank(p)))
+            expert_pieces.setdefault(id(group), (group, []))[1].append((grad, counted_in_norm(p)))
         elif initialized and getattr(p, "fused_splits", None) is not None:
             pieces.extend(_fused_pieces(p, grad))
         else:
-            pieces.append((grad, _counted_on_this_rank(p) if initialized else True))
+            pieces.append((grad, counted_in_norm(p) if initialized else True))
     if norm_type == math.inf:
         local = torch.zeros((), dtype=torch.float32, device=device)
         for grad, _ in pieces:

@@ -1,0 +1,140 @@
+"""Apply ``torch.distributed.fsdp.fully_shard`` to an nxd model.
+
+Each transformer block (the classes activation checkpointing uses: ``nxd_transformer_layer_classes``
+or Hugging Face's ``_no_split_modules``) becomes one FSDP unit, and the root holds the rest
+(embeddings, final norm, head). nxd's tensor-parallel layers keep plain (TP-local) parameters, which
+``fully_shard`` shards along dim 0 over the data-parallel mesh; the attributes nxd's layers set on
+them (``tensor_model_parallel``, ``partition_dim``, ``sequence_parallel_enabled``, ...) are copied to
+the sharded parameters, so grad sync, clipping and checkpoints still see them.
+
+The root's ``state_dict()`` holds full (DP-gathered, still TP-local) tensors and its
+``load_state_dict`` takes them, so nxd-ckpt, HF export and LoRA export read and write the same
+layout as plain data parallelism; :func:`sharded_state_dict` switches to the DTensor shards (DCP)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from nxd_fsdp.config import FsdpConfig
+from nxd_fsdp.mesh import shard_coordinates, shard_group
+
+_FULL_STATE = "_nxd_fsdp_full_state_dict"
+_MESH = "_nxd_fsdp_mesh"
+
+
+def block_classes(model: nn.Module) -> tuple[type, ...]:
+    """The model's transformer block classes (each becomes an FSDP unit); none: the root only."""
+    from nxd_core_parallel.activation_checkpoint import transformer_layer_classes
+
+    try:
+        return transformer_layer_classes(model)
+    except ValueError:  # the model declares no blocks: one FSDP unit (the root) is still exact
+        return ()
+
+
+def _outermost(model: nn.Module, classes: tuple[type, ...]) -> list[nn.Module]:
+    found: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            if isinstance(child, classes):
+                found.append(child)
+            else:
+                visit(child)
+
+    if classes:
+        visit(model)
+    return found
+
+
+def fully_shard_kwargs(config: FsdpConfig, mesh: DeviceMesh) -> dict[str, Any]:
+    """``fully_shard``'s arguments for ``config`` on ``mesh``."""
+    return {
+        "mesh": mesh,
+        "reshard_after_forward": config.reshard_after_forward,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=config.param_torch_dtype, reduce_dtype=config.reduce_torch_dtype),
+        "offload_policy": CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy(),
+    }
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, config: FsdpConfig) -> nn.Module:
+    """``fully_shard`` each block of ``model`` and then ``model`` itself, in place; returns ``model``."""
+    attributes = {name: dict(p.__dict__) for name, p in model.named_parameters(remove_duplicate=False) if p.__dict__}
+    kwargs = fully_shard_kwargs(config, mesh)
+    for block in _outermost(model, block_classes(model)):
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        for key, value in attributes.get(name, {}).items():
+            if key not in p.__dict__:
+                setattr(p, key, value)
+    setattr(model, _FULL_STATE, True)
+    setattr(model, _MESH, mesh)
+    model.register_state_dict_post_hook(_gather_full_state)
+    model.register_load_state_dict_pre_hook(_shard_full_state)
+    return model
+
+
+def _gather_full_state(module: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> None:
+    # collective: every rank of the mesh asks for the state dict (nxd-ckpt's save does)
+    if not getattr(module, _FULL_STATE, False):
+        return
+    mesh = getattr(module, _MESH)
+    for key, value in state_dict.items():
+        if isinstance(value, DTensor):
+            state_dict[key] = gather_rows(value.to_local(), value.shape, mesh)
+
+
+def gather_rows(local: torch.Tensor, shape: torch.Size, mesh: DeviceMesh) -> torch.Tensor:
+    """The full tensor of ``shape`` from each shard rank's ``local`` rows (``torch.chunk``'s split
+    along dim 0, as fully_shard cuts). Padded to equal pieces: gloo has no uneven all-gather. Plain
+    collectives on the shard group, not ``DTensor.full_tensor``: DTensor caches redistribution
+    plans by mesh equality, which ignores the process group, so a mesh rebuilt on the same ranks
+    (a new parallel context in the same process) could reuse a plan holding a destroyed group."""
+    rank, count = shard_coordinates(mesh)
+    if count == 1:
+        return local.clone()
+    rows = shape[0]
+    per = -(-rows // count)
+    padded = local.new_zeros((per, *shape[1:]))
+    padded[:local.shape[0]] = local
+    pieces = [torch.empty_like(padded) for _ in range(count)]
+    torch.distributed.all_gather(pieces, padded, group=shard_group(mesh))
+    return torch.cat(pieces)[:rows]
+
+
+def _shard_full_state(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
+    if not getattr(module, _FULL_STATE, False):
+        return
+    for name, param in module.named_parameters(remove_duplicate=False):
+        key = prefix + name
+        value = state_dict.get(key)
+        if isinstance(param, DTensor) and isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+            # every rank holds the full tensor: each cuts its own shard, nothing is sent
+            state_dict[key] = distribute_tensor(value.to(param.dtype), param.device_mesh, param.placements,
+                                                src_data_rank=None)
+
+
+@contextlib.contextmanager
+def sharded_state_dict(module: nn.Module) -> Iterator[nn.Module]:
+    """Within: ``module.state_dict()`` holds the DTensor shards and ``load_state_dict`` takes
+    them (what torch.distributed.checkpoint reads and writes)."""
+    previous = getattr(module, _FULL_STATE, False)
+    setattr(module, _FULL_STATE, False)
+    try:
+        yield module
+    finally:
+        setattr(module, _FULL_STATE, previous)
+
+
+def mesh_of(module: nn.Module) -> DeviceMesh:
+    """The mesh :func:`shard_model` sharded ``module`` over."""
+    return getattr(module, _MESH)

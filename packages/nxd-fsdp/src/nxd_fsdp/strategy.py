@@ -1,0 +1,54 @@
+"""The ``fsdp`` data-parallel strategy: the model side (``fully_shard`` + :class:`FSDPModel`) and the
+optimizer side (:class:`FSDPOptimizer`), both over the mesh of the parallel context's DP ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nxd import ConfigError, ParallelContext
+from nxd_fsdp.config import FsdpConfig, check_fsdp, resolve_fsdp_config
+from nxd_fsdp.mesh import fsdp_mesh
+from nxd_fsdp.model import FSDPModel
+from nxd_fsdp.optimizer import FSDPOptimizer
+from nxd_fsdp.shard import shard_model
+
+NAME = "fsdp"
+#: the key of the resolved settings in the NxD config (``neuronx_distributed_config(fsdp_config=...)``)
+CONFIG_KEY = "fsdp_config"
+
+
+def fsdp_settings(nxd_config: dict) -> FsdpConfig:
+    """The FSDP settings of ``nxd_config`` (defaults when it selects FSDP without any)."""
+    return resolve_fsdp_config(nxd_config.get(CONFIG_KEY) or True)
+
+
+def check_context(fsdp: FsdpConfig, context: ParallelContext | None, nxd_config: dict) -> ParallelContext:
+    if context is None:
+        raise ConfigError("FSDP needs torch.distributed initialised (a parallel context) before the model is built")
+    check_fsdp(fsdp, data_parallel_size=context.dp.size, expert_parallel_size=context.ep.size,
+               context_parallel_size=context.cp.size,
+               zero1=bool(nxd_config.get("optimizer_config", {}).get("zero_one_enabled")),
+               accelerator=context.device.type)
+    return context
+
+
+def shard(model: torch.nn.Module, context: ParallelContext | None, nxd_config: dict) -> FSDPModel:
+    """The model side: ``fully_shard`` ``model`` over ``context``'s DP mesh and wrap it."""
+    fsdp = fsdp_settings(nxd_config)
+    context = check_context(fsdp, context, nxd_config)
+    if isinstance(model, FSDPModel):
+        return model
+    mesh = fsdp_mesh(context, fsdp.replicate_degree)
+    return FSDPModel(shard_model(model, mesh, fsdp), nxd_config, mesh, fsdp)
+
+
+def make_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Optimizer], parameters: Any, *,
+                   context: ParallelContext | None, **defaults: Any) -> FSDPOptimizer:
+    """The optimizer side: ``optimizer_class`` over the sharded parameters, wrapped for clipping
+    across shards and reshardable checkpoints."""
+    fsdp = fsdp_settings(nxd_config)
+    context = check_context(fsdp, context, nxd_config)
+    mesh = fsdp_mesh(context, fsdp.replicate_degree)
+    return FSDPOptimizer(optimizer_class(parameters, **defaults), nxd_config, context, mesh)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 __all__ = ["REDUCE_MAX", "REDUCE_MIN", "REDUCE_MUL", "REDUCE_SUM", "add_step_closure", "all_gather", "all_reduce",
            "get_local_ordinal", "get_ordinal", "is_master_ordinal", "mark_step", "master_print", "mesh_reduce",
-           "optimizer_step", "rendezvous", "save", "wait_device_ops", "xla_device", "xrt_world_size"]
+           "optimizer_step", "reduce_gradients", "rendezvous", "save", "wait_device_ops", "xla_device", "xrt_world_size"]
 
 REDUCE_SUM = "sum"
 REDUCE_MAX = "max"
@@ -132,6 +132,15 @@ def mesh_reduce(tag: str, data: Any, reduce_fn: Callable[[list[Any]], Any]) -> A
 def optimizer_step(optimizer: Any, barrier: bool = False, optimizer_args: dict | None = None,
                    groups: Any = None, pin_layout: bool = True) -> Any:
     return optimizer.step(**(optimizer_args or {}))
+
+
+def reduce_gradients(optimizer: Any, groups: Sequence[Any] | None = None, pin_layout: bool = True) -> None:
+    """torch-xla's: sum every gradient the optimizer holds over ``groups`` and scale by 1 / world
+    size (torch-xla divides by the world size even when ``groups`` is a subset, and so does this)."""
+    count = xrt_world_size()
+    if count > 1:
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        all_reduce(REDUCE_SUM, grads, scale=1.0 / count, groups=groups, pin_layout=pin_layout)
 
 
 def save(data: Any, file_or_path: Any, master_only: bool = True, global_master: bool = False) -> None:

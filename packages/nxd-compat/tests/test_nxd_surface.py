@@ -1,0 +1,118 @@
+"""NxD's module tree beyond what its examples import: every name below (NxD Release 2.29's
+public or example-used names of these modules) resolves, or raises an error that says what it is
+and what to use; never a bare AttributeError or ModuleNotFoundError."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from nxd_compat.run import STAND_IN
+
+#: module -> names, from aws-neuron/neuronx-distributed src/ at commit fbac349
+NXD_NAMES = {
+    "neuronx_distributed.parallel_layers": ["save", "load", "ColumnParallelLinear", "parallel_state"],
+    "neuronx_distributed.parallel_layers.checkpointing": ["save", "load", "get_sharded_model_dict",
+                                                          "ensure_directory_exists"],
+    "neuronx_distributed.parallel_layers.mappings": [
+        "_reduce", "_split_along_last_dim", "_split_along_first_dim", "_split_along_dim", "_gather_along_dim",
+        "_gather_along_first_dim", "_gather_along_last_dim", "_reduce_scatter_along_first_dim",
+        "_reduce_scatter_along_last_dim", "_reduce_scatter_along_dim", "_all_to_all_in_expert_parallel_region",
+        "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
+        "reduce_from_context_model_parallel_region", "scatter_input_channels_to_tensor_model_parallel_region",
+        "scatter_to_tensor_model_parallel_region", "gather_from_tensor_model_parallel_region",
+        "scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",
+        "reduce_scatter_to_sequence_parallel_region", "reduce_scatter_to_tensor_model_parallel_region_with_dim",
+        "gather_from_tensor_model_parallel_region_with_dim", "enter_expert_parallel_region",
+        "exit_expert_parallel_region", "scatter_to_process_group_spmd", "round_robin_scatter_to_process_group_spmd"],
+    "neuronx_distributed.parallel_layers.utils": ["get_local_world_size", "requires_init_pg_override"],
+    "neuronx_distributed.parallel_layers.layers_utils": ["_linear_autograd_base_setup_fwd",
+                                                         "_linear_autograd_bwd_grad_reduce"],
+    "neuronx_distributed.parallel_layers.comm": ["all_reduce", "all_gather", "reduce_scatter"],
+    "neuronx_distributed.modules.qkv_linear_utils": ["check_use_bias", "_qkvlinear_autograd_base_setup_fwd"],
+    "neuronx_distributed.modules.lora.config": ["LoraConfig"],
+    "neuronx_distributed.modules.lora.model": ["LoraModel"],
+    "neuronx_distributed.modules.lora.layer": ["LoraLayer", "LoraLinear", "LoraEmbedding", "LoraConv2d"],
+    "neuronx_distributed.modules.lora.tp_layer": ["LoraParallelLinear", "LoraGQAQKVParallelLinear"],
+    "neuronx_distributed.trainer.checkpoint_storage": ["BaseCheckpointStorage", "FilesysCheckpointStorage",
+                                                       "S3CheckpointStorage", "create_checkpoint_storage"],
+    "neuronx_distributed.trainer.checkpoint": ["save_checkpoint", "load_checkpoint", "_xser_load_data"],
+    "neuronx_distributed.pipeline.partition": ["create_partitions", "stage_to_pipeline_parallel_rank",
+                                               "partition_traced_model"],
+    "neuronx_distributed.scripts.checkpoint_converter": ["CheckpointConverterBase"],
+    "neuronx_distributed.scripts.yaml_converter": ["convert_yaml_to_json"],
+}
+LIGHTNING = {f"neuronx_distributed.lightning.{m}": [c] for m, c in (
+    ("checkpoint_io", "NeuronCheckpointIO"), ("logger", "NeuronTensorBoardLogger"), ("module", "NeuronLTModule"),
+    ("neuron_hooks_callback", "NeuronHooksCallback"), ("precision_plugin", "NeuronXLAPrecisionPlugin"),
+    ("progress_bar", "NeuronTQDMProgressBar"), ("strategy", "NeuronXLAStrategy"),
+    ("accelerator", "NeuronXLAAccelerator"), ("launcher", "_NeuronXLALauncher"))}
+
+
+def _cases():
+    cases = list(NXD_NAMES.items())
+    if importlib.util.find_spec("nxd_lightning") is not None:
+        cases += list(LIGHTNING.items())
+    return [(m, n) for m, names in cases for n in names]
+
+
+@pytest.mark.parametrize(("module", "name"), _cases())
+def test_nxd_name_resolves_or_says_why(module, name):
+    mod = importlib.import_module(module)
+    try:
+        getattr(mod, name)
+    except NotImplementedError as exc:
+        assert f"{name} (NxD) is not provided" in str(exc) or name in str(exc)
+    assert not hasattr(mod, "no_such_nxd_name")  # unknown names stay AttributeErrors (hasattr works)
+
+
+def test_torch_neuronx_stand_in_names_the_platform_and_refuses_the_rest(monkeypatch):
+    monkeypatch.syspath_prepend(str(STAND_IN))
+    for name in [m for m in sys.modules if m.startswith("torch_neuronx")]:
+        monkeypatch.delitem(sys.modules, name)
+    from torch_neuronx.utils import get_platform_target
+
+    from neuronx_distributed.utils.utils import hardware
+
+    assert hardware(get_platform_target()) is hardware.CUSTOM
+    import torch_neuronx
+
+    with pytest.raises(RuntimeError, match="needs Neuron hardware"):
+        torch_neuronx.trace  # noqa: B018
+    for name in [m for m in sys.modules if m.startswith("torch_neuronx")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def collectives_body() -> dict:
+    import torch.distributed as dist
+
+    from neuronx_distributed.parallel_layers import mappings, parallel_state
+    from neuronx_distributed.parallel_layers.utils import get_local_world_size
+    from nxd_core_parallel.xla_model import reduce_gradients  # the torch_xla stand-in's xm
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    rank = dist.get_rank()
+    x = torch.arange(12.0).view(4, 3)
+    part = mappings._split_along_first_dim(x)
+    out = {"split": torch.equal(part, x[2 * rank:2 * rank + 2]),
+           "gather": torch.equal(mappings._gather_along_first_dim(part), x),
+           "reduce_scatter": torch.equal(mappings._reduce_scatter_along_first_dim(x), 2 * x[2 * rank:2 * rank + 2]),
+           "last": torch.equal(mappings._gather_along_last_dim(mappings._split_along_last_dim(x[:, :2])), x[:, :2]),
+           "local_world": get_local_world_size()}
+    layer = torch.nn.Linear(2, 1, bias=False)
+    layer.weight.grad = torch.full_like(layer.weight, float(rank + 1))
+    reduce_gradients(torch.optim.SGD(layer.parameters(), lr=1.0),
+                     groups=parallel_state.get_tensor_model_parallel_group(as_list=True))
+    out["grad"] = layer.weight.grad.flatten().tolist()
+    return out
+
+
+def test_mapping_helpers_and_reduce_gradients_on_two_ranks(rank_pool):
+    out = rank_pool(2).run(collectives_body)
+    for o in out:
+        assert o["split"] and o["gather"] and o["reduce_scatter"] and o["last"] and o["local_world"] == 2
+        assert o["grad"] == [1.5, 1.5]  # (1 + 2) / world size, as torch-xla's xm.reduce_gradients

@@ -84,21 +84,33 @@ def kept_checkpoints(config: TrainingConfig) -> int | None:
 
 
 class MetricsLogger:
-    """Rank 0's metric sinks: one JSON object per line in ``metrics.jsonl`` and TensorBoard scalars."""
+    """Rank 0's metric sinks: one JSON object per line in ``metrics.jsonl`` and TensorBoard scalars.
+
+    Opened by :meth:`start` once the run knows the step it continues from."""
 
     def __init__(self, config: TrainingConfig, log_dir: Path, enabled: bool) -> None:
         self.enabled = enabled
+        self.config = config
+        self.log_dir = log_dir
         self.path = log_dir / config.exp_manager.metrics_file
         self._writer: Any = None
         self._file: Any = None
-        if not enabled:
+
+    def start(self, resumed_step: int) -> None:
+        """Open the sinks for steps after ``resumed_step`` (0: a fresh start). Records of later steps,
+        which an earlier run logged after its last checkpoint, are dropped from ``metrics.jsonl`` and
+        purged from TensorBoard (``purge_step``), so after a resume no step appears twice."""
+        if not self.enabled:
             return
-        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        truncate_records_after(self.path, resumed_step)
         self._file = self.path.open("a", buffering=1)
-        if config.exp_manager.create_tensorboard_logger:
+        em = self.config.exp_manager
+        if em.create_tensorboard_logger:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(log_dir), **config.exp_manager.summary_writer_kwargs)
+            self._writer = SummaryWriter(log_dir=str(self.log_dir),
+                                         **{**em.summary_writer_kwargs, "purge_step": resumed_step + 1})
 
     def log(self, step: int, metrics: dict[str, float | int], prefix: str = "train") -> None:
         if self._file is None:  # not rank 0, or closed (a late report after a failed run)
@@ -120,8 +132,32 @@ class MetricsLogger:
             self._file = None
 
 
+def truncate_records_after(path: Path, step: int) -> int:
+    """Drop the records of steps after ``step`` from a metrics file; returns how many were dropped."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line torn by a killed run: no record
+            dropped += 1
+            continue
+        later = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
+        if later:
+            dropped += 1
+        else:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(path)
+    return dropped
+
+
 def read_metrics(run_dir: str | Path, split: str = "train", filename: str = "metrics.jsonl") -> list[dict[str, Any]]:
-    """The records of one run (the last record wins when a resumed run logged a step twice)."""
+    """The records of one run (the last record of a step wins: a save's ``checkpoint`` record is logged
+    again with its snapshot wait)."""
     path = Path(run_dir)
     if path.is_dir():
         path = path / filename

@@ -54,29 +54,57 @@ def write_run_config(config: TrainingConfig, log_dir: Path) -> Path:
 
 def launch(config: TrainingConfig, log_dir: Path) -> int:
     """Run training; returns the exit code (torchrun's for multi-rank runs). The run directory is
-    locked against a second live writer (on multi-node runs, by node 0 only: one shared directory)."""
+    locked against a second live writer (on multi-node runs, by node 0 only: one shared directory).
+    Ctrl-C ends it with one line (:mod:`nxd_training.interrupt`) and exit code 130."""
+    from nxd_training.interrupt import INTERRUPTED, INTERRUPTED_LOG, stopped_message
+
     lock = run_dir_lock(log_dir) if not config.launcher.node_rank else nullcontext()
     with lock:
         config_path = write_run_config(config, log_dir)
         if config.trainer.devices * config.trainer.num_nodes == 1:
             from nxd_training.loop import train
 
-            train(config, log_dir=log_dir)
-            return 0
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env["PYTHONUNBUFFERED"] = "1"
-        return run_forwarding_signals(torchrun_command(config, config_path), env)
+            try:
+                train(config, log_dir=log_dir)
+            except KeyboardInterrupt:
+                code = INTERRUPTED
+            else:
+                return 0
+        else:
+            env = dict(os.environ)
+            env.setdefault("OMP_NUM_THREADS", "1")
+            env["PYTHONUNBUFFERED"] = "1"
+            code = run_forwarding_signals(torchrun_command(config, config_path), env, log_dir / INTERRUPTED_LOG)
+    if code == INTERRUPTED:
+        print(stopped_message(config, log_dir), file=sys.stderr, flush=True)
+    return code
 
 
-def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
+def run_forwarding_signals(cmd: list[str], env: dict[str, str], interrupted_log: Path) -> int:
     """Run torchrun and pass SIGTERM/SIGINT/SIGHUP on to it, so stopping ``nxd train`` stops the
-    agent and, through it, every rank (a plain wait would leave them training as orphans)."""
-    proc = subprocess.Popen(cmd, env=env)
+    agent and, through it, every rank (a plain wait would leave them training as orphans).
+
+    torchrun runs in its own session, so a terminal's Ctrl-C reaches it once, through us. After a
+    SIGINT, the job's stderr (its ranks' and its own tracebacks) goes to ``interrupted_log`` and
+    the exit code is 130 (INTERRUPTED)."""
+    from nxd_training.interrupt import INTERRUPTED, StderrRelay
+
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True)
+    relay = StderrRelay(proc.stderr, interrupted_log)
+    interrupted = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT:
+            relay.mute()
+            interrupted.append(signum)
+        proc.send_signal(signum)
+
     forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum)) for sig in forwarded}
+    previous = {sig: signal.signal(sig, forward) for sig in forwarded}
     try:
-        return proc.wait()
+        code = proc.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    relay.join()
+    return INTERRUPTED if interrupted else code

@@ -54,6 +54,8 @@ class TrainResult:
     #: step metrics (a workflow's: rewards/chosen, ...; the model's named loss terms: lm_loss, ...), DP means
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     resumed_from: str | None = None
+    #: model.pretrained_checkpoint: the Hugging Face folder the weights came from (a fresh start)
+    initialised_from: str | None = None
     samples: list[str] = field(default_factory=list)
     wall_time_s: float = 0.0
     #: (trainable, total) parameter elements on this rank
@@ -104,6 +106,7 @@ class Trainer:
         if self.lora and dist.get_rank() == 0:
             print(f"nxd train: LoRA: {lora_export.describe(self.trainable)}", flush=True)
         self.lora_exports: list[str] = []
+        self.initialised_from: str | None = None
         #: what the checkpoints record of the model, so `nxd ckpt convert RUN_DIR` needs no arguments
         lora = build.lora_config(config, self.plan.spec) if self.lora else None
         self.model_record = model_record(self.plan.spec.name, self.plan.model_dict, tokenizer_path(config),
@@ -145,6 +148,13 @@ class Trainer:
         if em.resume_if_exists and not em.resume_ignore_no_checkpoint:
             raise ConfigError(f"exp_manager.resume_if_exists: no complete checkpoint in {path} "
                               "(set resume_ignore_no_checkpoint: true to start fresh)")
+        pretrained = self.config.model.pretrained_checkpoint
+        if pretrained:
+            # the base model (under LoRA adapters, if any) takes the folder's weights; the optimizer starts fresh
+            self.plan.spec.load_hf(lora_export.base_module(self.model) if self.lora else self.model, pretrained)
+            self._weights_changed()
+            self.initialised_from = pretrained
+            return None
         if em.resume_from_checkpoint:
             parent, tag = split_checkpoint_path(em.resume_from_checkpoint)
             weights_only = self.config.model.weight_init_only
@@ -153,10 +163,19 @@ class Trainer:
             content = nxd.load_checkpoint(parent, tag=tag, model=target,
                                           optimizer=None if weights_only else self.optimizer,
                                           scheduler=None if weights_only else self.scheduler)
-            if not weights_only:
+            if weights_only:
+                self._weights_changed()
+            else:
                 self._restore(content)
             return str(em.resume_from_checkpoint)
         return None
+
+    def _weights_changed(self) -> None:
+        """New weights without optimizer state: an optimizer holding fp32 master copies (ZeRO-1) takes
+        them from the parameters (NxD's ``init_zero``)."""
+        reload = getattr(self.optimizer, "init_zero", None)
+        if callable(reload):
+            reload()
 
     def _restore(self, content: Any) -> None:
         if not isinstance(content, dict) or "step" not in content:
@@ -333,15 +352,19 @@ class Trainer:
     def fit(self) -> TrainResult:
         wall_start = time.monotonic()
         resumed = self.resume()
+        self.logger.start(self.step)  # a resumed run drops what was logged after its checkpoint
         if self.workflow is not None:  # after resume: a restored data state may already hold what it needs
             self.workflow.prepare(self.model, self.data, device=self.device, dp_group=self.dp_group,
                                   resumed_step=self.step)
-        result = TrainResult(str(self.log_dir), self.step, self.step, resumed_from=resumed)
+        result = TrainResult(str(self.log_dir), self.step, self.step, resumed_from=resumed,
+                             initialised_from=self.initialised_from)
         max_steps, tr = self._max_steps(), self.config.trainer
         max_time = parse_max_time(tr.max_time)
         val_every = int(tr.val_check_interval)
         if self.rank == 0 and resumed:
             print(f"nxd train: resumed from {resumed}", flush=True)
+        if self.rank == 0 and self.initialised_from:
+            print(f"nxd train: initialised from HF weights {self.initialised_from}", flush=True)
         bar = self._progress(max_steps)
         it = iter(self.data.train_batches())
         last_save = time.monotonic()

@@ -16,6 +16,7 @@ from nxd_training.build import nxd_config
 from nxd_training.config.plan import RunPlan, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.loop import parse_max_time
+from nxd_training.pretrained import check_pretrained, looks_like_hf_folder
 from nxd_training.runtime import select_backend
 
 #: bytes per parameter for fp32 weights + grads + Adam's two moments (the common worst case)
@@ -33,6 +34,7 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> None:
     _fused_kernels(config, backend)
     parse_max_time(config.trainer.max_time)
     _resume(config)
+    check_pretrained(config, plan)
     if config.exp_manager.create_checkpoint_callback or config.exp_manager.resume_from_checkpoint:
         nxd.get_component("checkpoint_format", config.exp_manager.checkpoint_format,
                           need=f"exp_manager.checkpoint_format={config.exp_manager.checkpoint_format}")
@@ -76,6 +78,9 @@ def _resume(config: TrainingConfig) -> None:
     if not path.exists():
         raise ConfigError(f"exp_manager.resume_from_checkpoint: {path} does not exist (give a checkpoint directory "
                           "<dir>/<tag> written by nxd)")
+    if looks_like_hf_folder(path):
+        raise ConfigError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model folder, not an nxd "
+                          f"checkpoint; to start a run from its weights use model.pretrained_checkpoint={path}")
 
 
 def _generation_tokenizer(config: TrainingConfig) -> None:

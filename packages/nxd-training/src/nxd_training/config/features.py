@@ -92,8 +92,11 @@ def explicit_value(config: TrainingConfig, dotted: str) -> tuple[bool, Any]:
 
 
 def hf_config_file(config: TrainingConfig) -> dict[str, Any] | None:
-    """``model.model_config`` read as JSON (a path or inline dict); None when unset."""
-    source = config.model.hf_config
+    """``model.model_config`` read as JSON (a path or inline dict), else the ``config.json`` of
+    ``model.pretrained_checkpoint`` (the Hugging Face folder the run starts from); None when unset."""
+    source, key = config.model.hf_config, "model.model_config"
+    if source is None and config.model.pretrained_checkpoint:
+        source, key = config.model.pretrained_checkpoint, "model.pretrained_checkpoint"
     if source is None or isinstance(source, dict):
         return source
     path = Path(source)
@@ -102,12 +105,13 @@ def hf_config_file(config: TrainingConfig) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"model.model_config: file {str(path)!r} does not exist (point it at a Hugging Face "
-                          "config.json, or remove the key and give the model keys in the model section)") from None
+        hint = ("give a Hugging Face model folder (config.json + *.safetensors)" if key == "model.pretrained_checkpoint"
+                else "point it at a Hugging Face config.json, or remove the key and give the model keys in the model section")
+        raise ConfigError(f"{key}: file {str(path)!r} does not exist ({hint})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"model.model_config: {str(path)!r} is not valid JSON ({exc})") from None
+        raise ConfigError(f"{key}: {str(path)!r} is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"model.model_config: {str(path)!r} must hold a JSON object, got {type(data).__name__}")
+        raise ConfigError(f"{key}: {str(path)!r} must hold a JSON object, got {type(data).__name__}")
     return data
 
 

@@ -211,6 +211,9 @@ class ModelConfig(Section):
     pipeline_cuts: Union[list[str], None] = None
     use_cpu_initialization: bool = True
     weight_init_only: bool = False
+    pretrained_checkpoint: Union[str, None] = Field(
+        None, description="nxd addition: a Hugging Face model folder (config.json + *.safetensors) whose weights "
+                          "initialise the run (the optimizer starts fresh); its config.json is the model_config")
     activations_checkpoint_granularity: Union[Literal["selective", "full"], None] = None
     activations_checkpoint_recompute: Union[list[str], None] = None
     fusions: FusionsConfig = Field(default_factory=FusionsConfig)

@@ -1,0 +1,95 @@
+"""Ctrl-C during ``nxd train``: one line instead of every rank's and torchrun's tracebacks.
+
+The line says where the run stopped, its last complete checkpoint and the command that resumes
+it. What the ranks and torchrun write to stderr after the interrupt (their KeyboardInterrupt /
+``SignalException`` tracebacks) goes to ``<run dir>/interrupted.log`` instead of the terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import threading
+from pathlib import Path
+from typing import IO
+
+from nxd_training.config.schema import TrainingConfig
+from nxd_training.exp_manager import checkpoint_dir, is_url, read_metrics
+
+#: exit code of a run stopped with Ctrl-C (128 + SIGINT, as a shell reports it)
+INTERRUPTED = 130
+INTERRUPTED_LOG = "interrupted.log"
+
+
+class StderrRelay:
+    """Copies a child's stderr to ours, byte for byte (progress bars included), until :meth:`mute`;
+    from then on to ``log_path``."""
+
+    def __init__(self, stream: IO[bytes], log_path: Path) -> None:
+        self._fd = stream.fileno()
+        self._log_path = log_path
+        self._muted = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nxd-stderr-relay", daemon=True)
+        self._thread.start()
+
+    def mute(self) -> None:
+        self._muted.set()
+
+    def join(self, timeout: float = 10.0) -> None:
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        log = None
+        try:
+            while chunk := os.read(self._fd, 65536):
+                if not self._muted.is_set():
+                    sys.stderr.buffer.write(chunk)
+                    sys.stderr.buffer.flush()
+                    continue
+                if log is None:
+                    log = self._log_path.open("ab")
+                log.write(chunk)
+        except (OSError, ValueError):  # our stderr or the log went away: stop copying
+            pass
+        finally:
+            if log is not None:
+                log.close()
+
+
+def _last_checkpoint(config: TrainingConfig, log_dir: Path) -> tuple[str, int | None] | None:
+    """``(tag, step)`` of the newest complete checkpoint of the run, or None."""
+    path = checkpoint_dir(config, log_dir)
+    if not is_url(path) and not Path(path).is_dir():
+        return None
+    from nxd_ckpt.convert import read_user_content
+    from nxd_ckpt.layout import newest_complete_tag
+    from nxd_ckpt.storage import open_storage
+
+    try:
+        tag = newest_complete_tag(open_storage(path))
+        if tag is None:
+            return None
+        content = read_user_content(path, tag)
+    except Exception:  # noqa: BLE001 - the summary must not fail; the checkpoint is checked on resume
+        return None
+    step = content.get("step") if isinstance(content, dict) else None
+    return tag, int(step) if step is not None else None
+
+
+def stopped_message(config: TrainingConfig, log_dir: Path) -> str:
+    """``nxd train: stopped at step N; last complete checkpoint: step M (<tag>); resume: nxd train ...``"""
+    try:
+        records = read_metrics(log_dir, filename=config.exp_manager.metrics_file)
+    except (OSError, ValueError):
+        records = []
+    step = records[-1]["step"] if records else 0
+    command = f"nxd train {shlex.quote(str(log_dir / 'config.yaml'))}"
+    if not config.exp_manager.resume_if_exists:
+        command += " exp_manager.resume_if_exists=true"
+    last = _last_checkpoint(config, log_dir)
+    if last is None:
+        return f"nxd train: stopped at step {step}; no complete checkpoint yet, so a rerun starts over: {command}"
+    tag, saved = last
+    where = f"step {saved} ({tag})" if saved is not None else tag
+    return f"nxd train: stopped at step {step}; last complete checkpoint: {where}; resume with: {command}"

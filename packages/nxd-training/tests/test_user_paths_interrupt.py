@@ -1,0 +1,80 @@
+"""Ctrl-C during a 2-rank ``nxd train``, as from a terminal: one line (stopped at step N, the last
+complete checkpoint, the resume command) and no tracebacks; the printed command resumes, and no
+step appears twice in metrics.jsonl or TensorBoard."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from nxd_training.exp_manager import read_metrics
+
+CODE = "import sys; from nxd.cli import main; sys.exit(main())"
+
+
+def _nxd(*args: str) -> subprocess.Popen:
+    # its own session, like a shell's job: killpg below is the terminal's Ctrl-C
+    return subprocess.Popen([sys.executable, "-c", CODE, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+
+
+def _train_steps(run: Path) -> list[int]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    import json
+
+    return [r["step"] for r in map(json.loads, path.read_text().splitlines()) if r.get("split") == "train"]
+
+
+def _tensorboard_steps(run: Path) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    return [e.step for e in events.Scalars("train/loss")]
+
+
+def test_ctrl_c_prints_one_line_and_the_resume_logs_each_step_once(make_config, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(make_config(
+        trainer={"max_steps": 100000}, distributed_strategy={"tensor_model_parallel_size": 1},
+        exp_manager={"explicit_log_dir": str(run), "resume_if_exists": True,
+                     "checkpoint_callback_params": {"every_n_train_steps": 4, "save_top_k": 1}})))
+    job = _nxd("train", str(path))
+    try:
+        deadline = time.monotonic() + 240
+        while len(_train_steps(run)) < 6:  # past the checkpoint of step 4
+            assert job.poll() is None, job.stdout.read()
+            assert time.monotonic() < deadline, "training did not reach step 6 in time"
+            time.sleep(0.1)
+        os.killpg(job.pid, signal.SIGINT)
+        out, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 130, out
+    after = out[out.index("nxd train: writing to"):].splitlines()[1:]
+    assert len(after) == 1 and "Traceback" not in out, out
+    stopped = max(_train_steps(run))
+    line = after[0]
+    assert line.startswith(f"nxd train: stopped at step {stopped}; last complete checkpoint: step 4 "), line
+    command = shlex.split(line.split("resume with: ")[1])
+    assert command == ["nxd", "train", str(run / "config.yaml")], line
+
+    resumed = _nxd(*command[1:], f"trainer.max_steps={stopped + 1}")
+    out, _ = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, out
+    assert "resumed from" in out
+    steps = _train_steps(run)
+    assert steps == list(range(1, stopped + 2)), steps  # 5..stopped logged again after the resume: once
+    assert [r["step"] for r in read_metrics(run)] == steps
+    assert _tensorboard_steps(run) == steps  # the resumed writer purged the earlier 5..stopped

@@ -339,9 +339,11 @@ def _plugins(config: TrainingConfig, pp: int) -> None:
         _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")
 
 
-def make_plan(config: TrainingConfig) -> RunPlan:
+def make_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     """Check every cross-field rule and the plugins the run needs; return the derived values.
-    The model comes first: a config for a model nxd cannot build is refused for that reason."""
+    The model comes first: a config for a model nxd cannot build is refused for that reason.
+    ``check_data=False`` skips the data module's own checks (its files need not exist: ``nxd plan``
+    sizes a run on a machine that does not hold its data)."""
     spec, as_dict, model_config = _model(config)
     world, tp, pp, dp = _world(config)
     num_mb = _batches(config, dp)
@@ -373,7 +375,7 @@ def make_plan(config: TrainingConfig) -> RunPlan:
         raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} does not support context parallelism "
                           f"(context_parallel_size={cp}): its loss reads whole sequences (pairs of responses), "
                           "which CP splits over ranks; use context_parallel_size=1")
-    data_module = _data(config, seq)
+    data_module = _data(config, seq) if check_data else default_data_module(config)
     needs = getattr(workflow, "data_module", None)
     if needs and data_module != needs:
         raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} trains on the {needs!r} data module, but "

@@ -1,0 +1,71 @@
+"""Bytes per rank: parameters and gradients from the rank's real shard, optimizer state from the
+optimizer wrapper's sharding rule (ZeRO-1: fp32 state and master shard over DP; FSDP: everything
+over DP), activations from the measured micro-batch profile and the schedule's in-flight count."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nxd_plan.layout import OPTIMIZER_STATES, Layout
+
+
+def _states(layout: Layout) -> int:
+    if layout.optimizer == "sgd":
+        return 1 if layout.momentum > 0 else 0
+    return OPTIMIZER_STATES.get(layout.optimizer, 2)
+
+
+def grad_bytes(layout: Layout, trainable: int) -> int:
+    """ZeRO-1 keeps fp32 gradients in one flat buffer per group (fp32 params, or bf16 params with
+    fp32 accumulation); otherwise a gradient has its parameter's dtype. FSDP reduce-scatters them
+    to a 1/DP shard."""
+    per = 4 if layout.zero1 and (layout.param_bytes_per_element == 4 or layout.fp32_grad_acc) else \
+        layout.param_bytes_per_element
+    total = trainable * per
+    return -(-total // layout.dp) if layout.fsdp else total
+
+
+def optimizer_bytes(layout: Layout, trainable: int) -> int:
+    """ZeRO-1 (nxd-zero1): each DP rank holds the inner optimizer's fp32 state for its 1/DP slice,
+    plus an fp32 copy of that slice when parameters are bf16 (fp32 parameters are updated in place
+    through a view). FSDP: fp32 state of the 1/DP parameter shard. Replicated: torch's optimizer
+    state in the parameter dtype (``adamw_fp32OptState``: fp32)."""
+    states = _states(layout)
+    if layout.zero1 or layout.fsdp:
+        shard = -(-trainable // layout.dp)
+        master = shard * 4 if layout.param_bytes_per_element != 4 else 0
+        return states * shard * 4 + master
+    per = 4 if layout.optimizer == "adamw_fp32optstate" else layout.param_bytes_per_element
+    return states * trainable * per
+
+
+def param_bytes(layout: Layout, shard_bytes: int) -> int:
+    return -(-shard_bytes // layout.dp) if layout.fsdp else shard_bytes
+
+
+def in_flight(layout: Layout, pp_rank: int) -> float:
+    """Micro-batches whose activations a pipeline rank holds at once (Megatron's counts): GPipe
+    all of them; 1F1B / zero-bubble ``PP - rank``; interleaved ``PP - rank`` plus ``(v - 1) x PP``
+    more model chunks, each 1/v of the rank's layers."""
+    m, pp, v = layout.num_microbatches, layout.pp, layout.vpp
+    if pp == 1:
+        return 1.0
+    if layout.schedule == "gpipe":
+        return float(m)
+    if v > 1:
+        chunks = min(m * v, (pp - pp_rank - 1) * 2 + (v - 1) * pp + 1)
+        return chunks / v
+    return float(min(m, pp - pp_rank))
+
+
+def activation_bytes(layout: Layout, profile: Any, stages: dict[int, list[int]], num_layers: int) -> int:
+    """One micro-batch's saved bytes of this rank's layers (embedding on the first stage, head on the
+    last) times the micro-batches in flight."""
+    layers = sorted({i for idx in stages.values() for i in idx}) if stages else list(range(num_layers))
+    per_mb = sum(profile.layer_bytes(i) for i in layers)
+    if not stages or 0 in stages:
+        per_mb += profile.embed
+    if not stages or (layout.pp * layout.vpp - 1) in stages:
+        per_mb += profile.head
+    pp_rank = min(stages) % layout.pp if stages else 0
+    return int(per_mb * in_flight(layout, pp_rank))

@@ -1,0 +1,239 @@
+"""``make_run_plan``: the whole plan of a config (every rank's memory, communication, time)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nxd_plan import memory
+from nxd_plan.activations import ActivationProfile, measure_activations, replica_overrides
+from nxd_plan.devices import Device, device_for, with_overrides
+from nxd_plan.layout import Layout, layout_of
+from nxd_plan.shards import Shard, build_shard
+
+GIB = 2**30
+#: layers of the replica whose activations are measured (later layers are taken to be alike)
+MEASURED_LAYERS = 3
+
+
+@dataclass
+class RankPlan:
+    rank: int
+    coords: dict[str, int]
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    transient_bytes: int
+    peak_bytes: int
+    params: int
+    stages: dict[int, list[int]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "coords": self.coords, "params": self.params, "param_bytes": self.param_bytes,
+                "grad_bytes": self.grad_bytes, "optimizer_bytes": self.optimizer_bytes,
+                "activation_bytes": self.activation_bytes, "transient_bytes": self.transient_bytes,
+                "peak_bytes": self.peak_bytes, "stages": {str(k): v for k, v in self.stages.items()}}
+
+
+@dataclass
+class Plan:
+    name: str
+    layout: Layout
+    device: Device
+    parameters_total: int
+    num_layers: int
+    ranks: list[RankPlan]
+    #: bytes each rank sends per step, per dimension (the most loaded rank)
+    comm_bytes: dict[str, int]
+    bubble: float
+    flops_per_step: float
+    step_time_s: float
+    mfu: float
+    tokens_per_step: int
+    shards: dict[tuple[int, int], Shard] = field(default_factory=dict)
+    activation_profile: ActivationProfile | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def max_peak(self) -> int:
+        return max(r.peak_bytes for r in self.ranks)
+
+    def over_memory(self) -> list[RankPlan]:
+        limit = self.device.memory_gib * GIB
+        return [r for r in self.ranks if r.peak_bytes > limit]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "world_size": self.layout.world_size, "parameters_total": self.parameters_total,
+            "layout": self.layout.as_dict(), "device": self.device.__dict__,
+            "ranks": [r.as_dict() for r in self.ranks],
+            "max_peak_bytes": self.max_peak, "ranks_over_memory": [r.rank for r in self.over_memory()],
+            "comm_bytes_per_step": self.comm_bytes, "pipeline_bubble": self.bubble,
+            "flops_per_step": self.flops_per_step, "step_time_s": self.step_time_s, "mfu": self.mfu,
+            "tokens_per_step": self.tokens_per_step, "notes": self.notes,
+        }
+
+
+def load(source: Any, overrides: Sequence[str] = ()) -> tuple[Any, Any]:
+    """The config and ``nxd_training`` run plan, resolved exactly as ``nxd train`` resolves them
+    (the data module's files need not exist)."""
+    from nxd_training.config import load_config, make_plan
+
+    config = load_config(source, list(overrides), check=False)
+    return config, make_plan(config, check_data=False)
+
+
+def _num_layers(run: Any) -> int:
+    return int(getattr(run.model_config, "num_hidden_layers", 0) or getattr(run.model_config, "num_layers", 0))
+
+
+def _representatives(layout: Layout) -> dict[tuple[int, int], int]:
+    """One rank per (pipeline rank, expert rank): the coordinates that change a rank's shapes
+    when TP shards evenly (TP rank 0 stands for its TP group; the dry run checks every rank)."""
+    reps: dict[tuple[int, int], int] = {}
+    for rank in range(layout.world_size):
+        c = layout.coords(rank)
+        if c["tp"] == 0:
+            reps.setdefault((c["pp"], c["ep"]), rank)
+    return reps
+
+
+def measure_replica(source: Any, overrides: Sequence[str], layout: Layout, num_layers: int) -> ActivationProfile:
+    extra = replica_overrides(layout)
+    if num_layers > MEASURED_LAYERS:
+        extra.append(f"model.num_layers={MEASURED_LAYERS}")
+    config, run = load(source, [*overrides, *extra])
+    return measure_activations(config, run, layout)
+
+
+def _ring(kind: str, n: int, nbytes: float) -> float:
+    """Bytes one rank sends in a ring collective over ``n`` ranks of an ``nbytes`` buffer."""
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n * nbytes
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n * nbytes
+    return float(nbytes)  # send / recv / broadcast
+
+
+def bubble_fraction(layout: Layout) -> float:
+    """Idle fraction of a pipeline step: ``(PP-1) / (v*M + PP-1)`` (GPipe, 1F1B, interleaved with
+    v virtual stages); zero-bubble fills most of it (taken as a third)."""
+    if layout.pp == 1:
+        return 0.0
+    m, pp, v = layout.num_microbatches, layout.pp, layout.vpp
+    frac = (pp - 1) / (v * m + pp - 1)
+    return frac / 3 if layout.schedule == "zero_bubble" else frac
+
+
+def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | None = None,
+                  memory_gib: float | None = None, peak_tflops: float | None = None,
+                  link_gbps: float | None = None) -> Plan:
+    config, run = load(source, overrides)
+    layout = layout_of(config, run)
+    dev = with_overrides(device_for(config, device), memory_gib, peak_tflops, link_gbps)
+    num_layers = _num_layers(run)
+    reps = _representatives(layout)
+    shards = {key: build_shard(config, run, rank) for key, rank in reps.items()}
+    profile = measure_replica(source, overrides, layout, num_layers)
+    total = _parameters_total(shards, layout)
+    ranks = []
+    for rank in range(layout.world_size):
+        c = layout.coords(rank)
+        shard = shards[(c["pp"], c["ep"])]
+        trainable = shard.trainable_numel
+        p = memory.param_bytes(layout, shard.param_bytes)
+        g = memory.grad_bytes(layout, trainable)
+        o = memory.optimizer_bytes(layout, trainable)
+        a = memory.activation_bytes(layout, profile, shard.stages, num_layers)
+        t = profile.transient
+        ranks.append(RankPlan(rank, c, p, g, o, a, t, p + g + o + a + t, shard.numel, shard.stages))
+    comm = _comm(layout, shards, profile, num_layers)
+    flops_step, step_time, mfu = _timing(config, run, layout, dev, comm, num_layers)
+    plan = Plan(config.name, layout, dev, total, num_layers, ranks, {k: int(v) for k, v in comm.items()},
+                bubble_fraction(layout), flops_step, step_time, mfu,
+                layout.global_batch_size * layout.seq_length, shards, profile)
+    plan.notes.append(f"shapes of one rank per (pipeline, expert) coordinate built on the meta device "
+                      f"({len(shards)} builds); --dry-run builds all {layout.world_size}")
+    if num_layers > MEASURED_LAYERS:
+        plan.notes.append(f"activations measured on a {MEASURED_LAYERS}-layer replica; later layers taken as alike")
+    return plan
+
+
+def _parameters_total(shards: dict[tuple[int, int], Shard], layout: Layout) -> int:
+    """The unsharded model's parameter count, from the shards of one rank per (pp, ep) coordinate
+    (each parameter's TP pieces from its sharding attributes; pipeline stages hold disjoint
+    layers; tied weights shared by the first and last stage are counted on each)."""
+    return sum(shard.unsharded_numel(ep == 0) for (_, ep), shard in shards.items())
+
+
+def _comm(layout: Layout, shards: dict, profile: ActivationProfile, num_layers: int) -> dict[str, float]:
+    """Bytes the busiest rank sends per step in each dimension."""
+    m = layout.num_microbatches
+    measured_layers = max(1, len(profile.layers))
+    most_layers = max((sum(len(v) for v in s.stages.values()) or num_layers) for s in shards.values())
+    scale = most_layers / measured_layers if num_layers > measured_layers else 1.0
+    comm: dict[str, float] = {}
+    for (dim, kind), (_, nbytes, size) in profile.collectives.items():
+        if dim in ("tp", "cp", "ep"):
+            comm[dim] = comm.get(dim, 0.0) + _ring(kind, size, nbytes) * scale * m
+    shard = max(shards.values(), key=lambda s: s.trainable_numel)
+    trainable = shard.trainable_numel
+    grad_elem = 4 if layout.zero1 and (layout.param_bytes_per_element == 4 or layout.fp32_grad_acc) \
+        else layout.param_bytes_per_element
+    n = layout.dp * layout.cp  # gradients are averaged over DP x CP
+    if layout.fsdp:
+        per_mb = 2 * _ring("all_gather", layout.dp, trainable * layout.param_bytes_per_element) + \
+            _ring("reduce_scatter", layout.dp, trainable * grad_elem)
+        comm["dp"] = per_mb * m
+    elif layout.zero1:
+        comm["dp"] = _ring("reduce_scatter", n, trainable * grad_elem) + \
+            _ring("all_gather", layout.dp, trainable * layout.param_bytes_per_element)
+    else:
+        comm["dp"] = _ring("all_reduce", n, trainable * grad_elem)
+    if layout.pp > 1:
+        tokens = layout.micro_batch_size * layout.seq_length // layout.cp
+        hidden = _hidden(shards)
+        per = tokens * hidden * layout.param_bytes_per_element // (layout.tp if layout.sequence_parallel else 1)
+        comm["pp"] = 2.0 * per * m * layout.vpp  # activations forward, their gradients backward
+    return comm
+
+
+def _hidden(shards: dict) -> int:
+    for shard in shards.values():
+        for name, (shape, _, _) in shard.params.items():
+            if name.endswith("norm.weight") and len(shape) == 1:
+                return shape[0]
+    return 0
+
+
+def _spans_nodes(layout: Layout, dim: str, per_node: int) -> bool:
+    from nxd_plan.layout import _rank_layout
+
+    groups = _rank_layout(layout.world_size, layout.tp, layout.pp, layout.cp, layout.ep)[dim if dim != "dp" else "dp_cp"]
+    return any(len({r // per_node for r in g}) > 1 for g in groups)
+
+
+def _timing(config: Any, run: Any, layout: Layout, dev: Device, comm: dict[str, float],
+            num_layers: int) -> tuple[float, float, float]:
+    """Model FLOPs per step (the spec's ``flops_per_token``), compute at the device peak (plus
+    recomputation), stretched by the bubble, plus communication at link speed (not overlapped:
+    an upper bound)."""
+    from nxd_training.metrics import flops_per_token
+
+    fpt = flops_per_token(run.spec, run.model_config, layout.seq_length) or 0.0
+    tokens = layout.global_batch_size * layout.seq_length
+    flops = fpt * tokens
+    recompute = 4 / 3 if layout.recompute == "full" else 1.0
+    compute = flops * recompute / layout.world_size / (dev.peak_tflops * 1e12)
+    per_node = max(1, config.trainer.devices)
+    comm_time = 0.0
+    for dim, nbytes in comm.items():
+        bw = dev.inter_node_gbps if _spans_nodes(layout, dim, per_node) else dev.intra_node_gbps
+        comm_time += nbytes / (bw * 1e9)
+    step = compute / (1 - bubble_fraction(layout)) + comm_time
+    mfu = flops / (step * dev.peak_tflops * 1e12 * layout.world_size) if step > 0 else 0.0
+    return flops, step, mfu

@@ -1,0 +1,100 @@
+"""What the real parallel code gives one rank: its parameters' names, shapes and dtypes, and its
+pipeline stages, read off the model built on the meta device in a fake world (no storage)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from nxd_plan.fake_world import build_rank_model, fake_rank
+
+
+@dataclass
+class Shard:
+    """One rank's model: ``params`` maps each parameter name to (shape, dtype name, trainable)."""
+
+    rank: int
+    coords: dict[str, int]
+    params: dict[str, tuple[tuple[int, ...], str, bool]]
+    #: the pipeline stages this rank runs and each stage's layer indices (empty without PP)
+    stages: dict[int, list[int]] = field(default_factory=dict)
+    #: the process groups this rank belongs to, per dimension (global ranks)
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: parameter name -> (elements of the whole tensor across TP, expert parameter sharded over EP)
+    sharding: dict[str, tuple[int, bool]] = field(default_factory=dict)
+
+    def unsharded_numel(self, first_ep: bool) -> int:
+        """This rank's parameters as whole tensors across TP; non-expert ones only on expert rank 0
+        (EP ranks replicate them)."""
+        return sum(full for full, expert in self.sharding.values() if expert or first_ep)
+
+    @property
+    def numel(self) -> int:
+        return sum(_numel(shape) for shape, _, _ in self.params.values())
+
+    @property
+    def trainable_numel(self) -> int:
+        return sum(_numel(shape) for shape, _, trainable in self.params.values() if trainable)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(_numel(shape) * _itemsize(dtype) for shape, dtype, _ in self.params.values())
+
+    def signature(self) -> tuple:
+        """What must agree between ranks of one coordinate class."""
+        return tuple(sorted(self.params.items()))
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _itemsize(dtype: str) -> int:
+    return getattr(torch, dtype.split(".")[-1]).itemsize
+
+
+def pipeline_stages(model: torch.nn.Module) -> dict[int, list[int]]:
+    """The pipeline model's local stages -> layer indices (``NxDPPModel.stage_bounds``), else {}."""
+    for module in model.modules():
+        bounds = getattr(module, "stage_bounds", None)
+        local = getattr(module, "local_stages", None)
+        if bounds is not None and local is not None:
+            return {int(s): list(bounds[s]) for s in local}
+    return {}
+
+
+def whole_numel(p: torch.Tensor, tp: int) -> int:
+    """Elements of the whole tensor whose TP shard ``p`` is, from the sharding attributes every
+    parallel layer sets (docs/parallel.md): ``partition_dim``, ``kv_size_multiplier`` (GQA K/V
+    pieces shared by that many TP ranks) and ``fused_splits`` (on fused QKV the multiplier applies
+    to the K and V pieces only)."""
+    if not getattr(p, "tensor_model_parallel", False) or tp == 1:
+        return p.numel()
+    m = int(getattr(p, "kv_size_multiplier", 1) or 1)
+    splits = getattr(p, "fused_splits", None)
+    dim = int(getattr(p, "partition_dim", 0))
+    row = p.numel() // max(1, p.shape[dim])
+    if splits and m > 1 and len(splits) == 3:
+        q, k, v = splits
+        return row * (q * tp + (k + v) * (tp // m))
+    return p.numel() * (tp // m)
+
+
+def shard_of(model: torch.nn.Module, context: Any, rank: int) -> Shard:
+    params = {name: (tuple(p.shape), str(p.dtype), bool(p.requires_grad)) for name, p in model.named_parameters()}
+    groups = {name: tuple(context.dim(name).ranks) for name in ("tp", "dp", "pp", "cp", "ep", "edp", "dp_cp")}
+    sharding = {name: (whole_numel(p, context.tp.size), bool(getattr(p, "expert_model_parallel", False)))
+                for name, p in model.named_parameters()}
+    return Shard(rank, context.coordinates(), params, pipeline_stages(model), groups, sharding)
+
+
+def build_shard(config: Any, run: Any, rank: int) -> Shard:
+    """Rank ``rank``'s shard as ``nxd train`` would build it (fake world of ``run.world_size``)."""
+    with fake_rank(rank, run.world_size):
+        model, context, _ = build_rank_model(config, run)
+        return shard_of(model, context, rank)

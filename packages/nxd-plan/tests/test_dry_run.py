@@ -1,0 +1,39 @@
+"""``--dry-run``: every rank built by the real parallel code on torch's fake process group agrees
+with the plan, and a rank whose layout disagrees is reported by number."""
+
+from __future__ import annotations
+
+from nxd_plan.dryrun import dry_run
+from nxd_plan.planner import make_run_plan
+
+
+def test_every_rank_agrees_with_the_plan(tiny) -> None:
+    plan = make_run_plan(tiny())
+    result = dry_run(plan, tiny())
+    assert result.ok, result.problems
+    assert result.ranks_built == 8 and result.parameters_total == plan.parameters_total
+
+
+def test_an_inconsistent_rank_is_reported(tiny) -> None:
+    plan = make_run_plan(tiny())
+    # the plan now expects a different shape on the second stage: its four ranks must disagree
+    reference = plan.shards[(1, 0)]
+    name = next(n for n in reference.params if n.endswith("down_proj.weight"))
+    shape, dtype, trainable = reference.params[name]
+    reference.params[name] = ((shape[0], shape[1] + 1), dtype, trainable)
+    plan.ranks[6].params += 1
+    result = dry_run(plan, tiny())
+    assert sorted(result.problems) == [4, 5, 6, 7]
+    assert name in result.problems[4][0]
+    assert any("parameters != planned" in p for p in result.problems[6])
+
+
+def test_nxdt_70b_ranks_at_both_ends(nxdt_conf) -> None:
+    """NxD Training's 70B config at its 512 ranks: the first and last rank of each end of the
+    pipeline, and one in the middle (the whole world: ``nxd plan ... --dry-run``, docs/plan.md)."""
+    overrides = ["model.model_config=null", "+model.preset=llama3-70b", "model.encoder_seq_length=512",
+                 "data.seq_length=512"]
+    source = nxdt_conf / "hf_llama3_70B_config.yaml"
+    plan = make_run_plan(source, overrides)
+    result = dry_run(plan, source, overrides, ranks=[0, 31, 255, 480, 511])
+    assert not result.problems, result.problems

@@ -61,6 +61,8 @@ class LlamaConfig:
     #: ops run by fused GPU kernels (nxd_core_parallel.fused_kernels.FUSED_KERNEL_OPS); not part of
     #: the model's function, so never written to config.json
     fused_kernels: tuple[str, ...] = ()
+    #: RMSNorm of each query and key head before RoPE (Qwen3's ``q_norm``/``k_norm``; no HF Llama key)
+    qk_norm: bool = False
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

@@ -54,7 +54,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
     """
     module = unwrap_model(model)
     config, hf_dir = module.config, Path(hf_dir)
-    check_config_fields(config, hf_dir, LlamaConfig.from_dict, _SHAPE_FIELDS)
+    check_config_fields(config, hf_dir, type(config).from_dict, _SHAPE_FIELDS)  # a subclass reads its own family
     tp, rank = tp_size_and_rank()
     multiplier = kv_size_multiplier(module)
     expected = hf_shapes(config)

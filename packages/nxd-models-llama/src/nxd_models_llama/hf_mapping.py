@@ -80,7 +80,8 @@ def plan_for(name: str, config: LlamaConfig, tp: int, rank: int, kv_size_multipl
     prefix, rest = f"model.layers.{match.group(1)}.", match.group(2)
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
     q_heads, kv_heads = heads_of_rank(config, tp, rank, kv_size_multiplier)
-    if rest in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+    if rest in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
+                "self_attn.k_norm.weight"):
         return [Piece(name, None)]
     if rest in ("self_attn.qkv_proj.weight_qkv", "self_attn.qkv_proj.bias_qkv"):
         kind = rest.rsplit("_", 1)[0].rsplit(".", 1)[1]  # "weight" or "bias"
@@ -122,6 +123,8 @@ def hf_shapes(config: LlamaConfig, dense_mlp: bool = True) -> dict[str, tuple[in
             p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
             p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
         })
+        if config.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
         if dense_mlp:
             shapes.update({p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
                            p + "mlp.down_proj.weight": (h, inter)})

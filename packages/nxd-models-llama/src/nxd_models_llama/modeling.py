@@ -27,6 +27,7 @@ from nxd_core_parallel.parallel_layers import (
     RowParallelLinear,
     mask_vocab_padding,
 )
+from nxd_core_parallel.parallel_layers.mappings import copy_to_tensor_model_parallel_region
 from nxd_models_llama.attention_mask import build_attention_mask
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.rope import RotaryEmbedding, apply_rotary
@@ -124,6 +125,20 @@ class LlamaCoreAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=q_len > 1)
 
 
+class HeadRMSNorm(RMSNorm):
+    """RMSNorm over each attention head's features (Qwen3's ``q_norm``/``k_norm``): one replicated
+    weight for all heads. TP ranks hold different heads, so each sees part of the weight's gradient:
+    the weight enters through ``copy_to_tensor_model_parallel_region``, whose backward sums it over TP."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        weight = self.weight
+        if parallel_state.model_parallel_is_initialized() and parallel_state.get_tensor_model_parallel_size() > 1:
+            weight = copy_to_tensor_model_parallel_region(weight)
+        return weight * h.to(x.dtype)
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config: LlamaConfig, layer_idx: int, sequence_parallel: bool = False,
                  device: torch.device | str | None = None) -> None:
@@ -144,6 +159,10 @@ class LlamaAttention(nn.Module):
             bias=config.attention_bias, gather_output=False, kv_size_multiplier=self.kv_size_multiplier,
             fuse_qkv=True, **common,
         )
+        # Qwen3: RMSNorm of every query and key head before RoPE (config.qk_norm)
+        head_norm = partial(HeadRMSNorm, config.head_dim, eps=config.rms_norm_eps, dtype=config.torch_dtype,
+                            device=device)
+        self.q_norm, self.k_norm = (head_norm(), head_norm()) if config.qk_norm else (None, None)
         self.core_attention = LlamaCoreAttention()
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * config.head_dim, config.hidden_size, bias=config.attention_bias,
@@ -154,8 +173,11 @@ class LlamaAttention(nn.Module):
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden_states)
         b, s = q.shape[0], q.shape[1]
-        q = q.view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q.view(b, s, self.num_heads, self.head_dim)
+        k = k.view(b, s, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if self.fused_rope:
             q, k = fused_kernels.rope(q, k, cos, sin)

@@ -48,6 +48,23 @@ class MixtralConfig(LlamaConfig):
     #: ``None``: no padding (the vocabulary must then divide by TP)
     make_vocab_size_divisible_by: int | None = None
 
+    #: the MoE block's module name (nxd and HF) and HF's per-expert (gate, up, down) tensor names;
+    #: families built on this model (nxd-models-qwen3) name theirs as their checkpoints do
+    MOE_MODULE = "block_sparse_moe"
+    HF_EXPERT_NAMES = ("w1", "w3", "w2")
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` has a MoE block (every Mixtral layer does)."""
+        return True
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        return self.intermediate_size
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
+
     def validate(self) -> None:
         super().validate()
         if self.router_jitter_noise:

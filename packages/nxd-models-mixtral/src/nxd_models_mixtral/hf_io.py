@@ -44,8 +44,14 @@ from nxd_models_llama.hf_mapping import hf_shapes as llama_hf_shapes
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_moe import expert_parallel_groups
 
-_EXPERT = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(gate_up_proj|down_proj)$")
-_ROUTER = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.router\.weight$")
+
+def _expert_re(config: MixtralConfig) -> re.Pattern:
+    return re.compile(rf"^model\.layers\.(\d+)\.{config.MOE_MODULE}\.experts\.(gate_up_proj|down_proj)$")
+
+
+def _router_re(config: MixtralConfig) -> re.Pattern:
+    return re.compile(rf"^model\.layers\.(\d+)\.{config.MOE_MODULE}\.router\.weight$")
+
 #: vocabulary-parallel parameters (Megatron's vocabulary padding adds rows the checkpoint does not hold)
 _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 _SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -61,27 +67,28 @@ def expert_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, ep: i
                   ) -> list[list[Piece]] | None:
     """For an expert parameter: per local expert, the HF pieces (concatenated along dim 0 of the
     local expert's matrix for gate_up, dim 1 for down). ``None`` for other parameters."""
-    match = _EXPERT.match(name)
+    match = _expert_re(config).match(name)
     if match is None:
         return None
     layer, which = match.groups()
-    inter = config.intermediate_size // tp
+    gate, up, down = config.HF_EXPERT_NAMES
+    inter = config.expert_intermediate_size // tp
     rows = tuple(range(tp_rank * inter, (tp_rank + 1) * inter))
     local = config.num_local_experts // ep
     out = []
     for e in range(ep_rank * local, (ep_rank + 1) * local):
-        prefix = f"model.layers.{layer}.block_sparse_moe.experts.{e}."
+        prefix = f"model.layers.{layer}.{config.MOE_MODULE}.experts.{e}."
         if which == "gate_up_proj":
-            out.append([Piece(prefix + "w1.weight", 0, rows), Piece(prefix + "w3.weight", 0, rows)])
+            out.append([Piece(f"{prefix}{gate}.weight", 0, rows), Piece(f"{prefix}{up}.weight", 0, rows)])
         else:
-            out.append([Piece(prefix + "w2.weight", 1, rows)])
+            out.append([Piece(f"{prefix}{down}.weight", 1, rows)])
     return out
 
 
 def plain_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, multiplier: int) -> list[Piece]:
-    match = _ROUTER.match(name)
+    match = _router_re(config).match(name)
     if match:
-        return [Piece(f"model.layers.{match.group(1)}.block_sparse_moe.gate.weight", None)]
+        return [Piece(f"model.layers.{match.group(1)}.{config.MOE_MODULE}.gate.weight", None)]
     padded = config.padded_vocab_size(tp)
     if name in _VOCAB and padded != config.vocab_size:  # only the real rows of this rank's padded slice
         return [Piece(tied_hf_key(name, config), 0, tuple(real_vocab_rows(config.vocab_size, padded, tp, tp_rank)))]
@@ -89,15 +96,22 @@ def plain_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, multip
 
 
 def hf_shapes(config: MixtralConfig) -> dict[str, tuple[int, ...]]:
-    """Llama's tensors without the dense MLP, plus each layer's router and experts."""
-    h, inter, e = config.hidden_size, config.intermediate_size, config.num_local_experts
+    """Llama's tensors, the dense MLP only in layers without experts, plus each MoE layer's router
+    and experts."""
+    h, inter, e = config.hidden_size, config.expert_intermediate_size, config.num_local_experts
+    gate, up, down = config.HF_EXPERT_NAMES
+    dense = llama_hf_shapes(config)
     shapes = llama_hf_shapes(config, dense_mlp=False)
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        shapes[p + "block_sparse_moe.gate.weight"] = (e, h)
+        if not config.is_moe_layer(i):
+            shapes.update({k: v for k, v in dense.items() if k.startswith(p + "mlp.")})
+            continue
+        shapes[f"{p}{config.MOE_MODULE}.gate.weight"] = (e, h)
         for x in range(e):
-            m = f"{p}block_sparse_moe.experts.{x}."
-            shapes.update({m + "w1.weight": (inter, h), m + "w3.weight": (inter, h), m + "w2.weight": (h, inter)})
+            m = f"{p}{config.MOE_MODULE}.experts.{x}."
+            shapes.update({f"{m}{gate}.weight": (inter, h), f"{m}{up}.weight": (inter, h),
+                           f"{m}{down}.weight": (h, inter)})
     return shapes
 
 
@@ -107,7 +121,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
     reads only the rows/columns of its shards and only its own experts."""
     module = unwrap_model(model)
     config, hf_dir = module.config, Path(hf_dir)
-    check_config_fields(config, hf_dir, MixtralConfig.from_dict, _SHAPE_FIELDS)
+    check_config_fields(config, hf_dir, type(config).from_dict, _SHAPE_FIELDS)
     tp, tp_rank = tp_size_and_rank()
     groups = expert_parallel_groups(module.parallel_context)
     multiplier = kv_size_multiplier(module)
@@ -134,7 +148,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
         if config.tie_word_embeddings:
             used.add("lm_head.weight")
         if groups.ep_size > 1:  # other EP ranks read the other experts
-            used |= {k for k in ckpt.keys() if ".block_sparse_moe.experts." in k}
+            used |= {k for k in ckpt.keys() if f".{config.MOE_MODULE}.experts." in k}
         check_unused(ckpt, used, strict)
 
 
@@ -156,7 +170,7 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
 
     for name, param in exported_parameters(module):  # this stage's layers, under their global indices
         tp_shards = gather_shards(param, tp)
-        if _EXPERT.match(name):
+        if _expert_re(config).match(name):
             by_rank = [gather_over(shard, groups.ep_size, groups.ep_group) for shard in tp_shards]  # [tp][ep]
             if not assembler:
                 continue

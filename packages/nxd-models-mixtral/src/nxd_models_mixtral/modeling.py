@@ -95,6 +95,10 @@ class MixtralDecoderLayer(nn.Module):
 
 
 class MixtralModel(nn.Module):
+    #: the block class (a family on this model sets its own; its ``last_router_logits`` is ``None``
+    #: in a layer without experts)
+    decoder_layer_class: type[nn.Module] = MixtralDecoderLayer
+
     def __init__(self, config: MixtralConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
@@ -106,7 +110,8 @@ class MixtralModel(nn.Module):
             sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
         )
         self.layers = nn.ModuleList(
-            MixtralDecoderLayer(config, i, sequence_parallel, device, context) for i in range(config.num_hidden_layers)
+            self.decoder_layer_class(config, i, sequence_parallel, device, context)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, sequence_parallel_enabled=sequence_parallel,
                             dtype=config.torch_dtype, device=device)
@@ -141,13 +146,15 @@ class MixtralForCausalLM(nn.Module):
     auxiliary loss. ``context``: the parallel context whose expert-parallel groups the MoE layers
     use (``None``: the current one)."""
 
-    nxd_transformer_layer_classes = (MixtralDecoderLayer,)
-    nxd_core_attention_classes = (LlamaCoreAttention,)
+    nxd_transformer_layer_classes: tuple[type[nn.Module], ...] = (MixtralDecoderLayer,)
+    nxd_core_attention_classes: tuple[type[nn.Module], ...] = (LlamaCoreAttention,)
+    model_class: type[MixtralModel] = MixtralModel
+    config_class: type[MixtralConfig] = MixtralConfig
 
     def __init__(self, config: MixtralConfig | dict, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        config = MixtralConfig.from_dict(config) if isinstance(config, dict) else config
+        config = self.config_class.from_dict(config) if isinstance(config, dict) else config
         tp = parallel_state.get_tensor_model_parallel_size()
         self.padded_vocab_size = config.padded_vocab_size(tp)
         if self.padded_vocab_size % tp:
@@ -156,7 +163,7 @@ class MixtralForCausalLM(nn.Module):
         self.config = config
         self.moe_config = config.moe_config()
         self.parallel_context = context if context is not None else current_parallel_context()
-        self.model = MixtralModel(config, sequence_parallel, device, self.parallel_context)
+        self.model = self.model_class(config, sequence_parallel, device, self.parallel_context)
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         self.lm_head = ColumnParallelLinear(
             config.hidden_size, self.padded_vocab_size, bias=False, gather_output=False, init_method=init,
@@ -187,7 +194,7 @@ class MixtralForCausalLM(nn.Module):
         """``({"aux_loss": load-balancing loss[, "z_loss": z-loss]}, their weighted sum added to the
         LM loss)`` from the router statistics summed over every layer (the z-loss only when its
         coefficient is set)."""
-        aux, z = losses_from_router_statistics(stats, self.config.num_hidden_layers, self.moe_config.num_experts)
+        aux, z = losses_from_router_statistics(stats, self.config.num_moe_layers, self.moe_config.num_experts)
         terms, total = {"aux_loss": aux}, self.config.router_aux_loss_coef * aux
         if self.moe_config.router_z_loss_coef:
             terms["z_loss"] = z
@@ -225,7 +232,8 @@ class MixtralForCausalLM(nn.Module):
             return MoECausalLMOutput(loss=None, logits=self.logits(hidden), router_logits=router_logits)
         stats = torch.zeros(self._num_router_statistics, device=hidden.device)
         for layer_logits in router_logits:
-            stats = stats + self.layer_router_statistics(layer_logits, attention_mask)
+            if layer_logits is not None:  # a dense layer routes nothing
+                stats = stats + self.layer_router_statistics(layer_logits, attention_mask)
         output = self.lm_loss(hidden, labels, loss_mask, stats)
         output.router_logits = router_logits
         return output
@@ -261,7 +269,8 @@ class MixtralForCausalLM(nn.Module):
             attention_mask = segment_ids
         cos, sin, mask = self.model.layer_inputs(input_ids, hidden.dtype, position_ids, attention_mask)
         hidden = layer(hidden, cos, sin, mask)
-        stats = stats + self.layer_router_statistics(layer.last_router_logits, attention_mask)
+        if layer.last_router_logits is not None:
+            stats = stats + self.layer_router_statistics(layer.last_router_logits, attention_mask)
         return pack_router_statistics(hidden, stats)
 
     def nxd_pipeline_head(self, packed: torch.Tensor, input_ids: torch.Tensor | None = None,

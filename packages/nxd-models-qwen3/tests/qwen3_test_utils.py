@@ -1,0 +1,122 @@
+"""Shared pieces of the Qwen3 tests: tiny transformers Qwen3 / Qwen3-MoE models as oracles (random
+weights saved to a temporary directory), HF-named grads, and the nxd side of the comparison."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from nxd_testing.reference import assert_parity, forward_backward_result, quiet_transformers, rel_err  # noqa: E402, F401
+
+VOCAB, BATCH, SEQ = 128, 2, 16
+DENSE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
+             initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+MOE = dict(DENSE, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+           norm_topk_prob=True, mlp_only_layers=[1], router_aux_loss_coef=0.02, output_router_logits=True)
+
+
+def save_hf(out: Path, moe: bool = False, seed: int = 0, **overrides) -> Path:
+    """A randomly initialised transformers Qwen3 (or Qwen3-MoE) saved to ``out``; every weight drawn
+    with a std that makes it count (norm weights too, so the q/k norms are not identities)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    cls, cfg = (Qwen3MoeForCausalLM, Qwen3MoeConfig) if moe else (Qwen3ForCausalLM, Qwen3Config)
+    model = cls(cfg(**{**(MOE if moe else DENSE), **overrides})).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif "experts" in name or name.endswith("gate.weight"):
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(str(out))
+    return out
+
+
+def batch(seed: int = 1, batch_size: int = BATCH) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(0, VOCAB, (batch_size, SEQ), generator=g),
+            "labels": torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)}
+
+
+def hf_named_grads(model) -> dict[str, torch.Tensor]:
+    """transformers 5 keeps experts stacked in memory; name their grads as the checkpoint does."""
+    out = {}
+    for name, p in model.named_parameters():
+        g = p.grad.detach().clone()
+        if ".mlp.experts.gate_up_proj" in name:
+            prefix = name.replace(".gate_up_proj", ".")
+            inter = g.shape[1] // 2
+            for e in range(g.shape[0]):
+                out[f"{prefix}{e}.gate_proj.weight"], out[f"{prefix}{e}.up_proj.weight"] = g[e, :inter], g[e, inter:]
+        elif ".mlp.experts.down_proj" in name:
+            prefix = name.replace(".down_proj", ".")
+            for e in range(g.shape[0]):
+                out[f"{prefix}{e}.down_proj.weight"] = g[e]
+        else:
+            out[name] = g
+    if getattr(model.config, "tie_word_embeddings", False):
+        out.pop("lm_head.weight", None)
+    return out
+
+
+def hf_class(hf_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
+
+
+def hf_reference(hf_dir: Path, data: dict[str, torch.Tensor], shards: int = 1) -> dict:
+    """One process: mean over ``shards`` DP shards of CE (+ coef x HF aux loss for MoE), backward once."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    moe = hasattr(model.config, "num_experts")
+    per = data["input_ids"].shape[0] // shards
+    total, logits, aux = 0.0, [], []
+    for i in range(shards):
+        ids, labels = data["input_ids"][i * per:(i + 1) * per], data["labels"][i * per:(i + 1) * per]
+        out = model(ids, output_router_logits=True) if moe else model(ids)
+        loss = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), labels.reshape(-1))
+        if moe:
+            loss = loss + model.config.router_aux_loss_coef * out.aux_loss
+            aux.append(out.aux_loss.detach())
+        total = total + loss / shards
+        logits.append(out.logits.detach())
+    total.backward()
+    grads = hf_named_grads(model)
+    ref = {"logits": torch.cat(logits), "loss": total.detach(), "grads": grads,
+           "norm": torch.sqrt(sum(g.double().pow(2).sum() for g in grads.values()))}
+    if moe and shards == 1:
+        ref["aux_loss"] = aux[0]
+    return ref
+
+
+def build_from_hf(hf_dir: str, sequence_parallel: bool = False):
+    import nxd
+
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    spec = nxd.get_model("qwen3_moe" if config["model_type"] == "qwen3_moe" else "qwen3")
+    model = spec.build(spec.config_from_dict(config), {"sequence_parallel": sequence_parallel})
+    spec.load_hf(model, hf_dir)
+    return spec, model
+
+
+def nxd_forward_backward(hf_dir: str, data: dict[str, torch.Tensor], sequence_parallel: bool = False) -> dict:
+    """Import at the current TP/EP degrees, forward + backward; full logits and HF-named full grads."""
+    from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients
+    from nxd_models_llama import collect_hf_state_dict as collect_dense
+    from nxd_models_llama import gather_vocab_logits
+    from nxd_models_mixtral import collect_hf_state_dict as collect_moe
+
+    spec, model = build_from_hf(hf_dir, sequence_parallel)
+    export = collect_moe if spec.name == "qwen3_moe" else collect_dense
+    return forward_backward_result(model, data, gather_logits=gather_vocab_logits, export_grads=export,
+                                   sync_grads=allreduce_sequence_parallel_gradients if sequence_parallel else None)

@@ -18,7 +18,14 @@ import torch.nn.functional as F  # noqa: E402
 
 # nxd-testing's shared oracle helpers, re-exported to this package's tests
 from nxd_testing.reference import assert_parity as compare  # noqa: E402, F401
-from nxd_testing.reference import forward_backward_result, quiet_transformers, rel_err  # noqa: E402, F401
+from nxd_testing.reference import (  # noqa: E402, F401
+    checkpoint_named_grads,
+    forward_backward_result,
+    quiet_transformers,
+    random_lm_batch,
+    rel_err,
+    save_hf_oracle,
+)
 
 VOCAB, BATCH, SEQ = 128, 2, 16
 CONFIG = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -31,40 +38,16 @@ def save_hf(out: Path, seed: int = 0, **overrides) -> Path:
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(seed)
-    model = MixtralForCausalLM(MixtralConfig(**{**CONFIG, **overrides})).float()
-    with torch.no_grad():  # HF initialises experts with a tiny std: make every piece count
-        for name, p in model.named_parameters():
-            if "experts" in name or name.endswith("gate.weight"):
-                p.normal_(0.0, 0.2)
-    model.save_pretrained(str(out))
-    return out
+    return save_hf_oracle(MixtralForCausalLM(MixtralConfig(**{**CONFIG, **overrides})).float(), out)
 
 
 def batch(seed: int = 1, batch_size: int = BATCH) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {"input_ids": torch.randint(0, VOCAB, (batch_size, SEQ), generator=g),
-            "labels": torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)}
+    return random_lm_batch(seed, batch_size, SEQ, VOCAB)
 
 
 def hf_named_grads(model) -> dict[str, torch.Tensor]:
     """transformers 5 keeps experts stacked in memory; name its grads as the checkpoint does."""
-    out = {}
-    for name, p in model.named_parameters():
-        g = p.grad.detach().clone()
-        if ".mlp.gate.weight" in name:
-            out[name.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = g
-        elif ".mlp.experts.gate_up_proj" in name:
-            prefix = name.replace(".mlp.experts.gate_up_proj", ".block_sparse_moe.experts.")
-            inter = g.shape[1] // 2
-            for e in range(g.shape[0]):
-                out[f"{prefix}{e}.w1.weight"], out[f"{prefix}{e}.w3.weight"] = g[e, :inter], g[e, inter:]
-        elif ".mlp.experts.down_proj" in name:
-            prefix = name.replace(".mlp.experts.down_proj", ".block_sparse_moe.experts.")
-            for e in range(g.shape[0]):
-                out[f"{prefix}{e}.w2.weight"] = g[e]
-        else:
-            out[name] = g
-    return out
+    return checkpoint_named_grads(model, ("w1", "w3", "w2"), "block_sparse_moe")
 
 
 def hf_reference(hf_dir: Path, data: dict[str, torch.Tensor]) -> dict:

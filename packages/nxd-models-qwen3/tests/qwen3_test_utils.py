@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from nxd_testing.reference import assert_parity, forward_backward_result, quiet_transformers, rel_err  # noqa: E402, F401
+from nxd_testing import reference as oracle  # noqa: E402
 
 VOCAB, BATCH, SEQ = 128, 2, 16
 DENSE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -29,48 +29,18 @@ def save_hf(out: Path, moe: bool = False, seed: int = 0, **overrides) -> Path:
 
     torch.manual_seed(seed)
     cls, cfg = (Qwen3MoeForCausalLM, Qwen3MoeConfig) if moe else (Qwen3ForCausalLM, Qwen3Config)
-    model = cls(cfg(**{**(MOE if moe else DENSE), **overrides})).float()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif "experts" in name or name.endswith("gate.weight"):
-                p.normal_(0.0, 0.2)
-    model.save_pretrained(str(out))
-    return out
+    return oracle.save_hf_oracle(cls(cfg(**{**(MOE if moe else DENSE), **overrides})).float(), out, spread_norms=True)
 
 
 def batch(seed: int = 1, batch_size: int = BATCH) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {"input_ids": torch.randint(0, VOCAB, (batch_size, SEQ), generator=g),
-            "labels": torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)}
+    return oracle.random_lm_batch(seed, batch_size, SEQ, VOCAB)
 
 
 def hf_named_grads(model) -> dict[str, torch.Tensor]:
-    """transformers 5 keeps experts stacked in memory; name their grads as the checkpoint does."""
-    out = {}
-    for name, p in model.named_parameters():
-        g = p.grad.detach().clone()
-        if ".mlp.experts.gate_up_proj" in name:
-            prefix = name.replace(".gate_up_proj", ".")
-            inter = g.shape[1] // 2
-            for e in range(g.shape[0]):
-                out[f"{prefix}{e}.gate_proj.weight"], out[f"{prefix}{e}.up_proj.weight"] = g[e, :inter], g[e, inter:]
-        elif ".mlp.experts.down_proj" in name:
-            prefix = name.replace(".down_proj", ".")
-            for e in range(g.shape[0]):
-                out[f"{prefix}{e}.down_proj.weight"] = g[e]
-        else:
-            out[name] = g
+    out = oracle.checkpoint_named_grads(model)
     if getattr(model.config, "tie_word_embeddings", False):
         out.pop("lm_head.weight", None)
     return out
-
-
-def hf_class(hf_dir: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM
 
 
 def hf_reference(hf_dir: Path, data: dict[str, torch.Tensor], shards: int = 1) -> dict:
@@ -118,5 +88,5 @@ def nxd_forward_backward(hf_dir: str, data: dict[str, torch.Tensor], sequence_pa
 
     spec, model = build_from_hf(hf_dir, sequence_parallel)
     export = collect_moe if spec.name == "qwen3_moe" else collect_dense
-    return forward_backward_result(model, data, gather_logits=gather_vocab_logits, export_grads=export,
+    return oracle.forward_backward_result(model, data, gather_logits=gather_vocab_logits, export_grads=export,
                                    sync_grads=allreduce_sequence_parallel_gradients if sequence_parallel else None)

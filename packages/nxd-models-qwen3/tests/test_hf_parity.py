@@ -12,15 +12,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from qwen3_test_utils import (  # noqa: E402
-    assert_parity,
-    batch,
-    build_from_hf,
-    hf_reference,
-    nxd_forward_backward,
-    quiet_transformers,
-    save_hf,
-)
+from qwen3_test_utils import batch, build_from_hf, hf_reference, nxd_forward_backward, save_hf  # noqa: E402
+
+from nxd_testing.reference import assert_parity, quiet_transformers
 
 quiet_transformers()
 

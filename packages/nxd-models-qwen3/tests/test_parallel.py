@@ -11,7 +11,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from qwen3_test_utils import batch, hf_reference, quiet_transformers, rel_err, save_hf  # noqa: E402
+from qwen3_test_utils import batch, hf_reference, save_hf  # noqa: E402
+
+from nxd_testing.reference import quiet_transformers, rel_err
 
 quiet_transformers()
 

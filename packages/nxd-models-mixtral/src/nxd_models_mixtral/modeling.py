@@ -67,8 +67,10 @@ def sliding_window_mask(mask: torch.Tensor | None, batch: int, seq: int, past: i
 
 
 class MixtralDecoderLayer(nn.Module):
-    """Pre-norm block: ``h + attn(norm(h))`` then ``h + moe(norm(h))``; the MoE block keeps its
-    router logits in ``last_router_logits`` for the model's auxiliary loss."""
+    """Pre-norm block: ``h + attn(norm(h))`` then ``h + ff(norm(h))``, the feed-forward ``ff`` named
+    ``config.MOE_MODULE`` (Mixtral: the sparse MoE block ``block_sparse_moe``). A MoE block keeps its
+    router logits in ``last_router_logits`` for the model's auxiliary loss (``None`` after a dense
+    feed-forward). A family on this model overrides :meth:`build_feed_forward`."""
 
     def __init__(self, config: MixtralConfig, layer_idx: int, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
@@ -76,21 +78,35 @@ class MixtralDecoderLayer(nn.Module):
         norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps,
                        sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device)
         self.input_layernorm = norm()
-        self.self_attn = LlamaAttention(config, layer_idx, sequence_parallel, device)
+        self.self_attn = self.build_attention(config, layer_idx, sequence_parallel, device)
         self.post_attention_layernorm = norm()
         if config.use_scaled_init_method:  # Megatron's scaled init of the attention output projection
             self.self_attn.o_proj.init_method = partial(nn.init.normal_, mean=0.0, std=config.output_init_std)
             self.self_attn.o_proj.reset_parameters()
-        self.block_sparse_moe = MoELayer(config.moe_config(), config.hidden_size, config.intermediate_size,
-                                         sequence_parallel=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
-                                         dtype=config.torch_dtype, device=device, init_std=config.initializer_range,
-                                         output_init_std=config.output_init_std, context=context)
+        self.feed_forward_name = config.MOE_MODULE
+        self.add_module(config.MOE_MODULE, self.build_feed_forward(config, layer_idx, sequence_parallel, device, context))
         self.last_router_logits: torch.Tensor | None = None
+
+    def build_attention(self, config: MixtralConfig, layer_idx: int, sequence_parallel: bool,
+                        device: torch.device | str | None) -> nn.Module:
+        """Llama's attention (GQA, RoPE; q/k head norms when ``config.qk_norm``)."""
+        return LlamaAttention(config, layer_idx, sequence_parallel, device)
+
+    def build_feed_forward(self, config: MixtralConfig, layer_idx: int, sequence_parallel: bool,
+                           device: torch.device | str | None, context: ParallelContext | None) -> nn.Module:
+        """This layer's feed-forward: a :class:`MoELayer` (returns ``(out, router_logits)``) or a dense MLP."""
+        return MoELayer(config.moe_config(), config.hidden_size, config.expert_intermediate_size,
+                        sequence_parallel=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
+                        dtype=config.torch_dtype, device=device, init_std=config.initializer_range,
+                        output_init_std=config.output_init_std, context=context)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
         h = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, attention_mask, kv_cache)
-        out, self.last_router_logits = self.block_sparse_moe(self.post_attention_layernorm(h))
+        ff = getattr(self, self.feed_forward_name)
+        out = ff(self.post_attention_layernorm(h))
+        if isinstance(ff, MoELayer):
+            out, self.last_router_logits = out
         return h + out
 
 

@@ -47,16 +47,16 @@ def build(config: MixtralConfig | dict, nxd_config: dict | None = None,
 
 
 def flops_per_token(config: MixtralConfig | dict, seq_length: int | None = None) -> float:
-    """Training FLOPs per token: ``6 x`` the matmul parameters a token touches (attention, the router,
-    ``top_k`` experts, LM head), plus attention scores when ``seq_length`` is given."""
+    """Training FLOPs per token: ``6 x`` the matmul parameters a token touches (attention, then in a
+    MoE layer the router and ``top_k`` experts, in a dense one the MLP; the LM head), plus attention
+    scores when ``seq_length`` is given. Families on this model (Qwen3-MoE) share it."""
     c = config_from_dict(config) if isinstance(config, dict) else config
     h, hd = c.hidden_size, c.head_dim
     q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
-    per_layer = h * (q + 2 * kv) + q * h + h * c.num_local_experts + c.num_experts_per_tok * 3 * h * c.intermediate_size
-    flops = 6.0 * (c.num_hidden_layers * per_layer + h * c.vocab_size)
-    if seq_length:
-        flops += 12.0 * c.num_hidden_layers * q * seq_length
-    return flops
+    moe = h * c.num_local_experts + c.num_experts_per_tok * 3 * h * c.expert_intermediate_size
+    params = h * c.vocab_size + sum(h * (q + 2 * kv) + q * h + (moe if c.is_moe_layer(i) else 3 * h * c.intermediate_size)
+                                    for i in range(c.num_hidden_layers))
+    return 6.0 * params + (12.0 * c.num_hidden_layers * q * seq_length if seq_length else 0.0)
 
 
 SPEC = ModelSpec(

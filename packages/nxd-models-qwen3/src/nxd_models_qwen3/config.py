@@ -42,19 +42,10 @@ def relabelled(out: dict[str, Any], architecture: str, model_type: str) -> dict[
 
 @dataclass
 class Qwen3Config(LlamaConfig):
-    """Qwen3 dense (field names are Hugging Face's; ``qk_norm`` is always on)."""
+    """Qwen3 dense (field names are Hugging Face's; ``qk_norm`` is always on; sizes come from the
+    checkpoint's ``config.json`` or a preset)."""
 
-    vocab_size: int = 151936
-    hidden_size: int = 4096
-    intermediate_size: int = 22016
-    num_hidden_layers: int = 32
-    num_attention_heads: int = 32
-    head_dim: int | None = 128
-    max_position_embeddings: int = 32768
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
     qk_norm: bool = True
 
     @classmethod
@@ -74,20 +65,7 @@ class Qwen3MoeConfig(MixtralConfig):
     MOE_MODULE = "mlp"
     HF_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
 
-    vocab_size: int = 151936
-    hidden_size: int = 2048
-    intermediate_size: int = 6144
-    num_hidden_layers: int = 24
-    num_attention_heads: int = 32
-    num_key_value_heads: int | None = 4
-    head_dim: int | None = 128
-    max_position_embeddings: int = 32768
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-    num_local_experts: int = 128
-    num_experts_per_tok: int = 8
     moe_intermediate_size: int = 768
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1

@@ -5,49 +5,25 @@ is :class:`nxd_models_llama.LlamaForCausalLM` with ``qk_norm`` on."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 from torch import nn
 
 from nxd.parallel import ParallelContext
-from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_models_llama import KVCache, LlamaAttention, LlamaMLP
+from nxd_models_llama import LlamaMLP
 from nxd_models_mixtral import MixtralForCausalLM
-from nxd_models_mixtral.modeling import SEQUENCE_DIM, MixtralModel
+from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralModel
 from nxd_models_qwen3.config import Qwen3MoeConfig
-from nxd_moe import MoELayer
 
 
-class Qwen3MoeDecoderLayer(nn.Module):
-    """Pre-norm block ``h + attn(norm(h))`` then ``h + mlp(norm(h))``; ``last_router_logits`` is
-    ``None`` in a dense layer."""
+class Qwen3MoeDecoderLayer(MixtralDecoderLayer):
+    """Mixtral's block with Qwen3's feed-forward ``mlp``: a MoE layer of ``moe_intermediate_size``
+    experts, or Llama's SwiGLU MLP in the layers ``config.is_moe_layer`` leaves dense."""
 
-    def __init__(self, config: Qwen3MoeConfig, layer_idx: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
-        super().__init__()
-        norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps,
-                       sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device)
-        self.input_layernorm = norm()
-        self.self_attn = LlamaAttention(config, layer_idx, sequence_parallel, device)
-        self.post_attention_layernorm = norm()
-        self.is_moe = config.is_moe_layer(layer_idx)
-        if self.is_moe:
-            self.mlp = MoELayer(config.moe_config(), config.hidden_size, config.moe_intermediate_size,
-                                sequence_parallel=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
-                                dtype=config.torch_dtype, device=device, init_std=config.initializer_range,
-                                context=context)
-        else:
-            self.mlp = LlamaMLP(config, sequence_parallel, device)
-        self.last_router_logits: torch.Tensor | None = None
-
-    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
-        h = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, attention_mask, kv_cache)
-        if not self.is_moe:
-            return h + self.mlp(self.post_attention_layernorm(h))
-        out, self.last_router_logits = self.mlp(self.post_attention_layernorm(h))
-        return h + out
+    def build_feed_forward(self, config: Qwen3MoeConfig, layer_idx: int, sequence_parallel: bool,
+                           device: torch.device | str | None, context: ParallelContext | None) -> nn.Module:
+        if config.is_moe_layer(layer_idx):
+            return super().build_feed_forward(config, layer_idx, sequence_parallel, device, context)
+        return LlamaMLP(config, sequence_parallel, device)
 
 
 class Qwen3MoeModel(MixtralModel):

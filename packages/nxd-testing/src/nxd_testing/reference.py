@@ -159,3 +159,49 @@ def quiet_transformers() -> None:
 
     logging.disable_progress_bar()
     logging.set_verbosity_error()
+
+
+def random_lm_batch(seed: int, batch: int, seq: int, vocab: int) -> dict[str, torch.Tensor]:
+    """``{"input_ids", "labels"}`` ``[batch, seq]`` of random tokens (labels aligned, not learnable)."""
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(0, vocab, (batch, seq), generator=g),
+            "labels": torch.randint(0, vocab, (batch, seq), generator=g)}
+
+
+def checkpoint_named_grads(model: torch.nn.Module, expert_names: Sequence[str] = ("gate_proj", "up_proj", "down_proj"),
+                           moe_module: str = "mlp") -> dict[str, torch.Tensor]:
+    """A transformers model's gradients named as its checkpoint names the weights: transformers 5
+    keeps experts stacked in memory (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``down_proj``
+    ``[E, H, I]``); the checkpoint holds ``{moe_module}.experts.{e}.{gate,up,down}.weight`` per expert
+    (``expert_names``) and the router as ``{moe_module}.gate.weight``."""
+    gate, up, down = expert_names
+    out = {}
+    for name, p in model.named_parameters():
+        g = p.grad.detach().clone()
+        name = name.replace(".mlp.gate.", f".{moe_module}.gate.")
+        if ".mlp.experts.gate_up_proj" in name:
+            prefix = name.replace(".mlp.experts.gate_up_proj", f".{moe_module}.experts.")
+            inter = g.shape[1] // 2
+            for e in range(g.shape[0]):
+                out[f"{prefix}{e}.{gate}.weight"], out[f"{prefix}{e}.{up}.weight"] = g[e, :inter], g[e, inter:]
+        elif ".mlp.experts.down_proj" in name:
+            prefix = name.replace(".mlp.experts.down_proj", f".{moe_module}.experts.")
+            for e in range(g.shape[0]):
+                out[f"{prefix}{e}.{down}.weight"] = g[e]
+        else:
+            out[name] = g
+    return out
+
+
+def save_hf_oracle(model: torch.nn.Module, out: Any, spread_norms: bool = False) -> Any:
+    """Save a randomly initialised transformers model as a parity oracle to ``out``, after drawing
+    the weights HF initialises to (near) constants so every piece counts: experts and routers
+    ``N(0, 0.2)``, and with ``spread_norms`` norm weights ``U(0.5, 1.5)`` (HF starts them at 1)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if spread_norms and "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif "experts" in name or name.endswith("gate.weight"):
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(str(out))
+    return out

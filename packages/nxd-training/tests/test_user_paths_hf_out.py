@@ -72,9 +72,10 @@ def test_run_dir_converts_to_hf_with_no_arguments(architecture, make_config, tmp
     config = make_config(trainer={"devices": 1, "max_steps": 2},
                          distributed_strategy={"tensor_model_parallel_size": 1},
                          exp_manager={"checkpoint_callback_params": {"every_n_train_steps": 2}},
-                         model={"architecture": architecture, "num_kv_heads": 4})  # GPT-2 is MHA
+                         model={"architecture": architecture, "num_kv_heads": 4},  # GPT-2 is MHA
+                         generation={"prompts": ["The "], "max_new_tokens": 3})
     run = _train(config, tmp_path, architecture)
-    capsys.readouterr()
+    assert "--- samples ---" in capsys.readouterr().out  # every family with generate prints samples
     assert main(["ckpt", "list", str(run)]) == 0  # the run directory, not <run>/checkpoints
     tags = capsys.readouterr().out.split()
     assert tags[-1] == "complete"

@@ -9,6 +9,7 @@ from torch import nn
 
 from nxd.specs import ModelSpec
 from nxd_models_gpt.config import GPTConfig
+from nxd_models_gpt.generate import generate
 from nxd_models_gpt.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_gpt.modeling import GPTCoreAttention, GPTForCausalLM, GPTTransformerLayer
 from nxd_models_gpt.presets import PRESETS, preset
@@ -68,6 +69,7 @@ SPEC = ModelSpec(
     lora_target_modules=DEFAULT_LORA_TARGETS,
     load_hf=load_hf_checkpoint,
     save_hf=save_hf_checkpoint,
+    generate=generate,
     flops_per_token=flops_per_token,
     presets=PRESETS,
     extras={

@@ -127,3 +127,41 @@ def test_pp2_run_follows_the_ep2_run(rank_pool, corpus, tmp_path, ep2_losses, ep
     valid = _logged_terms(str(tmp_path / "pp2"), "valid")[4]
     coef = NXDT_DROPLESS_MOE["router_aux_loss_coef"]
     assert abs(valid["lm_loss"] + coef * valid["aux_loss"] - valid["loss"]) / valid["loss"] < 1e-6, valid
+
+
+def test_trained_run_converts_to_hf_with_no_arguments(corpus, tmp_path, capsys):
+    """A user's path back to Hugging Face: ``nxd train`` (the NxDT Mixtral config, one rank), then
+    ``nxd ckpt convert --from nxd --to hf RUN_DIR`` alone; transformers loads the folder and gives
+    the trained model's logits."""
+    import torch
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    import nxd
+    from nxd.cli import main
+    from nxd_ckpt.consolidate import full_model_state, resolve_tag
+    from nxd_ckpt.convert import read_user_content, single_rank
+
+    config = mixtral_config(corpus, tmp_path / "runs", ep=1, steps=2)
+    config["trainer"]["devices"] = 1
+    config["exp_manager"].update({"create_checkpoint_callback": True, "explicit_log_dir": str(tmp_path / "run"),
+                                  "checkpoint_callback_params": {"every_n_train_steps": 2}})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["train", str(path)]) == 0
+    assert main(["ckpt", "convert", "--from", "nxd", "--to", "hf", str(tmp_path / "run")]) == 0
+    ckpt = str(tmp_path / "run" / "checkpoints")
+    tag = resolve_tag(ckpt, None)
+    record = read_user_content(ckpt, tag)["nxd_model"]
+    ids = torch.tensor([[1, 5, 9, 23, 77, 4, 301, 2]])
+    spec = nxd.get_model(record["name"])
+    with single_rank():
+        model = spec.build(spec.config_from_dict(record["config"]), None)
+        model.load_state_dict(full_model_state(ckpt, tag))
+        with torch.no_grad():
+            ours = model.eval()(ids).logits.float()
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf" / tag, torch_dtype=torch.float32).eval()
+    assert type(hf).__name__ == "MixtralForCausalLM"
+    with torch.no_grad():
+        theirs = hf(ids).logits.float()
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4 * float(ours.abs().max()))

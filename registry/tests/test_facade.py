@@ -36,7 +36,7 @@ def test_bad_config_names_the_field(kwargs, message):
     [
         ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2 needs the pipeline schedule '1f1b': pip install nxd-pipeline"),
         ({"pipeline_parallel_size": 2, "pipeline_config": {"schedule": "gpipe"}}, "schedule 'gpipe': pip install nxd-pipeline"),
-        ({"optimizer_config": {"zero_one_enabled": True}}, "zero_one_enabled=True needs the optimizer 'zero1': pip install nxd-zero1"),
+        ({"optimizer_config": {"zero_one_enabled": True}}, "zero_one_enabled=True needs the model transform 'zero1': pip install nxd-zero1"),
         ({"lora_config": object()}, "lora_config needs the adapter 'lora': pip install nxd-lora"),
     ],
 )
@@ -56,7 +56,7 @@ def test_model_and_optimizer_need_the_parallel_runtime():
     config = nxd.neuronx_distributed_config()
     with pytest.raises(nxd.ComponentNotFound, match="pip install nxd-core-parallel"):
         nxd.initialize_parallel_model(config, lambda: torch.nn.Linear(2, 2))
-    with pytest.raises(nxd.ComponentNotFound, match="needs the optimizer 'default': pip install nxd-core-parallel"):
+    with pytest.raises(nxd.ComponentNotFound, match="data_parallel_strategy='ddp' needs the model transform 'ddp': pip install nxd-core-parallel"):
         nxd.initialize_parallel_optimizer(config, torch.optim.SGD, [torch.nn.Parameter(torch.ones(1))], lr=0.1)
 
 

@@ -52,6 +52,23 @@ class RecordingPlugin:
         registry.add("zero1", factory)
 
     @nxd.hookimpl
+    def nxd_register_model_transforms(self, registry):
+        def make_optimizer(config, optimizer_class, parameters, *, context, **defaults):
+            self.calls.append(("optimizer", defaults))
+            return optimizer_class(parameters, **defaults)
+
+        def wrap(model, context, config):
+            self.calls.append(("transform", "ddp", type(model).__name__))
+            return None
+
+        registry.add("ddp", nxd.transforms.ModelTransform(
+            "ddp", nxd.transforms.DATA_PARALLEL, wrap, make_optimizer=make_optimizer))
+        registry.add("toy-parallel-plan", nxd.transforms.ModelTransform(
+            "toy-parallel-plan", nxd.transforms.PARALLEL_PLAN,
+            lambda model, context, config: self.calls.append(("transform", "plan", type(model).__name__)),
+            applies=lambda context, config: config["tensor_parallel_size"] == 1))
+
+    @nxd.hookimpl
     def nxd_register_adapters(self, registry):
         registry.add("lora", "adapter")
 
@@ -181,8 +198,9 @@ def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
 
     model = nxd.initialize_parallel_model(config, torch.nn.Linear, False, 3, 2, bias=False)
     assert ("build", (3, 2), {"bias": False}) in plugin.calls
-    phases = [call[1] for call in plugin.calls if call[0] == "wrap"]
-    assert phases == ["adapter", "checkpointing", "pipeline", "wrapper"]
+    phases = [call[1] for call in plugin.calls if call[0] in ("wrap", "transform")]
+    # the registered transforms in order, plugin-API 1's nxd_wrap_model phases among them
+    assert phases == ["plan", "adapter", "checkpointing", "pipeline", "wrapper", "ddp"]
     assert isinstance(model, torch.nn.ModuleDict) and isinstance(model["wrapped"][0], torch.nn.Linear)
 
     optimizer = nxd.initialize_parallel_optimizer(config, torch.optim.SGD, model.parameters(), lr=0.5)
@@ -321,3 +339,63 @@ def test_wrap_phase_is_an_enum_the_core_validates():
     assert wrap_phase("adapter") is WrapPhase.ADAPTER and WrapPhase.ADAPTER == "adapter"
     with pytest.raises(nxd.ConfigError, match="phase must be one of adapter, checkpointing, pipeline, wrapper, got 'adaptor'"):
         wrap_phase("adaptor")
+
+
+class Transforms:
+    """Third-party transforms: any order, any object with the contract's attributes."""
+
+    def __init__(self, *transforms) -> None:
+        self.transforms = transforms
+
+    @nxd.hookimpl
+    def nxd_register_model_transforms(self, registry):
+        for transform in self.transforms:
+            registry.add(transform.name, transform)
+
+
+def _tag(tag):
+    def apply(model, context, config):
+        model.tags = [*getattr(model, "tags", []), tag]
+
+    return apply
+
+
+def test_model_transforms_run_in_order_and_only_when_they_apply():
+    T = nxd.transforms.ModelTransform
+    nxd.register_plugin(Transforms(
+        T("b-fp8", nxd.transforms.LOW_PRECISION, _tag("fp8")),
+        T("a-skip", nxd.transforms.ADAPTER, _tag("never"), applies=lambda context, config: False),
+        T("c-between", nxd.transforms.ADAPTER + 1, _tag("between")),
+        T("ddp", nxd.transforms.DATA_PARALLEL, _tag("ddp"), make_optimizer=lambda *a, **k: None),
+    ), name="t", distribution="tests")
+    config = nxd.neuronx_distributed_config()
+    model = torch.nn.Linear(2, 2)
+    out = nxd.transforms.apply_model_transforms(model, None, config)
+    assert out is model and model.tags == ["fp8", "between", "ddp"]
+    assert nxd.transforms.data_parallel_strategy(None, config).name == "ddp"
+    assert config["data_parallel_strategy"] == "ddp"
+
+
+def test_a_data_parallel_strategy_is_selected_by_name_and_refused_when_missing():
+    with pytest.raises(nxd.ComponentNotFound, match="optimizer_config.zero_one_enabled=True needs the model transform "
+                                                    "'zero1': pip install nxd-zero1"):
+        nxd.neuronx_distributed_config(optimizer_config={"zero_one_enabled": True})
+    with pytest.raises(nxd.ComponentNotFound, match="data_parallel_strategy='fsdp' needs the model transform 'fsdp'"):
+        nxd.neuronx_distributed_config(data_parallel_strategy="fsdp")
+    with pytest.raises(nxd.ConfigError, match="contradicts optimizer_config.zero_one_enabled=True"):
+        nxd.neuronx_distributed_config(data_parallel_strategy="fsdp", optimizer_config={"zero_one_enabled": True})
+    T = nxd.transforms.ModelTransform
+    nxd.register_plugin(Transforms(
+        T("ddp", nxd.transforms.DATA_PARALLEL, _tag("ddp"), applies=lambda c, cfg: True, make_optimizer=print),
+        T("fsdp", nxd.transforms.DATA_PARALLEL, _tag("fsdp"), applies=lambda c, cfg: True, make_optimizer=print),
+    ), name="t", distribution="tests")
+    config = nxd.neuronx_distributed_config(data_parallel_strategy="fsdp")
+    with pytest.raises(nxd.PluginError, match="two data-parallel strategies apply to one config: ddp, fsdp"):
+        nxd.transforms.data_parallel_strategy(None, config)
+
+
+def test_a_malformed_transform_rejects_its_plugin():
+    with pytest.warns(nxd.plugins.PluginWarning, match="model transform 'bad' has no 'apply'"):
+        nxd.register_plugin(Transforms(type("Bad", (), {"name": "bad", "order": 1, "applies": None})()),
+                            name="bad", distribution="tests")
+    assert "bad" not in nxd.list_components("model_transform")

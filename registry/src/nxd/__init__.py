@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from nxd import parallel
+from nxd import parallel, transforms
 from nxd.components import Command
 from nxd.config import neuronx_distributed_config
 from nxd.errors import ComponentNotFound, ConfigError, NxdError, PluginError
@@ -42,7 +42,7 @@ from nxd.trainer import (
 
 __all__ = [
     "PLUGIN_API_VERSION", "Command", "ComponentNotFound", "ConfigError", "NxdError", "ParallelContext", "ParallelDim",
-    "PluginError", "current_parallel_context", "get_parallel_context", "parallel",
+    "PluginError", "current_parallel_context", "get_parallel_context", "parallel", "transforms",
     "finalize_checkpoint", "get_adapter", "get_backend", "get_checkpoint_converter", "get_checkpoint_format", "get_checkpointer",
     "get_command", "get_component", "get_data_module", "get_model", "get_optimizer", "get_schedule",
     "get_storage", "get_workflow", "has_checkpoint", "hookimpl", "hookspec", "initialize_parallel_model",

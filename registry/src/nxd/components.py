@@ -16,6 +16,7 @@ REGISTRATION_HOOKS: dict[str, str] = {
     "nxd_register_models": "model",
     "nxd_register_pipeline_schedules": "pipeline_schedule",
     "nxd_register_optimizers": "optimizer",
+    "nxd_register_model_transforms": "model_transform",
     "nxd_register_adapters": "adapter",
     "nxd_register_checkpoint_formats": "checkpoint_format",
     "nxd_register_storages": "storage",
@@ -86,6 +87,10 @@ class Components:
             )
         if component.obj is None:
             raise PluginError(f"{component.distribution} registered the {word} {component.name!r} as None")
+        if component.kind == "model_transform":
+            from nxd.transforms import check_transform
+
+            check_transform(component.name, component.obj)
         existing = self._by_kind[component.kind].get(component.name)
         if existing is not None:
             message = (

@@ -20,6 +20,10 @@ DEFAULT_MODEL_INIT_CONFIG: dict[str, Any] = {
     "param_init_fn": None,
 }
 DEFAULT_PIPELINE_SCHEDULE = "1f1b"
+#: the data-parallel strategy (a model transform with an optimizer side) when none is named:
+#: NxD's ``optimizer_config.zero_one_enabled`` selects ``zero1``, otherwise ``ddp``
+DEFAULT_DATA_PARALLEL_STRATEGY = "ddp"
+ZERO1_STRATEGY = "zero1"
 #: compile_config (an nxd addition): torch.compile arguments applied to each transformer block
 DEFAULT_COMPILE_CONFIG: dict[str, Any] = {"backend": "inductor", "mode": None, "fullgraph": False, "dynamic": None}
 #: mixed_precision_config keys only the ZeRO-1 optimizer honours.
@@ -117,6 +121,7 @@ def neuronx_distributed_config(
     context_parallel_size: int = 1,
     lnc_size: int = 1,
     compile_config: dict | bool | None = None,
+    data_parallel_strategy: str | None = None,
 ) -> dict:
     """Validate NxD's training config, initialise model parallelism when ``torch.distributed`` is
     up, and return the config as a plain dict (as NxD does).
@@ -124,6 +129,9 @@ def neuronx_distributed_config(
     Every feature resolves its plugin here, so a missing one fails now with the distribution to
     install, not later inside a training step. ``compile_config`` (an nxd addition) compiles each
     transformer block with ``torch.compile``: True, or a dict of backend/mode/fullgraph/dynamic.
+    ``data_parallel_strategy`` (an nxd addition) names the registered data-parallel strategy
+    (``ddp``, ``zero1``, ``fsdp``, ...); unset, ``optimizer_config.zero_one_enabled`` picks ``zero1``
+    or ``ddp``.
     """
     tp = _positive_int("tensor_parallel_size", tensor_parallel_size)
     pp = _positive_int("pipeline_parallel_size", pipeline_parallel_size)
@@ -148,6 +156,7 @@ def neuronx_distributed_config(
     if pipeline_config is not None and not isinstance(pipeline_config, dict):
         raise ConfigError(f"pipeline_config must be a dict, got {type(pipeline_config).__name__}")
     mixed_precision = _mixed_precision(mixed_precision_config, optimizer["zero_one_enabled"])
+    strategy = _data_parallel_strategy(data_parallel_strategy, optimizer["zero_one_enabled"])
 
     config: dict[str, Any] = {
         "tensor_parallel_size": tp,
@@ -164,6 +173,7 @@ def neuronx_distributed_config(
         "context_parallel_size": cp,
         "lnc_size": lnc_size,
         "compile_config": _compile(compile_config),
+        "data_parallel_strategy": strategy,
         CONFIG_MARKER: 1,
     }
     _require_plugins(config)
@@ -173,13 +183,27 @@ def neuronx_distributed_config(
     return config
 
 
+def _data_parallel_strategy(name: Any, zero1: bool) -> str:
+    if name is None:
+        return ZERO1_STRATEGY if zero1 else DEFAULT_DATA_PARALLEL_STRATEGY
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"data_parallel_strategy must be a registered strategy's name (e.g. 'ddp'), got {name!r}")
+    if zero1 != (name == ZERO1_STRATEGY):
+        raise ConfigError(f"data_parallel_strategy={name!r} contradicts optimizer_config.zero_one_enabled={zero1}: "
+                          f"ZeRO-1 is the strategy {ZERO1_STRATEGY!r}; set one of them only")
+    return name
+
+
 def _require_plugins(config: dict) -> None:
     pp = config["pipeline_parallel_size"]
     if pp > 1:
         schedule = config["pipeline_config"].get("schedule", DEFAULT_PIPELINE_SCHEDULE)
         get_component("pipeline_schedule", schedule, need=f"pipeline_parallel_size={pp}")
-    if config["optimizer_config"]["zero_one_enabled"]:
-        get_component("optimizer", "zero1", need="optimizer_config.zero_one_enabled=True")
+    strategy = config["data_parallel_strategy"]
+    if strategy != DEFAULT_DATA_PARALLEL_STRATEGY:  # the default comes with the runtime (nxd-core-parallel)
+        need = ("optimizer_config.zero_one_enabled=True" if strategy == ZERO1_STRATEGY
+                else f"data_parallel_strategy={strategy!r}")
+        get_component("model_transform", strategy, need=need)
     lora = config["lora_config"]
     if lora is not None and getattr(lora, "enable_lora", True):
         get_component("adapter", "lora", need="lora_config")

@@ -57,7 +57,18 @@ def nxd_register_optimizers(registry: Any) -> None:
     """Register optimizer wrapper factories: ``default`` (data-parallel all-reduce + clipping)
     and ``zero1``. A factory is called as ``factory(nxd_config, optimizer_class, parameters,
     **defaults)`` and returns a ``torch.optim.Optimizer``; a factory that names a ``context``
-    parameter also receives the parallel context (``nxd.parallel.call_with_context``)."""
+    parameter also receives the parallel context (``nxd.parallel.call_with_context``).
+    ``initialize_parallel_optimizer`` does not pick one by name: the data-parallel strategy (a
+    model transform, ``nxd_register_model_transforms``) makes the optimizer, usually with one of these."""
+
+
+@hookspec
+def nxd_register_model_transforms(registry: Any) -> None:
+    """Register model transforms (kind ``model_transform``): the ordered, open list that applies
+    parallelism and every other model rewrite after a model is built (parallel plan, low precision,
+    adapters, activation checkpointing, compile, pipeline split, the data-parallel strategy). A
+    transform has ``name``, ``order``, ``applies(context, config)`` and ``apply(model, context,
+    config)``; a data-parallel strategy also ``make_optimizer``. Contract: :mod:`nxd.transforms`."""
 
 
 @hookspec
@@ -125,7 +136,9 @@ def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kw
 
 @hookspec
 def nxd_wrap_model(nxd_config: dict, model: Any, phase: str, context: Any) -> Any:
-    """Transform the model during ``initialize_parallel_model``.
+    """Deprecated (plugin-API 1): register a model transform instead (``nxd_register_model_transforms``).
+    Transform the model during ``initialize_parallel_model``; the core still runs these
+    implementations, each phase just after the transforms of its order anchor.
 
     The core calls this hook once per phase, in the order of :data:`nxd.trainer.WRAP_PHASES`
     (``adapter`` → ``checkpointing`` → ``pipeline`` → ``wrapper``). Within a phase the

@@ -7,11 +7,55 @@ party's model or data plugin works with all of them. See docs/plugins/*.md for t
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+#: the sharding styles a :class:`ParallelPlan` names, in the words of NxD's layers
+PLAN_STYLES = ("column", "row", "vocab", "sequence", "experts")
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How a model family's modules are parallelised, as data (qualified-name patterns, ``fnmatch``
+    style, against ``model.named_modules()`` of the built, unwrapped model).
+
+    The plan is what a parallel-plan transform applies to a plain model, what ``nxd plan`` reads to
+    size every rank, and what tests check the built model against (every parallel layer is named,
+    every pattern names a module). One fact per module: a module matches one style at most.
+    """
+
+    #: output dimension sharded over ``tp`` (NxD's ``ColumnParallelLinear`` and its fused QKV form)
+    column: tuple[str, ...] = ()
+    #: input dimension sharded over ``tp`` (``RowParallelLinear``): its output is reduced (or
+    #: reduce-scattered to the sequence under sequence parallelism)
+    row: tuple[str, ...] = ()
+    #: vocabulary sharded over ``tp`` (``ParallelEmbedding``)
+    vocab: tuple[str, ...] = ()
+    #: run on sequence-sharded activations under sequence parallelism (norms); their weights'
+    #: gradients are summed over ``tp``
+    sequence: tuple[str, ...] = ()
+    #: expert MLPs: experts split over ``ep``, each expert's MLP over ``tp``
+    experts: tuple[str, ...] = ()
+    #: the repeated blocks a pipeline may cut between (in model order)
+    pipeline_blocks: tuple[str, ...] = ()
+    #: context parallelism: attention modules that exchange K/V over ``cp`` (ring attention)
+    context_parallel: tuple[str, ...] = ()
+
+    def style_of(self, name: str) -> str | None:
+        """The style that names the module ``name`` (``"column"``, ...), or ``None``."""
+        for style in PLAN_STYLES:
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in getattr(self, style)):
+                return style
+        return None
+
+    def modules(self, model: torch.nn.Module, style: str) -> list[tuple[str, torch.nn.Module]]:
+        """``(name, module)`` of ``model`` that ``style``'s patterns name, in model order."""
+        patterns = getattr(self, style)
+        return [(n, m) for n, m in model.named_modules() if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 
 
 @dataclass
@@ -67,6 +111,9 @@ class ModelSpec:
     #: its attention spans the CP ranks (ring attention) and its loss is the mean over every CP
     #: rank's tokens. Models without it are refused under CP before launch.
     context_parallel: bool = False
+    #: which modules are column/row/vocab/sequence parallel, which are experts, where the pipeline
+    #: may cut: the family's parallel plan as data (``None``: not declared)
+    parallel_plan: ParallelPlan | None = None
 
 
 @runtime_checkable

@@ -13,13 +13,13 @@ from nxd.errors import ComponentNotFound, ConfigError
 from nxd.lookup import get_component
 from nxd.parallel import ParallelContext, call_with_context, current_parallel_context
 from nxd.plugins import state
+from nxd.transforms import apply_model_transforms, data_parallel_strategy
 
 
 class WrapPhase(str, Enum):
-    """The ``phase`` of ``nxd_wrap_model``, in the order the phases run: adapters see the plain
-    model, activation checkpointing sees adapted layers, the pipeline cuts the result, the wrapper
-    comes last. A ``str`` enum: ``phase == "adapter"`` holds, but compare with the members
-    (``phase is WrapPhase.ADAPTER``) so a misspelling fails loudly."""
+    """The ``phase`` of plugin-API 1's ``nxd_wrap_model`` (deprecated: register a model transform,
+    :mod:`nxd.transforms`, whose ``order`` is open). A ``str`` enum: ``phase == "adapter"`` holds,
+    but compare with the members (``phase is WrapPhase.ADAPTER``) so a misspelling fails loudly."""
 
     ADAPTER = "adapter"
     CHECKPOINTING = "checkpointing"
@@ -64,35 +64,28 @@ def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn
             "NxD's signature is initialize_parallel_model(nxd_config, model_fn, include_buffers, *model_args, "
             "**model_kwargs): pass model_fn's arguments after include_buffers"
         )
-    plugins = state()
     context = current_parallel_context()
-    model = plugins.pm.hook.nxd_build_model(
+    model = state().pm.hook.nxd_build_model(
         nxd_config=config, model_fn=model_fn, model_args=model_args, model_kwargs=model_kwargs,
         include_buffers=include_buffers, context=context,
     )
     if model is None:
         raise ComponentNotFound("initialize_parallel_model needs a parallel runtime plugin: pip install nxd-core-parallel")
-    for phase in WRAP_PHASES:
-        model = plugins.call_chain("nxd_wrap_model", "model", model, nxd_config=config, phase=wrap_phase(phase),
-                                   context=context)
-    return model
+    return apply_model_transforms(model, context, config)
 
 
 def initialize_parallel_optimizer(nxd_config: dict, optimizer_class: type, parameters: Any, **defaults: Any):
     """Create ``optimizer_class(parameters, **defaults)`` wrapped so ``step()`` does the
-    data-parallel gradient sync and clipping of ``nxd_config`` (ZeRO-1 when enabled). The factory
-    and the ``nxd_wrap_optimizer`` hook receive the current parallel context (NxD's signature has
-    no room for one)."""
+    data-parallel gradient sync and clipping of ``nxd_config``: the optimizer side of the config's
+    data-parallel strategy (a model transform: ``ddp``, ``zero1``, ...). The strategy and the
+    ``nxd_wrap_optimizer`` hook receive the current parallel context (NxD's signature has no room
+    for one)."""
     config = check_config(nxd_config)
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
         raise ConfigError(f"optimizer_class must be a torch.optim.Optimizer subclass, got {optimizer_class!r}")
-    zero1 = config["optimizer_config"]["zero_one_enabled"]
-    factory = get_component(
-        "optimizer", "zero1" if zero1 else "default",
-        need="optimizer_config.zero_one_enabled=True" if zero1 else "initialize_parallel_optimizer",
-    )
     context = current_parallel_context()
-    optimizer = call_with_context(factory, config, optimizer_class, parameters, context=context, **defaults)
+    strategy = data_parallel_strategy(context, config)
+    optimizer = strategy.make_optimizer(config, optimizer_class, parameters, context=context, **defaults)
     return state().call_chain("nxd_wrap_optimizer", "optimizer", optimizer, nxd_config=config, context=context)
 
 

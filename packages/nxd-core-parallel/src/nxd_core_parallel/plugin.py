@@ -1,12 +1,11 @@
-"""nxd plugin entry point for nxd-core-parallel: backends, parallel state, model build/wrap and
-the ``default`` optimizer wrapper."""
+"""nxd plugin entry point for nxd-core-parallel: backends, parallel state, model build, the
+``default`` optimizer wrapper and the model transforms of :mod:`nxd_core_parallel.transforms`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import nxd
-from nxd.trainer import WrapPhase
 
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
 
@@ -53,23 +52,8 @@ def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kw
 
 
 @nxd.hookimpl
-def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
-    if phase is WrapPhase.CHECKPOINTING:
-        setting = nxd_config.get("activation_checkpoint_config")
-        compile_options = nxd_config.get("compile_config")
-        if setting is None and not compile_options:
-            return None
-        from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing, transformer_layer_classes
+def nxd_register_model_transforms(registry: Any) -> None:
+    from nxd_core_parallel.transforms import TRANSFORMS
 
-        if setting is not None:
-            apply_activation_checkpointing(model, transformer_layer_classes(model) if setting == "full" else setting)
-        if compile_options:  # after checkpointing: each block compiles together with its recomputation
-            from nxd_core_parallel.compile import compile_blocks
-
-            compile_blocks(model, transformer_layer_classes(model), compile_options)
-        return model
-    if phase is WrapPhase.WRAPPER:
-        from nxd_core_parallel.trainer import NxDModel
-
-        return model if isinstance(model, NxDModel) else NxDModel(model, nxd_config)
-    return None
+    for transform in TRANSFORMS:
+        registry.add(transform.name, transform)

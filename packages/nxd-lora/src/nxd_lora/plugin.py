@@ -1,4 +1,4 @@
-"""nxd plugin entry point for nxd-lora: the ``lora`` adapter and the ``adapter`` wrap phase."""
+"""nxd plugin entry point for nxd-lora: the ``lora`` adapter and the ``lora`` model transform."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import nxd
-from nxd.trainer import CheckpointPhase, WrapPhase
+from nxd.trainer import CheckpointPhase
+from nxd.transforms import ADAPTER, ModelTransform
 
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
 
@@ -34,16 +35,23 @@ def nxd_validate_config(nxd_config: dict) -> None:
         raise nxd.ConfigError("lora_config with pipeline_parallel_size > 1 is not supported by nxd-lora yet; use PP=1")
 
 
-@nxd.hookimpl
-def nxd_wrap_model(nxd_config: dict, model: Any, phase: str) -> Any:
-    if phase is not WrapPhase.ADAPTER:
-        return None
-    from nxd_lora.checkpoint import check_lora_config, lora_model_from_config
+def _lora_applies(context: nxd.ParallelContext | None, nxd_config: dict) -> bool:
+    from nxd_lora.checkpoint import check_lora_config
 
-    config = check_lora_config(nxd_config.get("lora_config"))
-    if config is None:
-        return None
-    return lora_model_from_config(model, config)
+    return check_lora_config(nxd_config.get("lora_config")) is not None
+
+
+def _apply_lora(model: Any, context: nxd.ParallelContext | None, nxd_config: dict) -> Any:
+    return lora_adapter(model, nxd_config["lora_config"])
+
+
+LORA_TRANSFORM = ModelTransform("lora", ADAPTER, _apply_lora, _lora_applies,
+                                description="LoRA adapters on the (parallel) linear layers of lora_config")
+
+
+@nxd.hookimpl
+def nxd_register_model_transforms(registry: Any) -> None:
+    registry.add(LORA_TRANSFORM.name, LORA_TRANSFORM)
 
 
 @nxd.hookimpl

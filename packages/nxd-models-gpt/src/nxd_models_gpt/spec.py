@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from nxd.specs import ModelSpec
+from nxd.specs import ModelSpec, ParallelPlan
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.generate import generate
 from nxd_models_gpt.hf_io import load_hf_checkpoint, save_hf_checkpoint
@@ -60,6 +60,15 @@ def flops_per_token(config: GPTConfig | dict, seq_length: int | None = None) -> 
 _NEWER_FIELDS = {"implements": NXDT_FEATURES, "recompute_modules": RECOMPUTE_MODULES,
                  "hf_model_types": ("gpt2", "gpt_neox")}
 
+#: the family's parallel plan as data (checked against the built model by its tests)
+GPT_PLAN = ParallelPlan(
+    column=("decoder.layers.*.self_attention.linear_qkv", "decoder.layers.*.mlp.linear_fc1", "output_layer"),
+    row=("decoder.layers.*.self_attention.linear_proj", "decoder.layers.*.mlp.linear_fc2"),
+    vocab=("embedding.word_embeddings",),
+    sequence=("decoder.layers.*layernorm", "decoder.final_layernorm"),
+    pipeline_blocks=("decoder.layers.*",),
+)
+
 SPEC = ModelSpec(
     name="gpt",
     config_from_dict=config_from_dict,
@@ -79,4 +88,5 @@ SPEC = ModelSpec(
         "hf_layouts": ("gpt2", "gpt_neox"),
     },
     **{k: v for k, v in _NEWER_FIELDS.items() if k in {f.name for f in fields(ModelSpec)}},
+    parallel_plan=GPT_PLAN,
 )

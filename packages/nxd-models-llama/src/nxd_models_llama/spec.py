@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from nxd.specs import ModelSpec
+from nxd.specs import ModelSpec, ParallelPlan
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.generate import generate
@@ -75,6 +75,16 @@ def hf_param_plan(model: LlamaForCausalLM, name: str, tp: int, rank: int) -> lis
     return [(p.hf_key, p.dim, tuple(p.index)) for p in plan_for(name, model.config, tp, rank, multiplier)]
 
 
+#: the family's parallel plan as data (checked against the built model by its tests)
+LLAMA_PLAN = ParallelPlan(
+    column=("model.layers.*.self_attn.qkv_proj", "model.layers.*.mlp.gate_up_proj", "lm_head"),
+    row=("model.layers.*.self_attn.o_proj", "model.layers.*.mlp.down_proj"),
+    vocab=("model.embed_tokens",),
+    sequence=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"),
+    pipeline_blocks=("model.layers.*",),
+    context_parallel=("model.layers.*.self_attn",),
+)
+
 SPEC = ModelSpec(
     name="llama",
     config_from_dict=config_from_dict,
@@ -99,4 +109,5 @@ SPEC = ModelSpec(
         "config_class": LlamaConfig,
         "sequence_dimension": 1,
     },
+    parallel_plan=LLAMA_PLAN,
 )

@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 
 from nxd.parallel import ParallelContext
-from nxd.specs import ModelSpec
+from nxd.specs import ModelSpec, ParallelPlan
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention, generate
 from nxd_models_mixtral.config import MixtralConfig
@@ -59,6 +59,16 @@ def flops_per_token(config: MixtralConfig | dict, seq_length: int | None = None)
     return 6.0 * params + (12.0 * c.num_hidden_layers * q * seq_length if seq_length else 0.0)
 
 
+#: the family's parallel plan as data (checked against the built model by its tests)
+MIXTRAL_PLAN = ParallelPlan(
+    column=("model.layers.*.self_attn.qkv_proj", "lm_head"),
+    row=("model.layers.*.self_attn.o_proj",),
+    vocab=("model.embed_tokens",),
+    sequence=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"),
+    experts=("model.layers.*.block_sparse_moe.experts",),
+    pipeline_blocks=("model.layers.*",),
+)
+
 SPEC = ModelSpec(
     name="mixtral",
     config_from_dict=config_from_dict,
@@ -75,4 +85,5 @@ SPEC = ModelSpec(
     generate=generate,  # MixtralConfig extends LlamaConfig: Llama's KV-cached generate runs Mixtral
     presets=PRESETS,
     extras={"model_class": MixtralForCausalLM, "config_class": MixtralConfig, "sequence_dimension": 1},
+    parallel_plan=MIXTRAL_PLAN,
 )

@@ -1,11 +1,11 @@
-"""nxd plugin entry point for nxd-pipeline: schedules, pipeline_config checks, the pipeline wrap."""
+"""nxd plugin entry point for nxd-pipeline: schedules, pipeline_config checks, the ``pipeline`` model transform."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import nxd
-from nxd.trainer import WrapPhase
+from nxd.transforms import PIPELINE, ModelTransform
 from nxd_pipeline.config import parse_pipeline_config
 from nxd_pipeline.schedules import BUILTIN_SCHEDULES
 
@@ -36,10 +36,20 @@ def nxd_validate_config(nxd_config: dict) -> None:
             )
 
 
-@nxd.hookimpl
-def nxd_wrap_model(nxd_config: dict, model: Any, phase: str, context: nxd.ParallelContext | None) -> Any:
-    if phase is not WrapPhase.PIPELINE or nxd_config.get("pipeline_parallel_size", 1) <= 1:
-        return None
+def _pipeline_applies(context: nxd.ParallelContext | None, nxd_config: dict) -> bool:
+    return nxd_config.get("pipeline_parallel_size", 1) > 1
+
+
+def _split(model: Any, context: nxd.ParallelContext | None, nxd_config: dict) -> Any:
     from nxd_pipeline.model import NxDPPModel
 
     return NxDPPModel(model, nxd_config["pipeline_parallel_size"], nxd_config.get("pipeline_config"), context=context)
+
+
+PIPELINE_TRANSFORM = ModelTransform("pipeline", PIPELINE, _split, _pipeline_applies,
+                                    description="cut the model into stages over context.pp (NxDPPModel)")
+
+
+@nxd.hookimpl
+def nxd_register_model_transforms(registry: Any) -> None:
+    registry.add(PIPELINE_TRANSFORM.name, PIPELINE_TRANSFORM)

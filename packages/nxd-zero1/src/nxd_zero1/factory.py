@@ -7,7 +7,9 @@ from typing import Any
 import torch
 
 from nxd import ConfigError, ParallelContext
+from nxd.transforms import DATA_PARALLEL, ModelTransform
 from nxd_core_parallel.grads import reduction_param_groups
+from nxd_core_parallel.transforms import strategy_selected, wrap_nxd_model
 from nxd_zero1.optimizer import NeuronZero1Optimizer
 
 #: NxD's ``mixed_precision_config`` keys (plus nxd's ``stochastic_rounding``) and their defaults
@@ -62,3 +64,9 @@ def make_zero1_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Opt
         sequence_parallel=nxd_config.get("sequence_parallel", False),
         **{**context_groups(context), **defaults},
     )
+
+
+#: the ``zero1`` data-parallel strategy: NxD's NxDModel, optimizer state sharded over context.dp
+ZERO1_TRANSFORM = ModelTransform("zero1", DATA_PARALLEL, wrap_nxd_model, strategy_selected("zero1"),
+                                 make_optimizer=make_zero1_optimizer,
+                                 description="ZeRO-1: optimizer state and master weights sharded over data parallel")

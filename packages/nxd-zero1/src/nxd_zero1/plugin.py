@@ -17,6 +17,13 @@ def nxd_register_optimizers(registry: Any) -> None:
 
 
 @nxd.hookimpl
+def nxd_register_model_transforms(registry: Any) -> None:
+    from nxd_zero1.factory import ZERO1_TRANSFORM
+
+    registry.add(ZERO1_TRANSFORM.name, ZERO1_TRANSFORM)
+
+
+@nxd.hookimpl
 def nxd_validate_config(nxd_config: dict) -> None:
     from nxd_zero1.factory import validate_mixed_precision
 

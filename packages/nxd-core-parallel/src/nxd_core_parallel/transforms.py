@@ -1,0 +1,69 @@
+"""nxd-core-parallel's model transforms (:mod:`nxd.transforms`): activation checkpointing, compile
+and the ``ddp`` data-parallel strategy (``NxDModel`` + ``NxDOptimizer``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nxd import ParallelContext
+from nxd.transforms import ACTIVATION_CHECKPOINTING, COMPILE, DATA_PARALLEL, ModelTransform
+
+
+def _checkpointing_applies(context: ParallelContext | None, config: dict) -> bool:
+    return config.get("activation_checkpoint_config") is not None
+
+
+def _checkpoint(model: torch.nn.Module, context: ParallelContext | None, config: dict) -> torch.nn.Module:
+    from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing, transformer_layer_classes
+
+    setting = config["activation_checkpoint_config"]
+    apply_activation_checkpointing(model, transformer_layer_classes(model) if setting == "full" else setting)
+    return model
+
+
+def _compile_applies(context: ParallelContext | None, config: dict) -> bool:
+    return bool(config.get("compile_config"))
+
+
+def _compile(model: torch.nn.Module, context: ParallelContext | None, config: dict) -> torch.nn.Module:
+    # after checkpointing: each block compiles together with its recomputation
+    from nxd_core_parallel.activation_checkpoint import transformer_layer_classes
+    from nxd_core_parallel.compile import compile_blocks
+
+    compile_blocks(model, transformer_layer_classes(model), config["compile_config"])
+    return model
+
+
+def strategy_selected(name: str) -> Any:
+    """``applies`` of the data-parallel strategy ``name``: the config names it."""
+
+    def applies(context: ParallelContext | None, config: dict) -> bool:
+        return config.get("data_parallel_strategy", "ddp") == name
+
+    return applies
+
+
+def wrap_nxd_model(model: torch.nn.Module, context: ParallelContext | None, config: dict) -> torch.nn.Module:
+    """The model side of ``ddp`` and ``zero1``: NxD's ``NxDModel`` (the step contract; gradients
+    are synced by the optimizer side, overlapped with backward)."""
+    from nxd_core_parallel.trainer import NxDModel
+
+    return model if isinstance(model, NxDModel) else NxDModel(model, config)
+
+
+def ddp_optimizer(config: dict, optimizer_class: type, parameters: Any, *, context: ParallelContext | None,
+                  **defaults: Any) -> torch.optim.Optimizer:
+    from nxd_core_parallel.plugin import default_optimizer
+
+    return default_optimizer(config, optimizer_class, parameters, **defaults)
+
+
+TRANSFORMS = (
+    ModelTransform("activation_checkpointing", ACTIVATION_CHECKPOINTING, _checkpoint, _checkpointing_applies,
+                   description="full or selective (module classes) activation checkpointing"),
+    ModelTransform("compile", COMPILE, _compile, _compile_applies, description="torch.compile per transformer block"),
+    ModelTransform("ddp", DATA_PARALLEL, wrap_nxd_model, strategy_selected("ddp"), make_optimizer=ddp_optimizer,
+                   description="replicated parameters; bucketed gradient all-reduce overlapped with backward"),
+)

@@ -1,0 +1,15 @@
+"""The family's parallel plan (data on its ModelSpec) names exactly the parallel layers it builds."""
+
+from __future__ import annotations
+
+import nxd
+from nxd_core_parallel.parallel_plan import plan_mismatches
+
+CONFIG = dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64, model_type="gpt2")
+
+
+def test_parallel_plan_matches_the_built_model():
+    spec = nxd.get_model("gpt")
+    model = spec.build(spec.config_from_dict(CONFIG))
+    assert spec.parallel_plan is not None
+    assert plan_mismatches(model, spec.parallel_plan) == []

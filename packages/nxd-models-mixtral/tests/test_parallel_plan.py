@@ -1,0 +1,17 @@
+"""The family's parallel plan (data on its ModelSpec) names exactly the parallel layers it builds."""
+
+from __future__ import annotations
+
+import nxd
+from nxd_core_parallel.parallel_plan import plan_mismatches
+from nxd_moe.experts import ExpertMLPs
+
+CONFIG = dict(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+
+
+def test_parallel_plan_matches_the_built_model():
+    spec = nxd.get_model("mixtral")
+    model = spec.build(spec.config_from_dict(CONFIG))
+    assert spec.parallel_plan is not None
+    assert plan_mismatches(model, spec.parallel_plan, {ExpertMLPs: "experts"}) == []

@@ -1,0 +1,148 @@
+"""Model transforms: the one place parallelism and every other model rewrite is applied.
+
+A model is built (by its family, or by the user's ``model_fn``), then an ordered list of registered
+transforms runs over it. Each transform is a plugin component (``nxd_register_model_transforms``,
+kind ``model_transform``) with
+
+* ``name``: its registered name (``"lora"``, ``"pipeline"``, ``"zero1"``, ...);
+* ``order``: where it runs; the anchors below leave room between them, and a third-party
+  transform picks any number (ties run by name);
+* ``applies(context, config) -> bool``: whether the resolved config asks for it;
+* ``apply(model, context, config) -> nn.Module | None``: the rewritten model (``None``: changed in place);
+* data-parallel strategies only (order :data:`DATA_PARALLEL`): ``make_optimizer(config,
+  optimizer_class, parameters, *, context, **defaults) -> torch.optim.Optimizer``, the optimizer
+  side of the same strategy (gradient sync, sharding, clipping).
+
+``context`` is the :class:`nxd.parallel.ParallelContext` the model is for (``None`` without
+``torch.distributed``); ``config`` is the resolved NxD config. The trainer and
+``initialize_parallel_model`` run :func:`apply_model_transforms`; ``initialize_parallel_optimizer``
+asks :func:`data_parallel_strategy` for the one strategy that applies. Nothing else in nxd branches
+on a parallelism (torchtitan's ``parallelize_<model>`` + ``ModelConverter`` list, as plugins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nxd.errors import ComponentNotFound, PluginError
+
+#: Order anchors, in the order transforms run. Between two anchors a plugin may add its own.
+PARALLEL_PLAN = 100       # tensor/sequence parallel plan, context parallel, expert parallel
+LOW_PRECISION = 200       # FP8 and other low-precision recipes (after the layers are final)
+ADAPTER = 300             # LoRA and other adapters (see the parallel layers, wrap them)
+ACTIVATION_CHECKPOINTING = 400  # full, selective by module, op-level (sees adapted layers)
+COMPILE = 500             # torch.compile per block (compiles a block with its recomputation)
+PIPELINE = 600            # pipeline split over context.pp
+DATA_PARALLEL = 700       # the data-parallel strategy (ddp, zero1, fsdp): exactly one applies
+
+ORDERS: dict[str, int] = {
+    "parallel_plan": PARALLEL_PLAN, "low_precision": LOW_PRECISION, "adapter": ADAPTER,
+    "activation_checkpointing": ACTIVATION_CHECKPOINTING, "compile": COMPILE, "pipeline": PIPELINE,
+    "data_parallel": DATA_PARALLEL,
+}
+
+KIND = "model_transform"
+
+
+def _always(context: Any, config: Any) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class ModelTransform:
+    """A ready-made transform (any object with the same attributes works too)."""
+
+    name: str
+    order: int
+    apply: Callable[[Any, Any, Any], Any]
+    applies: Callable[[Any, Any], bool] = _always
+    #: data-parallel strategies: ``(config, optimizer_class, parameters, *, context, **defaults)``
+    make_optimizer: Callable[..., Any] | None = None
+    description: str = ""
+
+
+def check_transform(name: str, transform: Any) -> None:
+    """Raise :class:`PluginError` unless ``transform`` has the attributes of the contract."""
+    for attr in ("order", "applies", "apply"):
+        if not hasattr(transform, attr):
+            raise PluginError(f"model transform {name!r} has no {attr!r}: a transform has name, order, "
+                              "applies(context, config) and apply(model, context, config)")
+    if isinstance(transform.order, bool) or not isinstance(transform.order, (int, float)):
+        raise PluginError(f"model transform {name!r} has order {transform.order!r}: a number (see nxd.transforms.ORDERS)")
+    if getattr(transform, "name", name) != name:
+        raise PluginError(f"model transform registered as {name!r} calls itself {transform.name!r}")
+
+
+def model_transforms() -> list[Any]:
+    """Every registered transform, in the order they run (``order``, then name), with plugin-API 1's
+    ``nxd_wrap_model`` phases among them when a plugin still implements that hook."""
+    from nxd.plugins import state
+
+    plugins = state()
+    named = [(r.obj.order, r.name, r.obj) for r in plugins.components.all(KIND)]
+    if plugins.pm.hook.nxd_wrap_model.get_hookimpls():
+        named += [(t.order, t.name, t) for t in _legacy_wrap_phases()]
+    return [t for _, _, t in sorted(named, key=lambda item: (item[0], item[1]))]
+
+
+#: plugin-API 1's ``nxd_wrap_model`` phases -> where they run now (just after their anchor's transforms)
+LEGACY_WRAP_PHASES: dict[str, int] = {"adapter": ADAPTER + 50, "checkpointing": ACTIVATION_CHECKPOINTING + 50,
+                                      "pipeline": PIPELINE + 20, "wrapper": DATA_PARALLEL - 20}
+
+
+def _legacy_wrap_phases() -> list[ModelTransform]:
+    from nxd.plugins import state
+    from nxd.trainer import wrap_phase
+
+    def phase_transform(phase: str, order: int) -> ModelTransform:
+        def apply(model: Any, context: Any, config: Any) -> Any:
+            return state().call_chain("nxd_wrap_model", "model", model, nxd_config=config, phase=wrap_phase(phase),
+                                      context=context)
+
+        return ModelTransform(f"nxd_wrap_model:{phase}", order, apply, description="plugin-API 1 hook")
+
+    return [phase_transform(phase, order) for phase, order in LEGACY_WRAP_PHASES.items()]
+
+
+def applicable_transforms(context: Any, config: Any) -> list[Any]:
+    """The transforms ``config`` asks for, in order."""
+    return [t for t in model_transforms() if t.applies(context, config)]
+
+
+def apply_model_transforms(model: Any, context: Any, config: Any, *, until: int | None = None) -> Any:
+    """Run every applicable transform over ``model`` in order (those with ``order < until`` only,
+    when given) and return the result."""
+    for transform in applicable_transforms(context, config):
+        if until is not None and transform.order >= until:
+            break
+        result = transform.apply(model, context, config)
+        if result is not None:
+            model = result
+    return model
+
+
+def data_parallel_strategy(context: Any, config: Any) -> Any:
+    """The one applicable transform with an optimizer side (``make_optimizer``)."""
+    strategies = [t for t in applicable_transforms(context, config) if getattr(t, "make_optimizer", None)]
+    if len(strategies) > 1:
+        raise PluginError(f"two data-parallel strategies apply to one config: "
+                          f"{', '.join(t.name for t in strategies)}; each must apply only when selected")
+    if strategies:
+        return strategies[0]
+    from nxd.components import missing_message
+    from nxd.lookup import list_components
+
+    name = config.get("data_parallel_strategy", "ddp")
+    installed = list_components(KIND)
+    if name not in installed:
+        raise ComponentNotFound(missing_message(KIND, name, installed, need=f"data_parallel_strategy={name!r}"))
+    raise PluginError(f"the data-parallel strategy {name!r} is installed but does not apply to this config "
+                      "(its applies() returned False, or it has no make_optimizer)")
+
+
+def _get(name: str) -> Any:
+    from nxd.lookup import get_component
+
+    return get_component(KIND, name)

@@ -9,10 +9,12 @@ Layout notes (also published as ``spec.extras["hf_key_mapping"]``):
 
 * ``self_attn.qkv_proj.weight_qkv`` = this rank's ``[q; k; v]`` rows (HF ``q_proj``/``k_proj``/
   ``v_proj``), heads contiguous per rank.
-* With KV replication (``kv_size_multiplier`` m > 1, when TP exceeds the KV-head count) TP rank r
-  holds KV head ``r // m`` (nxd-core-parallel's Megatron layout: replicas on neighbouring ranks).
-  Its contiguous query heads ``[r*Lq, (r+1)*Lq)`` are exactly the ones that attend to that KV
-  head, so q/k/v and ``o_proj`` shards are contiguous slices in HF head order.
+* With KV replication (``kv_size_multiplier`` m > 1, when TP does not divide the KV-head count)
+  TP rank r holds KV piece ``r // m`` of the ``tp / m`` pieces (nxd-core-parallel's Megatron
+  layout: replicas on neighbouring ranks). The piece holds every KV head its contiguous query
+  heads ``[r*Lq, (r+1)*Lq)`` attend to (for odd counts, e.g. 3 KV heads at TP=2, that is all of
+  them, and the attention picks each query head's KV head), so q/k/v and ``o_proj`` shards are
+  contiguous slices in HF head order.
 * ``mlp.gate_up_proj.weight`` = this rank's ``[gate; up]`` rows (``fused_splits``).
 * A vocabulary not divisible by TP is padded at its end (``pad=True``): the last ranks' embedding
   and LM-head shards end in zero rows that no HF tensor holds (``Piece.zeros``).
@@ -148,7 +150,7 @@ HF_KEY_MAPPING: list[dict[str, object]] = [
             "model.layers.{i}.self_attn.v_proj.weight"],
      "partition_dim": 0,
      "note": "local rows = [q heads of this rank; its kv heads; its kv heads] (fused_splits), all "
-             "contiguous in HF order; with kv_size_multiplier m>1 rank r holds kv head r // m"},
+             "contiguous in HF order; with kv_size_multiplier m>1 rank r holds kv piece r // m"},
     {"nxd": "model.layers.{i}.self_attn.o_proj.weight", "hf": ["model.layers.{i}.self_attn.o_proj.weight"],
      "partition_dim": 1, "note": "columns of this rank's query heads"},
     {"nxd": "model.layers.{i}.post_attention_layernorm.weight",

@@ -47,20 +47,33 @@ class CausalLMOutput:
 
 
 def kv_size_multiplier_for(config: LlamaConfig, tp: int) -> int:
-    """How many times K/V heads are replicated so that every TP rank holds one whole KV head."""
+    """How many times K/V heads are replicated over TP (NxD's ``kv_size_multiplier``): the smallest
+    ``m`` dividing ``tp`` such that each of the ``tp / m`` KV pieces holds whole heads and holds every
+    KV head its ranks' query heads attend to. 1 when TP divides the KV heads, ``tp / kv`` when the
+    KV heads divide TP, and for odd counts (3 KV heads at TP=2) up to ``tp`` (every rank holds all)."""
     nq, nkv = config.num_attention_heads, config.num_key_value_heads
     if nq % tp:
         raise ConfigError(f"num_attention_heads ({nq}) must be divisible by tensor_parallel_size ({tp}); nxd's Llama "
                           "does not pad attention heads (NxD's pad_model pads models built from ColumnParallelLinear/"
                           "RowParallelLinear projections: docs/parallel.md)")
-    if nkv % tp == 0:
-        return 1
-    if tp % nkv:
-        raise ConfigError(
-            f"tensor_parallel_size {tp} cannot split num_key_value_heads={nkv}: use a size that divides "
-            f"{nkv}, or a multiple of {nkv} (KV heads are then replicated tp/{nkv} times)"
-        )
-    return tp // nkv
+    for m in (d for d in range(1, tp + 1) if tp % d == 0):
+        if (nkv * m) % tp == 0 and all(_kv_local_index(config, tp, r, m) is not None for r in range(tp)):
+            return m
+    raise ConfigError(f"num_key_value_heads={nkv} and num_attention_heads={nq} are not grouped evenly "
+                      "(HF GQA needs num_attention_heads divisible by num_key_value_heads)")
+
+
+def _kv_local_index(config: LlamaConfig, tp: int, rank: int, m: int) -> list[int] | None:
+    """For each local query head of ``rank``, the local KV head it attends to (HF GQA: query head
+    ``i`` uses KV head ``i // (heads / kv_heads)``); None when ``rank``'s KV piece lacks one."""
+    from nxd_models_llama.hf_mapping import heads_of_rank
+
+    nq, nkv = config.num_attention_heads, config.num_key_value_heads
+    if nq % nkv:
+        return None
+    q_heads, kv_heads = heads_of_rank(config, tp, rank, m)
+    needed = [q // (nq // nkv) for q in q_heads]
+    return [kv_heads.index(k) for k in needed] if all(k in kv_heads for k in needed) else None
 
 
 class KVCache:
@@ -104,10 +117,17 @@ class LlamaCoreAttention(nn.Module):
     """softmax(QK^T / sqrt(d)) V through SDPA, or ring attention over the CP ranks under context
     parallelism; the part selective activation checkpointing recomputes."""
 
+    #: local KV head of each local query head when it is not the plain grouping (odd KV-head
+    #: counts replicated over TP, e.g. 3 KV heads at TP=2); set by LlamaAttention
+    kv_index: tuple[int, ...] | None = None
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``q`` ``[b, heads, s_q, d]``, ``k``/``v`` ``[b, kv_heads, s_k, d]``; without a mask,
         causal when ``s_q == s_k`` and unmasked for single-token decoding."""
+        if self.kv_index is not None:  # one K/V head per query head, picked by HF's grouping
+            index = torch.tensor(self.kv_index, device=k.device)
+            k, v = k.index_select(1, index), v.index_select(1, index)
         if _context_parallel_size() > 1:
             if attention_mask is not None or q.shape[2] != k.shape[2]:
                 raise ValueError("context parallelism runs causal attention only: no attention mask, segment ids "
@@ -164,6 +184,10 @@ class LlamaAttention(nn.Module):
                             device=device)
         self.q_norm, self.k_norm = (head_norm(), head_norm()) if config.qk_norm else (None, None)
         self.core_attention = LlamaCoreAttention()
+        index = _kv_local_index(config, tp, parallel_state.get_tensor_model_parallel_rank(), self.kv_size_multiplier)
+        per_kv = self.num_heads // self.num_kv_heads if self.num_heads % self.num_kv_heads == 0 else 0
+        if index != [i // per_kv if per_kv else -1 for i in range(self.num_heads)]:
+            self.core_attention.kv_index = tuple(index)
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * config.head_dim, config.hidden_size, bias=config.attention_bias,
             input_is_parallel=True, **common,

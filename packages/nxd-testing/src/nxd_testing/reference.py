@@ -61,12 +61,13 @@ def _rows(batch: Any, rank: int, size: int) -> Any:
 
 def train_data_parallel(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Iterable[Any], *,
                         group: Any = None,
-                        loss_of: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None) -> ReferenceRun:
+                        loss_of: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
+                        after_step: Callable[[], None] | None = None) -> ReferenceRun:
     """The ranks' side of a parity test: per batch (tuple or dict of tensors, split along dim 0 over
     the data-parallel ``group``), this rank's rows through ``model.run_train(*rows)`` (or
     ``loss_of(model, rows)``, which backpropagates nothing: its loss is backpropagated here), then
     ``optimizer.step()`` and ``zero_grad()``. Records the DP-mean loss and ``optimizer.grad_norm``
-    (when it has one). Collective over ``group``."""
+    (when it has one), then calls ``after_step()`` (e.g. to record the weights). Collective over ``group``."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     run = ReferenceRun()
     for batch in batches:
@@ -83,6 +84,8 @@ def train_data_parallel(model: torch.nn.Module, optimizer: torch.optim.Optimizer
         run.losses.append(float(loss) / size)
         if getattr(optimizer, "grad_norm", None) is not None:
             run.grad_norms.append(float(optimizer.grad_norm))
+        if after_step is not None:
+            after_step()
     return run
 
 
@@ -205,3 +208,73 @@ def save_hf_oracle(model: torch.nn.Module, out: Any, spread_norms: bool = False)
                 p.normal_(0.0, 0.2)
     model.save_pretrained(str(out))
     return out
+
+
+class AdamWStepBound:
+    """How far one AdamW step of a parallel fp32 run may land from an fp64 reference step taken from
+    the same weights (teacher forcing: the reference starts every step from the parallel run's
+    weights, so nothing compounds over steps). Adam divides by the gradient's own magnitude, so a
+    weight whose gradient is a near-cancelling sum carries that sum's rounding noise straight into its
+    update: a fixed tolerance on weights after AdamW steps is a number one machine printed.
+
+    Derivation, per element and step ``t``:
+
+    - at identical weights the parallel run's gradient differs from the fp64 one by at most
+      ``delta = grad_tol x max|g|`` of its tensor, the bound every gradient parity test asserts
+      (``grad_tol`` 1e-5); ``delta`` is the largest over the steps so far, as ``m`` and ``v``
+      remember earlier gradients;
+    - AdamW's update is ``lr x m_hat / (sqrt(v_hat) + eps)``; gradient errors up to ``delta`` move
+      ``m_hat`` by at most ``delta`` (its weights sum to 1) and ``v_hat`` by at most
+      ``2 delta sqrt(v_hat)`` (Cauchy-Schwarz), so the ratio by at most
+      ``(1 + B_t) x delta / (sqrt(v_hat) + eps)`` to first order, where ``B_t`` bounds
+      ``|m_hat| / sqrt(v_hat)`` (Cauchy-Schwarz over the exponential sums:
+      ``(1 - b1) / sqrt(1 - b2) x sqrt(sum_j<t (b1^2 / b2)^j) x sqrt(1 - b2^t) / (1 - b1^t)``),
+      and never by more than ``2 x B_t`` (the whole update, reversed);
+    - plus the fp32 arithmetic of the step itself: ``4 x eps32 x (|w| + lr x B_t)``.
+
+    Use: on the reference's fp64 ``torch.optim.AdamW``, call :meth:`grads_ready` after backward
+    (and clipping) and :meth:`stepped` after ``step()``: it returns each parameter's per-element
+    bound for that step."""
+
+    EPS32 = torch.finfo(torch.float32).eps
+
+    def __init__(self, optimizer: torch.optim.Optimizer, grad_tol: float = 1e-5) -> None:
+        self.optimizer, self.grad_tol = optimizer, grad_tol
+        self._delta: dict[torch.Tensor, float] = {}
+
+    def grads_ready(self) -> None:
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    delta = self.grad_tol * float(p.grad.detach().abs().max())
+                    self._delta[p] = max(delta, self._delta.get(p, 0.0))
+
+    @staticmethod
+    def ratio_bound(step: int, beta1: float, beta2: float) -> float:
+        """``B_t``: the largest ``|m_hat| / sqrt(v_hat)`` Adam can produce after ``step`` steps."""
+        series = sum((beta1 * beta1 / beta2) ** j for j in range(step))
+        return (1 - beta1) / (1 - beta2) ** 0.5 * series ** 0.5 * (1 - beta2 ** step) ** 0.5 / (1 - beta1 ** step)
+
+    def stepped(self) -> dict[torch.Tensor, torch.Tensor]:
+        bounds = {}
+        for group in self.optimizer.param_groups:
+            lr, (beta1, beta2), eps = float(group["lr"]), group["betas"], group["eps"]
+            for p in group["params"]:
+                if p not in self._delta or p not in self.optimizer.state:
+                    continue
+                state = self.optimizer.state[p]
+                step = int(state["step"])
+                ratio = self.ratio_bound(step, beta1, beta2)
+                v_hat = state["exp_avg_sq"].detach().double() / (1 - beta2 ** step)
+                noise = ((1 + ratio) * self._delta[p] / (v_hat.sqrt() + eps)).clamp(max=2 * ratio)
+                bounds[p] = lr * noise + 4 * self.EPS32 * (p.detach().double().abs() + lr * ratio)
+        return bounds
+
+
+def within_bound(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor],
+                 bound: Mapping[str, torch.Tensor]) -> tuple[float, str]:
+    """The largest ``|got - want| / bound`` over every element (same names required) and its tensor."""
+    assert set(got) == set(want) == set(bound), set(got) ^ set(want) ^ set(bound)
+    used = {k: float(((got[k].double() - want[k].double()).abs() / bound[k]).max()) for k in want}
+    worst = max(used, key=used.get)
+    return used[worst], worst

@@ -43,19 +43,16 @@ def oracle() -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
 
 def fsdp_body(tp: int = 1, sp: bool = False, fsdp: object = True, micro_batches: int = 1,
               activation_checkpoint: bool = False) -> tuple[list[float], list[float], dict | None]:
-    cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp, sequence_parallel=sp,
-                                         optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM})
-    cfg = {**cfg, "fsdp_config": fsdp}
+    from fsdp_models import Block
+
+    # the user's path: the strategy is a registered model transform, chosen by fsdp_config
+    cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp, sequence_parallel=sp, fsdp_config=fsdp,
+                                         optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM},
+                                         activation_checkpoint_config=[Block] if activation_checkpoint else None)
     ctx = nxd.get_parallel_context()
-    base = build(sp)
-    if activation_checkpoint:
-        from fsdp_models import Block
-
-        from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing
-
-        assert apply_activation_checkpointing(base, Block) == 2
-    model = nxd_fsdp.shard(base, ctx, cfg)
-    opt = nxd_fsdp.make_optimizer(cfg, torch.optim.AdamW, model.parameters(), context=ctx, lr=LR)
+    model = nxd.initialize_parallel_model(cfg, build, False, sp)
+    opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=LR)
+    assert isinstance(model, nxd_fsdp.FSDPModel) and isinstance(opt, nxd_fsdp.FSDPOptimizer)
     losses, norms = [], []
     for step in range(STEPS):
         ids, labels = batch(step)

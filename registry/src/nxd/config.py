@@ -24,6 +24,8 @@ DEFAULT_PIPELINE_SCHEDULE = "1f1b"
 #: NxD's ``optimizer_config.zero_one_enabled`` selects ``zero1``, otherwise ``ddp``
 DEFAULT_DATA_PARALLEL_STRATEGY = "ddp"
 ZERO1_STRATEGY = "zero1"
+#: ``fsdp_config`` (an nxd addition) selects this strategy; its keys belong to the plugin (nxd-fsdp)
+FSDP_STRATEGY = "fsdp"
 #: compile_config (an nxd addition): torch.compile arguments applied to each transformer block
 DEFAULT_COMPILE_CONFIG: dict[str, Any] = {"backend": "inductor", "mode": None, "fullgraph": False, "dynamic": None}
 #: mixed_precision_config keys only the ZeRO-1 optimizer honours.
@@ -122,6 +124,7 @@ def neuronx_distributed_config(
     lnc_size: int = 1,
     compile_config: dict | bool | None = None,
     data_parallel_strategy: str | None = None,
+    fsdp_config: dict | bool | None = None,
 ) -> dict:
     """Validate NxD's training config, initialise model parallelism when ``torch.distributed`` is
     up, and return the config as a plain dict (as NxD does).
@@ -131,7 +134,9 @@ def neuronx_distributed_config(
     transformer block with ``torch.compile``: True, or a dict of backend/mode/fullgraph/dynamic.
     ``data_parallel_strategy`` (an nxd addition) names the registered data-parallel strategy
     (``ddp``, ``zero1``, ``fsdp``, ...); unset, ``optimizer_config.zero_one_enabled`` picks ``zero1``
-    or ``ddp``.
+    or ``ddp``. ``fsdp_config`` (an nxd addition; NxD has no FSDP) selects the ``fsdp`` strategy
+    (nxd-fsdp): True for its defaults or a dict of its settings, which nxd-fsdp validates
+    (docs/fsdp.md).
     """
     tp = _positive_int("tensor_parallel_size", tensor_parallel_size)
     pp = _positive_int("pipeline_parallel_size", pipeline_parallel_size)
@@ -156,7 +161,15 @@ def neuronx_distributed_config(
     if pipeline_config is not None and not isinstance(pipeline_config, dict):
         raise ConfigError(f"pipeline_config must be a dict, got {type(pipeline_config).__name__}")
     mixed_precision = _mixed_precision(mixed_precision_config, optimizer["zero_one_enabled"])
-    strategy = _data_parallel_strategy(data_parallel_strategy, optimizer["zero_one_enabled"])
+    fsdp = _fsdp_config(fsdp_config)
+    if fsdp is not None and optimizer["zero_one_enabled"]:
+        raise ConfigError("fsdp_config and optimizer_config.zero_one_enabled=True select two data-parallel strategies "
+                          "(FSDP already shards the optimizer state, with the parameters and gradients); set one")
+    strategy = _data_parallel_strategy(FSDP_STRATEGY if fsdp is not None and data_parallel_strategy is None
+                                       else data_parallel_strategy, optimizer["zero_one_enabled"])
+    if fsdp is not None and strategy != FSDP_STRATEGY:
+        raise ConfigError(f"fsdp_config selects the data-parallel strategy {FSDP_STRATEGY!r}, but "
+                          f"data_parallel_strategy={strategy!r}; set one of them only")
 
     config: dict[str, Any] = {
         "tensor_parallel_size": tp,
@@ -174,6 +187,7 @@ def neuronx_distributed_config(
         "lnc_size": lnc_size,
         "compile_config": _compile(compile_config),
         "data_parallel_strategy": strategy,
+        "fsdp_config": fsdp,
         CONFIG_MARKER: 1,
     }
     _require_plugins(config)
@@ -181,6 +195,17 @@ def neuronx_distributed_config(
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         initialize_parallel(config)
     return config
+
+
+def _fsdp_config(value: Any) -> dict | None:
+    """``fsdp_config``: None/False (off), True (the plugin's defaults: ``{}``) or a dict of settings."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"fsdp_config must be True, False or a dict of FSDP settings (docs/fsdp.md), got {value!r}")
+    return dict(value)
 
 
 def _data_parallel_strategy(name: Any, zero1: bool) -> str:

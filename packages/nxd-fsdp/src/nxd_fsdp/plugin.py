@@ -1,6 +1,8 @@
-"""nxd plugin entry point for nxd-fsdp."""
+"""nxd plugin entry point for nxd-fsdp: the ``fsdp`` data-parallel strategy (a model transform)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import nxd
 
@@ -8,12 +10,15 @@ NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive r
 
 
 @nxd.hookimpl
-def nxd_validate_config(nxd_config: dict) -> None:
-    from nxd_fsdp.config import check_fsdp, resolve_fsdp_config
-    from nxd_fsdp.strategy import CONFIG_KEY
+def nxd_register_model_transforms(registry: Any) -> None:
+    from nxd_fsdp.strategy import FSDP_TRANSFORM
 
-    fsdp = resolve_fsdp_config(nxd_config.get(CONFIG_KEY))
-    if fsdp is not None:
-        check_fsdp(fsdp, data_parallel_size=None, expert_parallel_size=nxd_config.get("expert_parallel_size", 1),
-                   context_parallel_size=nxd_config.get("context_parallel_size", 1),
-                   zero1=bool(nxd_config.get("optimizer_config", {}).get("zero_one_enabled")))
+    registry.add(FSDP_TRANSFORM.name, FSDP_TRANSFORM)
+
+
+@nxd.hookimpl
+def nxd_validate_config(nxd_config: dict) -> None:
+    from nxd_fsdp.strategy import NAME, check_settings, fsdp_settings
+
+    if nxd_config.get("data_parallel_strategy") == NAME:
+        check_settings(fsdp_settings(nxd_config), nxd_config)

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 
 from nxd import ConfigError, ParallelContext
+from nxd.transforms import DATA_PARALLEL, ModelTransform
+from nxd_core_parallel.transforms import strategy_selected
 from nxd_fsdp.config import FsdpConfig, check_fsdp, resolve_fsdp_config
 from nxd_fsdp.mesh import fsdp_mesh
 from nxd_fsdp.model import FSDPModel
@@ -21,10 +23,19 @@ CONFIG_KEY = "fsdp_config"
 
 def fsdp_settings(nxd_config: dict) -> FsdpConfig:
     """The FSDP settings of ``nxd_config`` (defaults when it selects FSDP without any)."""
-    return resolve_fsdp_config(nxd_config.get(CONFIG_KEY) or True)
+    value = nxd_config.get(CONFIG_KEY)
+    return resolve_fsdp_config(True if value is None or value == {} else value)
+
+
+def check_settings(fsdp: FsdpConfig, nxd_config: dict) -> None:
+    """Refuse, before any rank starts, what the config alone shows cannot run (``nxd_validate_config``)."""
+    check_fsdp(fsdp, data_parallel_size=None, expert_parallel_size=nxd_config.get("expert_parallel_size", 1),
+               context_parallel_size=nxd_config.get("context_parallel_size", 1),
+               zero1=bool(nxd_config.get("optimizer_config", {}).get("zero_one_enabled")))
 
 
 def check_context(fsdp: FsdpConfig, context: ParallelContext | None, nxd_config: dict) -> ParallelContext:
+    """Everything :func:`check_settings` checks, plus what needs the ranks (DP size, device)."""
     if context is None:
         raise ConfigError("FSDP needs torch.distributed initialised (a parallel context) before the model is built")
     check_fsdp(fsdp, data_parallel_size=context.dp.size, expert_parallel_size=context.ep.size,
@@ -52,3 +63,9 @@ def make_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Optimizer
     context = check_context(fsdp, context, nxd_config)
     mesh = fsdp_mesh(context, fsdp.replicate_degree)
     return FSDPOptimizer(optimizer_class(parameters, **defaults), nxd_config, context, mesh)
+
+
+#: the registered data-parallel strategy (``neuronx_distributed_config(fsdp_config=...)`` or
+#: ``data_parallel_strategy="fsdp"``; YAML ``distributed_strategy.fsdp``)
+FSDP_TRANSFORM = ModelTransform(NAME, DATA_PARALLEL, shard, strategy_selected(NAME), make_optimizer=make_optimizer,
+                                description="FSDP2: fully_shard over the data-parallel mesh (ZeRO-3/ZeRO-2, HSDP)")

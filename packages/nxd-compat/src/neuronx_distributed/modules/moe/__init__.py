@@ -1,4 +1,5 @@
-"""``neuronx_distributed.modules.moe``: mixture of experts, provided by the nxd-moe plugin."""
+"""``neuronx_distributed.modules.moe``: NxD's MoE API (``MoE``, ``RouterTopK``, ``RouterSinkhorn``,
+``ExpertMLPs``, ``load_balancing_loss_func``) with NxD's constructor arguments, on nxd-moe."""
 
 from nxd_compat.optional import require
 

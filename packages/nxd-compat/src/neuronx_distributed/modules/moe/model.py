@@ -1,10 +1,68 @@
-"""``neuronx_distributed.modules.moe.model``: NxD's ``MoE`` name for nxd-moe's ``MoELayer`` (its
-constructor takes nxd-moe's arguments; see docs/migration.md)."""
+"""``neuronx_distributed.modules.moe.model``: NxD's ``MoE(router, expert_mlps, ...)`` on nxd-moe's
+``MoELayer`` (dispatch, capacity, TP/SP/EP collectives). ``forward(hidden_states)`` returns
+``(output,)`` plus ``router_logits`` ``[T, E]`` with ``return_router_logits`` (rows batch-major:
+the load-balancing loss does not depend on their order)."""
+
+from typing import Any
+
+import torch
 
 from nxd_compat.optional import require
 
 require("nxd_moe", "neuronx_distributed.modules.moe.model", "nxd-moe")
 
-from nxd_moe import MoELayer as MoE  # noqa: E402
+import nxd_moe  # noqa: E402
+from neuronx_distributed.modules.moe.expert_mlps import ExpertMLPs  # noqa: E402
+from nxd_compat.surface import NotProvidedError  # noqa: E402
 
 __all__ = ["MoE"]
+
+
+class MoE(torch.nn.Module):
+    def __init__(self, router: nxd_moe.RouterTopK, expert_mlps: ExpertMLPs, shared_experts: Any = None,
+                 rmsnorm: Any = None, sequence_parallel_enabled: bool = False, sequence_dimension: int | None = None,
+                 return_router_logits: bool = False, return_expert_index: bool = False,
+                 token_shuffle_group_size: int = 1, token_shuffle_seed: Any = None,
+                 tensor_model_parallel_group: Any = None, init_tkg_module: bool = False, tkg_config: Any = None) -> None:
+        super().__init__()
+        for name, value in (("shared_experts", shared_experts), ("rmsnorm", rmsnorm),
+                            ("return_expert_index", return_expert_index), ("init_tkg_module", init_tkg_module),
+                            ("token_shuffle_group_size", token_shuffle_group_size if token_shuffle_group_size != 1 else None)):
+            if value:
+                raise NotProvidedError(f"neuronx_distributed.modules.moe.MoE({name}={value!r}) is not provided by "
+                                       "nxd-compat (nxd-moe: shared experts through MoELayer(shared_intermediate_size))")
+        if not isinstance(expert_mlps, ExpertMLPs):
+            raise TypeError("MoE(expert_mlps=...) takes neuronx_distributed.modules.moe.ExpertMLPs")
+        self.router, self.expert_mlps = router, expert_mlps
+        self.sequence_parallel_enabled = sequence_parallel_enabled
+        self.sequence_dimension = sequence_dimension if sequence_dimension is not None else (
+            0 if sequence_parallel_enabled else 1)
+        self.return_router_logits = return_router_logits
+        algorithm = "sinkhorn" if isinstance(router, nxd_moe.RouterSinkhorn) else "top_k"
+        config = nxd_moe.MoEConfig(num_experts=router.num_experts, top_k=router.top_k,
+                                   capacity_factor=expert_mlps.capacity_factor, dropless=expert_mlps.capacity_factor is None,
+                                   routing_algorithm=algorithm,
+                                   router_activation=router.activation,
+                                   normalize_top_k_affinities=expert_mlps.normalize_top_k_affinities)
+        # nxd-moe's layer runs the routing and dispatch; it is built empty (meta) and given this
+        # module's router and experts, which stay registered here under NxD's attribute names
+        layer = nxd_moe.MoELayer(config, expert_mlps.hidden_size, expert_mlps.intermediate_size,
+                                 sequence_parallel=sequence_parallel_enabled, device="meta")
+        layer.router, layer.experts = router, expert_mlps.experts
+        if sequence_parallel_enabled and torch.distributed.is_initialized():
+            from nxd_core_parallel import parallel_state
+
+            if parallel_state.get_tensor_model_parallel_size() > 1:
+                router.weight.sequence_parallel_enabled = True  # partial over TP: summed by the optimizer
+        object.__setattr__(self, "_layer", layer)  # not a submodule: its parameters are the two above
+
+    def forward(self, hidden_states: torch.Tensor, padding_mask: Any = None, is_speculative_decoding: bool = False,
+                residual: Any = None) -> tuple[torch.Tensor, ...]:
+        if padding_mask is not None or residual is not None:
+            raise NotProvidedError("MoE.forward(padding_mask / residual) is not provided by nxd-compat")
+        self._layer.train(self.training)
+        seq_first = self.sequence_dimension == 0
+        x = hidden_states.transpose(0, 1) if seq_first else hidden_states
+        out, router_logits = self._layer(x)
+        out = out.transpose(0, 1) if seq_first else out
+        return (out, router_logits) if self.return_router_logits else (out,)

@@ -1,0 +1,91 @@
+"""NxD's MoE API (``neuronx_distributed.modules.moe``) built exactly as NxD's Mixtral training
+example builds it (``initialize_mixtral_moe_layer``: RouterTopK / ExpertMLPs / MoE with NxD's
+arguments), at TP=2 on 2 gloo ranks, against transformers' ``MixtralSparseMoeBlock`` with the same
+weights: output, router logits and the gradients of the router and of this rank's expert slices."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+
+pytest.importorskip("nxd_moe")
+pytest.importorskip("transformers")
+
+H, INTER, E, K, S, B = 16, 32, 4, 2, 6, 2
+
+
+def _hf_block():
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    torch.manual_seed(0)
+    config = MixtralConfig(hidden_size=H, intermediate_size=INTER, num_local_experts=E, num_experts_per_tok=K)
+    block = MixtralSparseMoeBlock(config).float()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.2)
+    return block
+
+
+def _nxd_moe_as_mixtral_example(config_capacity_factor=None):
+    """Verbatim arguments of NxD's examples/training/mixtral/modeling_mixtral_moe_nxd.py."""
+    from neuronx_distributed.modules.moe.expert_mlps import ExpertMLPs
+    from neuronx_distributed.modules.moe.model import MoE
+    from neuronx_distributed.modules.moe.routing import RouterTopK
+
+    router = RouterTopK(num_experts=E, top_k=K, hidden_size=H, sequence_parallel_enabled=True, sequence_dimension=0)
+    init_method = partial(torch.nn.init.normal_, std=0.02)
+    expert_mlps = ExpertMLPs(num_experts=E, top_k=K, hidden_size=H, intermediate_size=INTER, hidden_act="silu",
+                             glu_mlp=True, capacity_factor=config_capacity_factor, normalize_top_k_affinities=True,
+                             init_method=init_method, output_layer_init_method=init_method)
+    return MoE(router=router, expert_mlps=expert_mlps, return_router_logits=True, return_expert_index=False,
+               sequence_parallel_enabled=False, sequence_dimension=0)
+
+
+def moe_body(state: dict, x: torch.Tensor) -> dict:
+    from nxd_core_parallel import parallel_state
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    rank, i = parallel_state.get_tensor_model_parallel_rank(), INTER // 2
+    moe = _nxd_moe_as_mixtral_example()
+    with torch.no_grad():
+        moe.router.weight.copy_(state["gate.weight"])
+        gu, down = state["experts.gate_up_proj"], state["experts.down_proj"]
+        local_gu = torch.cat([gu[:, rank * i:(rank + 1) * i], gu[:, INTER + rank * i:INTER + (rank + 1) * i]], dim=1)
+        moe.expert_mlps.experts.gate_up_proj.copy_(local_gu)
+        moe.expert_mlps.experts.down_proj.copy_(down[:, :, rank * i:(rank + 1) * i])
+    x = x.clone().requires_grad_(True)
+    out, logits = moe(x)  # NxD's layout [s, b, h]
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    return {"out": out.detach(), "logits": logits.detach(), "router_grad": moe.router.weight.grad,
+            "down_grad": moe.expert_mlps.experts.down_proj.grad, "x_grad": x.grad}
+
+
+def test_nxd_moe_signature_matches_hf_mixtral_block(rank_pool):
+    hf = _hf_block()
+    x = torch.randn(S, B, H, generator=torch.Generator().manual_seed(1))
+    got = rank_pool(2).run(moe_body, {k: v.detach() for k, v in hf.state_dict().items()}, x)
+    xb = x.transpose(0, 1).contiguous().requires_grad_(True)
+    want = hf(xb)
+    (want.transpose(0, 1) * torch.linspace(-1, 1, want.numel()).view(S, B, H)).sum().backward()
+    want_logits = (xb.reshape(-1, H) @ hf.gate.weight.T).detach()
+    i = INTER // 2
+    for rank, g in enumerate(got):
+        # fp32 vs fp32, sums over 2 ranks in another order: errors ~1e-7
+        torch.testing.assert_close(g["out"], want.detach().transpose(0, 1), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g["logits"], want_logits, rtol=1e-5, atol=1e-6)  # rows batch-major
+        torch.testing.assert_close(g["router_grad"], hf.gate.weight.grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g["down_grad"], hf.experts.down_proj.grad[:, :, rank * i:(rank + 1) * i],
+                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g["x_grad"], xb.grad.transpose(0, 1), rtol=1e-5, atol=1e-6)
+
+
+def test_unsupported_nxd_options_are_refused():
+    from neuronx_distributed.modules.moe.expert_mlps import ExpertMLPs
+    from nxd_compat.surface import NotProvidedError
+
+    with pytest.raises(NotProvidedError, match="glu_mlp"):
+        ExpertMLPs(num_experts=E, top_k=K, hidden_size=H, intermediate_size=INTER, hidden_act="silu",
+                   glu_mlp=False, capacity_factor=None)

@@ -75,6 +75,7 @@ def nxd_config(config: TrainingConfig, plan: RunPlan) -> dict:
         lora_config=lora_config(config, plan.spec),
         mixed_precision_config=mixed_precision_config(config),
         compile_config=config.trainer.compile,
+        fsdp_config=ds.fsdp or None,
     )
 
 

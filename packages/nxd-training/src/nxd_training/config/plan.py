@@ -314,6 +314,12 @@ def _training(config: TrainingConfig, world: int) -> None:
 
 def _precision(config: TrainingConfig) -> None:
     p, ds = config.precision, config.distributed_strategy
+    if uses_master_weights(p) and ds.fsdp:
+        raise ConfigError(
+            f"precision.type={p.type} keeps fp32 master weights in the ZeRO-1 optimizer; with distributed_strategy.fsdp "
+            "the sharded parameters are the fp32 master: use precision.type fp32 and distributed_strategy.fsdp."
+            "mixed_precision {param_dtype: bf16, reduce_dtype: fp32}"
+        )
     if uses_master_weights(p) and not ds.zero1:
         raise ConfigError(
             f"precision.type={p.type} keeps fp32 master weights, which live in the ZeRO-1 optimizer: set "
@@ -328,6 +334,11 @@ def _plugins(config: TrainingConfig, pp: int) -> None:
         _need("pipeline_schedule", schedule, "distributed_strategy.pipeline_model_parallel_size", "nxd-pipeline")
     if ds.zero1:
         _need("optimizer", "zero1", "distributed_strategy.zero1", "nxd-zero1")
+    if ds.fsdp:
+        if ds.zero1:
+            raise ConfigError("distributed_strategy.zero1 and distributed_strategy.fsdp are two data-parallel strategies "
+                              "(FSDP already shards the optimizer state, with the parameters and gradients): set one")
+        _need("model_transform", "fsdp", "distributed_strategy.fsdp", "nxd-fsdp")
     align = config.model_alignment_strategy
     if align is not None:
         if align.peft is not None:
@@ -337,6 +348,15 @@ def _plugins(config: TrainingConfig, pp: int) -> None:
             _need("adapter", "lora", "model_alignment_strategy.peft", "nxd-lora")
     if config.exp_manager.create_checkpoint_callback or config.exp_manager.resume_if_exists:
         _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")
+
+
+def _fsdp(config: TrainingConfig, dp: int) -> None:
+    # what needs the world size; nxd-fsdp checks the rest when the run's NxD config is built (preflight)
+    fsdp = config.distributed_strategy.fsdp
+    replicate = fsdp.get("replicate_degree", 1) if isinstance(fsdp, dict) else 1
+    if isinstance(replicate, int) and replicate > 0 and dp % replicate:
+        raise ConfigError(f"distributed_strategy.fsdp.replicate_degree={replicate} must divide the data-parallel size "
+                          f"{dp} (HSDP: replicas x shards = DP)")
 
 
 def make_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
@@ -351,6 +371,7 @@ def make_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     _training(config, world)
     _precision(config)
     _plugins(config, pp)
+    _fsdp(config, dp)
     _heads(config, model_config, tp)
     _context_parallel(config, spec, seq, tp)
     max_pos = getattr(model_config, "max_position_embeddings", None)

@@ -2,7 +2,7 @@
 
 Key names follow NxDT's ``examples/conf/*.yaml`` so an NxDT config loads unchanged; the few nxd
 additions (``data.module``, ``model.architecture``, ``launcher``, ``generation``,
-``distributed_strategy.collective_timeout``) are documented
+``distributed_strategy.collective_timeout``, ``distributed_strategy.fsdp``) are documented
 in docs/config.md. Settings NxDT passed through environment variables are plain keys here.
 """
 
@@ -121,6 +121,10 @@ class DistributedStrategyConfig(Section):
     token_shuffle_group_size: int = Field(1, ge=1)
     sequence_parallel: bool = False
     zero1: bool = False
+    #: an nxd addition (NxDT has no FSDP): FSDP2 through nxd-fsdp, true or its settings (docs/fsdp.md)
+    fsdp: Union[bool, dict[str, Any]] = Field(
+        False, description="FSDP2 (pip install nxd-fsdp): true, or a mapping of reshard_after_forward, "
+                           "replicate_degree (HSDP), cpu_offload, mixed_precision {param_dtype, reduce_dtype}")
     kv_replicator: Union[int, None] = Field(None, ge=1)
     #: an nxd addition (NxDT has no such key): how long a rank waits in one collective before failing
     collective_timeout: float = Field(

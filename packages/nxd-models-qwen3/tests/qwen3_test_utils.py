@@ -10,7 +10,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from nxd_testing import reference as oracle  # noqa: E402
 
@@ -36,47 +35,14 @@ def batch(seed: int = 1, batch_size: int = BATCH) -> dict[str, torch.Tensor]:
     return oracle.random_lm_batch(seed, batch_size, SEQ, VOCAB)
 
 
-def hf_named_grads(model) -> dict[str, torch.Tensor]:
-    out = oracle.checkpoint_named_grads(model)
-    if getattr(model.config, "tie_word_embeddings", False):
-        out.pop("lm_head.weight", None)
-    return out
-
-
 def hf_reference(hf_dir: Path, data: dict[str, torch.Tensor], shards: int = 1) -> dict:
     """One process: mean over ``shards`` DP shards of CE (+ coef x HF aux loss for MoE), backward once."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
-    moe = hasattr(model.config, "num_experts")
-    per = data["input_ids"].shape[0] // shards
-    total, logits, aux = 0.0, [], []
-    for i in range(shards):
-        ids, labels = data["input_ids"][i * per:(i + 1) * per], data["labels"][i * per:(i + 1) * per]
-        out = model(ids, output_router_logits=True) if moe else model(ids)
-        loss = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), labels.reshape(-1))
-        if moe:
-            loss = loss + model.config.router_aux_loss_coef * out.aux_loss
-            aux.append(out.aux_loss.detach())
-        total = total + loss / shards
-        logits.append(out.logits.detach())
-    total.backward()
-    grads = hf_named_grads(model)
-    ref = {"logits": torch.cat(logits), "loss": total.detach(), "grads": grads,
-           "norm": torch.sqrt(sum(g.double().pow(2).sum() for g in grads.values()))}
-    if moe and shards == 1:
-        ref["aux_loss"] = aux[0]
-    return ref
+    return oracle.hf_lm_reference(hf_dir, data, shards)
 
 
 def build_from_hf(hf_dir: str, sequence_parallel: bool = False):
-    import nxd
-
-    config = json.loads((Path(hf_dir) / "config.json").read_text())
-    spec = nxd.get_model("qwen3_moe" if config["model_type"] == "qwen3_moe" else "qwen3")
-    model = spec.build(spec.config_from_dict(config), {"sequence_parallel": sequence_parallel})
-    spec.load_hf(model, hf_dir)
-    return spec, model
+    model_type = json.loads((Path(hf_dir) / "config.json").read_text())["model_type"]
+    return oracle.build_from_hf("qwen3_moe" if model_type == "qwen3_moe" else "qwen3", hf_dir, sequence_parallel)
 
 
 def nxd_forward_backward(hf_dir: str, data: dict[str, torch.Tensor], sequence_parallel: bool = False) -> dict:

@@ -8,6 +8,7 @@ from typing import Any
 
 from nxd.errors import ConfigError
 from nxd_models_llama import LlamaConfig
+from nxd_models_llama.hf_mapping import Piece, hf_shapes, plan_for
 from nxd_moe import MoEConfig
 
 #: NxDT ``model.moe`` keys that restate a Hugging Face field (the HF name wins when both are given).
@@ -60,6 +61,20 @@ class MixtralConfig(LlamaConfig):
     @property
     def expert_intermediate_size(self) -> int:
         return self.intermediate_size
+
+    @property
+    def shared_expert_intermediate_size(self) -> int:
+        """The shared experts' intermediate sizes together (0: none; DeepSeek-V3 has them)."""
+        return 0
+
+    def hf_pieces(self, name: str, tp: int, rank: int, multiplier: int) -> list[Piece]:
+        """Where a non-expert parameter's shard comes from in the HF checkpoint: Llama's layout (a
+        family with another attention, such as DeepSeek's MLA, gives its own)."""
+        return plan_for(name, self, tp, rank, multiplier)
+
+    def hf_base_shapes(self, dense_mlp: bool) -> dict[str, tuple[int, ...]]:
+        """The HF tensors besides the MoE blocks (with every layer's dense MLP when ``dense_mlp``)."""
+        return hf_shapes(self, dense_mlp=dense_mlp)
 
     @property
     def num_moe_layers(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from nxd_core_parallel.hf_interop import (
     assembles_stage,
     check_config_fields,
     check_unused,
+    clean_param_name,
     exported_parameters,
     gather_over,
     gather_pipeline_stages,
@@ -39,18 +41,32 @@ from nxd_core_parallel.hf_interop import (
 )
 from nxd_core_parallel.vocab_padding import real_vocab_rows
 from nxd_models_llama.hf_io import kv_size_multiplier
-from nxd_models_llama.hf_mapping import Piece, plan_for, tied_hf_key
-from nxd_models_llama.hf_mapping import hf_shapes as llama_hf_shapes
+from nxd_models_llama.hf_mapping import Piece, tied_hf_key
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_moe import expert_parallel_groups
 
 
 def _expert_re(config: MixtralConfig) -> re.Pattern:
-    return re.compile(rf"^model\.layers\.(\d+)\.{config.MOE_MODULE}\.experts\.(gate_up_proj|down_proj)$")
+    """Routed (``experts``, split over EP) and shared (``shared_experts``, never split) expert weights."""
+    return re.compile(rf"^model\.layers\.(\d+)\.{config.MOE_MODULE}\.(experts|shared_experts)\.(gate_up_proj|down_proj)$")
 
 
 def _router_re(config: MixtralConfig) -> re.Pattern:
-    return re.compile(rf"^model\.layers\.(\d+)\.{config.MOE_MODULE}\.router\.weight$")
+    return re.compile(rf"^model\.layers\.(\d+)\.{config.MOE_MODULE}\.router\.(weight|e_score_correction_bias)$")
+
+
+def _is_routed_expert(name: str, config: MixtralConfig) -> bool:
+    match = _expert_re(config).match(name)
+    return match is not None and match.group(2) == "experts"
+
+
+def hf_tensors(module: nn.Module, export: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """The parameters an importer fills (an exporter assembles), plus the routers' expert biases:
+    buffers, yet part of the checkpoint (HF's ``gate.e_score_correction_bias``)."""
+    yield from (exported_parameters(module) if export else loadable_parameters(module))
+    for raw, buf in module.named_buffers():
+        if raw.endswith("router.e_score_correction_bias"):
+            yield clean_param_name(raw), buf
 
 #: vocabulary-parallel parameters (Megatron's vocabulary padding adds rows the checkpoint does not hold)
 _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
@@ -70,14 +86,15 @@ def expert_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, ep: i
     match = _expert_re(config).match(name)
     if match is None:
         return None
-    layer, which = match.groups()
+    layer, kind, which = match.groups()
     gate, up, down = config.HF_EXPERT_NAMES
-    inter = config.expert_intermediate_size // tp
+    shared = kind == "shared_experts"
+    inter = (config.shared_expert_intermediate_size if shared else config.expert_intermediate_size) // tp
     rows = tuple(range(tp_rank * inter, (tp_rank + 1) * inter))
-    local = config.num_local_experts // ep
+    local = 1 if shared else config.num_local_experts // ep
     out = []
-    for e in range(ep_rank * local, (ep_rank + 1) * local):
-        prefix = f"model.layers.{layer}.{config.MOE_MODULE}.experts.{e}."
+    for e in range(ep_rank * local, (ep_rank + 1) * local) if not shared else [None]:
+        prefix = f"model.layers.{layer}.{config.MOE_MODULE}." + ("shared_experts." if shared else f"experts.{e}.")
         if which == "gate_up_proj":
             out.append([Piece(f"{prefix}{gate}.weight", 0, rows), Piece(f"{prefix}{up}.weight", 0, rows)])
         else:
@@ -88,11 +105,11 @@ def expert_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, ep: i
 def plain_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, multiplier: int) -> list[Piece]:
     match = _router_re(config).match(name)
     if match:
-        return [Piece(f"model.layers.{match.group(1)}.{config.MOE_MODULE}.gate.weight", None)]
+        return [Piece(f"model.layers.{match.group(1)}.{config.MOE_MODULE}.gate.{match.group(2)}", None)]
     padded = config.padded_vocab_size(tp)
     if name in _VOCAB and padded != config.vocab_size:  # only the real rows of this rank's padded slice
         return [Piece(tied_hf_key(name, config), 0, tuple(real_vocab_rows(config.vocab_size, padded, tp, tp_rank)))]
-    return plan_for(name, config, tp, tp_rank, multiplier)
+    return config.hf_pieces(name, tp, tp_rank, multiplier)
 
 
 def hf_shapes(config: MixtralConfig) -> dict[str, tuple[int, ...]]:
@@ -100,14 +117,22 @@ def hf_shapes(config: MixtralConfig) -> dict[str, tuple[int, ...]]:
     and experts."""
     h, inter, e = config.hidden_size, config.expert_intermediate_size, config.num_local_experts
     gate, up, down = config.HF_EXPERT_NAMES
-    dense = llama_hf_shapes(config)
-    shapes = llama_hf_shapes(config, dense_mlp=False)
+    dense = config.hf_base_shapes(dense_mlp=True)
+    shapes = config.hf_base_shapes(dense_mlp=False)
+    moe = config.moe_config()
+    shared = config.shared_expert_intermediate_size
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         if not config.is_moe_layer(i):
             shapes.update({k: v for k, v in dense.items() if k.startswith(p + "mlp.")})
             continue
         shapes[f"{p}{config.MOE_MODULE}.gate.weight"] = (e, h)
+        if moe.expert_bias:
+            shapes[f"{p}{config.MOE_MODULE}.gate.e_score_correction_bias"] = (e,)
+        if shared:
+            m = f"{p}{config.MOE_MODULE}.shared_experts."
+            shapes.update({f"{m}{gate}.weight": (shared, h), f"{m}{up}.weight": (shared, h),
+                           f"{m}{down}.weight": (h, shared)})
         for x in range(e):
             m = f"{p}{config.MOE_MODULE}.experts.{x}."
             shapes.update({f"{m}{gate}.weight": (inter, h), f"{m}{up}.weight": (inter, h),
@@ -128,9 +153,11 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
     expected = hf_shapes(config)
     used: set[str] = set()
     with SafetensorsCheckpoint(hf_dir) as ckpt:
-        for name, param in loadable_parameters(module):
-            per_expert = expert_pieces(name, config, tp, tp_rank, groups.ep_size, groups.ep_rank)
-            if per_expert is not None:
+        for name, param in hf_tensors(module):
+            routed = _is_routed_expert(name, config)
+            per_expert = expert_pieces(name, config, tp, tp_rank, groups.ep_size if routed else 1,
+                                       groups.ep_rank if routed else 0)
+            if per_expert is not None:  # [local experts (1 for the shared experts), rows, columns]
                 tensor = torch.stack([ckpt.read_pieces(pieces, expected, used) for pieces in per_expert])
             else:
                 pieces = plain_pieces(name, config, tp, tp_rank, multiplier)
@@ -168,15 +195,16 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
     def put(piece: Piece, chunk: torch.Tensor) -> None:
         place_piece(out, shapes[piece.hf_key], piece, chunk, dtype)
 
-    for name, param in exported_parameters(module):  # this stage's layers, under their global indices
+    for name, param in hf_tensors(module, export=True):  # this stage's layers, under their global indices
         tp_shards = gather_shards(param, tp)
         if _expert_re(config).match(name):
-            by_rank = [gather_over(shard, groups.ep_size, groups.ep_group) for shard in tp_shards]  # [tp][ep]
+            ep = groups.ep_size if _is_routed_expert(name, config) else 1  # shared experts are never split
+            by_rank = [gather_over(shard, ep, groups.ep_group) if ep > 1 else [shard] for shard in tp_shards]
             if not assembler:
                 continue
             for r in range(tp):
-                for q in range(groups.ep_size):
-                    for experts, matrix in zip(expert_pieces(name, config, tp, r, groups.ep_size, q), by_rank[r][q]):
+                for q in range(ep):
+                    for experts, matrix in zip(expert_pieces(name, config, tp, r, ep, q), by_rank[r][q]):
                         for piece, chunk in zip(experts, split_by_pieces(matrix, experts)):
                             put(piece, chunk)
             continue

@@ -20,7 +20,7 @@ from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding
 from nxd_core_parallel.vocab_padding import mask_padded_vocab
-from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention
+from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention, LlamaMLP
 from nxd_models_llama.attention_mask import build_attention_mask
 from nxd_models_llama.rope import RotaryEmbedding
 from nxd_models_mixtral.config import MixtralConfig
@@ -94,11 +94,16 @@ class MixtralDecoderLayer(nn.Module):
 
     def build_feed_forward(self, config: MixtralConfig, layer_idx: int, sequence_parallel: bool,
                            device: torch.device | str | None, context: ParallelContext | None) -> nn.Module:
-        """This layer's feed-forward: a :class:`MoELayer` (returns ``(out, router_logits)``) or a dense MLP."""
+        """This layer's feed-forward: a :class:`MoELayer` (returns ``(out, router_logits)``; with the
+        config's shared experts, if any), or Llama's dense SwiGLU MLP in the layers
+        ``config.is_moe_layer`` leaves dense (Qwen3-MoE's ``mlp_only_layers``, DeepSeek's first layers)."""
+        if not config.is_moe_layer(layer_idx):
+            return LlamaMLP(config, sequence_parallel, device)
         return MoELayer(config.moe_config(), config.hidden_size, config.expert_intermediate_size,
                         sequence_parallel=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
                         dtype=config.torch_dtype, device=device, init_std=config.initializer_range,
-                        output_init_std=config.output_init_std, context=context)
+                        output_init_std=config.output_init_std, context=context,
+                        shared_intermediate_size=config.shared_expert_intermediate_size)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:

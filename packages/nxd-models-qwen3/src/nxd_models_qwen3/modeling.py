@@ -5,25 +5,15 @@ is :class:`nxd_models_llama.LlamaForCausalLM` with ``qk_norm`` on."""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from nxd.parallel import ParallelContext
-from nxd_models_llama import LlamaMLP
 from nxd_models_mixtral import MixtralForCausalLM
 from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralModel
 from nxd_models_qwen3.config import Qwen3MoeConfig
 
 
 class Qwen3MoeDecoderLayer(MixtralDecoderLayer):
-    """Mixtral's block with Qwen3's feed-forward ``mlp``: a MoE layer of ``moe_intermediate_size``
-    experts, or Llama's SwiGLU MLP in the layers ``config.is_moe_layer`` leaves dense."""
-
-    def build_feed_forward(self, config: Qwen3MoeConfig, layer_idx: int, sequence_parallel: bool,
-                           device: torch.device | str | None, context: ParallelContext | None) -> nn.Module:
-        if config.is_moe_layer(layer_idx):
-            return super().build_feed_forward(config, layer_idx, sequence_parallel, device, context)
-        return LlamaMLP(config, sequence_parallel, device)
+    """Mixtral's block as Qwen3-MoE configures it (its own class: NxDT recompute names and activation
+    checkpointing select it): ``mlp`` = a MoE layer of ``moe_intermediate_size`` experts, or Llama's
+    SwiGLU MLP in the layers ``config.is_moe_layer`` leaves dense."""
 
 
 class Qwen3MoeModel(MixtralModel):

@@ -278,3 +278,107 @@ def within_bound(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tenso
     used = {k: float(((got[k].double() - want[k].double()).abs() / bound[k]).max()) for k in want}
     worst = max(used, key=used.get)
     return used[worst], worst
+
+
+def hf_lm_reference(hf_dir: Any, data: Mapping[str, torch.Tensor], shards: int = 1) -> dict[str, Any]:
+    """The transformers side of a causal-LM parity check, in one process: the checkpoint in
+    ``hf_dir`` (``AutoModelForCausalLM``, fp32) on ``data`` split into ``shards`` data-parallel
+    micro-batches; the loss is the mean over them of cross-entropy on aligned labels, plus
+    ``router_aux_loss_coef`` x HF's ``aux_loss`` when the config has ``output_router_logits``;
+    backward once. Returns ``logits`` (all rows), ``loss``, ``aux_loss`` (one shard, MoE only),
+    checkpoint-named ``grads`` (:func:`checkpoint_named_grads`; a tied LM head left out) and their
+    global ``norm``."""
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    coef = model.config.router_aux_loss_coef if getattr(model.config, "output_router_logits", False) else 0.0
+    per = data["input_ids"].shape[0] // shards
+    total, logits, aux = 0.0, [], []
+    for i in range(shards):
+        ids, labels = data["input_ids"][i * per:(i + 1) * per], data["labels"][i * per:(i + 1) * per]
+        out = model(ids, output_router_logits=True) if coef else model(ids)
+        loss = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), labels.reshape(-1))
+        if coef:
+            loss = loss + coef * out.aux_loss
+            aux.append(out.aux_loss.detach())
+        total = total + loss / shards
+        logits.append(out.logits.detach())
+    total.backward()
+    grads = checkpoint_named_grads(model)
+    if getattr(model.config, "tie_word_embeddings", False):
+        grads.pop("lm_head.weight", None)
+    ref = {"logits": torch.cat(logits), "loss": total.detach(), "grads": grads,
+           "norm": torch.sqrt(sum(g.double().pow(2).sum() for g in grads.values()))}
+    if len(aux) == 1:
+        ref["aux_loss"] = aux[0]
+    return ref
+
+
+def build_from_hf(spec_name: str, hf_dir: Any, sequence_parallel: bool = False) -> tuple[Any, torch.nn.Module]:
+    """``(spec, model)``: the registered model ``spec_name`` built for the current parallel state
+    from ``hf_dir``'s ``config.json`` and loaded with its weights (``spec.load_hf``)."""
+    import json
+    from pathlib import Path
+
+    import nxd
+
+    spec = nxd.get_model(spec_name)
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    model = spec.build(spec.config_from_dict(config), {"sequence_parallel": sequence_parallel})
+    spec.load_hf(model, str(hf_dir))
+    return spec, model
+
+
+def _resolve(path: str) -> Any:
+    """``"package.module:attribute"`` -> the attribute (a picklable way to name a function)."""
+    import importlib
+
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def parallel_grads_body(tp: int, ep: int, spec_name: str, export: str, hf_dir: str, data: Mapping[str, torch.Tensor],
+                        sequence_parallel: bool = False, checkpointing: bool = False,
+                        drop: Sequence[str] = ()) -> dict[str, Any] | None:
+    """Every rank of a parity test against :func:`hf_lm_reference`: TP ``tp`` x EP ``ep``, its
+    data-parallel shard of ``data``, forward/backward (full activation checkpointing of the spec's
+    blocks when asked), NxDOptimizer's gradient sync; global rank 0 returns the DP-mean ``loss``,
+    the full checkpoint-named ``grads`` (``export``, ``"module:function"``, gathers them; names
+    ending in one of ``drop``, e.g. buffers, left out) and the global gradient ``norm``."""
+    from nxd_core_parallel import parallel_state
+    from nxd_core_parallel.grads import get_grad_norm
+    from nxd_core_parallel.trainer import NxDOptimizer
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    dp, d = parallel_state.get_data_parallel_size(), parallel_state.get_data_parallel_rank()
+    per = data["input_ids"].shape[0] // dp
+    shard = {k: v[d * per:(d + 1) * per] for k, v in data.items()}
+    spec, model = build_from_hf(spec_name, hf_dir, sequence_parallel)
+    if checkpointing:
+        from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing
+
+        assert apply_activation_checkpointing(model, spec.transformer_layer_classes) > 0
+    out = model(shard["input_ids"], labels=shard["labels"])
+    out.loss.backward()
+    opt = NxDOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                       {"optimizer_config": {"grad_clipping": False}, "sequence_parallel": sequence_parallel},
+                       overlap_grad_sync=False)
+    opt.sync_gradients()
+    norm = get_grad_norm(list(model.parameters()))
+    loss = out.loss.detach().clone()
+    dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
+    grads_into_parameters(model)
+    grads = {k: v for k, v in _resolve(export)(model).items() if not k.endswith(tuple(drop))}
+    return {"loss": loss / dp, "grads": grads, "norm": norm} if dist.get_rank() == 0 else None
+
+
+def assert_parallel_parity(result: Mapping[str, Any], ref: Mapping[str, Any], tol: float = 1e-5) -> float:
+    """The worst relative error of a :func:`parallel_grads_body` result against
+    :func:`hf_lm_reference` (loss, gradient norm, every gradient), asserted ``<= tol``."""
+    errors = {"loss": rel_err(result["loss"], ref["loss"]), "grad_norm": rel_err(result["norm"], ref["norm"])}
+    assert set(result["grads"]) == set(ref["grads"]), set(result["grads"]) ^ set(ref["grads"])
+    errors.update({k: rel_err(result["grads"][k], g) for k, g in ref["grads"].items()})
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= tol, f"{worst}: relative error {errors[worst]:.3g} > {tol}"
+    return errors[worst]

@@ -1,0 +1,108 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) on nxd's tensor-parallel layers.
+
+Queries: ``q_b_proj(norm(q_a_proj(x)))`` (or ``q_proj(x)`` without ``q_lora_rank``); keys and
+values from one compressed latent: ``kv_a_proj_with_mqa(x)`` = ``[c_kv (kv_lora_rank); k_rope]``,
+``kv_b_proj(norm(c_kv))`` = per head ``[k_nope; v]``. RoPE acts on the decoupled ``qk_rope_head_dim``
+part only; the rotary key ``k_rope`` is one head shared by all heads.
+
+Tensor parallelism: heads are split (``q_b_proj``/``q_proj`` and ``kv_b_proj`` column-parallel,
+``o_proj`` row-parallel); the down projections and their norms are small and replicated, computed on
+the whole sequence (gathered under sequence parallelism). Their outputs' gradients are complete on
+every rank after the column-parallel layers' all-reduce, except the shared rotary key's, which each
+rank's heads only partly use: it is summed over TP (``copy_to_tensor_model_parallel_region``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+
+from nxd.errors import ConfigError
+from nxd_core_parallel import parallel_state
+from nxd_core_parallel.modules.rms_norm import RMSNorm
+from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+from nxd_core_parallel.parallel_layers.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+)
+from nxd_models_deepseek.config import DeepseekV3Config
+from nxd_models_llama import KVCache, LlamaCoreAttention
+from nxd_models_llama.rope import apply_rotary
+
+SEQUENCE_DIM = 1
+
+
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """DeepSeek's checkpoints rotate pairs ``(x0, x1), (x2, x3), ...``; reordered as
+    ``[x0, x2, ...; x1, x3, ...]`` the rotate-half RoPE gives the same result (HF's
+    ``apply_rotary_pos_emb_interleave`` returns this order too)."""
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+
+
+class DeepseekV3Attention(nn.Module):
+    def __init__(self, config: DeepseekV3Config, layer_idx: int, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        tp = parallel_state.get_tensor_model_parallel_size()
+        if config.num_attention_heads % tp:
+            raise ConfigError(f"num_attention_heads ({config.num_attention_heads}) must be divisible by "
+                              f"tensor_parallel_size ({tp})")
+        self.config, self.layer_idx, self.sequence_parallel = config, layer_idx, sequence_parallel
+        self.num_heads = config.num_attention_heads // tp
+        self.kv_size_multiplier = 1  # every head has its own keys: nothing replicated
+        init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
+        dtype, n, bias = config.torch_dtype, config.num_attention_heads, config.attention_bias
+        column = partial(ColumnParallelLinear, bias=False, gather_output=False, init_method=init, dtype=dtype,
+                         device=device)  # inputs already whole-sequence: no SP gather inside
+        norm = partial(RMSNorm, eps=config.rms_norm_eps, dtype=dtype, device=device)
+        if config.q_lora_rank:
+            self.q_a_proj = nn.Linear(config.hidden_size, config.q_lora_rank, bias=bias, dtype=dtype, device=device)
+            self.q_a_layernorm = norm(config.q_lora_rank)
+            self.q_b_proj = column(config.q_lora_rank, n * config.qk_head_dim)
+        else:
+            self.q_proj = column(config.hidden_size, n * config.qk_head_dim)
+        self.kv_a_proj_with_mqa = nn.Linear(config.hidden_size, config.kv_lora_rank + config.qk_rope_head_dim,
+                                            bias=bias, dtype=dtype, device=device)
+        self.kv_a_layernorm = norm(config.kv_lora_rank)
+        self.kv_b_proj = column(config.kv_lora_rank, n * (config.qk_nope_head_dim + config.v_head_dim))
+        self.core_attention = LlamaCoreAttention()
+        self.o_proj = RowParallelLinear(n * config.v_head_dim, config.hidden_size, bias=bias, input_is_parallel=True,
+                                        init_method=init, dtype=dtype, device=device,
+                                        sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The replicated down projections start like the parallel layers: ``N(0, initializer_range)``."""
+        for linear in (getattr(self, "q_a_proj", None), self.kv_a_proj_with_mqa):
+            if linear is not None and not linear.weight.is_meta:
+                nn.init.normal_(linear.weight, 0.0, self.config.initializer_range)
+                if linear.bias is not None:
+                    nn.init.zeros_(linear.bias)
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        c = self.config
+        x = hidden_states
+        if self.sequence_parallel and parallel_state.get_tensor_model_parallel_size() > 1:
+            # the replicated projections see the whole sequence; their input gradient is complete on
+            # every rank, so backward keeps this rank's slice of it
+            x = gather_from_sequence_parallel_region(x, SEQUENCE_DIM, to_model_parallel=False)
+        b, s, _ = x.shape
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if c.q_lora_rank else self.q_proj(x)
+        q = q.view(b, s, self.num_heads, c.qk_head_dim).transpose(1, 2)
+        q_pass, q_rot = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        kv_latent, k_rot = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(kv_latent)).view(b, s, self.num_heads, -1).transpose(1, 2)
+        k_pass, value = kv.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
+        k_rot = copy_to_tensor_model_parallel_region(k_rot).view(b, 1, s, c.qk_rope_head_dim)
+        if c.rope_interleave:
+            q_rot, k_rot = deinterleave(q_rot), deinterleave(k_rot)
+        q_rot, k_rot = apply_rotary(q_rot, cos, sin), apply_rotary(k_rot, cos, sin)
+        query = torch.cat([q_pass, q_rot], dim=-1)
+        key = torch.cat([k_pass, k_rot.expand(b, self.num_heads, s, c.qk_rope_head_dim)], dim=-1)
+        if kv_cache is not None:
+            key, value = kv_cache.update(self.layer_idx, key, value)
+        out = self.core_attention(query, key, value, attention_mask)  # softmax scale 1/sqrt(qk_head_dim)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * c.v_head_dim))

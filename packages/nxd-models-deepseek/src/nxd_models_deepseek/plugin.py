@@ -1,0 +1,16 @@
+"""nxd plugin entry point for nxd-models-deepseek: registers the ``deepseek_v3`` model spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import nxd
+
+NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
+
+
+@nxd.hookimpl
+def nxd_register_models(registry: Any) -> None:
+    from nxd_models_deepseek.spec import SPEC
+
+    registry.add("deepseek_v3", SPEC, presets=sorted(SPEC.presets))

@@ -1,0 +1,70 @@
+"""The ``deepseek_v3`` :class:`nxd.specs.ModelSpec`: Mixtral's spec (MoE model, HF import/export
+by the config's names and attention layout, ``generate``) for DeepSeek-V3's configs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import nn
+
+from nxd.parallel import ParallelContext
+from nxd_core_parallel.modules.rms_norm import RMSNorm
+from nxd_models_deepseek.config import DeepseekV3Config
+from nxd_models_deepseek.modeling import DeepseekV3DecoderLayer, DeepseekV3ForCausalLM
+from nxd_models_deepseek.presets import PRESETS, preset
+from nxd_models_llama import LlamaCoreAttention
+from nxd_models_mixtral.spec import SPEC as MIXTRAL_SPEC
+
+
+def config_from_dict(data: dict[str, Any] | DeepseekV3Config) -> DeepseekV3Config:
+    if isinstance(data, dict) and "preset" in data:
+        data = preset(data["preset"], **{k: v for k, v in data.items() if k != "preset"})
+    return DeepseekV3Config.from_dict(data)
+
+
+def build(config: DeepseekV3Config | dict, nxd_config: dict | None = None,
+          context: ParallelContext | None = None) -> nn.Module:
+    cfg = config_from_dict(config) if isinstance(config, dict) else config
+    return DeepseekV3ForCausalLM(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")),
+                                 context=context)
+
+
+def flops_per_token(config: DeepseekV3Config | dict, seq_length: int | None = None) -> float:
+    """``6 x`` the matmul parameters a token touches (MLA projections, router, ``top_k`` routed and
+    the shared experts in MoE layers, the dense MLP in the first layers, LM head), plus the attention
+    products (``qk_head_dim`` scores, ``v_head_dim`` values) when ``seq_length`` is given."""
+    c = config_from_dict(config) if isinstance(config, dict) else config
+    h, n = c.hidden_size, c.num_attention_heads
+    q = h * n * c.qk_head_dim if not c.q_lora_rank else c.q_lora_rank * (h + n * c.qk_head_dim)
+    attn = q + h * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank * n * (c.qk_nope_head_dim + c.v_head_dim) \
+        + n * c.v_head_dim * h
+    moe = h * c.num_local_experts + 3 * h * c.moe_intermediate_size * (c.num_experts_per_tok + c.n_shared_experts)
+    params = h * c.vocab_size + sum(attn + (moe if c.is_moe_layer(i) else 3 * h * c.intermediate_size)
+                                    for i in range(c.num_hidden_layers))
+    scores = 6.0 * c.num_hidden_layers * n * (c.qk_head_dim + c.v_head_dim) * seq_length if seq_length else 0.0
+    return 6.0 * params + scores
+
+
+#: HF/PEFT module names LoRA may target -> (nxd module suffix, fused piece): MLA's projections are
+#: not fused, so each is its own module
+HF_MODULE_TO_NXD = {name: (f"self_attn.{name}", None) for name in
+                    ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")}
+
+
+def hf_param_plan(model: DeepseekV3ForCausalLM, name: str, tp: int, rank: int) -> list[tuple[str, int | None, tuple[int, ...]]]:
+    """nxd-lora's plan: the HF rows/columns of parameter ``name`` on TP ``rank`` (names are HF's)."""
+    return [(p.hf_key, p.dim, tuple(p.index)) for p in model.config.hf_pieces(name, tp, rank, 1)]
+
+
+SPEC = dataclasses.replace(
+    MIXTRAL_SPEC, name="deepseek_v3", config_from_dict=config_from_dict, build=build,
+    transformer_layer_classes=(DeepseekV3DecoderLayer,), hf_model_types=("deepseek_v3",),
+    recompute_modules={"CoreAttention": (LlamaCoreAttention,), "DeepseekV3RMSNorm": (RMSNorm,),
+                       "DeepseekV3DecoderLayer": (DeepseekV3DecoderLayer,)},
+    implements=MIXTRAL_SPEC.implements - {"model.sliding_window"},
+    lora_target_modules=("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
+    flops_per_token=flops_per_token, presets=PRESETS, context_parallel=False,
+    extras={**MIXTRAL_SPEC.extras, "hf_module_to_nxd": HF_MODULE_TO_NXD, "hf_param_plan": hf_param_plan,
+            "model_class": DeepseekV3ForCausalLM, "config_class": DeepseekV3Config},
+)

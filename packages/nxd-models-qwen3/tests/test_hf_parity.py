@@ -9,12 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from qwen3_test_utils import batch, build_from_hf, hf_reference, nxd_forward_backward, save_hf  # noqa: E402
 
-from nxd_testing.reference import assert_parity, quiet_transformers
+from nxd_testing.reference import assert_export_roundtrip, assert_parity, quiet_transformers
 
 quiet_transformers()
 
@@ -33,15 +32,6 @@ def test_tp1_parity_logits_loss_grads(tmp_path, case):
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_export_roundtrip_and_generate(tmp_path, moe):
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
-
     src = save_hf(tmp_path / "hf", moe=moe)
     spec, model = build_from_hf(str(src))
-    spec.save_hf(model, str(tmp_path / "out"))
-    a, b = load_file(str(src / "model.safetensors")), load_file(str(tmp_path / "out" / "model.safetensors"))
-    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
-    hf = AutoModelForCausalLM.from_pretrained(str(src))
-    prompt = batch()["input_ids"][:, :5]
-    assert torch.equal(AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))(prompt).logits, hf(prompt).logits)
-    assert spec.generate(model, prompt, 12).equal(hf.generate(prompt, max_new_tokens=12, do_sample=False))
+    assert_export_roundtrip(spec, model, src, tmp_path / "out", batch()["input_ids"][:, :5])

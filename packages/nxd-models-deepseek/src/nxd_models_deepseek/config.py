@@ -29,29 +29,11 @@ class DeepseekV3Config(MixtralConfig):
     HF_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
 
     rms_norm_eps: float = 1e-6
+    # -- experts: fine-grained routed ones of this size, plus n_shared_experts every token passes;
+    # the first layers keep a dense MLP of intermediate_size
     moe_intermediate_size: int = 2048
     n_shared_experts: int = 1
-    n_group: int = 8
-    topk_group: int = 4
-    routed_scaling_factor: float = 2.5
-    norm_topk_prob: bool = True
     first_k_dense_replace: int = 3
-    q_lora_rank: int | None = 1536
-    kv_lora_rank: int = 512
-    qk_rope_head_dim: int = 64
-    qk_nope_head_dim: int = 128
-    v_head_dim: int = 128
-    rope_interleave: bool = True
-    #: DeepSeek-V3's sequence-wise balance loss weight alpha (0: off, as transformers computes)
-    seq_aux_loss_coef: float = 0.0
-    #: the expert-bias update speed gamma (the paper: 0.001)
-    bias_update_rate: float = 0.001
-    #: multi-token prediction modules: not built (transformers does not build them either)
-    num_nextn_predict_layers: int = 0
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
     def is_moe_layer(self, index: int) -> bool:
         return index >= self.first_k_dense_replace
@@ -64,6 +46,41 @@ class DeepseekV3Config(MixtralConfig):
     def shared_expert_intermediate_size(self) -> int:
         return self.moe_intermediate_size * self.n_shared_experts
 
+    # -- routing: sigmoid scores; the best topk_group of n_group expert groups; the chosen scores
+    # renormalised (norm_topk_prob), then scaled
+    n_group: int = 8
+    topk_group: int = 4
+    routed_scaling_factor: float = 2.5
+    norm_topk_prob: bool = True
+
+    def moe_config(self) -> MoEConfig:
+        """Sigmoid scores, group-limited top-k, renormalised and scaled weights, expert bias."""
+        return dataclasses.replace(
+            super().moe_config(), router_activation="sigmoid", n_group=self.n_group, topk_group=self.topk_group,
+            routed_scaling_factor=self.routed_scaling_factor, normalize_top_k_affinities=self.norm_topk_prob,
+            expert_bias=True, bias_update_rate=self.bias_update_rate, seq_aux_loss_coef=self.seq_aux_loss_coef)
+
+    # -- multi-head latent attention: low-rank q (None: a full q_proj) and kv; per head the keys
+    # are [qk_nope_head_dim | qk_rope_head_dim (RoPE; one rotary key shared by all heads)]
+    q_lora_rank: int | None = 1536
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    qk_nope_head_dim: int = 128
+    v_head_dim: int = 128
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    #: DeepSeek's checkpoints rotate interleaved pairs
+    rope_interleave: bool = True
+    #: DeepSeek-V3's sequence-wise balance loss weight alpha (0: off, as transformers computes)
+    seq_aux_loss_coef: float = 0.0
+    #: the expert-bias update speed gamma (the paper: 0.001)
+    bias_update_rate: float = 0.001
+    #: multi-token prediction modules: not built (transformers does not build them either)
+    num_nextn_predict_layers: int = 0
+
     def validate(self) -> None:
         self.head_dim = self.qk_rope_head_dim  # RoPE acts on this part of each head only
         super().validate()
@@ -74,13 +91,6 @@ class DeepseekV3Config(MixtralConfig):
         if self.num_key_value_heads != self.num_attention_heads:
             raise ConfigError("deepseek_v3 config: multi-head latent attention gives every head its own keys "
                               f"(num_key_value_heads must equal num_attention_heads={self.num_attention_heads})")
-
-    def moe_config(self) -> MoEConfig:
-        """Sigmoid scores, group-limited top-k, renormalised and scaled weights, expert bias."""
-        return dataclasses.replace(
-            super().moe_config(), router_activation="sigmoid", n_group=self.n_group, topk_group=self.topk_group,
-            routed_scaling_factor=self.routed_scaling_factor, normalize_top_k_affinities=self.norm_topk_prob,
-            expert_bias=True, bias_update_rate=self.bias_update_rate, seq_aux_loss_coef=self.seq_aux_loss_coef)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DeepseekV3Config:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from torch import nn
-
-from nxd.parallel import ParallelContext
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_deepseek.modeling import DeepseekV3DecoderLayer, DeepseekV3ForCausalLM
 from nxd_models_deepseek.presets import PRESETS, preset
 from nxd_models_llama import LlamaCoreAttention
 from nxd_models_mixtral.spec import SPEC as MIXTRAL_SPEC
+from nxd_models_mixtral.spec import builder
 
 
 def config_from_dict(data: dict[str, Any] | DeepseekV3Config) -> DeepseekV3Config:
@@ -23,11 +21,7 @@ def config_from_dict(data: dict[str, Any] | DeepseekV3Config) -> DeepseekV3Confi
     return DeepseekV3Config.from_dict(data)
 
 
-def build(config: DeepseekV3Config | dict, nxd_config: dict | None = None,
-          context: ParallelContext | None = None) -> nn.Module:
-    cfg = config_from_dict(config) if isinstance(config, dict) else config
-    return DeepseekV3ForCausalLM(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")),
-                                 context=context)
+build = builder(DeepseekV3ForCausalLM, config_from_dict)
 
 
 def flops_per_token(config: DeepseekV3Config | dict, seq_length: int | None = None) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -37,13 +38,22 @@ def config_from_dict(data: dict[str, Any] | MixtralConfig) -> MixtralConfig:
     return MixtralConfig.from_dict(data)
 
 
-def build(config: MixtralConfig | dict, nxd_config: dict | None = None,
-          context: ParallelContext | None = None) -> nn.Module:
-    """This rank's model for ``context`` (its EP groups; ``None``: the current context), TP and
-    ``sequence_parallel``."""
-    cfg = config_from_dict(config) if isinstance(config, dict) else config
-    return MixtralForCausalLM(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")),
-                              context=context)
+def builder(model_class: type[MixtralForCausalLM], read_config: Callable[[dict], MixtralConfig]) -> Callable[..., nn.Module]:
+    """A spec's ``build`` for ``model_class`` (Mixtral or a family on its model), reading dict
+    configs with ``read_config``."""
+
+    def build(config: MixtralConfig | dict, nxd_config: dict | None = None,
+              context: ParallelContext | None = None) -> nn.Module:
+        """This rank's model for ``context`` (its EP groups; ``None``: the current context), TP and
+        ``sequence_parallel``."""
+        cfg = read_config(config) if isinstance(config, dict) else config
+        return model_class(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")),
+                           context=context)
+
+    return build
+
+
+build = builder(MixtralForCausalLM, config_from_dict)
 
 
 def flops_per_token(config: MixtralConfig | dict, seq_length: int | None = None) -> float:

@@ -9,12 +9,12 @@ from typing import Any
 
 from torch import nn
 
-from nxd.parallel import ParallelContext
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from nxd_models_llama import flops_per_token as llama_flops_per_token
 from nxd_models_llama.spec import SPEC as LLAMA_SPEC
 from nxd_models_mixtral.spec import SPEC as MIXTRAL_SPEC
+from nxd_models_mixtral.spec import builder
 from nxd_models_mixtral.spec import flops_per_token as mixtral_flops_per_token
 from nxd_models_qwen3.config import Qwen3Config, Qwen3MoeConfig
 from nxd_models_qwen3.modeling import Qwen3MoeDecoderLayer, Qwen3MoeForCausalLM
@@ -40,11 +40,7 @@ def build_qwen3(config: Qwen3Config | dict, nxd_config: dict | None = None) -> n
     return LlamaForCausalLM(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")))
 
 
-def build_qwen3_moe(config: Qwen3MoeConfig | dict, nxd_config: dict | None = None,
-                    context: ParallelContext | None = None) -> nn.Module:
-    cfg = qwen3_moe_config(config) if isinstance(config, dict) else config
-    return Qwen3MoeForCausalLM(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")),
-                               context=context)
+build_qwen3_moe = builder(Qwen3MoeForCausalLM, qwen3_moe_config)
 
 
 def qwen3_flops_per_token(config: Qwen3Config | dict, seq_length: int | None = None) -> float:

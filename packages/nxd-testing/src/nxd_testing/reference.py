@@ -382,3 +382,22 @@ def assert_parallel_parity(result: Mapping[str, Any], ref: Mapping[str, Any], to
     worst = max(errors, key=errors.get)
     assert errors[worst] <= tol, f"{worst}: relative error {errors[worst]:.3g} > {tol}"
     return errors[worst]
+
+
+def assert_export_roundtrip(spec: Any, model: torch.nn.Module, src: Any, out: Any, prompt: torch.Tensor,
+                            new_tokens: int = 12) -> None:
+    """``spec.save_hf(model, out)`` of a model imported from ``src`` writes the same tensors as
+    ``src``, transformers reloads it with the same logits, and ``spec.generate`` greedily continues
+    ``prompt`` exactly as ``transformers.generate`` does."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    spec.save_hf(model, str(out))
+    a, b = load_file(str(Path(src) / "model.safetensors")), load_file(str(Path(out) / "model.safetensors"))
+    assert set(a) == set(b), set(a) ^ set(b)
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    hf = AutoModelForCausalLM.from_pretrained(str(src))
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(str(out))(prompt).logits, hf(prompt).logits)
+    assert spec.generate(model, prompt, new_tokens).equal(hf.generate(prompt, max_new_tokens=new_tokens, do_sample=False))

@@ -41,6 +41,12 @@ def deinterleave(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
 
+class LatentRMSNorm(RMSNorm):
+    """The RMSNorm of a low-rank latent (``q_a_layernorm``, ``kv_a_layernorm``): replicated and
+    applied to the whole sequence, never sequence-parallel (its own class so the parallel plan,
+    which reads every plain ``RMSNorm`` as sequence-parallel, leaves it out)."""
+
+
 class DeepseekV3Attention(nn.Module):
     def __init__(self, config: DeepseekV3Config, layer_idx: int, sequence_parallel: bool = False,
                  device: torch.device | str | None = None) -> None:
@@ -56,7 +62,7 @@ class DeepseekV3Attention(nn.Module):
         dtype, n, bias = config.torch_dtype, config.num_attention_heads, config.attention_bias
         column = partial(ColumnParallelLinear, bias=False, gather_output=False, init_method=init, dtype=dtype,
                          device=device)  # inputs already whole-sequence: no SP gather inside
-        norm = partial(RMSNorm, eps=config.rms_norm_eps, dtype=dtype, device=device)
+        norm = partial(LatentRMSNorm, eps=config.rms_norm_eps, dtype=dtype, device=device)
         if config.q_lora_rank:
             self.q_a_proj = nn.Linear(config.hidden_size, config.q_lora_rank, bias=bias, dtype=dtype, device=device)
             self.q_a_layernorm = norm(config.q_lora_rank)

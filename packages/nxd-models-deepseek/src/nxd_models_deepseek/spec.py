@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from nxd.specs import ParallelPlan
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_deepseek.modeling import DeepseekV3DecoderLayer, DeepseekV3ForCausalLM
@@ -51,6 +52,19 @@ def hf_param_plan(model: DeepseekV3ForCausalLM, name: str, tp: int, rank: int) -
     return [(p.hf_key, p.dim, tuple(p.index)) for p in model.config.hf_pieces(name, tp, rank, 1)]
 
 
+#: heads over TP (``q_b_proj``, or ``q_proj`` without ``q_lora_rank``, and ``kv_b_proj`` column,
+#: ``o_proj`` row); the down projections and their norms are replicated (not named); routed experts
+#: split over EP, shared ones (also ``ExpertMLPs``, ``ep_size`` 1) never; no context parallelism
+DEEPSEEK_PLAN = ParallelPlan(
+    column=("model.layers.*.self_attn.q_[bp]*", "model.layers.*.self_attn.kv_b_proj", "model.layers.*.mlp.gate_up_proj",
+            "lm_head"),
+    row=("model.layers.*.self_attn.o_proj", "model.layers.*.mlp.down_proj"),
+    vocab=("model.embed_tokens",),
+    sequence=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"),
+    experts=("model.layers.*.mlp.experts", "model.layers.*.mlp.shared_experts"),
+    pipeline_blocks=("model.layers.*",),
+)
+
 SPEC = dataclasses.replace(
     MIXTRAL_SPEC, name="deepseek_v3", config_from_dict=config_from_dict, build=build,
     transformer_layer_classes=(DeepseekV3DecoderLayer,), hf_model_types=("deepseek_v3",),
@@ -58,7 +72,7 @@ SPEC = dataclasses.replace(
                        "DeepseekV3DecoderLayer": (DeepseekV3DecoderLayer,)},
     implements=MIXTRAL_SPEC.implements - {"model.sliding_window"},
     lora_target_modules=("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
-    flops_per_token=flops_per_token, presets=PRESETS, context_parallel=False,
+    flops_per_token=flops_per_token, presets=PRESETS, context_parallel=False, parallel_plan=DEEPSEEK_PLAN,
     extras={**MIXTRAL_SPEC.extras, "hf_module_to_nxd": HF_MODULE_TO_NXD, "hf_param_plan": hf_param_plan,
             "model_class": DeepseekV3ForCausalLM, "config_class": DeepseekV3Config},
 )

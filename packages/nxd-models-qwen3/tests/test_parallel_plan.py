@@ -1,0 +1,19 @@
+"""The parallel plans (data on the specs) name exactly the parallel layers the models build."""
+
+from __future__ import annotations
+
+import pytest
+
+import nxd
+from nxd_core_parallel.parallel_plan import plan_mismatches
+from nxd_moe.experts import ExpertMLPs
+
+
+@pytest.mark.parametrize("name,config", [
+    ("qwen3", {"preset": "qwen3-tiny"}),
+    ("qwen3_moe", {"preset": "qwen3-moe-tiny", "num_hidden_layers": 3, "mlp_only_layers": [1]}),
+])
+def test_parallel_plan_matches_the_built_model(name, config):
+    spec = nxd.get_model(name)
+    model = spec.build(spec.config_from_dict(config))
+    assert plan_mismatches(model, spec.parallel_plan, {ExpertMLPs: "experts"}) == []

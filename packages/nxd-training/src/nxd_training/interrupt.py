@@ -40,21 +40,36 @@ class StderrRelay:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        # Never stop reading: a full pipe would block every rank's next write to stderr.
         log = None
-        try:
-            while chunk := os.read(self._fd, 65536):
+        while True:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            try:
                 if not self._muted.is_set():
-                    sys.stderr.buffer.write(chunk)
-                    sys.stderr.buffer.flush()
+                    _write_stderr(chunk)
                     continue
                 if log is None:
                     log = self._log_path.open("ab")
                 log.write(chunk)
-        except (OSError, ValueError):  # our stderr or the log went away: stop copying
-            pass
-        finally:
-            if log is not None:
-                log.close()
+            except Exception:  # noqa: BLE001 - our stderr or the log went away: drop this chunk, keep draining
+                pass
+        if log is not None:
+            log.close()
+
+
+def _write_stderr(chunk: bytes) -> None:
+    buffer = getattr(sys.stderr, "buffer", None)
+    if buffer is not None:
+        buffer.write(chunk)
+        buffer.flush()
+    else:  # a text-only stream (e.g. one a caller swapped in)
+        sys.stderr.write(chunk.decode(errors="replace"))
+        sys.stderr.flush()
 
 
 def _last_checkpoint(config: TrainingConfig, log_dir: Path) -> tuple[str, int | None] | None:

@@ -88,15 +88,47 @@ def _nxd_train(config_path: Path, env: dict[str, str], *overrides: str) -> subpr
                             env={**clean, "OMP_NUM_THREADS": "1", **env})
 
 
+def _wait_nodes(nodes: list[subprocess.Popen], timeout: float, grace: float) -> list[str]:
+    """Every node's output once all exited; fails fast with every node's output when one fails (the
+    others then get ``grace`` seconds: their rendezvous/collective bounds) or ``timeout`` passes."""
+    import threading
+    import time
+
+    outs: list[list[str]] = [[] for _ in nodes]
+    readers = [threading.Thread(target=lambda n=n, o=o: o.append(n.stdout.read()), daemon=True)
+               for n, o in zip(nodes, outs)]
+    for r in readers:
+        r.start()
+    deadline, failed_at = time.monotonic() + timeout, None
+    while any(n.poll() is None for n in nodes) and time.monotonic() < deadline:
+        if failed_at is None and any(n.poll() not in (None, 0) for n in nodes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > grace:
+            break
+        time.sleep(0.2)
+    hung = [i for i, n in enumerate(nodes) if n.poll() is None]
+    for i in hung:
+        nodes[i].kill()
+    for n, r in zip(nodes, readers):
+        n.wait()
+        r.join(10)
+    text = ["".join(o) for o in outs]
+    report = "\n".join(f"--- node {i} (exit {n.returncode}) ---\n{t[-6000:]}" for i, (n, t) in enumerate(zip(nodes, text)))
+    assert not hung and all(n.returncode == 0 for n in nodes), f"nodes {hung} still running when stopped\n{report}"
+    return text
+
+
 def _losses(log_dir: Path) -> list[float]:
     return [r["loss"] for r in read_metrics(log_dir) if "loss" in r]
 
 
 @pytest.mark.slow
 def test_two_loopback_nodes_train_like_one_node(make_config, tmp_path: Path) -> None:
-    def config(log: str, **trainer):
-        return yaml.safe_dump(make_config(trainer={"max_steps": 4, **trainer}, exp_manager={
-            "explicit_log_dir": str(tmp_path / log), "create_checkpoint_callback": False}))
+    def config(log: str, **trainer):  # a node left alone gives up after 60 s (rendezvous) or 60 s (collectives)
+        return yaml.safe_dump(make_config(
+            trainer={"max_steps": 4, **trainer}, launcher={"rdzv_join_timeout": 60, "rdzv_read_timeout": 20},
+            distributed_strategy={"collective_timeout": 60},
+            exp_manager={"explicit_log_dir": str(tmp_path / log), "create_checkpoint_callback": False}))
 
     one = tmp_path / "one_node.yaml"
     one.write_text(config("one"))
@@ -112,8 +144,7 @@ def test_two_loopback_nodes_train_like_one_node(make_config, tmp_path: Path) -> 
     port = str(_free_port())
     slurm = {**SLURM, "SLURM_JOB_NODELIST": "127.0.0.1", "NXD_RDZV_PORT": port}
     nodes = [_nxd_train(two, {**slurm, "SLURM_NODEID": str(rank)}) for rank in (0, 1)]
-    outs = [node.communicate(timeout=600)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], outs
+    outs = _wait_nodes(nodes, timeout=400, grace=90)
     assert "slurm: node 1 of 2, rendezvous at 127.0.0.1:" in outs[1]
     assert _losses(tmp_path / "slurm") == reference  # bit-identical on CPU
 
@@ -122,9 +153,30 @@ def test_two_loopback_nodes_train_like_one_node(make_config, tmp_path: Path) -> 
     pet = {"PET_NNODES": "2", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port}
     nodes = [_nxd_train(two, {**pet, "PET_NODE_RANK": str(rank)}, f"exp_manager.explicit_log_dir={tmp_path / 'k8s'}")
              for rank in (0, 1)]
-    outs = [node.communicate(timeout=600)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], outs
+    _wait_nodes(nodes, timeout=400, grace=90)
     assert _losses(tmp_path / "k8s") == reference
+
+
+@pytest.mark.slow
+def test_a_node_left_alone_exits_within_the_join_timeout_naming_the_missing_node(make_config, tmp_path: Path) -> None:
+    """Node 1 of 2 starts, node 0 never comes (it died before the rendezvous): node 1 gives up after
+    launcher.rdzv_join_timeout and its last line names node 0."""
+    import time
+
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(make_config(trainer={"max_steps": 2, "devices": 1, "num_nodes": 2},
+                                               launcher={"rdzv_join_timeout": 3}, exp_manager={
+        "explicit_log_dir": str(tmp_path / "run"), "create_checkpoint_callback": False})))
+    pet = {"PET_NNODES": "2", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(_free_port()), "PET_NODE_RANK": "1"}
+    start = time.monotonic()
+    node = _nxd_train(path, pet)
+    out, _ = node.communicate(timeout=120)
+    took = time.monotonic() - start
+    assert node.returncode != 0, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("nxd train: node 1 of 2: the rendezvous at 127.0.0.1:"), out
+    assert "launcher.rdzv_join_timeout=3s: node 0 never joined" in last, out
+    print(f"\nnode 1 alone: exited {took:.1f}s after start (join timeout 3 s)")
 
 
 @pytest.mark.parametrize(("name", "nodes"), [("hf_llama3_8B_config", 4), ("megatron_llama_70b_config", 8)])

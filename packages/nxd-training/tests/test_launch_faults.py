@@ -67,6 +67,7 @@ def test_second_writer_is_refused_sigterm_stops_every_rank_and_a_hung_rank_times
         out, _ = second.communicate(timeout=300)
         assert second.returncode == 2, out
         assert f"{log_dir} is in use by a running nxd train (pid {first.pid}" in out and "Traceback" not in out
+        assert "writing to" not in out  # a refused run says nothing about writing
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=120)
         gone, alive = psutil.wait_procs(ranks, timeout=60)
@@ -77,6 +78,34 @@ def test_second_writer_is_refused_sigterm_stops_every_rank_and_a_hung_rank_times
     # the lock went with its holder: the directory takes the next run
     (log_dir / "metrics.jsonl").unlink()
     _hung_rank_ends_the_job(path, log_dir, tmp_path)
+
+
+@pytest.mark.slow
+def test_sigkill_of_nxd_train_takes_torchrun_and_every_rank_with_it(make_config, tmp_path: Path) -> None:
+    """A preempted job (SIGKILL to `nxd train`, nothing can be forwarded): torchrun's agent gets
+    SIGTERM from the kernel (parent-death signal) and the ranks die with the agent (docs/training.md)."""
+    log_dir = tmp_path / "run"
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(make_config(
+        trainer={"max_steps": 100000}, distributed_strategy={"tensor_model_parallel_size": 1},
+        exp_manager={"explicit_log_dir": str(log_dir), "create_checkpoint_callback": False})))
+    job = _nxd_train(path)
+    try:
+        _wait_for_training(job, log_dir)
+        children = psutil.Process(job.pid).children(recursive=True)
+        ranks = [k for k in children if "nxd_training.worker" in " ".join(k.cmdline())
+                 and "torch.distributed.run" not in " ".join(k.cmdline())]
+        assert len(ranks) == 2, [k.cmdline() for k in children]
+        job.kill()
+        start = time.monotonic()
+        _, alive = psutil.wait_procs(children, timeout=60)
+        elapsed = time.monotonic() - start
+    finally:
+        if job.poll() is None:
+            job.kill()
+        job.communicate()
+    assert not alive, f"still running after SIGKILL to nxd train: {[(p.pid, p.cmdline()[-2:]) for p in alive]}"
+    print(f"SIGKILL of nxd train: torchrun and 2 ranks gone {elapsed:.1f}s later")
 
 
 def test_worker_failure_writes_torchruns_error_file(tmp_path: Path) -> None:

@@ -85,21 +85,59 @@ def done_payload(metadata_digest: dict | None = None) -> bytes:
     return json.dumps(payload).encode()
 
 
-def read_done(storage: Storage, tag: str) -> dict:
-    """The ``done`` payload ({} for NxD's ``done``, which holds "1")."""
+def parse_done(data: bytes) -> dict | None:
+    """The ``done`` payload: nxd's JSON (``completed_ns``, a non-negative integer, and optionally the
+    ``metadata`` digest), or {} for NxD's, which holds "1"; None for anything else (garbage, an empty
+    file from a write that failed half-way): such a marker vouches for nothing."""
     try:
-        with storage.open_read(f"{tag}/{DONE_MARKER}") as f:
-            data = json.loads(f.read().decode() or "0")
-        return data if isinstance(data, dict) else {}
+        text = data.decode().strip()
+        if text == "1":
+            return {}
+        payload = json.loads(text)
     except (ValueError, UnicodeDecodeError):
-        return {}
+        return None
+    if not isinstance(payload, dict) or type(payload.get("completed_ns")) is not int or payload["completed_ns"] < 0:
+        return None
+    if not isinstance(payload.get("metadata", {}), dict):
+        return None
+    return payload
 
 
-def read_completed_ns(storage: Storage, tag: str) -> int:
+def read_done(storage: Storage, tag: str) -> dict:
+    """The ``done`` payload (see :func:`parse_done`); raises ``CorruptCheckpointError`` for a marker
+    that is neither nxd's nor NxD's."""
+    from nxd_ckpt.errors import CorruptCheckpointError
+
+    with storage.open_read(f"{tag}/{DONE_MARKER}") as f:
+        payload = parse_done(f.read())
+    if payload is None:
+        raise CorruptCheckpointError(
+            f"{storage.describe(f'{tag}/{DONE_MARKER}')}: not a 'done' marker nxd or NxD writes (expected JSON with "
+            "completed_ns, or \"1\"): the checkpoint is not trusted as complete")
+    return payload
+
+
+def read_completed_ns(storage: Storage, tag: str) -> int | None:
+    """When ``tag`` completed (0 for NxD's marker); None when its marker is not valid (warned once)."""
+    from nxd_ckpt.errors import CorruptCheckpointError
+
     try:
         return int(read_done(storage, tag).get("completed_ns", 0))
-    except (TypeError, ValueError):
-        return 0
+    except CorruptCheckpointError as exc:
+        warn_once(f"{exc}; treated as incomplete")
+        return None
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """A warning this process prints once, however many readers come across the same thing."""
+    import warnings
+
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def list_tags(storage: Storage) -> list[TagInfo]:
@@ -109,14 +147,15 @@ def list_tags(storage: Storage) -> list[TagInfo]:
     rescued = []
     for name in storage.list_dirs(""):
         files = set(storage.list_files(name))
+        done_ns = read_completed_ns(storage, name) if DONE_MARKER in files else None
         if name.startswith(TEMP_PREFIX):
-            if DONE_MARKER in files:
-                rescued.append(TagInfo(name[len(TEMP_PREFIX):], True, read_completed_ns(storage, name), name))
+            if done_ns is not None:
+                rescued.append(TagInfo(name[len(TEMP_PREFIX):], True, done_ns, name))
         elif name.startswith("."):
             continue
-        elif DONE_MARKER in files:
-            infos[name] = TagInfo(name, True, read_completed_ns(storage, name))
-        elif CHECKPOINT_MARKER in files or "model" in storage.list_dirs(name):
+        elif done_ns is not None:
+            infos[name] = TagInfo(name, True, done_ns)
+        elif DONE_MARKER in files or CHECKPOINT_MARKER in files or "model" in storage.list_dirs(name):
             infos[name] = TagInfo(name, False, 0)
     for info in rescued:
         infos[info.tag] = info
@@ -124,9 +163,11 @@ def list_tags(storage: Storage) -> list[TagInfo]:
 
 
 def checkpoint_dir(storage: Storage, tag: str) -> str | None:
-    """The directory holding the complete checkpoint ``tag`` (see ``TagInfo.dir``), or None."""
+    """The directory holding the complete checkpoint ``tag`` (see ``TagInfo.dir``), or None; a
+    ``done`` marker that is not valid raises (``read_done``): it is named, never trusted or skipped."""
     for name in (temp_dir(tag), tag):
         if storage.exists(f"{name}/{DONE_MARKER}"):
+            read_done(storage, name)
             return name
     return None
 
@@ -137,5 +178,43 @@ def complete_tags(storage: Storage) -> list[str]:
 
 
 def newest_complete_tag(storage: Storage) -> str | None:
+    """The newest complete tag by its ``done`` marker (the authority). When the ``newest`` pointer
+    (kept for older NxD readers) names another tag, a missing or an incomplete one, warn once."""
     tags = complete_tags(storage)
-    return tags[-1] if tags else None
+    newest = tags[-1] if tags else None
+    pointed = read_newest_pointer(storage)
+    if pointed is not None and pointed != newest:
+        state = "is complete but older" if pointed in tags else (
+            "does not exist" if not storage.exists(pointed) else "is incomplete")
+        warn_once(f"{storage.describe(NEWEST_POINTER)} names {pointed!r}, which {state}; using the newest complete "
+                  f"checkpoint {newest!r} (by its 'done' marker)")
+    return newest
+
+
+def read_newest_pointer(storage: Storage) -> str | None:
+    try:
+        if not storage.exists(NEWEST_POINTER):
+            return None
+        with storage.open_read(NEWEST_POINTER) as f:
+            return f.read().decode().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def write_newest_pointer(storage: Storage, tag: str | None) -> None:
+    """Point ``newest`` at ``tag`` (None: remove it). If it cannot be written (ENOSPC...), remove it
+    rather than leave it naming a tag retention may delete next; a warning says so."""
+    try:
+        if tag is None:
+            if storage.exists(NEWEST_POINTER):
+                storage.remove_file(NEWEST_POINTER)
+            return
+        with storage.open_write(NEWEST_POINTER) as f:
+            f.write(tag.encode())
+    except Exception as exc:  # noqa: BLE001 - a convenience pointer: never fail a committed save for it
+        try:
+            storage.remove_file(NEWEST_POINTER)
+        except Exception:  # noqa: BLE001, S110 - already gone, or the storage refuses: readers check it
+            pass
+        warn_once(f"could not update {storage.describe(NEWEST_POINTER)} ({type(exc).__name__}: {exc}); removed it "
+                  "so it names no stale checkpoint (readers use the 'done' markers)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from nxd_ckpt.layout import DONE_MARKER, list_tags
+from nxd_ckpt.layout import DONE_MARKER, list_tags, read_newest_pointer, write_newest_pointer
 from nxd_ckpt.storage import Storage
 
 
@@ -24,7 +24,10 @@ def apply_retention(storage: Storage, num_kept: int, keep: str, own: frozenset[s
     doomed = [i.location for i in complete[:-num_kept] if i.tag != keep] if num_kept > 0 else []
     doomed += [i.tag for i in infos if not i.complete and i.tag != keep and i.tag in own]
     removed = []
+    pointed = read_newest_pointer(storage)
     for tag in doomed:
+        if tag == pointed:  # never leave 'newest' naming a deleted tag (its update may have failed)
+            write_newest_pointer(storage, complete[-1].tag if complete[-1].tag not in doomed else None)
         try:
             delete_checkpoint(storage, tag)
             removed.append(tag)
@@ -41,7 +44,9 @@ def remove_incomplete(storage: Storage) -> list[str]:
     warn_unmarked(storage)
     removed = []
     for info in list_tags(storage):
-        if not info.complete and not is_whole_unmarked(storage, info.tag):
+        # a tag with a 'done' that is not valid was committed once: kept (warned about), never deleted here
+        if not info.complete and not is_whole_unmarked(storage, info.tag) \
+                and not storage.exists(f"{info.tag}/{DONE_MARKER}"):
             try:
                 storage.remove_tree(info.tag)
                 removed.append(info.tag)

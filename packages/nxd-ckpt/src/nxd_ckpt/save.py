@@ -20,7 +20,14 @@ from typing import Any
 from nxd_ckpt.checksum import HashingWriter, stable_regions
 from nxd_ckpt.errors import CheckpointError
 from nxd_ckpt.formats import CheckpointFormat, get_format
-from nxd_ckpt.layout import CHECKPOINT_MARKER, DONE_MARKER, NEWEST_POINTER, done_payload, rng_name, shard_name
+from nxd_ckpt.layout import (
+    CHECKPOINT_MARKER,
+    DONE_MARKER,
+    done_payload,
+    rng_name,
+    shard_name,
+    write_newest_pointer,
+)
 from nxd_ckpt.metadata import build_metadata, shardings_of, tensor_entries, write_metadata
 from nxd_ckpt.overwrite import prepare_target, recover_all, swap_in
 from nxd_ckpt.retention import apply_retention
@@ -185,11 +192,7 @@ def commit(storage: Storage, tag: str, target: str, plan: SavePlan, error: str |
                 except Exception as exc:  # noqa: BLE001 - committed: the next load/save finishes the swap
                     failure = (f"{storage.describe(target)} is complete but could not replace {storage.describe(tag)} "
                                f"({type(exc).__name__}: {exc}); the next load or save of this directory finishes it")
-            try:
-                with storage.open_write(NEWEST_POINTER) as f:
-                    f.write(tag.encode())
-            except Exception:  # noqa: BLE001 - a convenience pointer; 'done' markers are authoritative
-                pass
+            write_newest_pointer(storage, tag)  # removed, with a warning, when it cannot be written
             if plan.num_kept is not None and failure is None:
                 try:
                     recover_all(storage)  # leftovers of crashed overwrites, before counting what to keep

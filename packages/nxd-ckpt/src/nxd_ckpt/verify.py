@@ -10,11 +10,10 @@ only then writes the marker, after which it resumes like any other.
 from __future__ import annotations
 
 import json
-import warnings
 
 from nxd_ckpt.checksum import digest_of, verify
 from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
-from nxd_ckpt.layout import DONE_MARKER, METADATA, done_payload, list_tags, read_done
+from nxd_ckpt.layout import DONE_MARKER, METADATA, done_payload, list_tags, read_done, warn_once
 from nxd_ckpt.storage import Storage, open_storage
 
 
@@ -45,13 +44,11 @@ def warn_unmarked(storage: Storage) -> list[str]:
     """Warn (loudly: these may be the newest progress) about whole checkpoints without ``done``."""
     tags = unmarked_checkpoints(storage)
     for tag in tags:
-        warnings.warn(
+        warn_once(  # once per process: has_checkpoint and the load that follows both look
             f"checkpoint {storage.describe(tag)} has every file its metadata.json records but no 'done' marker: "
             "its save never committed (interrupted at the last step, or the marker was deleted). Auto-resume "
             "skips it and retention keeps it. To resume from it, verify it first: "
-            f"`nxd ckpt verify {storage.describe('')} --tag {tag} --mark-done`",
-            UserWarning, stacklevel=3,
-        )
+            f"`nxd ckpt verify {storage.describe('')} --tag {tag} --mark-done`")
     return tags
 
 

@@ -56,9 +56,7 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.validate:
         print("config is valid")
         return 0
-    log_dir = resolve_log_dir(config)
-    print(f"nxd train: writing to {log_dir}")
-    return launch(config, log_dir)
+    return launch(config, resolve_log_dir(config))  # says "writing to" once the run directory is its own
 
 
 def _plot_arguments(parser: argparse.ArgumentParser) -> None:

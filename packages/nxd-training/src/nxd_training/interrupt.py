@@ -26,9 +26,12 @@ class StderrRelay:
     """Copies a child's stderr to ours, byte for byte (progress bars included), until :meth:`mute`;
     from then on to ``log_path``."""
 
+    TAIL_BYTES = 1 << 16
+
     def __init__(self, stream: IO[bytes], log_path: Path) -> None:
         self._fd = stream.fileno()
         self._log_path = log_path
+        self._tail = bytearray()  # the last TAIL_BYTES, for the launcher's final diagnosis
         self._muted = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nxd-stderr-relay", daemon=True)
         self._thread.start()
@@ -38,6 +41,10 @@ class StderrRelay:
 
     def join(self, timeout: float = 10.0) -> None:
         self._thread.join(timeout)
+
+    def tail(self) -> str:
+        """The end of what the child wrote to stderr (after :meth:`join`)."""
+        return bytes(self._tail).decode(errors="replace")
 
     def _run(self) -> None:
         # Never stop reading: a full pipe would block every rank's next write to stderr.
@@ -49,6 +56,8 @@ class StderrRelay:
                 break
             if not chunk:
                 break
+            self._tail += chunk
+            del self._tail[:-self.TAIL_BYTES]
             try:
                 if not self._muted.is_set():
                     _write_stderr(chunk)

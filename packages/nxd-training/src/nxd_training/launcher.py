@@ -16,6 +16,8 @@ from pathlib import Path
 
 from nxd_training.config.loader import dump_config
 from nxd_training.config.schema import TrainingConfig
+from nxd_training.failure import rendezvous_failure
+from nxd_training.parent_death import die_with_parent
 from nxd_training.run_lock import run_dir_lock
 
 
@@ -36,6 +38,10 @@ def torchrun_command(config: TrainingConfig, config_path: Path) -> list[str]:
     ]
     if lc.node_rank is not None:
         cmd.append(f"--node-rank={lc.node_rank}")
+    if tr.num_nodes > 1 and not any(a.startswith(("--rdzv-conf", "--rdzv_conf")) for a in lc.extra_args):
+        # bounded: a node that never comes (or went away) ends every other node's wait (docs/cluster.md)
+        cmd.append(f"--rdzv-conf=join_timeout={lc.rdzv_join_timeout},last_call_timeout={lc.rdzv_last_call_timeout},"
+                   f"read_timeout={lc.rdzv_read_timeout}")
     cmd += list(lc.extra_args)
     cmd += ["--module", "nxd_training.worker", str(config_path)]
     return cmd
@@ -60,6 +66,7 @@ def launch(config: TrainingConfig, log_dir: Path) -> int:
 
     lock = run_dir_lock(log_dir) if not config.launcher.node_rank else nullcontext()
     with lock:
+        print(f"nxd train: writing to {log_dir}", flush=True)  # not before: a refused run writes nothing
         config_path = write_run_config(config, log_dir)
         if config.trainer.devices * config.trainer.num_nodes == 1:
             from nxd_training.loop import train
@@ -74,22 +81,28 @@ def launch(config: TrainingConfig, log_dir: Path) -> int:
             env = dict(os.environ)
             env.setdefault("OMP_NUM_THREADS", "1")
             env["PYTHONUNBUFFERED"] = "1"
-            code = run_forwarding_signals(torchrun_command(config, config_path), env, log_dir / INTERRUPTED_LOG)
+            code, stderr_tail = run_forwarding_signals(torchrun_command(config, config_path), env,
+                                                       log_dir / INTERRUPTED_LOG, with_tail=True)
+            if code not in (0, INTERRUPTED) and (line := rendezvous_failure(config, stderr_tail)):
+                print(line, file=sys.stderr, flush=True)
     if code == INTERRUPTED:
         print(stopped_message(config, log_dir), file=sys.stderr, flush=True)
     return code
 
 
-def run_forwarding_signals(cmd: list[str], env: dict[str, str], interrupted_log: Path) -> int:
+def run_forwarding_signals(cmd: list[str], env: dict[str, str], interrupted_log: Path,
+                           with_tail: bool = False) -> int | tuple[int, str]:
     """Run torchrun and pass SIGTERM/SIGINT/SIGHUP on to it, so stopping ``nxd train`` stops the
     agent and, through it, every rank (a plain wait would leave them training as orphans).
 
     torchrun runs in its own session, so a terminal's Ctrl-C reaches it once, through us. After a
     SIGINT, the job's stderr (its ranks' and its own tracebacks) goes to ``interrupted_log`` and
-    the exit code is 130 (INTERRUPTED)."""
+    the exit code is 130 (INTERRUPTED). ``with_tail``: also the end of its stderr."""
     from nxd_training.interrupt import INTERRUPTED, StderrRelay
 
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True)
+    # SIGTERM when nxd train dies, even by SIGKILL: the agent then stops its ranks, which also die with it
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     relay = StderrRelay(proc.stderr, interrupted_log)
     interrupted = []
 
@@ -107,4 +120,5 @@ def run_forwarding_signals(cmd: list[str], env: dict[str, str], interrupted_log:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     relay.join()
-    return INTERRUPTED if interrupted else code
+    code = INTERRUPTED if interrupted else code
+    return (code, relay.tail()) if with_tail else code

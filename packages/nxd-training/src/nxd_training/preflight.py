@@ -35,9 +35,16 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> None:
     parse_max_time(config.trainer.max_time)
     _resume(config)
     check_pretrained(config, plan)
-    if config.exp_manager.create_checkpoint_callback or config.exp_manager.resume_from_checkpoint:
-        nxd.get_component("checkpoint_format", config.exp_manager.checkpoint_format,
-                          need=f"exp_manager.checkpoint_format={config.exp_manager.checkpoint_format}")
+    em = config.exp_manager
+    # the format is checked whenever it is used or written down (a wrong name is wrong with checkpointing off too)
+    if em.create_checkpoint_callback or em.resume_from_checkpoint or "checkpoint_format" in em.model_fields_set:
+        nxd.get_component("checkpoint_format", em.checkpoint_format,
+                          need=f"exp_manager.checkpoint_format={em.checkpoint_format}")
+    if em.create_checkpoint_callback and em.checkpoint_callback_params.save_top_k == 0:
+        raise ConfigError("exp_manager.checkpoint_callback_params.save_top_k=0 would keep no checkpoint of a run that "
+                          "saves them: set exp_manager.create_checkpoint_callback=false to save none, or save_top_k "
+                          "to N >= 1 (the newest N) or -1 (all)")
+    _data_tokenizer(config)
     _generation_tokenizer(config)
     _memory(config, world_size)
 
@@ -81,6 +88,19 @@ def _resume(config: TrainingConfig) -> None:
     if looks_like_hf_folder(path):
         raise ConfigError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model folder, not an nxd "
                           f"checkpoint; to start a run from its weights use model.pretrained_checkpoint={path}")
+
+
+def _data_tokenizer(config: TrainingConfig) -> None:
+    """A tokenizer given as a path (absolute, ./, ../, ~ or a file name) must exist; hub names and
+    built-in names are the data module's to resolve."""
+    path = tokenizer_path(config)
+    if path is None or "://" in str(path):
+        return
+    text = str(path)
+    looks_like_path = text.startswith(("/", "./", "../", "~")) or text.endswith((".json", ".model", ".vocab", ".txt"))
+    if looks_like_path and not Path(text).expanduser().exists():
+        raise ConfigError(f"data.tokenizer: {text} does not exist (give a tokenizer file or folder, or a Hugging Face "
+                          "hub name)")
 
 
 def _generation_tokenizer(config: TrainingConfig) -> None:

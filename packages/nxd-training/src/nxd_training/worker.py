@@ -15,6 +15,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from nxd_training.config.loader import load_config
     from nxd_training.loop import train
+    from nxd_training.parent_death import die_with_parent
+
+    die_with_parent()  # a rank never outlives torchrun's agent (SIGKILL: nothing to clean up that a save needs)
     from nxd_training.runtime import explain_collective_timeout
 
     config = load_config(argv[0])

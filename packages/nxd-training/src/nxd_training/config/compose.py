@@ -81,6 +81,9 @@ def read_yaml(source: str | Path) -> dict[str, Any]:
     written. Refuses, naming the file: a missing file, bytes that are not UTF-8, invalid YAML, a
     key repeated in one mapping (OmegaConf's strict loader), and a top level that is no mapping."""
     path = source_path(source)
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory; give the YAML file in it (e.g. "
+                          f"{str(path / 'config.yaml')!r}) or a hub config ({', '.join(hub_names())})")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist (hub configs: {', '.join(hub_names())})")
     data = path.read_bytes()

@@ -295,6 +295,13 @@ class LauncherConfig(Section):
     rdzv_endpoint: Union[str, None] = Field(None, description="host:port of the rendezvous; null: standalone")
     rdzv_id: Union[str, None] = None
     node_rank: Union[int, None] = Field(None, ge=0)
+    # multi-node runs only (docs/cluster.md): every node's launcher gives up within these bounds
+    rdzv_join_timeout: int = Field(300, ge=1, description="seconds every node waits for all nodes to join; "
+                                   "then it exits naming the nodes that did not (torchrun's join_timeout)")
+    rdzv_last_call_timeout: int = Field(5, ge=1, description="seconds to wait for more nodes once the minimum joined "
+                                        "(elastic ranges only; torchrun's last_call_timeout)")
+    rdzv_read_timeout: int = Field(30, ge=1, description="seconds a rendezvous store read may take before the node "
+                                   "hosting it counts as gone (torchrun's read_timeout)")
     max_restarts: int = Field(0, ge=0)
     monitor_interval: float = Field(1.0, gt=0)
     nproc_per_node: Union[int, None] = Field(None, ge=1, description="null: trainer.devices")

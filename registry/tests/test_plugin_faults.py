@@ -61,3 +61,39 @@ def test_duplicate_name_is_a_clean_error_when_used(fake_distribution, load_only,
     with pytest.warns(PluginWarning):
         assert main(["plugins"]) == 0
     assert "registered twice" in capsys.readouterr().out
+
+
+RAISING_VALIDATOR = """
+import nxd
+@nxd.hookimpl
+def nxd_validate_config(nxd_config):
+    return nxd_config["no_such_key"]
+"""
+
+
+def test_a_crashing_validator_is_named_and_skipped(fake_distribution, load_only, capsys):
+    fake_distribution("acme-checks", "acme_checks", RAISING_VALIDATOR)
+    load_only("acme_checks")
+    with pytest.warns(PluginWarning, match=r"nxd plugin 'acme_checks' from acme-checks: its nxd_validate_config hook "
+                                           r"raised KeyError\('no_such_key'\); skipped it"):
+        config = nxd.neuronx_distributed_config(tensor_parallel_size=1)
+    assert config["tensor_parallel_size"] == 1  # the run goes on without the broken validator
+    nxd.plugins.reset()
+    assert main(["plugins"]) == 0  # the diagnostic command finds it before any launch does
+    out = capsys.readouterr().out
+    assert "acme-checks" in out and "[failing]" in out and "nxd_validate_config hook raised KeyError" in out
+
+
+def test_a_plugin_name_clash_never_disables_a_built_in(fake_distribution, load_only, capsys):
+    """A third-party distribution (sorting first) exposes the entry-point name of a first-party
+    one: the first-party plugin loads, the other is skipped naming both, and every command runs."""
+    fake_distribution("nxd-lora", "nxd_lora_stub", GOOD.replace('"acme"', '"builtin_model"'), entry_name="lora")
+    fake_distribution("aaa-lora", "aaa_lora", GOOD.replace('"acme"', '"third_party_model"'), entry_name="lora")
+    load_only("lora")
+    with pytest.warns(PluginWarning, match=r"'lora' from aaa-lora was skipped: its plugin name 'lora' is already "
+                                           r"taken by nxd-lora"):
+        assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "nxd-lora" in out and "aaa-lora" in out and "[skipped]" in out
+    assert nxd.list_components("model") == ["builtin_model"]
+    assert main(["plugins", "--json"]) == 0

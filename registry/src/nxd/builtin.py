@@ -16,6 +16,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from nxd.plugins import plugin_infos
 
+    _probe_optional_hooks()
     infos = list(plugin_infos())
     if args.json:
         print(json.dumps([info.__dict__ for info in infos], indent=2))
@@ -28,6 +29,23 @@ def _run(args: argparse.Namespace) -> int:
         for kind, names in info.components.items():
             print(f"    {kind}: {', '.join(names)}")
     return 0
+
+
+def _probe_optional_hooks() -> None:
+    """Run every plugin's ``nxd_validate_config`` on nxd's default config, so a validator that
+    crashes shows as ``failing`` here, not first in the middle of a launch."""
+    import warnings
+
+    from nxd.config import neuronx_distributed_config
+    from nxd.errors import NxdError
+    from nxd.plugins import PluginWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PluginWarning)  # the listing below shows it
+        try:
+            neuronx_distributed_config()
+        except NxdError:
+            pass  # a refusal of the defaults (a plugin missing for them) is not a plugin's failure
 
 
 @hookimpl

@@ -191,7 +191,7 @@ def neuronx_distributed_config(
         CONFIG_MARKER: 1,
     }
     _require_plugins(config)
-    state().pm.hook.nxd_validate_config(nxd_config=config)
+    state().call_each("nxd_validate_config", optional=True, nxd_config=config)  # a crashing validator is named, skipped
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         initialize_parallel(config)
     return config

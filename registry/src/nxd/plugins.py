@@ -23,7 +23,7 @@ import pluggy
 
 from nxd import hookspecs
 from nxd.components import REGISTRATION_HOOKS, Component, Components, Registrar
-from nxd.errors import PluginError
+from nxd.errors import NxdError, PluginError
 
 ENTRY_POINT_GROUP = "nxd.plugins"
 CORE_DISTRIBUTION = "nxd"
@@ -41,7 +41,7 @@ class PluginInfo:
     distribution: str
     version: str
     module: str
-    status: str = "loaded"  # loaded | skipped | disabled
+    status: str = "loaded"  # loaded | skipped | disabled | failing (a hook raised when called)
     reason: str = ""
     components: dict[str, list[str]] = field(default_factory=dict)
 
@@ -73,11 +73,24 @@ class PluginState:
 
         self.register(builtin, name="nxd", distribution=CORE_DISTRIBUTION, version=_version(CORE_DISTRIBUTION))
         only, disabled = _env_names("NXD_LOAD_PLUGINS"), _env_names("NXD_DISABLE_PLUGINS") or set()
-        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-            dist = ep.dist.name if ep.dist is not None else "<unknown distribution>"
+        first_party = _first_party_distributions()
+
+        def dist_of(ep: metadata.EntryPoint) -> str:
+            return ep.dist.name if ep.dist is not None else "<unknown distribution>"
+
+        # by name, a first-party distribution before any other: a clash never disables a built-in
+        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP),
+                         key=lambda e: (e.name, dist_of(e) not in first_party, dist_of(e))):
+            dist = dist_of(ep)
             version = ep.dist.version if ep.dist is not None else "?"
             if (only is not None and not ({ep.name, dist} & only)) or ({ep.name, dist} & disabled):
                 self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled", "by environment"))
+                continue
+            if self.pm.has_plugin(ep.name):  # not imported: the name is taken, and only one may hold it
+                other = self._distribution_of.get(ep.name, "?")
+                self._skip(PluginInfo(ep.name, dist, version, ep.value),
+                           f"its plugin name {ep.name!r} is already taken by {other}; rename the entry point in "
+                           f"{dist}'s [project.entry-points.\"{ENTRY_POINT_GROUP}\"]")
                 continue
             try:
                 module = ep.load()
@@ -147,6 +160,35 @@ class PluginState:
         return staged.all()
 
     # ------------------------------------------------------------------ calling hooks
+    def call_each(self, hook_name: str, *, optional: bool, **kwargs: Any) -> list[Any]:
+        """Call every implementation of ``hook_name``, one at a time, so a failure names its plugin
+        and distribution. nxd's own errors (a ``ConfigError`` refusing a config) pass through; any
+        other exception is a broken plugin: ``optional`` hooks warn, mark the plugin ``failing`` in
+        ``nxd plugins`` and go on without it, others raise :class:`PluginError`."""
+        results = []
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            try:
+                result = impl.function(**{k: kwargs[k] for k in impl.argnames})
+            except NxdError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a plugin's bug is reported as the plugin's
+                self.report_failure(impl.plugin_name, hook_name, exc, optional=optional)
+                continue
+            if result is not None:
+                results.append(result)
+        return results
+
+    def report_failure(self, plugin_name: str, hook_name: str, exc: BaseException, *, optional: bool) -> None:
+        dist = self._distribution_of.get(plugin_name, "?")
+        reason = f"its {hook_name} hook raised {exc!r}"
+        message = f"nxd plugin {plugin_name!r} from {dist}: {reason}"
+        if not optional or strict_mode():
+            raise PluginError(message + (" (NXD_STRICT_PLUGINS is set)" if optional else "")) from exc
+        for info in self.infos:
+            if info.name == plugin_name and info.status in ("loaded", "failing") and reason not in info.reason:
+                info.status, info.reason = "failing", "; ".join(r for r in (info.reason, reason) if r)
+        warnings.warn(message + "; skipped it (this hook is optional)", PluginWarning, stacklevel=3)
+
     def call_chain(self, hook_name: str, value_name: str, value: Any, **kwargs: Any) -> Any:
         """Run every implementation of ``hook_name`` in pluggy's order, threading ``value``
         through: each gets the latest value and may return a replacement (``None`` keeps it)."""
@@ -173,6 +215,13 @@ def _api_problem(plugin: Any) -> str:
             f"{hookspecs.PLUGIN_API_VERSION}; install a release of the plugin built for it"
         )
     return ""
+
+
+def _first_party_distributions() -> set[str]:
+    """The distributions of this repository (the catalog's providers and the core)."""
+    from nxd.catalog import CATALOG
+
+    return {dist for names in CATALOG.values() for dist in names.values()} | {CORE_DISTRIBUTION}
 
 
 def _version(distribution: str) -> str:

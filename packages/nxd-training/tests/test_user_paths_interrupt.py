@@ -78,3 +78,30 @@ def test_ctrl_c_prints_one_line_and_the_resume_logs_each_step_once(make_config, 
     assert steps == list(range(1, stopped + 2)), steps  # 5..stopped logged again after the resume: once
     assert [r["step"] for r in read_metrics(run)] == steps
     assert _tensorboard_steps(run) == steps  # the resumed writer purged the earlier 5..stopped
+
+
+def test_ctrl_c_of_a_one_device_run_prints_the_same_line(make_config, tmp_path: Path, monkeypatch, capsys) -> None:
+    """One device trains inside ``nxd train`` itself: Ctrl-C there is a KeyboardInterrupt (raised
+    here by the 4th step, as the terminal would) and ends with the same one line."""
+    from nxd.cli import main
+    from nxd_training.loop import Trainer
+
+    step = Trainer.train_step
+
+    def interrupted_at_step_4(self, it):
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return step(self, it)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted_at_step_4)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(make_config(
+        trainer={"devices": 1, "max_steps": 10}, distributed_strategy={"tensor_model_parallel_size": 1},
+        exp_manager={"explicit_log_dir": str(tmp_path / "run"), "resume_if_exists": False,
+                     "checkpoint_callback_params": {"every_n_train_steps": 2}})))
+    assert main(["train", str(path)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "nxd train: stopped at step 3; last complete checkpoint: step 2 "
+        f"(tiny--step=2-consumed_samples=8); resume with: nxd train {tmp_path / 'run' / 'config.yaml'} "
+        "exp_manager.resume_if_exists=true"], err

@@ -13,3 +13,11 @@ def legacy_python(tmp_path_factory):
     from legacy_env import build
 
     return build(tmp_path_factory.mktemp("nxd_examples_env"))
+
+
+@pytest.fixture(scope="session")
+def neox_python(tmp_path_factory):
+    """The python of NxD's GPT-NeoX example environment (transformers 4.26), built once."""
+    from legacy_env import NEOX_PINS, build
+
+    return build(tmp_path_factory.mktemp("nxd_neox_env"), NEOX_PINS)

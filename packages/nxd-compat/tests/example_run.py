@@ -42,10 +42,12 @@ def prepare(python: Path, run: Path, example: str) -> Path:
     return run
 
 
-def torchrun(python: Path, run: Path, nproc: int, script: str, *args: str) -> subprocess.CompletedProcess:
+def torchrun(python: Path, run: Path, nproc: int, script: str, *args: str,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     command = [str(python), "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                "-m", "nxd_compat.run", script, *args]
-    done = subprocess.run(command, cwd=run, env=dict(os.environ, **ENV), capture_output=True, text=True, timeout=540)
+    done = subprocess.run(command, cwd=run, env=dict(os.environ, **ENV, **(env or {})), capture_output=True, text=True,
+                          timeout=540)
     assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
     return done
 

@@ -18,6 +18,9 @@ from pathlib import Path
 #: The examples' pins (requirements.txt) and the versions those pins need.
 LEGACY_PINS = ("transformers==4.48.0", "datasets==3.6.0", "tokenizers>=0.21,<0.22", "huggingface-hub>=0.24,<1.0",
                "fsspec[http]>=2023.1.0,<=2025.3.0")
+#: NxD's GPT-NeoX and BERT examples pin transformers 4.26 (their requirements.txt)
+NEOX_PINS = ("transformers==4.26.0", "datasets==3.6.0", "tokenizers>=0.11,<0.14", "huggingface-hub>=0.11,<0.25",
+             "fsspec[http]>=2023.1.0,<=2025.3.0")
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -29,8 +32,8 @@ def find_uv() -> str:
                        "or put uv on PATH")
 
 
-def build(root: Path) -> Path:
-    """Create the layered venv under ``root``; return its python."""
+def build(root: Path, pins: tuple[str, ...] = LEGACY_PINS) -> Path:
+    """Create the layered venv under ``root`` holding ``pins``; return its python."""
     uv = find_uv()
     venv = root / "nxd-examples-env"
     subprocess.run([uv, "venv", "-q", str(venv), "--python", os.sys.executable], check=True)
@@ -39,5 +42,5 @@ def build(root: Path) -> Path:
                              check=True, capture_output=True, text=True).stdout.strip()
     parent = sysconfig.get_paths()["purelib"]
     Path(purelib, "_nxd_test_env.pth").write_text(f"import site; site.addsitedir({parent!r})\n")
-    subprocess.run([uv, "pip", "install", "-q", "--python", str(python), "--no-deps", *LEGACY_PINS], check=True)
+    subprocess.run([uv, "pip", "install", "-q", "--python", str(python), "--no-deps", *pins], check=True)
     return python

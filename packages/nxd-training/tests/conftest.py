@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# tests import their shared helpers (nxdt_files.py) by name; pytest runs in importlib mode
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 VOCAB = 512
 
@@ -66,3 +71,11 @@ def tiny(corpus: dict[str, str]):
         return tiny_config(corpus, exp_dir, **sections)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def files(corpus: dict[str, str], tmp_path_factory: pytest.TempPathFactory):
+    """Local stand-ins for the paths in NxDT's configs (nxdt_files.Files), made once per session."""
+    from nxdt_files import Files
+
+    return Files(tmp_path_factory.mktemp("nxdt"), corpus)

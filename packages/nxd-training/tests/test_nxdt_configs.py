@@ -4,164 +4,20 @@ Every config, with only its paths pointed at local files (what a user changes to
 either validates completely or is refused before launch with a reason naming the plugin or
 feature that would provide what it asks for. Which one is decided by the registry, not by this
 file: once a plugin that provides a requirement is installed, the same test expects the config to
-validate. Two of them (Llama pretraining and SFT) also train for a few steps on 2 gloo ranks with
-only size overrides, the way a user shrinks a config to smoke-test it.
+validate. test_nxdt_tiny_runs.py trains every one of them, shrunk, through `nxd train`'s path.
 """
 
 from __future__ import annotations
 
-import json
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from nxdt_files import CONF, NAMES, NEEDS, Files, raw_config, reason_words, unmet
 
-import nxd
 from nxd import ConfigError
-from nxd.catalog import provider_of
-from nxd_training.config import load_config, make_plan, read_yaml, resolve
-from nxd_training.config.features import implemented_keys
-
-CONF = Path(__file__).parent / "data" / "nxdt_conf"
-NAMES = sorted(p.name[: -len(".yaml")] for p in CONF.glob("*.yaml"))
-
-#: What each config needs beyond a Llama install: ("model", name), ("workflow", name) components,
-#: ("feature", "model:key"): a key the named model must implement (ModelSpec.implements), or
-#: ("pipeline", model): the model must implement pipeline parallelism (the config asks for PP > 1).
-NEEDS: dict[str, list[tuple[str, str]]] = {
-    "hf_llama3_70B_CP_config": [("feature", "llama:distributed_strategy.context_parallel_size")],
-    "hf_llama3_8B_DPO_config": [("workflow", "dpo")],
-    "hf_llama3_8B_ORPO_config": [("workflow", "orpo")],
-    "hf_mixtral_8x7b_config": [("model", "mixtral"), ("pipeline", "mixtral")],
-    "hf_mixtral_8x7b_dropless_config": [("model", "mixtral"), ("pipeline", "mixtral")],
-    "megatron_gpt_config": [("model", "gpt")],
-    "megatron_llama2_7B_SFT_config": [("model", "gpt")],
-    "megatron_llama_70b_config": [("model", "gpt")],
-    "megatron_llama_7B_config": [("model", "gpt")],
-    "megatron_mistral_config": [("model", "gpt")],
-    "megatron_mixtral_8x7b_config": [("model", "mixtral"), ("feature", "mixtral:model.use_scaled_init_method"),
-                                     ("feature", "mixtral:model.make_vocab_size_divisible_by"), ("pipeline", "mixtral")],
-    "megatron_mixtral_8x7b_dropless_config": [("model", "mixtral"),
-                                              ("feature", "mixtral:model.use_scaled_init_method"),
-                                              ("feature", "mixtral:model.make_vocab_size_divisible_by"),
-                                              ("pipeline", "mixtral")],
-}
-
-#: Real architecture facts of the HF config.json files NxDT's configs point at (model.model_config)
-LLAMA3_8B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 4096,
-             "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-             "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu",
-             "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001}
-MIXTRAL_8X7B = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 32000,
-                "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
-                "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 1e6, "sliding_window": None}
-#: the tiny Llama the smoke runs shrink to (model.num_layers / hidden_size overridden in the YAML way)
-TINY_LLAMA = {**LLAMA3_8B, "vocab_size": 512, "intermediate_size": 64, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 2}
-
-
-@cache
-def raw_config(name: str) -> dict[str, Any]:
-    return read_yaml(CONF / f"{name}.yaml")
-
-
-def unmet(name: str) -> list[tuple[str, str]]:
-    """The requirements of ``name`` that this install does not provide."""
-    out = []
-    for kind, what in NEEDS.get(name, []):
-        if kind == "feature":
-            model, key = what.split(":")
-            spec = nxd.get_model(model) if model in nxd.list_components("model") else None
-            if spec is None or key not in implemented_keys(spec):
-                out.append((kind, key))
-        elif kind == "pipeline":
-            spec = nxd.get_model(what) if what in nxd.list_components("model") else None
-            model_class = (spec.extras or {}).get("model_class") if spec is not None else None
-            if model_class is None or not hasattr(model_class, "nxd_pipeline_layout"):
-                out.append((kind, what))
-        elif what not in nxd.list_components(kind):
-            out.append((kind, what))
-    return out
-
-
-def reason_words(kind: str, what: str) -> list[str]:
-    """Words a refusal for this requirement must contain: the key or component, and the provider."""
-    if kind == "feature":
-        return [what]
-    if kind == "pipeline":
-        return ["pipeline_model_parallel_size", repr(what)]
-    provider = provider_of(kind, what)
-    return [repr(what)] + ([f"pip install {provider}"] if provider else [])
-
-
-class Files:
-    """Local stand-ins for the paths in NxDT's configs (their data, tokenizer, config.json)."""
-
-    def __init__(self, root: Path, corpus: dict[str, str]) -> None:
-        self.root, self.corpus = root, corpus
-        self.llama_json = self._json("llama3_8b", LLAMA3_8B)
-        self.mixtral_json = self._json("mixtral_8x7b", MIXTRAL_8X7B)
-        self.tiny_json = self._json("tiny_llama", TINY_LLAMA)
-        self.sft_jsonl = root / "sft.jsonl"
-        with self.sft_jsonl.open("w") as f:  # NxD Training's SFT record fields
-            for i in range(64):
-                f.write(json.dumps({"input": f"Count to {i % 7}:", "output": " one two three four five six"}) + "\n")
-        self.preference_jsonl = root / "preference.jsonl"
-        with self.preference_jsonl.open("w") as f:  # NxD Training's DPO/ORPO record fields
-            for i in range(64):
-                f.write(json.dumps({"prompt": f"Count to {i % 7}:", "chosen": " one two three",
-                                    "rejected": " three two one"}) + "\n")
-        self._token_sets: dict[int, str] = {}
-
-    def _json(self, name: str, data: dict[str, Any]) -> str:
-        path = self.root / name / "config.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data))
-        return str(path)
-
-    def tokenized(self, seq_length: int, rows: int = 8) -> str:
-        """A pre-tokenized HF dataset like NxDT's ``wikicorpus_llama3_tokenized_8k`` (rows of seq_length)."""
-        if seq_length not in self._token_sets:
-            import datasets
-            import numpy as np
-
-            ids = np.random.default_rng(seq_length).integers(3, 500, size=(rows, seq_length)).tolist()
-            path = self.root / f"tokenized_{seq_length}"
-            datasets.Dataset.from_dict({"input_ids": ids}).save_to_disk(str(path))
-            self._token_sets[seq_length] = str(path)
-        return self._token_sets[seq_length]
-
-    def path_overrides(self, name: str, raw: dict[str, Any], model_json: str | None = None) -> list[str]:
-        """Point every machine-specific path of the config at a local file (nothing else changes)."""
-        raw = resolve(raw)
-        model, data = raw.get("model", {}), raw.get("data", {})
-        out = [f"exp_manager.exp_dir={self.root / 'runs' / name}"]
-        if raw.get("exp_manager", {}).get("resume_from_checkpoint"):
-            out.append("exp_manager.resume_from_checkpoint=null")  # their pretrained checkpoint
-        if "model_config" in model:
-            out.append(f"model.model_config={model_json or (self.mixtral_json if 'moe' in model else self.llama_json)}")
-        if isinstance(data.get("tokenizer"), dict) and data["tokenizer"].get("type", "").startswith("/"):
-            out.append(f"data.tokenizer.type={self.corpus['tokenizer']}")
-        if "data_prefix" in data:
-            out.append(f"data.data_prefix={self.corpus['data_prefix']}")
-        align = raw.get("model_alignment_strategy") or {}
-        records = self.preference_jsonl if ("dpo" in align or "orpo" in align) else self.sft_jsonl
-        if "train_dir" in data:
-            if align or data.get("use_sft_style_data_module"):
-                out.append(f"data.train_dir={records}")
-            else:
-                seq = data.get("seq_length") or model.get("encoder_seq_length")
-                out.append(f"data.train_dir={self.tokenized(int(seq))}")
-        if data.get("val_dir"):
-            out.append(f"data.val_dir={records}")
-        return out
-
-
-@pytest.fixture(scope="module")
-def files(corpus: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Files:
-    return Files(tmp_path_factory.mktemp("nxdt"), corpus)
+from nxd_training.config import load_config, make_plan, read_yaml
 
 
 def test_the_vendored_configs_are_nxdts() -> None:
@@ -224,6 +80,55 @@ def test_recompute_names_map_onto_llama_modules(files: Files) -> None:
     assert recompute_classes(config, plan.spec) == [LlamaMLP, LlamaActivationMultiply]
     with pytest.raises(ConfigError, match=r"cannot recompute 'MixtralSparseMoeBlock'.*CoreAttention"):
         load_config(raw, [*overrides, "model.activations_checkpoint_recompute=[MixtralSparseMoeBlock]"])
+
+
+# --------------------------------------------------------------------------- earlier NxDT releases
+def test_earlier_keys_are_read_with_nxdts_meaning(files: Files) -> None:
+    """NxDT 2.20's activations_checkpoint_recompute_mlp and the first Trn2 configs' trainer.vnc,
+    in the real configs that used them: read as their newer keys, said so in the resolved notes."""
+    from nxdt_files import EARLIER
+
+    from nxd_models_llama.modeling import LlamaCoreAttention, LlamaMLP
+    from nxd_training.config import dump_config
+    from nxd_training.config.features import recompute_classes
+
+    source = EARLIER / "sdk2.20.0_hf_llama3_70B_config.yaml"
+    raw = read_yaml(source)
+    assert raw["model"]["activations_checkpoint_recompute_mlp"] is True  # the release's own file
+    config = load_config(source, files.path_overrides("hf_llama3_70B_config", raw))
+    assert recompute_classes(config, make_plan(config).spec) == [LlamaCoreAttention, LlamaMLP]  # seq 8192
+    assert any("activations_checkpoint_recompute_mlp=True" in n for n in config.resolved.notes)
+    written = yaml.safe_load(dump_config(config))["model"]
+    assert written["activations_checkpoint_recompute"] == ["CoreAttention", "LlamaMLP"]
+    assert written["activations_checkpoint_recompute_mlp"] is None
+    # below NxDT's threshold (encoder_seq_length < 8192) only the core attention was recomputed
+    short_raw = {**raw, "model": {**raw["model"], "encoder_seq_length": 4096}}
+    short = load_config(short_raw, files.path_overrides("hf_llama3_70B_config", short_raw))
+    assert recompute_classes(short, make_plan(short).spec) == [LlamaCoreAttention]
+    with pytest.raises(ConfigError, match="keep activations_checkpoint_recompute"):
+        load_config(source, [*files.path_overrides("hf_llama3_70B_config", raw),
+                             "model.activations_checkpoint_recompute=[CoreAttention]"])
+
+    source = EARLIER / "trn2-2024-11_hf_llama3_70B_trn2_config.yaml"
+    raw = read_yaml(source)
+    assert raw["trainer"]["vnc"] == 2
+    config = load_config(source, files.path_overrides("hf_llama3_70B_trn2_config", raw))
+    assert config.trainer.lnc == 2 and config.trainer.vnc is None
+    assert any(n.startswith("trainer.vnc=2") for n in config.resolved.notes)
+    with pytest.raises(ConfigError, match="keep trainer.lnc"):
+        load_config(source, [*files.path_overrides("hf_llama3_70B_trn2_config", raw), "trainer.lnc=1"])
+
+
+def test_earlier_key_a_model_cannot_honour_is_refused_with_the_newer_key(files: Files) -> None:
+    raw = raw_config("hf_mixtral_8x7b_config")
+    overrides = [*files.path_overrides("hf_mixtral_8x7b_config", raw), "model.activations_checkpoint_recompute=null",
+                 "model.activations_checkpoint_granularity=selective", "model.encoder_seq_length=8192",
+                 "model.activations_checkpoint_recompute_mlp=true"]
+    if unmet("hf_mixtral_8x7b_config"):
+        pytest.skip(f"needs {unmet('hf_mixtral_8x7b_config')}")
+    with pytest.raises(ConfigError, match=r"recompute_mlp=true .*'mixtral' model has no such module.*"
+                                          r"newer key model.activations_checkpoint_recompute"):
+        load_config(raw, overrides)
 
 
 # --------------------------------------------------------------------------- tiny runs

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from nxd import Command, ComponentNotFound, ConfigError
 
@@ -13,7 +16,7 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
     # REMAINDER so flags may follow the overrides (nxd train cfg.yaml a.b=1 --validate)
     parser.add_argument("overrides", nargs=argparse.REMAINDER, help="dotted.key=value overrides, e.g. trainer.max_steps=50")
     parser.add_argument("--validate", action="store_true", help="validate the config and print the plan; do not train")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML (what every rank reads) and exit without training")
 
 
 def _require_rendezvous(config) -> None:
@@ -25,38 +28,67 @@ def _require_rendezvous(config) -> None:
                           "see docs/cluster.md")
 
 
-def _run_train(args: argparse.Namespace) -> int:
+@dataclass
+class PreparedRun:
+    """What ``nxd train`` decided before starting anything: the one resolved config, its plan, the run directory."""
+
+    config: Any  # nxd_training.config.ResolvedConfig
+    plan: Any  # nxd_training.config.RunPlan
+    log_dir: Path
+    cluster_note: str | None = None
+
+
+def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
+    """Load, prepare data, apply the cluster's environment, resolve once and run the preflight
+    checks: everything ``nxd train`` does before it launches (raises ConfigError)."""
     from nxd_training.cluster import apply_cluster
-    from nxd_training.config.loader import dump_config, load_config
-    from nxd_training.config.plan import make_plan
+    from nxd_training.config.loader import load_config
+    from nxd_training.config.plan import make_plan, resolve_config
     from nxd_training.data_prep import prepare_data
     from nxd_training.exp_manager import resolve_log_dir
-    from nxd_training.launcher import launch
     from nxd_training.preflight import preflight
+
+    sections, cluster_note = apply_cluster(prepare_data(load_config(source, overrides, check=False)))
+    config = resolve_config(sections)  # the one resolution: validation, printing and every rank use it
+    plan = make_plan(config)
+    log_dir = resolve_log_dir(config)
+    preflight(config, log_dir, plan)
+    return PreparedRun(config, plan, log_dir, cluster_note)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from nxd_training.config.loader import dump_config
+    from nxd_training.launcher import launch
 
     for flag in ("--validate", "--print-config"):
         if flag in args.overrides:
             args.overrides = [o for o in args.overrides if o != flag]
             setattr(args, flag[2:].replace("-", "_"), True)
+    dry = args.validate or args.print_config
     try:
-        config, cluster_note = apply_cluster(prepare_data(load_config(args.config, args.overrides, check=False)))
-        plan = make_plan(config)
-        preflight(config, resolve_log_dir(config), plan)
-        if not args.validate:
-            _require_rendezvous(config)  # a multi-node run needs one before anything starts; validation does not
+        run = prepare_run(args.config, args.overrides)
+        if not dry:
+            _require_rendezvous(run.config)  # a multi-node run needs one before anything starts; validation does not
     except (ConfigError, ComponentNotFound) as exc:
         print(f"nxd train: {exc}", file=sys.stderr)
         return 2
+    config, plan = run.config, run.plan
+    # with --print-config, stdout is the YAML alone (so `> run.yaml` is a config nxd train reads back)
+    info = sys.stderr if args.print_config else sys.stdout
     if args.print_config:
-        print(dump_config(config))
-    print(f"nxd train: {config.name}: world size {plan.world_size} = TP {plan.tp} x PP {plan.pp} x DP {plan.dp}, "
-          f"{plan.num_microbatches} micro-batch(es) per step, seq length {plan.seq_length}, data module {plan.data_module!r}")
-    if cluster_note:
-        print(f"nxd train: {cluster_note}")
-    if args.validate:
-        print("config is valid")
+        print(dump_config(config), end="")
+    print(f"nxd train: {config.name}: model {config.resolved.architecture!r} ({config.resolved.architecture_reason}), "
+          f"world size {plan.world_size} = TP {plan.tp} x PP {plan.pp} x DP {plan.dp}, "
+          f"{plan.num_microbatches} micro-batch(es) per step, seq length {plan.seq_length}, "
+          f"data module {plan.data_module!r}", file=info)
+    for note in config.resolved.notes:
+        print(f"nxd train: note: {note}", file=info)
+    if run.cluster_note:
+        print(f"nxd train: {run.cluster_note}", file=info)
+    if dry:
+        print("config is valid" + ("; not training (--print-config)" if args.print_config else ""), file=info)
         return 0
-    return launch(config, resolve_log_dir(config))  # says "writing to" once the run directory is its own
+    return launch(config, run.log_dir)  # says "writing to" once the run directory is its own
 
 
 def _plot_arguments(parser: argparse.ArgumentParser) -> None:

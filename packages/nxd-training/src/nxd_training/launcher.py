@@ -1,7 +1,8 @@
 """Start the ranks of a run: in this process for one device, otherwise through torchrun.
 
-The config is validated and written to ``<log_dir>/config.yaml`` first; every rank reads that
-file (``python -m nxd_training.worker``), so all ranks see the same resolved config and log dir.
+The resolved config is written once to ``<log_dir>/config.yaml``; every rank deserialises that
+file (``python -m nxd_training.worker``; a one-device run reads it back in this process too), so
+all ranks train exactly what ``nxd train`` validated, in the same log dir.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from nxd_training.config.loader import dump_config
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.resolved import ResolvedConfig, load_resolved
 from nxd_training.failure import rendezvous_failure
 from nxd_training.parent_death import die_with_parent
 from nxd_training.run_lock import run_dir_lock
 
 
-def torchrun_command(config: TrainingConfig, config_path: Path) -> list[str]:
+def torchrun_command(config: ResolvedConfig, config_path: Path) -> list[str]:
     """The ``python -m torch.distributed.run`` command line for this config (no fixed ports:
     single-node runs use a c10d rendezvous on a free port)."""
     lc, tr = config.launcher, config.trainer
@@ -47,7 +48,7 @@ def torchrun_command(config: TrainingConfig, config_path: Path) -> list[str]:
     return cmd
 
 
-def write_run_config(config: TrainingConfig, log_dir: Path) -> Path:
+def write_run_config(config: ResolvedConfig, log_dir: Path) -> Path:
     log_dir.mkdir(parents=True, exist_ok=True)
     pinned = config.model_copy(deep=True)
     pinned.exp_manager.explicit_log_dir = str(log_dir.resolve())
@@ -58,7 +59,7 @@ def write_run_config(config: TrainingConfig, log_dir: Path) -> Path:
     return path
 
 
-def launch(config: TrainingConfig, log_dir: Path) -> int:
+def launch(config: ResolvedConfig, log_dir: Path) -> int:
     """Run training; returns the exit code (torchrun's for multi-rank runs). The run directory is
     locked against a second live writer (on multi-node runs, by node 0 only: one shared directory).
     Ctrl-C ends it with one line (:mod:`nxd_training.interrupt`) and exit code 130."""
@@ -72,7 +73,7 @@ def launch(config: TrainingConfig, log_dir: Path) -> int:
             from nxd_training.loop import train
 
             try:
-                train(config, log_dir=log_dir)
+                train(load_resolved(config_path), log_dir=log_dir)  # what a rank reads, not the object in hand
             except KeyboardInterrupt:
                 code = INTERRUPTED
             else:

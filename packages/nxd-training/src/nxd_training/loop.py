@@ -17,7 +17,7 @@ import nxd
 from nxd import ConfigError
 from nxd_ckpt.run_dir import MODEL_RECORD_KEY, model_record
 from nxd_training import build, lora_export, metrics
-from nxd_training.config.plan import RunPlan, make_plan, tokenizer_path
+from nxd_training.config.plan import RunPlan, make_plan, resolve_config, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.exp_manager import (
     MetricsLogger,
@@ -78,11 +78,13 @@ def parse_max_time(value: str | float | None) -> float | None:
 
 
 class Trainer:
-    """One rank's training run (created by :func:`train`)."""
+    """One rank's training run (created by :func:`train`). ``config`` is the resolved config
+    (``nxd train``'s ranks get it deserialised from the run directory); a plain TrainingConfig
+    (the Python API) is resolved here, once."""
 
     def __init__(self, config: TrainingConfig, log_dir: Path | None = None) -> None:
-        self.config = config
-        self.plan: RunPlan = make_plan(config)
+        self.config = config = resolve_config(config)
+        self.plan: RunPlan = make_plan(config)  # from the resolution: nothing derived again
         self.backend = select_backend(config)
         self.owns_group = ensure_process_group(self.plan.world_size, self.backend, collective_timeout(config))
         ensure_parallel_context(config, self.plan)

@@ -13,14 +13,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m nxd_training.worker RUN_DIR/config.yaml", file=sys.stderr)
         return 2
-    from nxd_training.config.loader import load_config
+    from nxd_training.config.resolved import load_resolved
     from nxd_training.loop import train
     from nxd_training.parent_death import die_with_parent
 
     die_with_parent()  # a rank never outlives torchrun's agent (SIGKILL: nothing to clean up that a save needs)
     from nxd_training.runtime import explain_collective_timeout
 
-    config = load_config(argv[0])
+    config = load_resolved(argv[0])  # the config `nxd train` resolved, deserialised: never resolved again
     try:
         train(config)
     except RuntimeError as exc:

@@ -21,7 +21,11 @@ from typing import Any
 import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd.catalog import provider_of
+from nxd_training.config.legacy import recompute_names
 from nxd_training.config.schema import TrainingConfig
+
+#: NxD Training's model class for ``model_source: hf`` runs that name nothing else
+DEFAULT_ARCHITECTURE = "llama"
 
 
 @dataclass(frozen=True)
@@ -46,17 +50,17 @@ def _window_covers_sequence(value: Any, config: TrainingConfig) -> bool:
 FEATURE_KEYS: tuple[Feature, ...] = (
     Feature("model.moe", "a Mixture-of-Experts model", _is(None), "mixtral"),
     Feature("distributed_strategy.expert_model_parallel_size", "expert parallelism", _is(1), "mixtral"),
-    Feature("model.normalization", "a different normalization", _is("rmsnorm"), "gpt"),
-    Feature("model.activation", "a different MLP activation", _is("swiglu"), "gpt"),
-    Feature("model.position_embedding_type", "a different position embedding", _is("rope"), "gpt"),
-    Feature("model.rotary_percentage", "partial rotary embeddings", _is(1, 1.0), "gpt"),
-    Feature("model.transformer_block_type", "a different transformer block layout", _is("pre_ln"), "gpt"),
-    Feature("model.has_bias", "biases in the linear layers", _is(False), "gpt"),
-    Feature("model.use_scaled_init_method", "Megatron's scaled init of output layers", _is(False), "gpt"),
-    Feature("model.make_vocab_size_divisible_by", "Megatron's vocabulary padding", _is(1), "gpt"),
-    Feature("model.hidden_dropout", "dropout on the hidden states", _is(0, 0.0), "gpt"),
-    Feature("model.attention_dropout", "dropout on the attention probabilities", _is(0, 0.0), "gpt"),
-    Feature("model.ffn_dropout", "dropout in the MLP", _is(0, 0.0), "gpt"),
+    Feature("model.normalization", "a different normalization", _is(None, "rmsnorm"), "gpt"),
+    Feature("model.activation", "a different MLP activation", _is(None, "swiglu"), "gpt"),
+    Feature("model.position_embedding_type", "a different position embedding", _is(None, "rope"), "gpt"),
+    Feature("model.rotary_percentage", "partial rotary embeddings", _is(None, 1, 1.0), "gpt"),
+    Feature("model.transformer_block_type", "a different transformer block layout", _is(None, "pre_ln"), "gpt"),
+    Feature("model.has_bias", "biases in the linear layers", _is(None, False), "gpt"),
+    Feature("model.use_scaled_init_method", "Megatron's scaled init of output layers", _is(None, False), "gpt"),
+    Feature("model.make_vocab_size_divisible_by", "Megatron's vocabulary padding", _is(None, 1), "gpt"),
+    Feature("model.hidden_dropout", "dropout on the hidden states", _is(None, 0, 0.0), "gpt"),
+    Feature("model.attention_dropout", "dropout on the attention probabilities", _is(None, 0, 0.0), "gpt"),
+    Feature("model.ffn_dropout", "dropout in the MLP", _is(None, 0, 0.0), "gpt"),
     Feature("model.sliding_window", "sliding-window attention", _window_covers_sequence, "mixtral"),
     Feature("model.sliding_window_size", "sliding-window attention", _window_covers_sequence, "gpt"),
     Feature("distributed_strategy.context_parallel_size", "context parallelism (ring attention)", _is(1)),
@@ -78,17 +82,12 @@ def value_at(config: TrainingConfig, dotted: str) -> Any:
 
 
 def explicit_value(config: TrainingConfig, dotted: str) -> tuple[bool, Any]:
-    """(whether the config sets ``dotted`` itself, its value): schema defaults are not "set", so a
-    plugin's own defaults apply to keys the YAML leaves out (as NxDT's model classes do)."""
-    node: Any = config
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        if node is None or part not in (node.model_fields_set | set(node.model_extra or {})):
-            return False, None
-        node = getattr(node, part, (node.model_extra or {}).get(part))
-    if node is None or parts[-1] not in (node.model_fields_set | set(node.model_extra or {})):
-        return False, None
-    return True, value_at(config, dotted)
+    """(whether the config gives ``dotted`` a value, that value). A model key left null means the
+    selected model's own default (as NxDT's model classes do), so it is not passed to the model.
+    Decided by the value alone, never by which keys a YAML happened to spell out: a config written
+    out with every key and read back means the same."""
+    value = value_at(config, dotted)
+    return value is not None, value
 
 
 def hf_config_file(config: TrainingConfig) -> dict[str, Any] | None:
@@ -128,7 +127,7 @@ def _model_types() -> dict[str, str]:
 def select_model(config: TrainingConfig, hf: dict[str, Any] | None) -> tuple[str, str]:
     """(model name, why): ``model.architecture`` if given, else chosen the way NxDT chooses."""
     m = config.model
-    if "architecture" in m.model_fields_set:
+    if m.architecture is not None:
         return m.architecture, f"model.architecture={m.architecture}"
     if m.moe is not None:
         return "mixtral", "model.moe (a Mixture-of-Experts model)"
@@ -139,7 +138,7 @@ def select_model(config: TrainingConfig, hf: dict[str, Any] | None) -> tuple[str
         return _model_types().get(model_type, model_type), f"model.model_config (model_type {model_type!r})"
     if "mixtral" in config.name.lower():
         return "mixtral", f"name={config.name!r} (NxD Training builds Mixtral for hf runs named *mixtral*)"
-    return m.architecture, "model_source=hf (NxD Training's HF Llama model)"
+    return DEFAULT_ARCHITECTURE, "model_source=hf (NxD Training's HF Llama model)"
 
 
 def model_spec(config: TrainingConfig, hf: dict[str, Any] | None) -> Any:
@@ -203,7 +202,7 @@ def recompute_classes(config: TrainingConfig, spec: Any) -> list[type] | str | N
     table: dict[str, tuple[type, ...]] = dict(getattr(spec, "recompute_modules", {}) or {})
     for cls in (*getattr(spec, "core_attention_classes", ()), *getattr(spec, "transformer_layer_classes", ())):
         table.setdefault(cls.__name__, (cls,))
-    names = m.activations_checkpoint_recompute
+    names = recompute_names(config, spec)  # NxDT 2.20's activations_checkpoint_recompute_mlp included
     if not names:
         classes = tuple(getattr(spec, "core_attention_classes", ()) or ())
         if not classes:

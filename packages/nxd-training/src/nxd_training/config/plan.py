@@ -14,7 +14,16 @@ from typing import Any
 import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
-from nxd_training.config.features import check_features, explicit_value, hf_config_file, model_spec, recompute_classes
+from nxd_training.config.features import (
+    check_features,
+    explicit_value,
+    hf_config_file,
+    model_spec,
+    recompute_classes,
+    select_model,
+)
+from nxd_training.config.legacy import check_legacy, newer_keys
+from nxd_training.config.resolved import Resolution, ResolvedConfig
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import uses_master_weights
@@ -54,6 +63,8 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)
     #: the nxd.specs.Workflow of model_alignment_strategy.<name> (dpo, orpo, ...), or None
     workflow: Any = None
+    #: which key chose the model (model.architecture, model_source=megatron, ...)
+    architecture_reason: str = ""
 
 
 def _world(config: TrainingConfig) -> tuple[int, int, int, int]:
@@ -161,9 +172,10 @@ def _tokenizer_vocab(config: TrainingConfig) -> int | None:
         raise ConfigError(f"data.tokenizer: cannot read {path!r} to size the model's vocabulary: {exc}") from None
 
 
-def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any]:
+def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str]:
     hf = hf_config_file(config)
     spec = model_spec(config, hf)
+    reason = select_model(config, hf)[1]
     check_features(config, spec)
     recompute_classes(config, spec)
     as_dict = model_dict(config, spec, hf)
@@ -173,7 +185,7 @@ def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any]:
         raise ConfigError(f"model: {exc}") from None
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"model: the {spec.name} plugin rejected the model config: {exc}") from None
-    return spec, as_dict, model_config
+    return spec, as_dict, model_config, reason
 
 
 def _pipeline_model(spec: Any, pp: int) -> None:
@@ -360,11 +372,50 @@ def _fsdp(config: TrainingConfig, dp: int) -> None:
 
 
 def make_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
+    """The run's plan. For a :class:`ResolvedConfig` it is rebuilt from the resolution alone (the
+    registered model, its config from the recorded dict, the workflow by name): nothing is checked
+    or derived again. For a plain :class:`TrainingConfig`, every rule is checked (:func:`derive_plan`;
+    ``check_data=False`` skips the data module's own checks: its files need not exist, as for ``nxd
+    plan`` sizing a run on a machine that does not hold its data)."""
+    if isinstance(config, ResolvedConfig):
+        return plan_of(config)
+    return derive_plan(config, check_data)
+
+
+def resolve_config(config: TrainingConfig) -> ResolvedConfig:
+    """Resolve ``config`` once: every rule checked, every choice recorded (``model.architecture``
+    set to the model the run builds). A resolved config is returned as it is."""
+    if isinstance(config, ResolvedConfig):
+        return config
+    plan = derive_plan(config)
+    ds = config.distributed_strategy
+    sections = config.model_dump(by_alias=True)
+    sections["model"]["architecture"] = plan.spec.name
+    newer_keys(sections, config, plan.spec)  # keys of earlier NxDT releases written under their newer names
+    resolution = Resolution(
+        architecture=plan.spec.name, architecture_reason=plan.architecture_reason, model=plan.model_dict,
+        world_size=plan.world_size, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=ds.context_parallel_size,
+        ep=ds.expert_model_parallel_size, num_microbatches=plan.num_microbatches, seq_length=plan.seq_length,
+        data_module=plan.data_module, workflow=workflow_name(config), notes=list(plan.notes))
+    return ResolvedConfig.model_validate({**sections, "resolved": resolution})
+
+
+def plan_of(config: ResolvedConfig) -> RunPlan:
+    """The plan a resolved config recorded (what ranks use: no resolution happens here)."""
+    r = config.resolved
+    try:
+        spec = nxd.get_component("model", r.architecture, need=r.architecture_reason)
+    except ComponentNotFound as exc:
+        raise ConfigError(str(exc)) from None
+    model_config = spec.config_from_dict(dict(r.model))
+    return RunPlan(r.world_size, r.tp, r.pp, r.dp, r.num_microbatches, r.seq_length, r.data_module, dict(r.model),
+                   model_config, spec, workflow=build_workflow(config), architecture_reason=r.architecture_reason)
+
+
+def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     """Check every cross-field rule and the plugins the run needs; return the derived values.
-    The model comes first: a config for a model nxd cannot build is refused for that reason.
-    ``check_data=False`` skips the data module's own checks (its files need not exist: ``nxd plan``
-    sizes a run on a machine that does not hold its data)."""
-    spec, as_dict, model_config = _model(config)
+    The model comes first: a config for a model nxd cannot build is refused for that reason."""
+    spec, as_dict, model_config, reason = _model(config)
     world, tp, pp, dp = _world(config)
     num_mb = _batches(config, dp)
     seq = _seq_length(config)
@@ -401,4 +452,6 @@ def make_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     if needs and data_module != needs:
         raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} trains on the {needs!r} data module, but "
                           f"data.module={data_module!r}; remove data.module or set it to {needs!r}")
-    return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec, workflow=workflow)
+    notes = check_legacy(config, spec)
+    return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec, notes=notes,
+                   workflow=workflow, architecture_reason=reason)

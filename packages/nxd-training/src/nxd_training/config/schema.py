@@ -48,6 +48,7 @@ class TrainerConfig(Section):
     limit_test_batches: Union[int, float] = Field(0.0, ge=0)
     gradient_clip_val: Union[float, None] = Field(1.0, ge=0, description="0 or null disables clipping")
     lnc: Union[int, None] = Field(None, ge=1, le=2)
+    vnc: Union[int, None] = Field(None, ge=1, le=2, description="NxDT's earlier name of lnc (config/legacy.py)")
     sequential_move_factor: int = Field(11, ge=1, le=32)
     enable_progress_bar: bool = True
     compile: Union[bool, dict[str, Any]] = Field(
@@ -192,7 +193,9 @@ class MoEConfig(Section):
 
 
 class ModelConfig(Section):
-    architecture: str = Field("llama", description="registered model name (nxd.get_model)")
+    architecture: Union[str, None] = Field(
+        None, description="registered model name (nxd.get_model); null: chosen as NxD Training chooses its model "
+                          "class (config/features.py), and the resolved config names the choice")
     preset: Union[str, None] = Field(None, description="a preset of the model plugin, e.g. llama3-8b")
     # NxDT calls this key ``model_config``, a name pydantic reserves: stored as hf_config.
     hf_config: Union[str, dict[str, Any], None] = Field(None, alias="model_config", description="HF config.json path or dict")
@@ -220,31 +223,35 @@ class ModelConfig(Section):
                           "initialise the run (the optimizer starts fresh); its config.json is the model_config")
     activations_checkpoint_granularity: Union[Literal["selective", "full"], None] = None
     activations_checkpoint_recompute: Union[list[str], None] = None
+    activations_checkpoint_recompute_mlp: Union[bool, None] = Field(
+        None, description="NxDT 2.20's key, replaced by activations_checkpoint_recompute (config/legacy.py)")
     fusions: FusionsConfig = Field(default_factory=FusionsConfig)
     fused_kernels: Union[list[str], None] = Field(
         None, description="nxd addition: ops run by fused GPU kernels (Liger-Kernel, CUDA): rms_norm, swiglu, rope, "
                           "cross_entropy (fused linear + cross-entropy; TP=1)")
     do_layer_norm_weight_decay: bool = False
-    hidden_dropout: float = Field(0.0, ge=0, le=1)
-    attention_dropout: float = Field(0.0, ge=0, le=1)
-    ffn_dropout: float = Field(0.0, ge=0, le=1)
-    # Megatron model keys (model_source: megatron). Values other than the Llama-style defaults are
-    # honoured only by a model plugin that implements them (config/features.py), else refused.
-    normalization: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    activation: Literal["swiglu", "gelu", "geglu", "reglu", "squared-relu", "fast-geglu", "fast-swiglu",
-                        "fast-reglu", "silu", "relu"] = "swiglu"
-    position_embedding_type: Literal["rope", "learned_absolute"] = "rope"
-    rotary_percentage: float = Field(1.0, gt=0, le=1)
-    transformer_block_type: Literal["pre_ln", "post_ln", "normformer", "gpt_j"] = "pre_ln"
-    has_bias: bool = False
-    use_scaled_init_method: bool = False
+    # Keys that change the model. null (the default) means "the selected model's own default" (as
+    # NxDT's model classes do, e.g. Megatron GPT's biases and scaled init); a value is honoured only
+    # by a model plugin that implements the key (config/features.py), else refused. Defaults are
+    # null rather than Llama's values so that a written-out config means the same when read again.
+    hidden_dropout: Union[float, None] = Field(None, ge=0, le=1)
+    attention_dropout: Union[float, None] = Field(None, ge=0, le=1)
+    ffn_dropout: Union[float, None] = Field(None, ge=0, le=1)
+    normalization: Union[Literal["rmsnorm", "layernorm"], None] = None
+    activation: Union[Literal["swiglu", "gelu", "geglu", "reglu", "squared-relu", "fast-geglu", "fast-swiglu",
+                              "fast-reglu", "silu", "relu"], None] = None
+    position_embedding_type: Union[Literal["rope", "learned_absolute"], None] = None
+    rotary_percentage: Union[float, None] = Field(None, gt=0, le=1)
+    transformer_block_type: Union[Literal["pre_ln", "post_ln", "normformer", "gpt_j"], None] = None
+    has_bias: Union[bool, None] = None
+    use_scaled_init_method: Union[bool, None] = None
     sliding_window: Union[int, None] = Field(None, ge=1)
     sliding_window_size: Union[int, None] = Field(None, ge=1)
     # Numerically neutral in Megatron (Q.K^T scaled by 1/layer and the softmax by layer again) and a
     # fused-kernel choice: accepted, no effect on the result.
-    apply_query_key_layer_scaling: bool = False
+    apply_query_key_layer_scaling: Union[bool, None] = None
     persist_layer_norm: bool = False
-    make_vocab_size_divisible_by: int = Field(1, ge=1)
+    make_vocab_size_divisible_by: Union[int, None] = Field(None, ge=1)
     moe: Union[MoEConfig, None] = None
     optim: OptimConfig = Field(default_factory=OptimConfig)
 

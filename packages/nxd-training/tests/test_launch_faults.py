@@ -108,6 +108,77 @@ def test_sigkill_of_nxd_train_takes_torchrun_and_every_rank_with_it(make_config,
     print(f"SIGKILL of nxd train: torchrun and 2 ranks gone {elapsed:.1f}s later")
 
 
+#: rank 1 dies once rank 0 has logged 3 steps: by SIGSEGV, or by a clean os._exit(0) mid-training
+DIE_AT_STEP = """
+import os, signal, threading, time
+if os.environ.get("RANK") == "1" and os.environ.get("TORCHELASTIC_RUN_ID"):
+    def _watch():
+        metrics = os.environ["NXD_TEST_METRICS"]
+        while not (os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 3):
+            time.sleep(0.05)
+        if os.environ["NXD_TEST_DEATH"] == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+            time.sleep(600)
+        os._exit(0)
+    threading.Thread(target=_watch, daemon=True).start()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("death", "line"), [
+    ("segv", r"nxd train: rank 1 failed first: it was killed by SIGSEGV \(exit code -11\) at step \d+ of 1000$"),
+    ("exit0", r"nxd train: rank 1 failed first: it exited with code 0 at step \d+ of 1000 without finishing$"),
+])
+def test_the_last_line_names_the_rank_that_failed_first(make_config, tmp_path: Path, death: str, line: str) -> None:
+    """torchrun's "Root Cause" names rank 0 ("Connection closed by peer") when rank 1 dies; nxd
+    train's last line names rank 1, how and at which step."""
+    import re
+
+    log_dir = tmp_path / "run"
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(make_config(
+        trainer={"max_steps": 1000, "log_every_n_steps": 1}, distributed_strategy={"tensor_model_parallel_size": 1},
+        exp_manager={"explicit_log_dir": str(log_dir), "create_checkpoint_callback": False})))
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(DIE_AT_STEP)
+    paths = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH")) if p)
+    job = _nxd_train(path, env={"PYTHONPATH": paths, "NXD_TEST_METRICS": str(log_dir / "metrics.jsonl"),
+                                "NXD_TEST_DEATH": death})
+    try:
+        out, _ = job.communicate(timeout=400)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0, out
+    last = out.strip().splitlines()[-1]
+    assert re.match(line, last), f"last line: {last!r}\n{out[-4000:]}"
+
+
+@pytest.mark.slow
+def test_a_resume_that_fails_on_one_rank_claims_nothing(make_config, tmp_path: Path) -> None:
+    """Rank 1's shard of the newest checkpoint is damaged: rank 0 loads its own, but "resumed from"
+    is printed only once every rank loaded, so it never appears; the last line names rank 1."""
+    log_dir = tmp_path / "run"
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(make_config(
+        trainer={"max_steps": 2}, exp_manager={"explicit_log_dir": str(log_dir), "resume_if_exists": True,
+                                               "checkpoint_callback_params": {"every_n_train_steps": 2}})))
+    first = _nxd_train(path)
+    out, _ = first.communicate(timeout=400)
+    assert first.returncode == 0, out
+    shard = next((log_dir / "checkpoints").glob("*/model/dp_rank_00_tp_rank_01_pp_rank_00.pt"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    again = _nxd_train(path, "trainer.max_steps=4")
+    out, _ = again.communicate(timeout=400)
+    assert again.returncode != 0, out
+    assert "resumed from" not in out, out[-4000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("nxd train: rank 1 failed first: it raised CorruptCheckpointError: "), out[-4000:]
+
+
 def test_worker_failure_writes_torchruns_error_file(tmp_path: Path) -> None:
     error_file = tmp_path / "error.json"
     proc = subprocess.run([sys.executable, "-m", "nxd_training.worker", str(tmp_path / "missing.yaml")],

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import signal
+from datetime import datetime
+from pathlib import Path
+
 from nxd_training.config.schema import TrainingConfig
 
 # torchrun's rendezvous errors carry no message of their own: the exception's name is the signal
@@ -27,3 +32,77 @@ def rendezvous_failure(config: TrainingConfig, stderr_tail: str) -> str | None:
                 f"launcher.rdzv_read_timeout={lc.rdzv_read_timeout}s): {missing}, hosting it, went away "
                 "(see that node's output; docs/cluster.md)")
     return None
+
+
+# torchrun's summary of each failed rank (torch.distributed.elastic's _FAILURE_FORMAT_TEMPLATE)
+_FAILURE = re.compile(r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S+)\s*\n\s*rank\s*:\s*(?P<rank>\d+) "
+                      r"\(local_rank: (?P<local>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)")
+# what a rank reports when another rank went away first: never the cause
+_CONSEQUENCE = re.compile(r"Connection (reset|closed) by peer|Connection refused|Broken pipe|ECONNRESET|"
+                          r"recvBytes|Socket Timeout|NCCL communicator was aborted|ProcessGroup.*aborted", re.I)
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def first_failure(config: TrainingConfig, log_dir: Path, stderr_tail: str) -> str | None:
+    """One line naming the rank that failed first (how, at which step; node and rank on multi-node
+    runs), from the ranks' own records (``rank_status``) and torchrun's failure summary. Causes
+    (a signal other than torchrun's SIGTERM, an exception that is not a lost connection, an exit
+    code, an early clean exit) come before consequences; among causes, the earliest."""
+    from nxd_training import rank_status
+
+    records = rank_status.read_all(log_dir)
+    reported = {}
+    for m in _FAILURE.finditer(stderr_tail):
+        try:
+            when = datetime.fromisoformat(m["time"]).timestamp()
+        except ValueError:
+            when = float("inf")
+        reported[int(m["rank"])] = (int(m["code"]), when, int(m["local"]))
+    world = config.trainer.devices * config.trainer.num_nodes
+    per_node = config.launcher.nproc_per_node or config.trainer.devices
+    causes, consequences = [], []
+    for rank in range(world):
+        record, failed = records.get(rank), reported.get(rank)
+        how = None
+        if record is not None and record["how"] == "exception":
+            how = f"raised {record['what']}"
+            (consequences if _CONSEQUENCE.search(record["what"]) else causes).append((record["time"], rank, how, record))
+            continue
+        if failed is not None and failed[0] < 0:
+            how = f"was killed by {_signal_name(failed[0])} (exit code {failed[0]})"
+            bucket = consequences if failed[0] == -signal.SIGTERM else causes
+            bucket.append((failed[1], rank, how, record))
+        elif failed is not None:
+            causes.append((failed[1], rank, f"exited with code {failed[0]}", record))
+        elif record is not None and record["how"] == "exit":
+            causes.append((record["time"], rank, f"exited with code {record['code']}", record))
+        elif record is None:  # neither finished nor failed: it left with code 0 (os._exit, or killed quietly)
+            causes.append((float("inf"), rank, "exited with code 0", None))
+    if not causes and not consequences:
+        return None
+    when, rank, how, record = min(causes or consequences)
+    step = (record or {}).get("step") or _logged_step(config, log_dir)
+    total = (record or {}).get("max_steps") or (config.trainer.max_steps if config.trainer.max_steps > 0 else None)
+    at = f" at step {step}" + (f" of {total}" if total else "") if step else ""
+    if how == "exited with code 0":
+        at += " without finishing"
+    where = f"rank {rank} (node {rank // per_node}, local rank {rank % per_node})" if config.trainer.num_nodes > 1 \
+        else f"rank {rank}"
+    return f"nxd train: {where} failed first: it {how}{at}"
+
+
+def _logged_step(config: TrainingConfig, log_dir: Path) -> int | None:
+    """The step in progress by rank 0's log (the last logged step + 1), or None."""
+    from nxd_training.exp_manager import read_metrics
+
+    try:
+        steps = [r["step"] for r in read_metrics(log_dir, filename=config.exp_manager.metrics_file) if "step" in r]
+    except (OSError, ValueError):
+        return None
+    return max(steps) + 1 if steps else None

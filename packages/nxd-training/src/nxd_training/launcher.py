@@ -15,9 +15,10 @@ import uuid
 from contextlib import nullcontext
 from pathlib import Path
 
+from nxd_training import rank_status
 from nxd_training.config.loader import dump_config
 from nxd_training.config.resolved import ResolvedConfig, load_resolved
-from nxd_training.failure import rendezvous_failure
+from nxd_training.failure import first_failure, rendezvous_failure
 from nxd_training.parent_death import die_with_parent
 from nxd_training.run_lock import run_dir_lock
 
@@ -69,6 +70,7 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
     with lock:
         print(f"nxd train: writing to {log_dir}", flush=True)  # not before: a refused run writes nothing
         config_path = write_run_config(config, log_dir)
+        rank_status.clear(log_dir)  # what the ranks of this launch leave is what its last line reads
         if config.trainer.devices * config.trainer.num_nodes == 1:
             from nxd_training.loop import train
 
@@ -84,8 +86,10 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
             env["PYTHONUNBUFFERED"] = "1"
             code, stderr_tail = run_forwarding_signals(torchrun_command(config, config_path), env,
                                                        log_dir / INTERRUPTED_LOG, with_tail=True)
-            if code not in (0, INTERRUPTED) and (line := rendezvous_failure(config, stderr_tail)):
-                print(line, file=sys.stderr, flush=True)
+            if code not in (0, INTERRUPTED):
+                line = rendezvous_failure(config, stderr_tail) or first_failure(config, log_dir, stderr_tail)
+                if line:
+                    print(line, file=sys.stderr, flush=True)
     if code == INTERRUPTED:
         print(stopped_message(config, log_dir), file=sys.stderr, flush=True)
     return code

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import nxd
 from nxd import ConfigError
 from nxd_ckpt.run_dir import MODEL_RECORD_KEY, model_record
-from nxd_training import build, lora_export, metrics
+from nxd_training import build, lora_export, metrics, rank_status
 from nxd_training.config.plan import RunPlan, make_plan, resolve_config, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.exp_manager import (
@@ -363,6 +363,8 @@ class Trainer:
         max_steps, tr = self._max_steps(), self.config.trainer
         max_time = parse_max_time(tr.max_time)
         val_every = int(tr.val_check_interval)
+        if resumed and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()  # every rank loaded its shards: a rank that failed never gets here, so nothing is claimed
         if self.rank == 0 and resumed:
             print(f"nxd train: resumed from {resumed}", flush=True)
         if self.rank == 0 and self.initialised_from:
@@ -371,7 +373,9 @@ class Trainer:
         it = iter(self.data.train_batches())
         last_save = time.monotonic()
         try:
+            rank_status.progress["max_steps"] = max_steps
             while self.step < max_steps:
+                rank_status.progress["step"] = self.step + 1  # the step in progress, for the launcher's last line
                 self.profiler.before_step(self.step + 1)
                 t0 = time.perf_counter()
                 lr = self.optimizer.param_groups[0]["lr"]

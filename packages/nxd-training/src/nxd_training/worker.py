@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -18,16 +19,28 @@ def main(argv: list[str] | None = None) -> int:
     from nxd_training.parent_death import die_with_parent
 
     die_with_parent()  # a rank never outlives torchrun's agent (SIGKILL: nothing to clean up that a save needs)
+    from nxd_training import rank_status
     from nxd_training.runtime import explain_collective_timeout
 
+    run_dir = Path(argv[0]).parent
     config = load_resolved(argv[0])  # the config `nxd train` resolved, deserialised: never resolved again
     try:
-        train(config)
-    except RuntimeError as exc:
-        timed_out = explain_collective_timeout(exc, config)
-        if timed_out is None:
-            raise
-        raise timed_out from exc  # the error file then names this rank and the configured timeout
+        try:
+            train(config)
+        except RuntimeError as exc:
+            timed_out = explain_collective_timeout(exc, config)
+            if timed_out is None:
+                raise
+            raise timed_out from exc  # the error file then names this rank and the configured timeout
+    except SystemExit as exc:  # something called sys.exit() in the middle of training
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        rank_status.write(run_dir, "exit", code=code)
+        raise
+    except BaseException as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        rank_status.write(run_dir, "exception", f"{type(exc).__name__}: {first}"[:300])
+        raise
+    rank_status.write(run_dir, "finished")
     return 0
 
 

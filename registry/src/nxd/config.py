@@ -12,22 +12,18 @@ from nxd.errors import ComponentNotFound, ConfigError, PluginError
 from nxd.lookup import get_component
 from nxd.parallel import ParallelContext, current_parallel_context, set_parallel_context
 from nxd.plugins import state
+from nxd.resolved import (
+    DEFAULT_COMPILE_CONFIG,
+    DEFAULT_DATA_PARALLEL_STRATEGY,
+    DEFAULT_MODEL_INIT_CONFIG,
+    DEFAULT_OPTIMIZER_CONFIG,
+    DEFAULT_PIPELINE_SCHEDULE,
+    ZERO1_STRATEGY,
+    NxdConfig,
+)
 
-DEFAULT_OPTIMIZER_CONFIG: dict[str, Any] = {"zero_one_enabled": False, "grad_clipping": True, "max_grad_norm": 1.0}
-DEFAULT_MODEL_INIT_CONFIG: dict[str, Any] = {
-    "sequential_move_factor": 11,
-    "meta_device_init": False,
-    "param_init_fn": None,
-}
-DEFAULT_PIPELINE_SCHEDULE = "1f1b"
-#: the data-parallel strategy (a model transform with an optimizer side) when none is named:
-#: NxD's ``optimizer_config.zero_one_enabled`` selects ``zero1``, otherwise ``ddp``
-DEFAULT_DATA_PARALLEL_STRATEGY = "ddp"
-ZERO1_STRATEGY = "zero1"
 #: ``fsdp_config`` (an nxd addition) selects this strategy; its keys belong to the plugin (nxd-fsdp)
 FSDP_STRATEGY = "fsdp"
-#: compile_config (an nxd addition): torch.compile arguments applied to each transformer block
-DEFAULT_COMPILE_CONFIG: dict[str, Any] = {"backend": "inductor", "mode": None, "fullgraph": False, "dynamic": None}
 #: mixed_precision_config keys only the ZeRO-1 optimizer honours.
 MIXED_PRECISION_ZERO1_KEYS = ("use_master_weights", "use_fp32_grad_acc", "use_master_weights_in_ckpt")
 CONFIG_MARKER = "_nxd_config_version"
@@ -125,9 +121,10 @@ def neuronx_distributed_config(
     compile_config: dict | bool | None = None,
     data_parallel_strategy: str | None = None,
     fsdp_config: dict | bool | None = None,
-) -> dict:
+) -> NxdConfig:
     """Validate NxD's training config, initialise model parallelism when ``torch.distributed`` is
-    up, and return the config as a plain dict (as NxD does).
+    up, and return the resolved config: an :class:`nxd.resolved.NxdConfig`, NxD's dict with typed
+    attributes (every hook and transform receives it).
 
     Every feature resolves its plugin here, so a missing one fails now with the distribution to
     install, not later inside a training step. ``compile_config`` (an nxd addition) compiles each
@@ -171,7 +168,7 @@ def neuronx_distributed_config(
         raise ConfigError(f"fsdp_config selects the data-parallel strategy {FSDP_STRATEGY!r}, but "
                           f"data_parallel_strategy={strategy!r}; set one of them only")
 
-    config: dict[str, Any] = {
+    config = NxdConfig({
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,
         "pipeline_config": dict(pipeline_config or {}),
@@ -189,7 +186,7 @@ def neuronx_distributed_config(
         "data_parallel_strategy": strategy,
         "fsdp_config": fsdp,
         CONFIG_MARKER: 1,
-    }
+    })
     _require_plugins(config)
     state().call_each("nxd_validate_config", optional=True, nxd_config=config)  # a crashing validator is named, skipped
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -219,24 +216,28 @@ def _data_parallel_strategy(name: Any, zero1: bool) -> str:
     return name
 
 
-def _require_plugins(config: dict) -> None:
-    pp = config["pipeline_parallel_size"]
+def _require_plugins(config: NxdConfig) -> None:
+    pp = config.pipeline_parallel_size
     if pp > 1:
-        schedule = config["pipeline_config"].get("schedule", DEFAULT_PIPELINE_SCHEDULE)
+        schedule = config.pipeline_config.get("schedule", DEFAULT_PIPELINE_SCHEDULE)
         get_component("pipeline_schedule", schedule, need=f"pipeline_parallel_size={pp}")
-    strategy = config["data_parallel_strategy"]
+    strategy = config.data_parallel_strategy
     if strategy != DEFAULT_DATA_PARALLEL_STRATEGY:  # the default comes with the runtime (nxd-core-parallel)
         need = ("optimizer_config.zero_one_enabled=True" if strategy == ZERO1_STRATEGY
                 else f"data_parallel_strategy={strategy!r}")
         get_component("model_transform", strategy, need=need)
-    lora = config["lora_config"]
+    lora = config.lora_config
     if lora is not None and getattr(lora, "enable_lora", True):
         get_component("adapter", "lora", need="lora_config")
 
 
-def initialize_parallel(config: dict) -> ParallelContext:
+def initialize_parallel(config: NxdConfig) -> ParallelContext:
     """Set up process groups for ``config`` through the ``nxd_initialize_parallel`` hook and make
-    the returned :class:`~nxd.parallel.ParallelContext` current."""
+    the returned :class:`~nxd.parallel.ParallelContext` current. A current context of the same
+    sizes (e.g. ``nxd train`` built it first, with its timeout) is kept: groups start once."""
+    current = current_parallel_context()
+    if current is not None and _same_sizes(current, config):
+        return current
     context = state().pm.hook.nxd_initialize_parallel(nxd_config=config)
     if context is None:
         raise ComponentNotFound(
@@ -252,11 +253,18 @@ def initialize_parallel(config: dict) -> ParallelContext:
     return context
 
 
-def check_config(nxd_config: Any) -> dict:
-    """Reject anything that did not come from :func:`neuronx_distributed_config`."""
+def _same_sizes(context: ParallelContext, config: NxdConfig) -> bool:
+    if context.world_size != torch.distributed.get_world_size():
+        return False
+    return all(context.dim(name).size == size for name, size in config.sizes().items())
+
+
+def check_config(nxd_config: Any) -> NxdConfig:
+    """Reject anything that did not come from :func:`neuronx_distributed_config`; the config typed
+    (a copy of NxD's dict made by hand or pickled as a plain dict becomes an ``NxdConfig`` again)."""
     if not isinstance(nxd_config, dict) or CONFIG_MARKER not in nxd_config:
         raise ConfigError(
             "nxd_config must be the dict returned by nxd.neuronx_distributed_config(...), "
             f"got {type(nxd_config).__name__}"
         )
-    return nxd_config
+    return NxdConfig.of(nxd_config)

@@ -134,7 +134,7 @@ def data_parallel_strategy(context: Any, config: Any) -> Any:
     from nxd.components import missing_message
     from nxd.lookup import list_components
 
-    name = config.get("data_parallel_strategy", "ddp")
+    name = config.data_parallel_strategy
     installed = list_components(KIND)
     if name not in installed:
         raise ComponentNotFound(missing_message(KIND, name, installed, need=f"data_parallel_strategy={name!r}"))

@@ -8,13 +8,14 @@ import contextlib
 import inspect
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from nxd.resolved import NxdConfig
 from nxd_core_parallel.backends import get_device
 
 
@@ -97,25 +98,26 @@ def move_to_device(model: nn.Module, device: torch.device) -> None:
         _keep_param_attributes(module, lambda m: m._apply(lambda t: t.to(device), recurse=False))
 
 
-def build_model(nxd_config: dict, model_fn: Callable[..., nn.Module], args: tuple, kwargs: dict,
+def build_model(nxd_config: Mapping[str, Any] | None, model_fn: Callable[..., nn.Module], args: tuple, kwargs: dict,
                 include_buffers: bool = False, device: torch.device | None = None) -> nn.Module:
     """``model_fn(*args, **kwargs)`` placed on ``device`` (the parallel context's; the backend's
-    device when not given), per ``nxd_config["model_init_config"]``."""
-    init = nxd_config["model_init_config"]
+    device when not given), per ``nxd_config.model_init``."""
+    nxd_config = NxdConfig.of(nxd_config)
+    init = nxd_config.model_init
     device = device if device is not None else get_device()
-    if init["meta_device_init"]:
+    if init.meta_device_init:
         with torch.device("meta") if include_buffers else parameters_on_meta():
             model = model_fn(*args, **kwargs)
-        run_in_waves(lambda: materialize(model, device, init["param_init_fn"]), init["sequential_move_factor"])
+        run_in_waves(lambda: materialize(model, device, init.param_init_fn), init.sequential_move_factor)
         leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
         if leftover:
             raise RuntimeError(f"tensors still on the meta device after materialisation: {leftover[:5]}")
     else:
         model = model_fn(*args, **kwargs)
-        run_in_waves(lambda: move_to_device(model, device), init["sequential_move_factor"])
+        run_in_waves(lambda: move_to_device(model, device), init.sequential_move_factor)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model_fn must return an nn.Module, got {type(model).__name__}")
-    if nxd_config.get("pad_model"):
+    if nxd_config.pad_model:
         from nxd_core_parallel.parallel_layers.pad import pad_model_from_config
 
         model = pad_model_from_config(model)  # structural: before adapters, checkpointing and the pipeline cut

@@ -15,6 +15,7 @@ from typing import Any
 import torch.distributed as dist
 
 from nxd.parallel import (
+    ParallelContext,
     ParallelDim,
     current_parallel_context,
     destroy_parallel_context,
@@ -36,10 +37,11 @@ def initialize_model_parallel(
     *,
     context_parallel_size: int = 1,
     timeout: timedelta | None = None,
-) -> None:
+) -> ParallelContext:
     """Create every parallel group and make the context current. Every rank must call this, with
     the same sizes; calling it again with the same sizes (and no other ``timeout``) keeps the
-    existing groups. ``timeout`` bounds every collective on every group (default 30 minutes)."""
+    existing groups. ``timeout`` bounds every collective on every group (default 30 minutes).
+    Returns the context (NxD returns nothing; nxd's callers pass it on instead of reading it back)."""
     from nxd_core_parallel.context import build_parallel_context
 
     sizes = (int(tensor_model_parallel_size), int(pipeline_model_parallel_size),
@@ -48,10 +50,12 @@ def initialize_model_parallel(
     if current is not None:
         same_timeout = timeout is None or current.timeout == timeout
         if (current.tp.size, current.pp.size, current.cp.size, current.ep.size) == sizes and same_timeout:
-            return
+            return current
         destroy_parallel_context()
     tp, pp, cp, ep = sizes
-    set_parallel_context(build_parallel_context(tp, pp, cp, ep, timeout=timeout))
+    context = build_parallel_context(tp, pp, cp, ep, timeout=timeout)
+    set_parallel_context(context)
+    return context
 
 
 def model_parallel_is_initialized() -> bool:

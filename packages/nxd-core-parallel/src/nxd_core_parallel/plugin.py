@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import nxd
+from nxd.resolved import NxdConfig
 
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
 
@@ -30,19 +31,18 @@ def default_optimizer(nxd_config: dict, optimizer_class: type, parameters: Any, 
 
 
 @nxd.hookimpl
-def nxd_initialize_parallel(nxd_config: dict) -> Any:
+def nxd_initialize_parallel(nxd_config: NxdConfig) -> Any:
     """Build (or keep, when the sizes match) the parallel context and return it."""
     from nxd_core_parallel import parallel_state
 
-    parallel_state.initialize_model_parallel(
-        nxd_config["tensor_parallel_size"], nxd_config["pipeline_parallel_size"],
-        nxd_config.get("expert_parallel_size", 1), context_parallel_size=nxd_config.get("context_parallel_size", 1),
+    return parallel_state.initialize_model_parallel(
+        nxd_config.tensor_parallel_size, nxd_config.pipeline_parallel_size, nxd_config.expert_parallel_size,
+        context_parallel_size=nxd_config.context_parallel_size,
     )
-    return nxd.parallel.get_parallel_context()
 
 
 @nxd.hookimpl
-def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kwargs: dict,
+def nxd_build_model(nxd_config: NxdConfig, model_fn: Any, model_args: tuple, model_kwargs: dict,
                     include_buffers: bool, context: nxd.ParallelContext | None) -> Any:
     from nxd_core_parallel.backends import get_device
     from nxd_core_parallel.model_init import build_model

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from nxd.resolved import NxdConfig
 from nxd_core_parallel import dp_overlap, parallel_state
 from nxd_core_parallel.expert_state import gather_expert_state, slice_expert_state
 from nxd_core_parallel.grads import (
@@ -67,10 +68,10 @@ class NxDModel(nn.Module):
     """Wraps the built model. Behaves as the wrapped module: attributes, ``named_parameters`` and
     ``state_dict`` are the local module's, with unprefixed names."""
 
-    def __init__(self, module: nn.Module, nxd_config: dict | None = None) -> None:
+    def __init__(self, module: nn.Module, nxd_config: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.module = module
-        self.nxd_config = nxd_config or {}
+        self.nxd_config = NxdConfig.of(nxd_config)
 
     # ---------------------------------------------------------------- NxD API
     def local_module(self) -> nn.Module:
@@ -195,14 +196,14 @@ class NxDModel(nn.Module):
         return next(self.parameters()).dtype
 
 
-def _overlap_possible(nxd_config: dict) -> bool:
+def _overlap_possible(nxd_config: NxdConfig) -> bool:
     from nxd_core_parallel.backends import current_backend
 
     if not parallel_state.model_parallel_is_initialized() or \
             parallel_state.get_data_parallel_size() * parallel_state.get_context_model_parallel_size() == 1:
         return False
     # Pipeline schedules run one backward per micro-batch; lazy XLA tensors have no eager hooks.
-    if nxd_config.get("pipeline_parallel_size", 1) > 1 or parallel_state.get_pipeline_model_parallel_size() > 1:
+    if nxd_config.pipeline_parallel_size > 1 or parallel_state.get_pipeline_model_parallel_size() > 1:
         return False
     return current_backend().name != "xla"
 
@@ -217,11 +218,12 @@ class NxDOptimizer(torch.optim.Optimizer):
     only averages what backward did not (unused parameters, SP-tagged ones, grads under
     ``NxDModel.no_sync``). ``overlap_grad_sync=False`` does it all in ``step`` after backward."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, nxd_config: dict, overlap_grad_sync: bool | None = None,
+    def __init__(self, optimizer: torch.optim.Optimizer, nxd_config: Mapping[str, Any] | None,
+                 overlap_grad_sync: bool | None = None,
                  bucket_cap_bytes: int = dp_overlap.OVERLAP_BUCKET_CAP_BYTES) -> None:
         # The inner optimizer owns the state; Optimizer.__init__ is not called on purpose.
         self.optimizer = optimizer
-        self.nxd_config = nxd_config
+        self.nxd_config = nxd_config = NxdConfig.of(nxd_config)
         self.grad_norm: torch.Tensor | None = None
         self._optimizer_step_pre_hooks: dict = {}
         self._optimizer_step_post_hooks: dict = {}
@@ -233,7 +235,7 @@ class NxDOptimizer(torch.optim.Optimizer):
         if overlap_grad_sync is None:
             overlap_grad_sync = possible
         if overlap_grad_sync:
-            sp = nxd_config.get("sequence_parallel", False)
+            sp = nxd_config.sequence_parallel
             # SP-tagged grads keep the after-backward order (TP sum, then DP average) in step().
             # SP-tagged and expert-parallel grads are reduced in step() (expert ones over their own group)
             params = [p for p in self._params() if not (sp and getattr(p, "sequence_parallel_enabled", False))
@@ -284,7 +286,7 @@ class NxDOptimizer(torch.optim.Optimizer):
         """The collectives ``step`` does before clipping (exposed for tests and custom loops).
         With overlap, gradients backward already averaged are not averaged again."""
         params = self._params()
-        if self.nxd_config.get("sequence_parallel", False):
+        if self.nxd_config.sequence_parallel:
             allreduce_sequence_parallel_gradients(params)
         allreduce_expert_parallel_gradients(params)
         params = [p for p in params if not is_expert_parallel(p)]
@@ -302,9 +304,9 @@ class NxDOptimizer(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("NxDOptimizer.step does not take a closure: run the forward/backward before step()")
         self.sync_gradients()
-        opt = self.nxd_config.get("optimizer_config", {})
-        if opt.get("grad_clipping", True):
-            self.grad_norm = clip_grad_norm(self._params(), opt.get("max_grad_norm", 1.0))
+        opt = self.nxd_config.optimizer
+        if opt.grad_clipping:
+            self.grad_norm = clip_grad_norm(self._params(), opt.max_grad_norm)
         return self.optimizer.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:

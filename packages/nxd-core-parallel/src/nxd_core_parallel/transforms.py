@@ -8,44 +8,45 @@ from typing import Any
 import torch
 
 from nxd import ParallelContext
+from nxd.resolved import NxdConfig
 from nxd.transforms import ACTIVATION_CHECKPOINTING, COMPILE, DATA_PARALLEL, ModelTransform
 
 
-def _checkpointing_applies(context: ParallelContext | None, config: dict) -> bool:
-    return config.get("activation_checkpoint_config") is not None
+def _checkpointing_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
+    return config.activation_checkpoint_config is not None
 
 
-def _checkpoint(model: torch.nn.Module, context: ParallelContext | None, config: dict) -> torch.nn.Module:
+def _checkpoint(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
     from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing, transformer_layer_classes
 
-    setting = config["activation_checkpoint_config"]
+    setting = config.activation_checkpoint_config
     apply_activation_checkpointing(model, transformer_layer_classes(model) if setting == "full" else setting)
     return model
 
 
-def _compile_applies(context: ParallelContext | None, config: dict) -> bool:
-    return bool(config.get("compile_config"))
+def _compile_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
+    return bool(config.compile_config)
 
 
-def _compile(model: torch.nn.Module, context: ParallelContext | None, config: dict) -> torch.nn.Module:
+def _compile(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
     # after checkpointing: each block compiles together with its recomputation
     from nxd_core_parallel.activation_checkpoint import transformer_layer_classes
     from nxd_core_parallel.compile import compile_blocks
 
-    compile_blocks(model, transformer_layer_classes(model), config["compile_config"])
+    compile_blocks(model, transformer_layer_classes(model), config.compile_config)
     return model
 
 
 def strategy_selected(name: str) -> Any:
     """``applies`` of the data-parallel strategy ``name``: the config names it."""
 
-    def applies(context: ParallelContext | None, config: dict) -> bool:
-        return config.get("data_parallel_strategy", "ddp") == name
+    def applies(context: ParallelContext | None, config: NxdConfig) -> bool:
+        return config.data_parallel_strategy == name
 
     return applies
 
 
-def wrap_nxd_model(model: torch.nn.Module, context: ParallelContext | None, config: dict) -> torch.nn.Module:
+def wrap_nxd_model(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
     """The model side of ``ddp`` and ``zero1``: NxD's ``NxDModel`` (the step contract; gradients
     are synced by the optimizer side, overlapped with backward)."""
     from nxd_core_parallel.trainer import NxDModel
@@ -53,7 +54,7 @@ def wrap_nxd_model(model: torch.nn.Module, context: ParallelContext | None, conf
     return model if isinstance(model, NxDModel) else NxDModel(model, config)
 
 
-def ddp_optimizer(config: dict, optimizer_class: type, parameters: Any, *, context: ParallelContext | None,
+def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, context: ParallelContext | None,
                   **defaults: Any) -> torch.optim.Optimizer:
     from nxd_core_parallel.plugin import default_optimizer
 

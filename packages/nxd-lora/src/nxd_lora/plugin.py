@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import nxd
+from nxd.resolved import NxdConfig
 from nxd.trainer import CheckpointPhase
 from nxd.transforms import ADAPTER, ModelTransform
 
@@ -27,22 +28,22 @@ def nxd_register_adapters(registry: Any) -> None:
 
 
 @nxd.hookimpl
-def nxd_validate_config(nxd_config: dict) -> None:
+def nxd_validate_config(nxd_config: NxdConfig) -> None:
     from nxd_lora.checkpoint import check_lora_config
 
-    config = check_lora_config(nxd_config.get("lora_config"))
-    if config is not None and nxd_config.get("pipeline_parallel_size", 1) > 1:
+    config = check_lora_config(nxd_config.lora_config)
+    if config is not None and nxd_config.pipeline_parallel_size > 1:
         raise nxd.ConfigError("lora_config with pipeline_parallel_size > 1 is not supported by nxd-lora yet; use PP=1")
 
 
-def _lora_applies(context: nxd.ParallelContext | None, nxd_config: dict) -> bool:
+def _lora_applies(context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> bool:
     from nxd_lora.checkpoint import check_lora_config
 
-    return check_lora_config(nxd_config.get("lora_config")) is not None
+    return check_lora_config(nxd_config.lora_config) is not None
 
 
-def _apply_lora(model: Any, context: nxd.ParallelContext | None, nxd_config: dict) -> Any:
-    return lora_adapter(model, nxd_config["lora_config"])
+def _apply_lora(model: Any, context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> Any:
+    return lora_adapter(model, nxd_config.lora_config)
 
 
 LORA_TRANSFORM = ModelTransform("lora", ADAPTER, _apply_lora, _lora_applies,

@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from nxd.resolved import NxdConfig
 from nxd.specs import ModelSpec, ParallelPlan
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.generate import generate
@@ -39,7 +40,7 @@ def config_from_dict(data: dict[str, Any] | GPTConfig) -> GPTConfig:
 def build(config: GPTConfig | dict, nxd_config: dict | None = None) -> nn.Module:
     """This rank's model for the current parallel state (``sequence_parallel`` from ``nxd_config``)."""
     cfg = config_from_dict(config) if isinstance(config, dict) else config
-    return GPTForCausalLM(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")))
+    return GPTForCausalLM(cfg, sequence_parallel=NxdConfig.of(nxd_config).sequence_parallel)
 
 
 def flops_per_token(config: GPTConfig | dict, seq_length: int | None = None) -> float:

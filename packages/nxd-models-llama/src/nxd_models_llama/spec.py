@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from nxd.resolved import NxdConfig
 from nxd.specs import ModelSpec, ParallelPlan
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama.config import LlamaConfig
@@ -49,7 +50,7 @@ def config_from_dict(data: dict[str, Any] | LlamaConfig) -> LlamaConfig:
 def build(config: LlamaConfig | dict, nxd_config: dict | None = None) -> nn.Module:
     """This rank's model for the current parallel state (``sequence_parallel`` from ``nxd_config``)."""
     cfg = config_from_dict(config) if isinstance(config, dict) else config
-    sequence_parallel = bool(nxd_config and nxd_config.get("sequence_parallel"))
+    sequence_parallel = NxdConfig.of(nxd_config).sequence_parallel
     return LlamaForCausalLM(cfg, sequence_parallel=sequence_parallel)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from nxd.parallel import ParallelContext
+from nxd.resolved import NxdConfig
 from nxd.specs import ModelSpec, ParallelPlan
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention, generate
@@ -47,7 +48,7 @@ def builder(model_class: type[MixtralForCausalLM], read_config: Callable[[dict],
         """This rank's model for ``context`` (its EP groups; ``None``: the current context), TP and
         ``sequence_parallel``."""
         cfg = read_config(config) if isinstance(config, dict) else config
-        return model_class(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")),
+        return model_class(cfg, sequence_parallel=NxdConfig.of(nxd_config).sequence_parallel,
                            context=context)
 
     return build

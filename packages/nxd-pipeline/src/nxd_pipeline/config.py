@@ -12,8 +12,7 @@ from typing import Any
 from torch import nn
 
 from nxd.errors import ConfigError
-
-DEFAULT_SCHEDULE = "1f1b"
+from nxd.resolved import DEFAULT_PIPELINE_SCHEDULE as DEFAULT_SCHEDULE
 
 #: NxD NxDPPModel arguments about FX tracing or XLA that have no meaning without tracing: accepted
 #: so NxD configs keep working, and ignored with a warning.

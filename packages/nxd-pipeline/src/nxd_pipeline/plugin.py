@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import nxd
+from nxd.resolved import NxdConfig
 from nxd.transforms import PIPELINE, ModelTransform
 from nxd_pipeline.config import parse_pipeline_config
 from nxd_pipeline.schedules import BUILTIN_SCHEDULES
@@ -19,9 +20,9 @@ def nxd_register_pipeline_schedules(registry: Any) -> None:
 
 
 @nxd.hookimpl
-def nxd_validate_config(nxd_config: dict) -> None:
-    pp = nxd_config.get("pipeline_parallel_size", 1)
-    cfg = parse_pipeline_config(nxd_config.get("pipeline_config"), pp)
+def nxd_validate_config(nxd_config: NxdConfig) -> None:
+    pp = nxd_config.pipeline_parallel_size
+    cfg = parse_pipeline_config(nxd_config.pipeline_config, pp)
     if pp > 1:
         schedule = nxd.get_component("pipeline_schedule", cfg.schedule, need=f"pipeline_config.schedule={cfg.schedule!r}")
         if cfg.virtual_pipeline_size > 1 and not getattr(schedule, "virtual", False):
@@ -36,14 +37,14 @@ def nxd_validate_config(nxd_config: dict) -> None:
             )
 
 
-def _pipeline_applies(context: nxd.ParallelContext | None, nxd_config: dict) -> bool:
-    return nxd_config.get("pipeline_parallel_size", 1) > 1
+def _pipeline_applies(context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> bool:
+    return nxd_config.pipeline_parallel_size > 1
 
 
-def _split(model: Any, context: nxd.ParallelContext | None, nxd_config: dict) -> Any:
+def _split(model: Any, context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> Any:
     from nxd_pipeline.model import NxDPPModel
 
-    return NxDPPModel(model, nxd_config["pipeline_parallel_size"], nxd_config.get("pipeline_config"), context=context)
+    return NxDPPModel(model, nxd_config.pipeline_parallel_size, nxd_config.pipeline_config, context=context)
 
 
 PIPELINE_TRANSFORM = ModelTransform("pipeline", PIPELINE, _split, _pipeline_applies,

@@ -65,8 +65,8 @@ def nxd_config(config: TrainingConfig, plan: RunPlan) -> dict:
     return nxd.neuronx_distributed_config(
         tensor_parallel_size=plan.tp,
         pipeline_parallel_size=plan.pp,
-        context_parallel_size=ds.context_parallel_size,
-        expert_parallel_size=ds.expert_model_parallel_size,
+        context_parallel_size=plan.cp,
+        expert_parallel_size=plan.ep,
         pipeline_config=pipeline or None,
         optimizer_config={"zero_one_enabled": ds.zero1, "grad_clipping": bool(clip), "max_grad_norm": float(clip or 1.0)},
         activation_checkpoint_config=recompute_classes(config, plan.spec),

@@ -87,7 +87,7 @@ class Trainer:
         self.plan: RunPlan = make_plan(config)  # from the resolution: nothing derived again
         self.backend = select_backend(config)
         self.owns_group = ensure_process_group(self.plan.world_size, self.backend, collective_timeout(config))
-        ensure_parallel_context(config, self.plan)
+        self.context = ensure_parallel_context(config, self.plan)
         self.rank = dist.get_rank()
         self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
         self.ckpt_dir = checkpoint_dir(config, self.log_dir)
@@ -97,7 +97,6 @@ class Trainer:
         from nxd_core_parallel.parallel_layers.random import model_parallel_manual_seed
 
         self.ps = parallel_state
-        self.context = nxd.get_parallel_context()
         self.device = self.context.device
         model_parallel_manual_seed(config.seed)
         model_config = build.model_config_for_rank(config, self.plan)

@@ -96,12 +96,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def ensure_parallel_context(config: TrainingConfig, plan: RunPlan) -> None:
-    """Build the parallel groups with the configured timeout before anything else builds them
-    (``neuronx_distributed_config`` keeps a context of the same sizes)."""
+def ensure_parallel_context(config: TrainingConfig, plan: RunPlan) -> nxd.ParallelContext:
+    """Build the parallel groups with the configured timeout before anything else builds them and
+    return the context (``neuronx_distributed_config`` then keeps it: same sizes, no second start)."""
     from nxd_core_parallel import parallel_state
 
-    ds = config.distributed_strategy
-    parallel_state.initialize_model_parallel(plan.tp, plan.pp, ds.expert_model_parallel_size,
-                                             context_parallel_size=ds.context_parallel_size,
-                                             timeout=collective_timeout(config))
+    return parallel_state.initialize_model_parallel(plan.tp, plan.pp, plan.ep, context_parallel_size=plan.cp,
+                                                    timeout=collective_timeout(config))

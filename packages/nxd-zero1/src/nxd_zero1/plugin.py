@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import nxd
+from nxd.resolved import NxdConfig
 
 NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
 
@@ -24,8 +25,8 @@ def nxd_register_model_transforms(registry: Any) -> None:
 
 
 @nxd.hookimpl
-def nxd_validate_config(nxd_config: dict) -> None:
+def nxd_validate_config(nxd_config: NxdConfig) -> None:
     from nxd_zero1.factory import validate_mixed_precision
 
-    if nxd_config.get("optimizer_config", {}).get("zero_one_enabled"):
-        validate_mixed_precision(nxd_config.get("mixed_precision_config"))
+    if nxd_config.optimizer.zero_one_enabled:
+        validate_mixed_precision(nxd_config.mixed_precision_config)

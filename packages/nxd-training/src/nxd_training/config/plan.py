@@ -14,6 +14,7 @@ from typing import Any
 import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
+from nxd.resolved import DEFAULT_PIPELINE_SCHEDULE
 from nxd_training.config.features import (
     check_features,
     explicit_value,
@@ -65,6 +66,9 @@ class RunPlan:
     workflow: Any = None
     #: which key chose the model (model.architecture, model_source=megatron, ...)
     architecture_reason: str = ""
+    #: context-parallel and expert-parallel sizes (every dimension of the parallel context is planned)
+    cp: int = 1
+    ep: int = 1
 
 
 def _world(config: TrainingConfig) -> tuple[int, int, int, int]:
@@ -342,7 +346,7 @@ def _precision(config: TrainingConfig) -> None:
 def _plugins(config: TrainingConfig, pp: int) -> None:
     ds = config.distributed_strategy
     if pp > 1:
-        schedule = ds.pipeline_schedule or "1f1b"
+        schedule = ds.pipeline_schedule or DEFAULT_PIPELINE_SCHEDULE
         _need("pipeline_schedule", schedule, "distributed_strategy.pipeline_model_parallel_size", "nxd-pipeline")
     if ds.zero1:
         _need("optimizer", "zero1", "distributed_strategy.zero1", "nxd-zero1")
@@ -455,3 +459,6 @@ def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     notes = check_legacy(config, spec)
     return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec, notes=notes,
                    workflow=workflow, architecture_reason=reason)
+    ds = config.distributed_strategy
+    return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec, workflow=workflow,
+                   cp=ds.context_parallel_size, ep=ds.expert_model_parallel_size)

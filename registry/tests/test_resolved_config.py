@@ -1,0 +1,32 @@
+"""neuronx_distributed_config returns the typed, resolved config (still NxD's dict)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import nxd
+from nxd.resolved import ModelInitConfig, NxdConfig, OptimizerConfig
+
+
+def test_the_config_is_typed_and_still_nxd_dict():
+    config = nxd.neuronx_distributed_config(tensor_parallel_size=1, sequence_parallel=True,
+                                            optimizer_config={"max_grad_norm": 0.5})
+    assert isinstance(config, NxdConfig) and isinstance(config, dict)
+    assert config.tensor_parallel_size == config["tensor_parallel_size"] == 1
+    assert config.sequence_parallel is True and config.context_parallel_size == 1
+    assert config.optimizer == OptimizerConfig(zero_one_enabled=False, grad_clipping=True, max_grad_norm=0.5)
+    assert config["optimizer_config"]["max_grad_norm"] == 0.5
+    assert config.model_init == ModelInitConfig() and config.data_parallel_strategy == "ddp"
+    assert config.sizes() == {"tp": 1, "pp": 1, "cp": 1, "ep": 1}
+    assert pickle.loads(pickle.dumps(config)) == config and type(pickle.loads(pickle.dumps(config))) is NxdConfig
+    with pytest.raises(AttributeError, match="read-only"):
+        config.tensor_parallel_size = 2
+
+
+def test_a_partial_dict_answers_every_attribute_with_the_defaults():
+    partial = NxdConfig.of({"optimizer_config": {"zero_one_enabled": True}})
+    assert partial.data_parallel_strategy == "zero1" and partial.optimizer.max_grad_norm == 1.0
+    assert partial.pipeline_parallel_size == 1 and partial.pipeline_config == {} and partial.lora_config is None
+    assert NxdConfig.of(None) == {} and NxdConfig.of(partial) is partial

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 #: kind -> {component name -> distribution that provides it}
 CATALOG: dict[str, dict[str, str]] = {
-    "backend": {"cpu": "nxd-core-parallel", "cuda": "nxd-core-parallel", "xla": "nxd-core-parallel"},
+    "backend": {"cpu": "nxd-core-parallel", "cuda": "nxd-core-parallel", "accelerator": "nxd-core-parallel",
+                "xla": "nxd-core-parallel"},
     "model": {"llama": "nxd-models-llama", "gpt": "nxd-models-gpt", "mixtral": "nxd-models-mixtral"},
     "pipeline_schedule": {
         "gpipe": "nxd-pipeline",

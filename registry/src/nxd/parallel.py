@@ -242,19 +242,22 @@ def bind_context(fn: Callable[..., Any], context: ParallelContext | None) -> Cal
 
 def backend_for_process_group(process_group_backend: str | None = None) -> Any:
     """The registered backend whose ``process_group_backend`` the default process group uses
-    (``gloo`` -> ``cpu``, ``nccl`` -> ``cuda``, ``xla`` -> ``xla``); ``cpu`` when none is running."""
+    (``gloo`` -> ``cpu``, ``nccl`` -> ``cuda``, ``xla`` -> ``xla``, another device's default backend
+    -> ``accelerator``); ``cpu`` when none is running."""
     from nxd.lookup import get_backend, list_components
 
     if process_group_backend is None:
         if not (dist.is_available() and dist.is_initialized()):
             return get_backend("cpu")
         process_group_backend = str(dist.get_backend())
-    names = list_components("backend")
+    # a backend named for the device (cuda) before the generic one (accelerator) that may also use it
+    names = sorted(list_components("backend"), key=lambda n: bool(getattr(get_backend(n), "generic", False)))
     for name in names:
         if get_backend(name).process_group_backend == process_group_backend:
             return get_backend(name)
     for name in names:  # composite names such as "cpu:gloo,cuda:nccl"
-        if get_backend(name).process_group_backend in process_group_backend and name != "cpu":
+        uses = get_backend(name).process_group_backend  # None: a backend with no device here
+        if uses and uses in process_group_backend and name != "cpu":
             return get_backend(name)
     if "cpu" in names:
         return get_backend("cpu")

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 import nxd
 
@@ -35,22 +36,54 @@ class CpuBackend:
         torch.manual_seed(seed)
 
 
-class CudaBackend:
-    name = "cuda"
-    process_group_backend = "nccl"
+class AcceleratorBackend:
+    """Any device ``torch.accelerator`` drives: CUDA, ROCm (as ``cuda``), XPU, MPS and out-of-tree
+    devices (PrivateUse1, e.g. Trainium's native PyTorch device). The process group uses
+    ``torch.distributed``'s default backend for that device type (nccl for cuda, xccl for xpu,
+    the out-of-tree device's own registered one), so a new device needs no backend of its own.
+
+    ``device_type=None`` (registered as ``accelerator``) follows the current accelerator;
+    ``AcceleratorBackend("cuda")`` is the ``cuda`` backend."""
+
+    #: a fallback in ``nxd.parallel.backend_for_process_group``: a backend named for the device wins
+    generic = True
+
+    def __init__(self, device_type: str | None = None) -> None:
+        self._device_type = device_type
+        self.generic = device_type is None
+        self.name = device_type or "accelerator"
+
+    @property
+    def device_type(self) -> str | None:
+        if self._device_type is not None:
+            return self._device_type
+        current = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        return current.type if current is not None else None
+
+    @property
+    def process_group_backend(self) -> str | None:
+        device_type = self.device_type
+        if device_type is None:
+            return None
+        return dist.Backend.default_device_backend_map.get(device_type)
 
     def is_available(self) -> bool:
-        return torch.cuda.is_available()
+        current = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        return current is not None and (self._device_type is None or current.type == self._device_type)
 
     def device(self) -> torch.device:
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count()))
+        device_type = self.device_type
+        if device_type is None:
+            raise RuntimeError("the accelerator backend found no accelerator (torch.accelerator.is_available() is "
+                               "False); use the cpu backend")
+        count = max(1, torch.accelerator.device_count())
+        return torch.device(device_type, int(os.environ.get("LOCAL_RANK", "0")) % count)
 
     def synchronize(self) -> None:
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
 
     def manual_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
-        torch.cuda.manual_seed(seed)
+        torch.manual_seed(seed)  # seeds the CPU and every accelerator device type torch knows
 
 
 class XlaBackend:
@@ -84,7 +117,9 @@ class XlaBackend:
         return importlib.util.find_spec("torch_neuronx") is not None
 
 
-BACKENDS: dict[str, Any] = {"cpu": CpuBackend(), "cuda": CudaBackend(), "xla": XlaBackend()}
+#: cpu (gloo), cuda (nccl), accelerator (whatever torch.accelerator drives) and xla
+BACKENDS: dict[str, Any] = {"cpu": CpuBackend(), "cuda": AcceleratorBackend("cuda"), "accelerator": AcceleratorBackend(),
+                            "xla": XlaBackend()}
 
 
 def current_backend() -> Any:

@@ -22,8 +22,11 @@ def select_backend(config: TrainingConfig) -> str:
     """``trainer.accelerator`` -> the nxd backend name. The process group starts with that
     backend's ``process_group_backend``, and the parallel context picks the backend from it."""
     choice = config.trainer.accelerator
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "auto":  # cuda by name; any other torch.accelerator device (XPU, MPS, out-of-tree) generically
+        choice = "cuda" if torch.cuda.is_available() else "accelerator" if torch.accelerator.is_available() else "cpu"
+    if choice == "accelerator" and not torch.accelerator.is_available():
+        raise ConfigError("trainer.accelerator=accelerator but torch.accelerator finds no device; use "
+                          "trainer.accelerator=cpu or auto")
     if choice == "cuda" and not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise ConfigError(f"trainer.accelerator=cuda but no CUDA device is visible (torch {torch.__version__} is "

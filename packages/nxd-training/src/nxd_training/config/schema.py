@@ -36,7 +36,7 @@ class ProfileConfig(Section):
 class TrainerConfig(Section):
     devices: int = Field(1, ge=1, description="ranks per node")
     num_nodes: int = Field(1, ge=1)
-    accelerator: Literal["auto", "cpu", "cuda", "xla"] = "auto"
+    accelerator: Literal["auto", "cpu", "cuda", "accelerator", "xla"] = "auto"
     max_steps: int = Field(-1, ge=-1, description="-1: bounded by max_epochs")
     max_epochs: int = Field(-1, ge=-1, description="-1: bounded by max_steps")
     max_time: Union[str, float, None] = Field(None, description="seconds, or DD:HH:MM:SS")

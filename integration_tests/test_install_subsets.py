@@ -25,7 +25,7 @@ def test_core_then_plugins_then_third_party(fresh_venv):
     fresh_venv.install(str(ROOT / "integration_tests" / "example_plugin"))
     plugins = _plugins(fresh_venv)
     assert plugins["tinylm"]["distribution"] == "nxd-example-tinylm"
-    assert plugins["tinylm"]["components"] == {"model": ["tinylm"]}
+    assert plugins["tinylm"]["components"] == {"model": ["tinylm"], "model_transform": ["tinylm_bf16"]}
 
     fresh_venv.install("nxd-models-llama", "nxd-core-parallel", "nxd")
     plugins = _plugins(fresh_venv)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import nxd
 from nxd.plugins import PluginWarning, plugin_infos
@@ -93,13 +94,13 @@ def test_misspelled_hook_is_caught(fake_distribution, monkeypatch, load_only):
 
 
 def test_incompatible_plugin_api_is_refused(fake_distribution, monkeypatch, load_only):
-    fake_distribution("future-plugin", "future_plugin", "NXD_PLUGIN_API = (2, 3)\n")
+    fake_distribution("future-plugin", "future_plugin", "NXD_PLUGIN_API = (3, 4)\n")
     load_only("future_plugin")
-    with pytest.warns(PluginWarning, match=r"supports plugin-API versions 2\.\.3.*speaks version 1"):
+    with pytest.warns(PluginWarning, match=r"supports plugin-API versions 3\.\.4.*speaks version 2 \(and accepts 1\.\.2\)"):
         list(plugin_infos())
     monkeypatch.setenv("NXD_STRICT_PLUGINS", "1")
     nxd.plugins.reset()
-    with pytest.raises(nxd.PluginError, match="plugin-API versions 2..3"):
+    with pytest.raises(nxd.PluginError, match="plugin-API versions 3..4"):
         list(plugin_infos())
 
 
@@ -132,3 +133,19 @@ def test_in_process_registration():
     assert nxd.get_storage("memory") is dict
     with pytest.raises(nxd.PluginError, match="two plugins are named 'mem'"):
         nxd.register_plugin(Plugin(), name="mem", distribution="tests-again")
+
+
+def test_a_plugin_for_plugin_api_1_still_loads_and_its_wrap_phases_still_run(fake_distribution, load_only):
+    fake_distribution("old-plugin", "old_plugin", """
+        import nxd
+        NXD_PLUGIN_API = (1, 1)
+        @nxd.hookimpl
+        def nxd_wrap_model(nxd_config, model, phase):
+            if phase == "adapter":
+                model.seen = "adapter"
+    """)
+    load_only("old_plugin")
+    assert [i.status for i in plugin_infos() if i.name == "old_plugin"] == ["loaded"]
+    model = nxd.transforms.apply_model_transforms(torch.nn.Linear(1, 1), None,
+                                                  nxd.neuronx_distributed_config())
+    assert model.seen == "adapter"

@@ -121,6 +121,7 @@ def neuronx_distributed_config(
     compile_config: dict | bool | None = None,
     data_parallel_strategy: str | None = None,
     fsdp_config: dict | bool | None = None,
+    model_transforms: dict[str, Any] | None = None,
 ) -> NxdConfig:
     """Validate NxD's training config, initialise model parallelism when ``torch.distributed`` is
     up, and return the resolved config: an :class:`nxd.resolved.NxdConfig`, NxD's dict with typed
@@ -133,7 +134,9 @@ def neuronx_distributed_config(
     (``ddp``, ``zero1``, ``fsdp``, ...); unset, ``optimizer_config.zero_one_enabled`` picks ``zero1``
     or ``ddp``. ``fsdp_config`` (an nxd addition; NxD has no FSDP) selects the ``fsdp`` strategy
     (nxd-fsdp): True for its defaults or a dict of its settings, which nxd-fsdp validates
-    (docs/fsdp.md).
+    (docs/fsdp.md). ``model_transforms`` (an nxd addition) turns on registered model transforms that
+    no NxD argument names, with their options: ``{"fp8": {...}, "acme_recipe": True}``; each must
+    be installed (a transform reads its options with ``config.transform_options(name)``).
     """
     tp = _positive_int("tensor_parallel_size", tensor_parallel_size)
     pp = _positive_int("pipeline_parallel_size", pipeline_parallel_size)
@@ -185,6 +188,7 @@ def neuronx_distributed_config(
         "compile_config": _compile(compile_config),
         "data_parallel_strategy": strategy,
         "fsdp_config": fsdp,
+        "model_transforms": _model_transforms(model_transforms),
         CONFIG_MARKER: 1,
     })
     _require_plugins(config)
@@ -216,7 +220,24 @@ def _data_parallel_strategy(name: Any, zero1: bool) -> str:
     return name
 
 
+def _model_transforms(value: Any) -> dict[str, dict]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"model_transforms must be a dict of transform name -> options, got {type(value).__name__}")
+    out: dict[str, dict] = {}
+    for name, options in value.items():
+        if options is None or options is True:
+            options = {}
+        if not isinstance(name, str) or not isinstance(options, dict):
+            raise ConfigError(f"model_transforms[{name!r}] must be a dict of options (or True), got {options!r}")
+        out[name] = dict(options)
+    return out
+
+
 def _require_plugins(config: NxdConfig) -> None:
+    for name in config.get("model_transforms", {}):
+        get_component("model_transform", name, need=f"model_transforms[{name!r}]")
     pp = config.pipeline_parallel_size
     if pp > 1:
         schedule = config.pipeline_config.get("schedule", DEFAULT_PIPELINE_SCHEDULE)

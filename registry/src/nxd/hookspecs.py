@@ -24,7 +24,11 @@ import pluggy
 
 PROJECT_NAME = "nxd"
 #: The plugin-API version this core speaks. Plugins declare ``NXD_PLUGIN_API = (min, max)``.
-PLUGIN_API_VERSION = 1
+#: 2: model transforms (``nxd_register_model_transforms``), the typed ``NxdConfig``; see the
+#: migration note in docs/hooks.md.
+PLUGIN_API_VERSION = 2
+#: The oldest plugin-API version still accepted: version 1's ``nxd_wrap_model`` still runs.
+OLDEST_PLUGIN_API = 1
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

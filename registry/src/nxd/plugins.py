@@ -209,10 +209,11 @@ def _api_problem(plugin: Any) -> str:
         low, high = declared
     except (TypeError, ValueError):
         return f"NXD_PLUGIN_API must be a (min, max) pair of ints, got {declared!r}"
-    if not low <= hookspecs.PLUGIN_API_VERSION <= high:
+    if high < hookspecs.OLDEST_PLUGIN_API or low > hookspecs.PLUGIN_API_VERSION:
         return (
             f"it supports plugin-API versions {low}..{high}, but this nxd core speaks version "
-            f"{hookspecs.PLUGIN_API_VERSION}; install a release of the plugin built for it"
+            f"{hookspecs.PLUGIN_API_VERSION} (and accepts {hookspecs.OLDEST_PLUGIN_API}..{hookspecs.PLUGIN_API_VERSION}); "
+            "install a release of the plugin built for it"
         )
     return ""
 

@@ -115,6 +115,12 @@ class NxdConfig(dict):
             return name
         return ZERO1_STRATEGY if self.optimizer.zero_one_enabled else DEFAULT_DATA_PARALLEL_STRATEGY
 
+    def transform_options(self, name: str) -> dict[str, Any] | None:
+        """The options ``neuronx_distributed_config(model_transforms={name: ...})`` gave the
+        transform ``name``; ``None`` when the config does not turn it on."""
+        options = (self.get("model_transforms") or {}).get(name)
+        return None if options is None else dict(options)
+
     def sizes(self) -> dict[str, int]:
         """The parallel sizes in the parallel context's dimension names."""
         return {"tp": self.tensor_parallel_size, "pp": self.pipeline_parallel_size,

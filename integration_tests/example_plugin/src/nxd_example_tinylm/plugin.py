@@ -1,12 +1,22 @@
-"""Entry point module: nxd imports it and calls the hooks it implements."""
+"""Entry point module: nxd imports it and calls the hooks it implements.
+
+It shows the three places a third party extends nxd (docs/contributing.md, "Where a new piece goes"):
+a model family (``nxd_register_models``: a ModelSpec with its parallel plan as data) and a model
+transform (``nxd_register_model_transforms``), here a low-precision recipe that runs at the
+``LOW_PRECISION`` anchor when the config turns it on:
+``nxd.neuronx_distributed_config(model_transforms={"tinylm_bf16": {"modules": ["head"]}})``.
+"""
 
 from __future__ import annotations
 
+import torch
+
 import nxd
-from nxd.specs import ModelSpec
+from nxd.specs import ModelSpec, ParallelPlan
+from nxd.transforms import LOW_PRECISION, ModelTransform
 from nxd_example_tinylm.model import TinyBlock, TinyLM, TinyLMConfig
 
-NXD_PLUGIN_API = (1, 1)
+NXD_PLUGIN_API = (2, 2)
 
 SPEC = ModelSpec(
     name="tinylm",
@@ -14,9 +24,33 @@ SPEC = ModelSpec(
     build=lambda config, nxd_config=None: TinyLM(config),
     transformer_layer_classes=(TinyBlock,),
     presets={"tiny": {"vocab_size": 128, "hidden_size": 32, "num_heads": 4}},
+    # plain layers, replicated on every rank; a pipeline may cut before the block
+    parallel_plan=ParallelPlan(pipeline_blocks=("block",)),
 )
+
+
+def _bf16_applies(context, config) -> bool:
+    return config.transform_options("tinylm_bf16") is not None
+
+
+def _bf16(model: torch.nn.Module, context, config) -> torch.nn.Module:
+    """Keep the named submodules' parameters in bfloat16 (all of them when no ``modules`` option)."""
+    names = config.transform_options("tinylm_bf16").get("modules")
+    for name, module in model.named_modules():
+        if name and (names is None or name in names):
+            module.to(torch.bfloat16)
+    return model
+
+
+BF16 = ModelTransform("tinylm_bf16", LOW_PRECISION, _bf16, _bf16_applies,
+                      description="example low-precision recipe: bfloat16 parameters for the named modules")
 
 
 @nxd.hookimpl
 def nxd_register_models(registry) -> None:
     registry.add("tinylm", SPEC)
+
+
+@nxd.hookimpl
+def nxd_register_model_transforms(registry) -> None:
+    registry.add(BF16.name, BF16)

@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from nxd import ParallelContext
+from nxd.resolved import NxdConfig
 from nxd_core_parallel.grads import counted_in_norm, fused_pieces_counted
 from nxd_fsdp.mesh import shard_coordinates, shard_group
 
@@ -87,7 +88,7 @@ class FSDPOptimizer(torch.optim.Optimizer):
         # SP-tagged (TP-replicated) parameters saw only this TP rank's sequence slice: sum over TP.
         # Summing the DP-reduced shards is the same as summing before the reduction (both linear).
         tp = self.context.tp
-        if not self.nxd_config.get("sequence_parallel", False) or tp.size == 1:
+        if not NxdConfig.of(self.nxd_config).sequence_parallel or tp.size == 1:
             return
         grads = [_local(p.grad) for p in self._params()
                  if getattr(p, "sequence_parallel_enabled", False) and p.grad is not None]
@@ -124,9 +125,9 @@ class FSDPOptimizer(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("FSDPOptimizer.step does not take a closure: run the forward/backward before step()")
         self._sync_sequence_parallel()
-        opt = self.nxd_config.get("optimizer_config", {})
-        if opt.get("grad_clipping", True):
-            self.grad_norm = self.clip_grad_norm(opt.get("max_grad_norm", 1.0))
+        opt = NxdConfig.of(self.nxd_config).optimizer
+        if opt.grad_clipping:
+            self.grad_norm = self.clip_grad_norm(opt.max_grad_norm)
         return self.optimizer.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import nxd
 
-NXD_PLUGIN_API = (1, 1)  # plugin-API versions this plugin supports (inclusive range)
+NXD_PLUGIN_API = (2, 2)  # plugin-API versions this plugin supports (inclusive range)
 
 
 @nxd.hookimpl
@@ -20,5 +20,5 @@ def nxd_register_model_transforms(registry: Any) -> None:
 def nxd_validate_config(nxd_config: dict) -> None:
     from nxd_fsdp.strategy import NAME, check_settings, fsdp_settings
 
-    if nxd_config.get("data_parallel_strategy") == NAME:
+    if nxd_config.data_parallel_strategy == NAME:
         check_settings(fsdp_settings(nxd_config), nxd_config)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from nxd import ConfigError, ParallelContext
+from nxd.resolved import NxdConfig
 from nxd.transforms import DATA_PARALLEL, ModelTransform
 from nxd_core_parallel.transforms import strategy_selected
 from nxd_fsdp.config import FsdpConfig, check_fsdp, resolve_fsdp_config
@@ -23,15 +24,15 @@ CONFIG_KEY = "fsdp_config"
 
 def fsdp_settings(nxd_config: dict) -> FsdpConfig:
     """The FSDP settings of ``nxd_config`` (defaults when it selects FSDP without any)."""
-    value = nxd_config.get(CONFIG_KEY)
+    value = NxdConfig.of(nxd_config).fsdp_config
     return resolve_fsdp_config(True if value is None or value == {} else value)
 
 
 def check_settings(fsdp: FsdpConfig, nxd_config: dict) -> None:
     """Refuse, before any rank starts, what the config alone shows cannot run (``nxd_validate_config``)."""
-    check_fsdp(fsdp, data_parallel_size=None, expert_parallel_size=nxd_config.get("expert_parallel_size", 1),
-               context_parallel_size=nxd_config.get("context_parallel_size", 1),
-               zero1=bool(nxd_config.get("optimizer_config", {}).get("zero_one_enabled")))
+    nxd_config = NxdConfig.of(nxd_config)
+    check_fsdp(fsdp, data_parallel_size=None, expert_parallel_size=nxd_config.expert_parallel_size,
+               context_parallel_size=nxd_config.context_parallel_size, zero1=nxd_config.optimizer.zero_one_enabled)
 
 
 def check_context(fsdp: FsdpConfig, context: ParallelContext | None, nxd_config: dict) -> ParallelContext:
@@ -40,7 +41,7 @@ def check_context(fsdp: FsdpConfig, context: ParallelContext | None, nxd_config:
         raise ConfigError("FSDP needs torch.distributed initialised (a parallel context) before the model is built")
     check_fsdp(fsdp, data_parallel_size=context.dp.size, expert_parallel_size=context.ep.size,
                context_parallel_size=context.cp.size,
-               zero1=bool(nxd_config.get("optimizer_config", {}).get("zero_one_enabled")),
+               zero1=NxdConfig.of(nxd_config).optimizer.zero_one_enabled,
                accelerator=context.device.type)
     return context
 

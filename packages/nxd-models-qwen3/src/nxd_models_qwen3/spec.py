@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import nn
 
+from nxd.resolved import NxdConfig
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from nxd_models_llama import flops_per_token as llama_flops_per_token
@@ -37,7 +38,7 @@ def qwen3_moe_config(data: dict[str, Any] | Qwen3MoeConfig) -> Qwen3MoeConfig:
 def build_qwen3(config: Qwen3Config | dict, nxd_config: dict | None = None) -> nn.Module:
     """Llama's model with Qwen3's config (``qk_norm`` on)."""
     cfg = qwen3_config(config) if isinstance(config, dict) else config
-    return LlamaForCausalLM(cfg, sequence_parallel=bool(nxd_config and nxd_config.get("sequence_parallel")))
+    return LlamaForCausalLM(cfg, sequence_parallel=NxdConfig.of(nxd_config).sequence_parallel)
 
 
 build_qwen3_moe = builder(Qwen3MoeForCausalLM, qwen3_moe_config)

@@ -9,17 +9,24 @@ the meta device in a fake world, and two counters watch it:
   storage, released when the last tensor on it dies): the high-water mark over forward and
   backward, gradients pre-allocated as in steady state, is the step's transient peak.
 
+Attention on the meta device would take SDPA's math path (keeping the sequence x sequence
+probabilities); CPU, CUDA and Trainium run a fused flash kernel that keeps only the output and
+the log-sum-exp, so the measurement routes meta SDPA to the fused kernel's meta implementation.
+
 Activation checkpointing is the real one (``torch.utils.checkpoint`` keeps the block's inputs and
 recomputes the rest during backward), so recompute settings change what is counted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nxd_plan.fake_world import build_rank_model, fake_rank
@@ -69,6 +76,9 @@ class _LiveBytes(TorchDispatchMode):
         self.live = 0
         self.peak = 0
         self.on_collective: Any = None
+        #: storages that existed before (parameters, their gradients, buffers): an op returning one
+        #: of them (a view of a weight, an in-place gradient accumulation) allocates nothing
+        self.external: set[int] = set()
 
     def _release(self, key: int) -> None:
         self.refs[key] -= 1
@@ -78,6 +88,8 @@ class _LiveBytes(TorchDispatchMode):
 
     def _track(self, t: torch.Tensor) -> None:
         key = _key(t)
+        if key in self.external:
+            return
         if key not in self.refs:
             self.refs[key] = 0
             self.size[key] = t.untyped_storage().nbytes()
@@ -94,6 +106,29 @@ class _LiveBytes(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self._track(t)
         return out
+
+
+@contextlib.contextmanager
+def fused_attention() -> Iterator[None]:
+    """``F.scaled_dot_product_attention`` on meta tensors as the fused flash kernel devices run."""
+    original = F.scaled_dot_product_attention
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if not query.is_meta:
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, enable_gqa=enable_gqa)
+        if enable_gqa and key.shape[-3] != query.shape[-3]:
+            repeat = query.shape[-3] // key.shape[-3]
+            key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
+        out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+        return out
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
 
 
 def replica_overrides(layout: Any) -> list[str]:
@@ -113,8 +148,10 @@ def _layer_index(name: str) -> int | None:
     return None
 
 
-def measure_activations(config: Any, run: Any, layout: Any) -> ActivationProfile:
-    """One micro-batch's activations on rank 0 of one replica of ``config`` (see module doc)."""
+def measure_activations(config: Any, run: Any, layout: Any, grads_exist: bool = True) -> ActivationProfile:
+    """One micro-batch's activations on rank 0 of one replica of ``config`` (see module doc).
+    ``grads_exist``: gradients are allocated before the backward (they persist across steps or
+    micro-batches); otherwise the backward allocates them and the high-water mark includes them."""
     profile = ActivationProfile()
     with fake_rank(0, run.world_size):
         model, context, _ = build_rank_model(config, run)
@@ -143,14 +180,16 @@ def measure_activations(config: Any, run: Any, layout: Any) -> ActivationProfile
             return t
 
         for p in model.parameters():
-            if p.requires_grad:
+            if p.requires_grad and grads_exist:
                 p.grad = torch.zeros_like(p)  # steady state: gradients exist before the step's backward
         seq = layout.seq_length // layout.cp
         ids = torch.zeros(layout.micro_batch_size, seq, dtype=torch.long)
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if layout.precision == "autocast" else _null()
         meter = _LiveBytes()
+        meter.external = {_key(t) for t in [*model.parameters(), *model.buffers()]}
+        meter.external |= {_key(p.grad) for p in model.parameters() if p.grad is not None}
         meter.on_collective = _CollectiveLog(context, profile.collectives)
-        with meter, autocast:
+        with meter, autocast, fused_attention():
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = model(ids, labels=ids)
             loss = out.loss if hasattr(out, "loss") else out

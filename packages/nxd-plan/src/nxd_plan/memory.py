@@ -39,6 +39,23 @@ def optimizer_bytes(layout: Layout, trainable: int) -> int:
     return states * trainable * per
 
 
+def grads_persist(layout: Layout) -> bool:
+    """Whether gradients exist before a micro-batch's backward: ZeRO-1's flat gradient buffers
+    always; otherwise when micro-batches accumulate into them (several per step, or a pipeline).
+    Else ``zero_grad(set_to_none=True)`` frees them each step and the backward allocates them as
+    it frees activations."""
+    return layout.zero1 or layout.fsdp or layout.num_microbatches > 1 or layout.pp > 1
+
+
+def dp_buffer_bytes(layout: Layout, grads: int) -> int:
+    """Data-parallel buffers that live through training: replicated DP without a pipeline
+    all-reduces gradients during backward from flat buckets as large as the gradients
+    (nxd_core_parallel.dp_overlap)."""
+    if layout.zero1 or layout.fsdp or layout.pp > 1 or layout.dp * layout.cp == 1:
+        return 0
+    return grads
+
+
 def param_bytes(layout: Layout, shard_bytes: int) -> int:
     return -(-shard_bytes // layout.dp) if layout.fsdp else shard_bytes
 

@@ -29,11 +29,14 @@ class RankPlan:
     peak_bytes: int
     params: int
     stages: dict[int, list[int]]
+    #: data-parallel buffers alive through training (gradient buckets of the overlapped all-reduce)
+    buffer_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "coords": self.coords, "params": self.params, "param_bytes": self.param_bytes,
                 "grad_bytes": self.grad_bytes, "optimizer_bytes": self.optimizer_bytes,
                 "activation_bytes": self.activation_bytes, "transient_bytes": self.transient_bytes,
+                "buffer_bytes": self.buffer_bytes,
                 "peak_bytes": self.peak_bytes, "stages": {str(k): v for k, v in self.stages.items()}}
 
 
@@ -105,7 +108,7 @@ def measure_replica(source: Any, overrides: Sequence[str], layout: Layout, num_l
     if num_layers > MEASURED_LAYERS:
         extra.append(f"model.num_layers={MEASURED_LAYERS}")
     config, run = load(source, [*overrides, *extra])
-    return measure_activations(config, run, layout)
+    return measure_activations(config, run, layout, grads_exist=memory.grads_persist(layout))
 
 
 def _ring(kind: str, n: int, nbytes: float) -> float:
@@ -149,8 +152,10 @@ def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | N
         g = memory.grad_bytes(layout, trainable)
         o = memory.optimizer_bytes(layout, trainable)
         a = memory.activation_bytes(layout, profile, shard.stages, num_layers)
-        t = profile.transient
-        ranks.append(RankPlan(rank, c, p, g, o, a, t, p + g + o + a + t, shard.numel, shard.stages))
+        t = profile.transient  # without persistent gradients, it holds those the backward allocates
+        b = memory.dp_buffer_bytes(layout, g)
+        peak = p + o + b + (g if memory.grads_persist(layout) else 0) + a + t
+        ranks.append(RankPlan(rank, c, p, g, o, a, t, peak, shard.numel, shard.stages, b))
     comm = _comm(layout, shards, profile, num_layers)
     flops_step, step_time, mfu = _timing(config, run, layout, dev, comm, num_layers)
     plan = Plan(config.name, layout, dev, total, num_layers, ranks, {k: int(v) for k, v in comm.items()},

@@ -64,6 +64,8 @@ class TrainResult:
     lora_exports: list[str] = field(default_factory=list)
     #: trainer.profile: the torch.profiler traces this rank wrote
     profile_traces: list[str] = field(default_factory=list)
+    #: trainer.profile.profile_memory on the CPU: the peak tensor bytes of the profiled steps
+    profile_peak_memory_bytes: int | None = None
 
 
 def parse_max_time(value: str | float | None) -> float | None:
@@ -420,6 +422,7 @@ class Trainer:
         result.trainable_params = self.trainable
         result.lora_exports = list(self.lora_exports)
         result.profile_traces = [str(p) for p in self.profiler.traces]
+        result.profile_peak_memory_bytes = self.profiler.peak_memory_bytes
         result.wall_time_s = time.monotonic() - wall_start
         if self.config.generation is not None and self.config.generation.prompts:
             from nxd_training.samples import generate_samples
@@ -443,6 +446,8 @@ class Trainer:
             "consumed_samples": self.step * self.config.data.global_batch_size,
             "peak_memory_mb": metrics.peak_memory_mb(self.backend),
         }
+        if self.profiler.peak_memory_bytes is not None:  # trainer.profile.profile_memory on the CPU
+            record["peak_tensor_memory_mb"] = self.profiler.peak_memory_bytes / 2**20
         record.update(self.step_metrics)
         grad_norm = getattr(self.optimizer, "grad_norm", None)
         if grad_norm is not None and self.config.exp_manager.log_gradient_norm:

@@ -85,3 +85,12 @@ def test_nxdt_70b_config_parameters_and_layout(nxdt_conf) -> None:
     assert plan.layout.world_size == 512 and (plan.layout.tp, plan.layout.pp, plan.layout.dp) == (32, 8, 2)
     assert plan.ranks[511].coords == {"tp": 31, "cp": 0, "dp": 1, "pp": 7, "ep": 0, "edp": 1}
     assert plan.device.name == "trn1"
+
+
+def test_fsdp_divides_parameters_gradients_and_state_over_dp(tiny) -> None:
+    fsdp = make_run_plan(tiny(distributed_strategy={"pipeline_model_parallel_size": 1, "zero1": False, "fsdp": True}))
+    assert fsdp.layout.fsdp and fsdp.layout.dp == 4
+    r = fsdp.ranks[0]
+    shard = math.ceil(r.params * 4 / 4)
+    assert r.param_bytes == shard and r.grad_bytes == shard and r.optimizer_bytes == 2 * shard
+    assert any("FSDP" in note for note in fsdp.notes)

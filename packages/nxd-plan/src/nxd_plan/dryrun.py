@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nxd_plan.layout import _rank_layout
-from nxd_plan.planner import Plan, load
+from nxd_plan.planner import Plan, building_overrides, load
 from nxd_plan.shards import build_shard
 
 
@@ -39,8 +39,8 @@ def _expected_groups(plan: Plan, rank: int) -> dict[str, tuple[int, ...]]:
 
 def dry_run(plan: Plan, source: Any, overrides: Sequence[str] = (), *, ranks: Sequence[int] | None = None,
             progress: Callable[[int, int], None] | None = None) -> DryRun:
-    config, run = load(source, overrides)
     lay = plan.layout
+    config, run = load(source, building_overrides(lay, overrides))
     result = DryRun(lay.world_size)
     start = time.monotonic()
     counted: set[tuple[int, int]] = set()

@@ -76,6 +76,7 @@ class Plan:
             "comm_bytes_per_step": self.comm_bytes, "pipeline_bubble": self.bubble,
             "flops_per_step": self.flops_per_step, "step_time_s": self.step_time_s, "mfu": self.mfu,
             "tokens_per_step": self.tokens_per_step, "notes": self.notes,
+            "model_transforms": next(iter(self.shards.values())).transforms if self.shards else [],
         }
 
 
@@ -140,8 +141,10 @@ def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | N
     dev = with_overrides(device_for(config, device), memory_gib, peak_tflops, link_gbps)
     num_layers = _num_layers(run)
     reps = _representatives(layout)
-    shards = {key: build_shard(config, run, rank) for key, rank in reps.items()}
-    profile = measure_replica(source, overrides, layout, num_layers)
+    build_overrides = building_overrides(layout, overrides)
+    build_config, build_run = load(source, build_overrides) if layout.fsdp else (config, run)
+    shards = {key: build_shard(build_config, build_run, rank) for key, rank in reps.items()}
+    profile = measure_replica(source, build_overrides, layout, num_layers)
     total = _parameters_total(shards, layout)
     ranks = []
     for rank in range(layout.world_size):
@@ -163,9 +166,19 @@ def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | N
                 layout.global_batch_size * layout.seq_length, shards, profile)
     plan.notes.append(f"shapes of one rank per (pipeline, expert) coordinate built on the meta device "
                       f"({len(shards)} builds); --dry-run builds all {layout.world_size}")
+    if layout.fsdp:
+        plan.notes.append("FSDP: each rank built without fully_shard (torch's FSDP2 needs a DeviceMesh of a real "
+                          "device type, not meta); parameters, gradients and optimizer state divided over DP by "
+                          "FSDP's rule")
     if num_layers > MEASURED_LAYERS:
         plan.notes.append(f"activations measured on a {MEASURED_LAYERS}-layer replica; later layers taken as alike")
     return plan
+
+
+def building_overrides(layout: Layout, overrides: Sequence[str]) -> list[str]:
+    """The overrides the ranks are built with: the config's, and FSDP off when it is on (FSDP2's
+    ``fully_shard`` refuses a meta-device mesh; its sharding is applied by rule in :mod:`memory`)."""
+    return [*overrides, "distributed_strategy.fsdp=false"] if layout.fsdp else list(overrides)
 
 
 def _parameters_total(shards: dict[tuple[int, int], Shard], layout: Layout) -> int:

@@ -82,6 +82,8 @@ def text(plan: Plan) -> str:
     if over:
         lines.append(f"memory: {len(over)} of {lay.world_size} ranks exceed {dev.memory_gib:.1f} GiB ({dev.name}): "
                      f"ranks {rank_ranges([r.rank for r in over])} (peak {max(r.peak_bytes for r in over) / GIB:.2f} GiB)")
+    transforms = next(iter(plan.shards.values())).transforms if plan.shards else []
+    lines.append(f"model transforms applied (nxd.transforms, in order): {', '.join(transforms) or 'none'}")
     for note in plan.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

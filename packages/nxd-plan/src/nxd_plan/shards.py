@@ -22,6 +22,8 @@ class Shard:
     stages: dict[int, list[int]] = field(default_factory=dict)
     #: the process groups this rank belongs to, per dimension (global ranks)
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: the registered model transforms that built this rank, in order (nxd.transforms)
+    transforms: list[str] = field(default_factory=list)
     #: parameter name -> (elements of the whole tensor across TP, expert parameter sharded over EP)
     sharding: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
@@ -90,11 +92,15 @@ def shard_of(model: torch.nn.Module, context: Any, rank: int) -> Shard:
     groups = {name: tuple(context.dim(name).ranks) for name in ("tp", "dp", "pp", "cp", "ep", "edp", "dp_cp")}
     sharding = {name: (whole_numel(p, context.tp.size), bool(getattr(p, "expert_model_parallel", False)))
                 for name, p in model.named_parameters()}
-    return Shard(rank, context.coordinates(), params, pipeline_stages(model), groups, sharding)
+    return Shard(rank, context.coordinates(), params, pipeline_stages(model), groups, sharding=sharding)
 
 
 def build_shard(config: Any, run: Any, rank: int) -> Shard:
     """Rank ``rank``'s shard as ``nxd train`` would build it (fake world of ``run.world_size``)."""
+    from nxd.transforms import applicable_transforms
+
     with fake_rank(rank, run.world_size):
-        model, context, _ = build_rank_model(config, run)
-        return shard_of(model, context, rank)
+        model, context, nxd_cfg = build_rank_model(config, run)
+        shard = shard_of(model, context, rank)
+        shard.transforms = [t.name for t in applicable_transforms(context, nxd_cfg)]
+        return shard

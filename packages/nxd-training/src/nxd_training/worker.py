@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     from nxd_training.runtime import explain_collective_timeout
 
     run_dir = Path(argv[0]).parent
-    config = load_resolved(argv[0])  # the config `nxd train` resolved, deserialised: never resolved again
     try:
+        config = load_resolved(argv[0])  # the config `nxd train` resolved, deserialised: never resolved again
         try:
             train(config)
         except RuntimeError as exc:

@@ -1,4 +1,7 @@
-"""Gradient synchronisation and clipping under tensor, sequence, pipeline and data parallelism."""
+"""Gradient synchronisation and clipping under tensor, sequence, pipeline and data parallelism.
+
+Every function takes the parallel context it works for (``context=``); left out, it is the current
+one, read in one place (:func:`_context`) so NxD-style callers keep working."""
 
 from __future__ import annotations
 
@@ -9,11 +12,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nxd.parallel import get_parallel_context
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, current_parallel_context
 
 #: Bytes per all-reduce bucket (NxD uses 512 MB on device; smaller buckets suit CPU caches).
 BUCKET_CAP_BYTES = 64 * 1024 * 1024
+
+
+def _context(context: ParallelContext | None) -> ParallelContext | None:
+    """``context``, or the current one (``None`` before model parallelism is initialised)."""
+    return context if context is not None else current_parallel_context()
 
 
 def _as_list(parameters: Any) -> list[torch.Tensor]:
@@ -59,43 +66,49 @@ def _allreduce_flat(tensors: list[torch.Tensor], group: Any, average: bool, cap_
 
 
 def bucket_allreduce_gradients(grads: Iterable[torch.Tensor], group: Any = None,
-                               bucket_cap_bytes: int = BUCKET_CAP_BYTES) -> None:
+                               bucket_cap_bytes: int = BUCKET_CAP_BYTES, *,
+                               context: ParallelContext | None = None) -> None:
     """Average ``grads`` in place over the data-parallel group (data x context parallel under CP;
     or ``group``), packed into flat buckets so each bucket is one collective. Buckets go in reverse
     order, like NxD."""
     if group is None:
-        if not parallel_state.model_parallel_is_initialized():
+        ctx = _context(context)
+        if ctx is None:
             return
-        group = gradient_reduction_group()
+        group = gradient_reduction_group(ctx)
     _allreduce_flat(list(grads)[::-1], group, average=True, cap_bytes=bucket_cap_bytes)
 
 
-def allreduce_context_parallel_gradients(parameters: Any, bucket_cap_bytes: int = BUCKET_CAP_BYTES) -> None:
+def allreduce_context_parallel_gradients(parameters: Any, bucket_cap_bytes: int = BUCKET_CAP_BYTES, *,
+                                         context: ParallelContext | None = None) -> None:
     """Average every gradient over the context-parallel group (NxD's name). CP ranks hold the same
     parameters but different tokens; the CP loss (``context_parallel_token_mean``) scales each
     rank's gradient by the CP size, so the average is the exact gradient of the global mean loss."""
-    if not parallel_state.model_parallel_is_initialized() or parallel_state.get_context_model_parallel_size() == 1:
+    ctx = _context(context)
+    if ctx is None or ctx.cp.size == 1:
         return
     grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
-    _allreduce_flat(grads[::-1], parallel_state.get_context_model_parallel_group(), average=True,
-                    cap_bytes=bucket_cap_bytes)
+    _allreduce_flat(grads[::-1], ctx.cp.group, average=True, cap_bytes=bucket_cap_bytes)
 
 
-def gradient_reduction_group() -> Any:
+def gradient_reduction_group(context: ParallelContext | None = None) -> Any:
     """The group replicated parameters' gradients are averaged over: data x context parallel
     (one collective for both; the DP group alone when CP is 1)."""
-    context = get_parallel_context()
-    return context.dp_cp.group if context.cp.size > 1 else context.dp.group
+    ctx = _context(context)
+    if ctx is None:
+        raise RuntimeError("gradient_reduction_group needs a parallel context: initialise model parallelism first")
+    return ctx.dp_cp.group if ctx.cp.size > 1 else ctx.dp.group
 
 
-def allreduce_sequence_parallel_gradients(parameters: Any) -> None:
+def allreduce_sequence_parallel_gradients(parameters: Any, *, context: ParallelContext | None = None) -> None:
     """Sum over TP the gradients of parameters tagged ``sequence_parallel_enabled`` (norm weights
     and row-parallel biases under SP see only their rank's sequence slice)."""
-    if not parallel_state.model_parallel_is_initialized() or parallel_state.get_tensor_model_parallel_size() == 1:
+    ctx = _context(context)
+    if ctx is None or ctx.tp.size == 1:
         return
     grads = [p.grad for p in _as_list(parameters)
              if getattr(p, "sequence_parallel_enabled", False) and p.grad is not None]
-    _allreduce_flat(grads, parallel_state.get_tensor_model_parallel_group(), average=False, cap_bytes=BUCKET_CAP_BYTES)
+    _allreduce_flat(grads, ctx.tp.group, average=False, cap_bytes=BUCKET_CAP_BYTES)
 
 
 def is_expert_parallel(param: torch.Tensor) -> bool:
@@ -105,33 +118,35 @@ def is_expert_parallel(param: torch.Tensor) -> bool:
     return bool(getattr(param, "expert_model_parallel", False))
 
 
-def allreduce_expert_parallel_gradients(parameters: Any) -> None:
+def allreduce_expert_parallel_gradients(parameters: Any, *, context: ParallelContext | None = None) -> None:
     """Gradients of expert-parallel parameters: sum over their expert-data-parallel group and divide
     by the data-parallel size. Each expert already received (through the all-to-all backward) the
     gradient from every EP rank's tokens, so this is the mean over all DP ranks' losses, exactly what
     the DP average gives a replicated parameter."""
-    if not parallel_state.model_parallel_is_initialized():
+    ctx = _context(context)
+    if ctx is None:
         return
     by_group: dict[int, tuple[Any, list[torch.Tensor]]] = {}
     for p in _as_list(parameters):
         if is_expert_parallel(p) and p.grad is not None:
             group = p.expert_data_parallel_group
             by_group.setdefault(id(group), (group, []))[1].append(p.grad)
-    dp = expert_gradient_divisor()
+    dp = expert_gradient_divisor(ctx)
     for group, grads in by_group.values():
         _allreduce_flat(grads, group, average=False, cap_bytes=BUCKET_CAP_BYTES)
         for g in grads:
             g.div_(dp)
 
 
-def expert_gradient_divisor() -> int:
+def expert_gradient_divisor(context: ParallelContext | None = None) -> int:
     """What the expert-data-parallel sum of an expert gradient is divided by: the DP size (times CP:
     under context parallelism each rank's loss gradient is CP times its share, as
     context_parallel_token_mean makes it)."""
-    return parallel_state.get_data_parallel_size() * parallel_state.get_context_model_parallel_size()
+    ctx = _context(context)
+    return 1 if ctx is None else ctx.dp.size * ctx.cp.size
 
 
-def reduction_param_groups(parameters: Any) -> list[dict]:
+def reduction_param_groups(parameters: Any, *, context: ParallelContext | None = None) -> list[dict]:
     """``parameters`` (tensors or param-group dicts) as param groups whose parameters all reduce
     their gradients over the same process group, for optimizers that shard state per group (nxd-zero1).
 
@@ -156,18 +171,23 @@ def reduction_param_groups(parameters: Any) -> list[dict]:
                 by_group.setdefault(id(p.expert_data_parallel_group), []).append(p)
         for experts in by_group.values():
             out.append({**group, "params": experts, "sharding_group": experts[0].expert_data_parallel_group,
-                        "gradient_divisor": expert_gradient_divisor(),
+                        "gradient_divisor": expert_gradient_divisor(context),
                         "partition_group": experts[0].expert_model_parallel_group})
     return out
 
 
-def counted_in_norm(param: torch.Tensor) -> bool:
+def _tp_rank(context: ParallelContext | None) -> int:
+    ctx = _context(context)
+    return 0 if ctx is None else ctx.tp.rank
+
+
+def counted_in_norm(param: torch.Tensor, *, context: ParallelContext | None = None) -> bool:
     """Whether this rank owns ``param``'s gradient for the norm: replicated parameters count on
     TP rank 0 only; GQA KV weights replicated ``m`` times count on the first rank of each block
     of ``m`` neighbouring ranks that share a KV piece."""
     if getattr(param, "pipeline_shared_duplicate", False):
         return False  # a tied weight's copy on a later pipeline stage (nxd-pipeline): the first stage counts it
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tp_rank = _tp_rank(context)
     if not getattr(param, "tensor_model_parallel", False):
         return tp_rank == 0
     multiplier = getattr(param, "kv_size_multiplier", 1)
@@ -176,28 +196,29 @@ def counted_in_norm(param: torch.Tensor) -> bool:
     return True
 
 
-def fused_pieces_counted(param: torch.Tensor) -> list[bool]:
+def fused_pieces_counted(param: torch.Tensor, *, context: ParallelContext | None = None) -> list[bool]:
     """A fused GQA QKV parameter (``fused_splits`` along ``partition_dim``): whether each piece
     counts on this rank for the norm. The Q piece always counts, replicated K/V pieces only on
     unique ranks."""
     multiplier = getattr(param, "kv_size_multiplier", 1)
-    unique = parallel_state.get_tensor_model_parallel_rank() % multiplier == 0
+    unique = _tp_rank(context) % multiplier == 0
     return [i == 0 or multiplier == 1 or unique for i in range(len(param.fused_splits))]
 
 
-def _fused_pieces(param: torch.Tensor, grad: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
+def _fused_pieces(param: torch.Tensor, grad: torch.Tensor, context: ParallelContext) -> list[tuple[torch.Tensor, bool]]:
     pieces = torch.split(grad, list(param.fused_splits), dim=param.partition_dim)
-    return list(zip(pieces, fused_pieces_counted(param)))
+    return list(zip(pieces, fused_pieces_counted(param, context=context)))
 
 
-def get_grad_norm(parameters: Any, norm_type: float = 2) -> torch.Tensor:
+def get_grad_norm(parameters: Any, norm_type: float = 2, *, context: ParallelContext | None = None) -> torch.Tensor:
     """The global gradient norm of the (unsharded) model: TP shards are combined, replicated
     parameters count once, pipeline stages are combined; DP replicas hold the same (already
     reduced) gradients and are not summed again."""
     params = [p for p in _as_list(parameters) if p.grad is not None]
     norm_type = float(norm_type)
     device = params[0].grad.device if params else torch.device("cpu")
-    initialized = parallel_state.model_parallel_is_initialized()
+    ctx = _context(context)
+    initialized = ctx is not None
     pieces: list[tuple[torch.Tensor, bool]] = []
     expert_pieces: dict[int, tuple[Any, list[tuple[torch.Tensor, bool]]]] = {}
     for p in params:
@@ -205,11 +226,11 @@ def get_grad_norm(parameters: Any, norm_type: float = 2) -> torch.Tensor:
         if initialized and is_expert_parallel(p):
             # different experts on each EP rank: their norms add up over the EP group
             group = p.expert_model_parallel_group
-            expert_pieces.setdefault(id(group), (group, []))[1].append((grad, counted_in_norm(p)))
+            expert_pieces.setdefault(id(group), (group, []))[1].append((grad, counted_in_norm(p, context=ctx)))
         elif initialized and getattr(p, "fused_splits", None) is not None:
-            pieces.extend(_fused_pieces(p, grad))
+            pieces.extend(_fused_pieces(p, grad, ctx))
         else:
-            pieces.append((grad, counted_in_norm(p) if initialized else True))
+            pieces.append((grad, counted_in_norm(p, context=ctx) if initialized else True))
     if norm_type == math.inf:
         local = torch.zeros((), dtype=torch.float32, device=device)
         for grad, _ in pieces:
@@ -230,19 +251,19 @@ def get_grad_norm(parameters: Any, norm_type: float = 2) -> torch.Tensor:
                 part = part + grad.float().norm(norm_type) ** norm_type
         dist.all_reduce(part, op=op, group=group)
         local = torch.maximum(local, part) if norm_type == math.inf else local + part
-    if initialized:
-        for size, group in ((parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_group()),
-                            (parallel_state.get_pipeline_model_parallel_size(), parallel_state.get_pipeline_model_parallel_group())):
-            if size > 1:
-                dist.all_reduce(local, op=op, group=group)
+    if ctx is not None:
+        for dim in (ctx.tp, ctx.pp):
+            if dim.size > 1:
+                dist.all_reduce(local, op=op, group=dim.group)
     return local if norm_type == math.inf else local ** (1.0 / norm_type)
 
 
-def clip_grad_norm(parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+def clip_grad_norm(parameters: Any, max_norm: float, norm_type: float = 2, *,
+                   context: ParallelContext | None = None) -> torch.Tensor:
     """Scale gradients in place so the global norm is at most ``max_norm``; return the norm
     before clipping (same convention as ``torch.nn.utils.clip_grad_norm_``)."""
     params = [p for p in _as_list(parameters) if p.grad is not None]
-    total = get_grad_norm(params, norm_type)
+    total = get_grad_norm(params, norm_type, context=context)
     coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
     for p in params:
         p.grad.detach().mul_(coef.to(p.grad.device, p.grad.dtype))

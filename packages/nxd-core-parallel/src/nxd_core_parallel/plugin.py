@@ -24,10 +24,11 @@ def nxd_register_optimizers(registry: Any) -> None:
     registry.add("default", default_optimizer)
 
 
-def default_optimizer(nxd_config: dict, optimizer_class: type, parameters: Any, **defaults: Any) -> Any:
+def default_optimizer(nxd_config: NxdConfig, optimizer_class: type, parameters: Any,
+                      context: nxd.ParallelContext | None = None, **defaults: Any) -> Any:
     from nxd_core_parallel.trainer import NxDOptimizer
 
-    return NxDOptimizer(optimizer_class(parameters, **defaults), nxd_config)
+    return NxDOptimizer(optimizer_class(parameters, **defaults), nxd_config, context=context)
 
 
 @nxd.hookimpl

@@ -9,8 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from nxd.parallel import ParallelContext, current_parallel_context
 from nxd.resolved import NxdConfig
-from nxd_core_parallel import dp_overlap, parallel_state
+from nxd_core_parallel import dp_overlap
 from nxd_core_parallel.expert_state import gather_expert_state, slice_expert_state
 from nxd_core_parallel.grads import (
     allreduce_expert_parallel_gradients,
@@ -196,16 +197,13 @@ class NxDModel(nn.Module):
         return next(self.parameters()).dtype
 
 
-def _overlap_possible(nxd_config: NxdConfig) -> bool:
-    from nxd_core_parallel.backends import current_backend
-
-    if not parallel_state.model_parallel_is_initialized() or \
-            parallel_state.get_data_parallel_size() * parallel_state.get_context_model_parallel_size() == 1:
+def _overlap_possible(nxd_config: NxdConfig, context: ParallelContext | None) -> bool:
+    if context is None or context.dp.size * context.cp.size == 1:
         return False
     # Pipeline schedules run one backward per micro-batch; lazy XLA tensors have no eager hooks.
-    if nxd_config.pipeline_parallel_size > 1 or parallel_state.get_pipeline_model_parallel_size() > 1:
+    if nxd_config.pipeline_parallel_size > 1 or context.pp.size > 1:
         return False
-    return current_backend().name != "xla"
+    return getattr(context.backend, "name", None) != "xla"
 
 
 class NxDOptimizer(torch.optim.Optimizer):
@@ -216,19 +214,22 @@ class NxDOptimizer(torch.optim.Optimizer):
     With ``overlap_grad_sync`` (default: on when DP > 1, no pipeline, not XLA) the DP all-reduce
     runs during backward, bucket by bucket (:mod:`nxd_core_parallel.dp_overlap`); ``step`` then
     only averages what backward did not (unused parameters, SP-tagged ones, grads under
-    ``NxDModel.no_sync``). ``overlap_grad_sync=False`` does it all in ``step`` after backward."""
+    ``NxDModel.no_sync``). ``overlap_grad_sync=False`` does it all in ``step`` after backward.
+    ``context``: the parallel context whose groups it syncs over (the current one when left out)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, nxd_config: Mapping[str, Any] | None,
                  overlap_grad_sync: bool | None = None,
-                 bucket_cap_bytes: int = dp_overlap.OVERLAP_BUCKET_CAP_BYTES) -> None:
+                 bucket_cap_bytes: int = dp_overlap.OVERLAP_BUCKET_CAP_BYTES, *,
+                 context: ParallelContext | None = None) -> None:
         # The inner optimizer owns the state; Optimizer.__init__ is not called on purpose.
         self.optimizer = optimizer
         self.nxd_config = nxd_config = NxdConfig.of(nxd_config)
+        self.context = context = context if context is not None else current_parallel_context()
         self.grad_norm: torch.Tensor | None = None
         self._optimizer_step_pre_hooks: dict = {}
         self._optimizer_step_post_hooks: dict = {}
         self._reducer: dp_overlap.OverlappedGradReducer | None = None
-        possible = _overlap_possible(nxd_config)
+        possible = _overlap_possible(nxd_config, context)
         if overlap_grad_sync and not possible:
             raise ValueError("overlap_grad_sync=True needs initialized model parallelism with data_parallel_size > 1, "
                              "no pipeline parallelism and a non-XLA backend")
@@ -241,7 +242,7 @@ class NxDOptimizer(torch.optim.Optimizer):
             params = [p for p in self._params() if not (sp and getattr(p, "sequence_parallel_enabled", False))
                       and not is_expert_parallel(p)]
             self._reducer = dp_overlap.OverlappedGradReducer(
-                params, gradient_reduction_group(), bucket_cap_bytes=bucket_cap_bytes,
+                params, gradient_reduction_group(context), bucket_cap_bytes=bucket_cap_bytes,
                 first_bucket_cap_bytes=min(dp_overlap.FIRST_BUCKET_CAP_BYTES, bucket_cap_bytes))
 
     @property
@@ -287,16 +288,15 @@ class NxDOptimizer(torch.optim.Optimizer):
         With overlap, gradients backward already averaged are not averaged again."""
         params = self._params()
         if self.nxd_config.sequence_parallel:
-            allreduce_sequence_parallel_gradients(params)
-        allreduce_expert_parallel_gradients(params)
+            allreduce_sequence_parallel_gradients(params, context=self.context)
+        allreduce_expert_parallel_gradients(params, context=self.context)
         params = [p for p in params if not is_expert_parallel(p)]
-        if parallel_state.model_parallel_is_initialized() and \
-                parallel_state.get_data_parallel_size() * parallel_state.get_context_model_parallel_size() > 1:
+        if self.context is not None and self.context.dp.size * self.context.cp.size > 1:
             if self._reducer is None:
-                bucket_allreduce_gradients([p.grad for p in params if p.grad is not None])
+                bucket_allreduce_gradients([p.grad for p in params if p.grad is not None], context=self.context)
             else:
                 pending = self._reducer.unreduced(params)
-                bucket_allreduce_gradients([p.grad for p in pending])
+                bucket_allreduce_gradients([p.grad for p in pending], context=self.context)
                 self._reducer.mark_reduced(pending)
 
     @torch.no_grad()
@@ -306,7 +306,7 @@ class NxDOptimizer(torch.optim.Optimizer):
         self.sync_gradients()
         opt = self.nxd_config.optimizer
         if opt.grad_clipping:
-            self.grad_norm = clip_grad_norm(self._params(), opt.max_grad_norm)
+            self.grad_norm = clip_grad_norm(self._params(), opt.max_grad_norm, context=self.context)
         return self.optimizer.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -58,7 +58,7 @@ def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, 
                   **defaults: Any) -> torch.optim.Optimizer:
     from nxd_core_parallel.plugin import default_optimizer
 
-    return default_optimizer(config, optimizer_class, parameters, **defaults)
+    return default_optimizer(config, optimizer_class, parameters, context=context, **defaults)
 
 
 TRANSFORMS = (

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, current_parallel_context
 from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import (
@@ -47,8 +47,14 @@ class CausalLMOutput:
     logits: torch.Tensor
 
 
-def _tp() -> int:
-    return parallel_state.get_tensor_model_parallel_size()
+def resolve_context(context: ParallelContext | None) -> ParallelContext | None:
+    """The context a module is built for: the one passed (``GPTForCausalLM`` hands its own to every
+    block), else the current one (direct construction). The only global read here."""
+    return context if context is not None else current_parallel_context()
+
+
+def _tp(context: ParallelContext | None) -> int:
+    return context.tp.size if context is not None else 1
 
 
 def _dropout(x: torch.Tensor, p: float, training: bool, rank_local: bool) -> torch.Tensor:
@@ -105,9 +111,9 @@ class _null:
 
 class GPTSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        tp = _tp()
+        tp = _tp(resolve_context(context))
         if config.num_query_groups % tp:
             raise ConfigError(f"gpt: num_query_groups ({config.num_query_groups}) must be divisible by "
                               f"tensor_parallel_size ({tp}) for Megatron's interleaved QKV layout")
@@ -146,9 +152,9 @@ class GPTMLP(nn.Module):
     """``fc2(act(fc1(x)))``; for swiglu ``fc1`` holds ``[gate; up]`` (each TP rank ``[gate_r; up_r]``)."""
 
     def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        tp = _tp()
+        tp = _tp(resolve_context(context))
         if config.ffn_hidden_size % tp:
             raise ConfigError(f"gpt: ffn_hidden_size ({config.ffn_hidden_size}) must be divisible by "
                               f"tensor_parallel_size ({tp})")
@@ -187,15 +193,16 @@ class GPTTransformerLayer(nn.Module):
     ``x + attn(ln1(x)) + mlp(ln2(x))``; or post-LN (NeMo) ``h = ln1(x + attn(x))``, ``ln2(h + mlp(h))``."""
 
     def __init__(self, config: GPTConfig, layer_number: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
+        context = resolve_context(context)
         self.layer_number = layer_number
         self.post_ln = config.transformer_block_type == "post_ln"
         self.parallel_residual = config.parallel_residual
         self.hidden_dropout = config.hidden_dropout
         self.sequence_parallel = sequence_parallel
-        self.self_attention = GPTSelfAttention(config, sequence_parallel, device)
-        self.mlp = GPTMLP(config, sequence_parallel, device)
+        self.self_attention = GPTSelfAttention(config, sequence_parallel, device, context)
+        self.mlp = GPTMLP(config, sequence_parallel, device, context)
         if self.post_ln:
             self.post_attention_layernorm = _norm(config, sequence_parallel, device)
             self.post_mlp_layernorm = _norm(config, sequence_parallel, device)
@@ -259,9 +266,10 @@ class GPTEmbedding(nn.Module):
 
 class GPTDecoder(nn.Module):
     def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(GPTTransformerLayer(config, i + 1, sequence_parallel, device)
+        context = resolve_context(context)
+        self.layers = nn.ModuleList(GPTTransformerLayer(config, i + 1, sequence_parallel, device, context)
                                     for i in range(config.num_layers))
         # NeMo's post-LN stack ends with the last block's norm (no final layernorm)
         self.final_layernorm = None if config.transformer_block_type == "post_ln" else \
@@ -277,19 +285,22 @@ class GPTForCausalLM(nn.Module):
     nxd_core_attention_classes = (GPTCoreAttention,)
 
     def __init__(self, config: GPTConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+        """``context``: the parallel context to build for (the current one when left out); every
+        block takes it from here."""
         super().__init__()
+        self.parallel_context = context = resolve_context(context)
         config = GPTConfig.from_dict(config) if isinstance(config, dict) else config
         self.config = config
         self.sequence_parallel = sequence_parallel
-        tp = _tp()
+        tp = _tp(context)
         if config.num_attention_heads % tp:
             raise ConfigError(f"gpt: num_attention_heads ({config.num_attention_heads}) must be divisible by "
                               f"tensor_parallel_size ({tp}); nxd's GPT does not pad attention heads (NxD's pad_model "
                               "pads models built from ColumnParallelLinear/RowParallelLinear projections)")
         self.padded_vocab_size = config.padded_vocab_size(tp)
         self.embedding = GPTEmbedding(config, self.padded_vocab_size, sequence_parallel, device)
-        self.decoder = GPTDecoder(config, sequence_parallel, device)
+        self.decoder = GPTDecoder(config, sequence_parallel, device, context)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rotary_base) \
             if config.position_embedding_type == "rope" else None
         init, _ = init_methods(config)
@@ -312,8 +323,9 @@ class GPTForCausalLM(nn.Module):
                      ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
         """``(rope cos/sin or None, mask)`` every layer takes, recomputed from the batch alone."""
         b, s = input_ids.shape
-        if self.sequence_parallel and s % _tp():
-            raise ValueError(f"sequence length {s} must be divisible by tensor_parallel_size {_tp()} with "
+        tp = _tp(self.parallel_context)
+        if self.sequence_parallel and s % tp:
+            raise ValueError(f"sequence length {s} must be divisible by tensor_parallel_size {tp} with "
                              "sequence parallelism")
         rope = None
         if self.rotary_emb is not None:

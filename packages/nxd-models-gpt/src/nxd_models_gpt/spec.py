@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from nxd.parallel import ParallelContext
 from nxd.resolved import NxdConfig
 from nxd.specs import ModelSpec, ParallelPlan
 from nxd_models_gpt.config import GPTConfig
@@ -37,10 +38,11 @@ def config_from_dict(data: dict[str, Any] | GPTConfig) -> GPTConfig:
     return GPTConfig.from_dict(data)
 
 
-def build(config: GPTConfig | dict, nxd_config: dict | None = None) -> nn.Module:
-    """This rank's model for the current parallel state (``sequence_parallel`` from ``nxd_config``)."""
+def build(config: GPTConfig | dict, nxd_config: dict | None = None, context: ParallelContext | None = None
+          ) -> nn.Module:
+    """This rank's model for ``context`` (``sequence_parallel`` from ``nxd_config``)."""
     cfg = config_from_dict(config) if isinstance(config, dict) else config
-    return GPTForCausalLM(cfg, sequence_parallel=NxdConfig.of(nxd_config).sequence_parallel)
+    return GPTForCausalLM(cfg, sequence_parallel=NxdConfig.of(nxd_config).sequence_parallel, context=context)
 
 
 def flops_per_token(config: GPTConfig | dict, seq_length: int | None = None) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -16,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd_core_parallel import fused_kernels, parallel_state
+from nxd.parallel import ParallelContext, current_parallel_context
+from nxd_core_parallel import fused_kernels
 from nxd_core_parallel.context_parallel import local_positions, ring_attention
 from nxd_core_parallel.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
@@ -95,16 +97,26 @@ class KVCache:
         return k, v
 
 
-def _context_parallel_size() -> int:
-    return parallel_state.get_context_model_parallel_size() if parallel_state.model_parallel_is_initialized() else 1
+def resolve_context(context: ParallelContext | None) -> ParallelContext | None:
+    """The context a module is built for: the one passed (``LlamaForCausalLM`` hands its own to every
+    block), else the current one (NxD-style direct construction). The only global read here."""
+    return context if context is not None else current_parallel_context()
 
 
-def _plain_causal_under_cp(attention_mask: torch.Tensor) -> None:
+def _size(context: ParallelContext | None, dim: str) -> int:
+    return context.dim(dim).size if context is not None else 1
+
+
+def _rank(context: ParallelContext | None, dim: str) -> int:
+    return context.dim(dim).rank if context is not None else 0
+
+
+def _plain_causal_under_cp(attention_mask: torch.Tensor, cp_group: Any) -> None:
     """Ring attention is plain causal attention: accept a ``[batch, seq]`` mask only when it is one
     segment without padding on every CP rank (checked together, so all ranks agree)."""
     if attention_mask.dim() == 2:
         bounds = torch.stack([attention_mask.min(), -attention_mask.max()]).to(torch.float64)
-        dist.all_reduce(bounds, op=dist.ReduceOp.MIN, group=parallel_state.get_context_model_parallel_group())
+        dist.all_reduce(bounds, op=dist.ReduceOp.MIN, group=cp_group)
         if bounds[0] == -bounds[1] and bounds[0] != 0:
             return None
     raise ValueError(
@@ -121,6 +133,10 @@ class LlamaCoreAttention(nn.Module):
     #: counts replicated over TP, e.g. 3 KV heads at TP=2); set by LlamaAttention
     kv_index: tuple[int, ...] | None = None
 
+    def __init__(self, context: ParallelContext | None = None) -> None:
+        super().__init__()
+        self.parallel_context = resolve_context(context)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``q`` ``[b, heads, s_q, d]``, ``k``/``v`` ``[b, kv_heads, s_k, d]``; without a mask,
@@ -128,11 +144,11 @@ class LlamaCoreAttention(nn.Module):
         if self.kv_index is not None:  # one K/V head per query head, picked by HF's grouping
             index = torch.tensor(self.kv_index, device=k.device)
             k, v = k.index_select(1, index), v.index_select(1, index)
-        if _context_parallel_size() > 1:
+        if _size(self.parallel_context, "cp") > 1:
             if attention_mask is not None or q.shape[2] != k.shape[2]:
                 raise ValueError("context parallelism runs causal attention only: no attention mask, segment ids "
                                  "or KV cache (use context_parallel_size=1 for packed/padded batches or decoding)")
-            return ring_attention(q, k, v, parallel_state.get_context_model_parallel_group(), causal=True)
+            return ring_attention(q, k, v, self.parallel_context.cp.group, causal=True)
         groups = q.shape[1] // k.shape[1]
         if groups > 1:  # each local KV head serves `groups` consecutive local query heads
             k = k.repeat_interleave(groups, dim=1)
@@ -150,20 +166,25 @@ class HeadRMSNorm(RMSNorm):
     weight for all heads. TP ranks hold different heads, so each sees part of the weight's gradient:
     the weight enters through ``copy_to_tensor_model_parallel_region``, whose backward sums it over TP."""
 
+    def __init__(self, *args: Any, context: ParallelContext | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.parallel_context = resolve_context(context)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         weight = self.weight
-        if parallel_state.model_parallel_is_initialized() and parallel_state.get_tensor_model_parallel_size() > 1:
-            weight = copy_to_tensor_model_parallel_region(weight)
+        if _size(self.parallel_context, "tp") > 1:
+            weight = copy_to_tensor_model_parallel_region(weight, process_group=self.parallel_context.tp.group)
         return weight * h.to(x.dtype)
 
 
 class LlamaAttention(nn.Module):
     def __init__(self, config: LlamaConfig, layer_idx: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        tp = parallel_state.get_tensor_model_parallel_size()
+        context = resolve_context(context)
+        tp = _size(context, "tp")
         self.layer_idx = layer_idx
         self.head_dim = config.head_dim
         self.kv_size_multiplier = kv_size_multiplier_for(config, tp)
@@ -181,10 +202,10 @@ class LlamaAttention(nn.Module):
         )
         # Qwen3: RMSNorm of every query and key head before RoPE (config.qk_norm)
         head_norm = partial(HeadRMSNorm, config.head_dim, eps=config.rms_norm_eps, dtype=config.torch_dtype,
-                            device=device)
+                            device=device, context=context)
         self.q_norm, self.k_norm = (head_norm(), head_norm()) if config.qk_norm else (None, None)
-        self.core_attention = LlamaCoreAttention()
-        index = _kv_local_index(config, tp, parallel_state.get_tensor_model_parallel_rank(), self.kv_size_multiplier)
+        self.core_attention = LlamaCoreAttention(context)
+        index = _kv_local_index(config, tp, _rank(context, "tp"), self.kv_size_multiplier)
         per_kv = self.num_heads // self.num_kv_heads if self.num_heads % self.num_kv_heads == 0 else 0
         if index != [i // per_kv if per_kv else -1 for i in range(self.num_heads)]:
             self.core_attention.kv_index = tuple(index)
@@ -232,9 +253,9 @@ class LlamaMLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused in one column-parallel layer."""
 
     def __init__(self, config: LlamaConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        tp = parallel_state.get_tensor_model_parallel_size()
+        tp = _size(resolve_context(context), "tp")
         if config.intermediate_size % tp:
             raise ConfigError(
                 f"intermediate_size ({config.intermediate_size}) must be divisible by tensor_parallel_size ({tp})"
@@ -271,15 +292,16 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: ``h + attn(norm(h))`` then ``h + mlp(norm(h))``."""
 
     def __init__(self, config: LlamaConfig, layer_idx: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
+        context = resolve_context(context)
         norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps,
                        sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device,
                        fused="rms_norm" in config.fused_kernels)
         self.input_layernorm = norm()
-        self.self_attn = LlamaAttention(config, layer_idx, sequence_parallel, device)
+        self.self_attn = LlamaAttention(config, layer_idx, sequence_parallel, device, context)
         self.post_attention_layernorm = norm()
-        self.mlp = LlamaMLP(config, sequence_parallel, device)
+        self.mlp = LlamaMLP(config, sequence_parallel, device, context)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
@@ -289,8 +311,9 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
+        self.parallel_context = context = resolve_context(context)
         self.config = config
         self.sequence_parallel = sequence_parallel
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
@@ -299,7 +322,7 @@ class LlamaModel(nn.Module):
             sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM, pad=True,
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, sequence_parallel, device) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, sequence_parallel, device, context) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, sequence_parallel_enabled=sequence_parallel,
                             dtype=config.torch_dtype, device=device, fused="rms_norm" in config.fused_kernels)
@@ -311,21 +334,22 @@ class LlamaModel(nn.Module):
         """``(cos, sin, mask)`` every decoder layer takes (``dtype``: the hidden states'), from the
         batch alone: pipeline stages recompute them instead of receiving them."""
         b, s = input_ids.shape
-        if self.sequence_parallel and s % parallel_state.get_tensor_model_parallel_size():
+        context = self.parallel_context
+        if self.sequence_parallel and s % _size(context, "tp"):
             raise ValueError(
                 f"sequence length {s} must be divisible by tensor_parallel_size "
-                f"{parallel_state.get_tensor_model_parallel_size()} with sequence parallelism"
+                f"{_size(context, 'tp')} with sequence parallelism"
             )
-        cp = _context_parallel_size()
+        cp = _size(context, "cp")
         if position_ids is None and cp > 1:
             # this rank's chunks of the sequence (the batch was split with the same layout)
-            position_ids = local_positions(s, parallel_state.get_context_model_parallel_rank(), cp, past=past,
+            position_ids = local_positions(s, context.cp.rank, cp, past=past,
                                            device=input_ids.device).unsqueeze(0).expand(b, s)
         if position_ids is None:
             position_ids = torch.arange(past, past + s, device=input_ids.device).unsqueeze(0).expand(b, s)
         cos, sin = self.rotary_emb(position_ids, dtype)
         if cp > 1 and attention_mask is not None:
-            attention_mask = _plain_causal_under_cp(attention_mask)
+            attention_mask = _plain_causal_under_cp(attention_mask, context.cp.group)
         return cos, sin, build_attention_mask(attention_mask, b, s, past, dtype, input_ids.device)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -348,17 +372,20 @@ class LlamaForCausalLM(nn.Module):
     nxd_core_attention_classes = (LlamaCoreAttention,)
 
     def __init__(self, config: LlamaConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+        """``context``: the parallel context to build for (the current one when left out); every
+        block takes it from here."""
         super().__init__()
+        context = resolve_context(context)
         config = LlamaConfig.from_dict(config) if isinstance(config, dict) else config
         # A vocabulary not divisible by TP is padded inside the embedding and LM head (pad=True);
         # the padded classes' logits are -inf, so loss, softmax and exports see the real vocabulary.
-        if "cross_entropy" in config.fused_kernels and parallel_state.get_tensor_model_parallel_size() > 1:
+        if "cross_entropy" in config.fused_kernels and _size(context, "tp") > 1:
             raise ConfigError("fused_kernels: 'cross_entropy' (Liger's fused linear cross-entropy) needs the whole "
-                              f"vocabulary on one rank; tensor_parallel_size is {parallel_state.get_tensor_model_parallel_size()} "
+                              f"vocabulary on one rank; tensor_parallel_size is {_size(context, 'tp')} "
                               "(its logits are vocabulary-parallel): remove 'cross_entropy' or use tensor_parallel_size=1")
         self.config = config
-        self.model = LlamaModel(config, sequence_parallel, device)
+        self.model = LlamaModel(config, sequence_parallel, device, context)
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         self.lm_head = ColumnParallelLinear(
             config.hidden_size, config.vocab_size, bias=False, gather_output=False, init_method=init,

@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from nxd.parallel import ParallelContext
 from nxd.resolved import NxdConfig
 from nxd.specs import ModelSpec, ParallelPlan
 from nxd_core_parallel.modules.rms_norm import RMSNorm
@@ -47,11 +48,12 @@ def config_from_dict(data: dict[str, Any] | LlamaConfig) -> LlamaConfig:
     return LlamaConfig.from_dict(data)
 
 
-def build(config: LlamaConfig | dict, nxd_config: dict | None = None) -> nn.Module:
-    """This rank's model for the current parallel state (``sequence_parallel`` from ``nxd_config``)."""
+def build(config: LlamaConfig | dict, nxd_config: dict | None = None, context: ParallelContext | None = None
+          ) -> nn.Module:
+    """This rank's model for ``context`` (``sequence_parallel`` from ``nxd_config``)."""
     cfg = config_from_dict(config) if isinstance(config, dict) else config
     sequence_parallel = NxdConfig.of(nxd_config).sequence_parallel
-    return LlamaForCausalLM(cfg, sequence_parallel=sequence_parallel)
+    return LlamaForCausalLM(cfg, sequence_parallel=sequence_parallel, context=context)
 
 
 def flops_per_token(config: LlamaConfig | dict, seq_length: int | None = None) -> float:

@@ -78,7 +78,7 @@ class MixtralDecoderLayer(nn.Module):
         norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps,
                        sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device)
         self.input_layernorm = norm()
-        self.self_attn = self.build_attention(config, layer_idx, sequence_parallel, device)
+        self.self_attn = self.build_attention(config, layer_idx, sequence_parallel, device, context)
         self.post_attention_layernorm = norm()
         if config.use_scaled_init_method:  # Megatron's scaled init of the attention output projection
             self.self_attn.o_proj.init_method = partial(nn.init.normal_, mean=0.0, std=config.output_init_std)
@@ -88,9 +88,9 @@ class MixtralDecoderLayer(nn.Module):
         self.last_router_logits: torch.Tensor | None = None
 
     def build_attention(self, config: MixtralConfig, layer_idx: int, sequence_parallel: bool,
-                        device: torch.device | str | None) -> nn.Module:
+                        device: torch.device | str | None, context: ParallelContext | None = None) -> nn.Module:
         """Llama's attention (GQA, RoPE; q/k head norms when ``config.qk_norm``)."""
-        return LlamaAttention(config, layer_idx, sequence_parallel, device)
+        return LlamaAttention(config, layer_idx, sequence_parallel, device, context)
 
     def build_feed_forward(self, config: MixtralConfig, layer_idx: int, sequence_parallel: bool,
                            device: torch.device | str | None, context: ParallelContext | None) -> nn.Module:
@@ -98,7 +98,7 @@ class MixtralDecoderLayer(nn.Module):
         config's shared experts, if any), or Llama's dense SwiGLU MLP in the layers
         ``config.is_moe_layer`` leaves dense (Qwen3-MoE's ``mlp_only_layers``, DeepSeek's first layers)."""
         if not config.is_moe_layer(layer_idx):
-            return LlamaMLP(config, sequence_parallel, device)
+            return LlamaMLP(config, sequence_parallel, device, context)
         return MoELayer(config.moe_config(), config.hidden_size, config.expert_intermediate_size,
                         sequence_parallel=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
                         dtype=config.torch_dtype, device=device, init_std=config.initializer_range,

@@ -110,6 +110,26 @@ class _ShardedLinear(nn.Module):
 
     weight_shard_dim: int
 
+    def _setup(self, kind: str, input_size: int, output_size: int, stride: int, init_method: Optional[InitMethod],
+               sequence_parallel_enabled: bool, sequence_dimension: Optional[int], keep_master_weight: bool,
+               skip_bias_add: bool, pad: bool, pad_length: Callable[[int], int], group: Any,
+               reduce_dtype: torch.dtype, rank_ordering: Optional[list]) -> int:
+        """The options both layers take, NxD's checks on them, and the padded size of the sharded
+        dimension per rank (``pad_length(tp)`` is its padding)."""
+        self.tensor_parallel_group = group
+        tp, _ = _tp_size_rank(group)
+        _check_nxd_options(kind, rank_ordering)
+        self.input_size, self.output_size = input_size, output_size
+        sharded = output_size if self.weight_shard_dim == 0 else input_size
+        self.pad_size = pad_length(tp)
+        self.stride, self.pad = stride, pad
+        self.sequence_parallel_enabled = sequence_parallel_enabled
+        self.sequence_dimension = _sequence_dimension(sequence_parallel_enabled, sequence_dimension)
+        self.skip_bias_add, self.keep_master_weight, self.reduce_dtype = skip_bias_add, keep_master_weight, reduce_dtype
+        self.init_method = init_method or default_linear_init
+        side = "output_size" if self.weight_shard_dim == 0 else "input_size"
+        return divide(sharded + self.pad_size, tp, f"{kind} {side}", _PAD_HINT)
+
     def reset_parameters(self) -> None:
         init_sharded_(self.weight, (self.output_size, self.input_size), self.weight_shard_dim, self.stride,
                       self.init_method, *self._rank_size(), pad=self.pad_size)
@@ -153,18 +173,12 @@ class ColumnParallelLinear(_ShardedLinear):
         rank_ordering: Optional[list] = None,
     ) -> None:
         super().__init__()
-        self.tensor_parallel_group = tensor_model_parallel_group
-        tp, _ = _tp_size_rank(tensor_model_parallel_group)
-        _check_nxd_options("ColumnParallelLinear", rank_ordering)
-        self.input_size, self.output_size = input_size, output_size
-        self.pad_size = _pad_length("ColumnParallelLinear", pad, output_size, tp, stride, pad_alignment_size_per_rank)
-        self.output_size_per_partition = divide(output_size + self.pad_size, tp, "ColumnParallelLinear output_size", _PAD_HINT)
-        self.gather_output, self.stride = gather_output, stride
-        self.sequence_parallel_enabled = sequence_parallel_enabled
-        self.sequence_dimension = _sequence_dimension(sequence_parallel_enabled, sequence_dimension)
-        self.skip_bias_add, self.keep_master_weight, self.reduce_dtype = skip_bias_add, keep_master_weight, reduce_dtype
-        self.pad, self.keep_padded_output = pad, keep_padded_output
-        self.init_method = init_method or default_linear_init
+        self.output_size_per_partition = self._setup(
+            "ColumnParallelLinear", input_size, output_size, stride, init_method, sequence_parallel_enabled,
+            sequence_dimension, keep_master_weight, skip_bias_add, pad,
+            lambda tp: _pad_length("ColumnParallelLinear", pad, output_size, tp, stride, pad_alignment_size_per_rank),
+            tensor_model_parallel_group, reduce_dtype, rank_ordering)
+        self.gather_output, self.keep_padded_output = gather_output, keep_padded_output
         if sequence_parallel_enabled and gather_output:
             raise ValueError("ColumnParallelLinear: sequence_parallel_enabled=True needs gather_output=False")
         self.weight = nn.Parameter(torch.empty(self.output_size_per_partition, input_size, dtype=dtype, device=device))
@@ -227,19 +241,14 @@ class RowParallelLinear(_ShardedLinear):
         rank_ordering: Optional[list] = None,
     ) -> None:
         super().__init__()
-        self.tensor_parallel_group = tensor_model_parallel_group
-        tp, _ = _tp_size_rank(tensor_model_parallel_group)
-        _check_nxd_options("RowParallelLinear", rank_ordering)
-        self.input_size, self.output_size = input_size, output_size
-        self.pad_size = _pad_length("RowParallelLinear", pad, input_size, tp, stride)
-        self.input_size_per_partition = divide(input_size + self.pad_size, tp, "RowParallelLinear input_size", _PAD_HINT)
-        self.input_is_parallel, self.stride = input_is_parallel, stride
-        self.sequence_parallel_enabled = sequence_parallel_enabled
-        self.sequence_dimension = _sequence_dimension(sequence_parallel_enabled, sequence_dimension)
-        self.skip_bias_add, self.keep_master_weight, self.reduce_dtype = skip_bias_add, keep_master_weight, reduce_dtype
+        self.input_size_per_partition = self._setup(
+            "RowParallelLinear", input_size, output_size, stride, init_method, sequence_parallel_enabled,
+            sequence_dimension, keep_master_weight, skip_bias_add, pad,
+            lambda tp: _pad_length("RowParallelLinear", pad, input_size, tp, stride),
+            tensor_model_parallel_group, reduce_dtype, rank_ordering)
+        self.input_is_parallel = input_is_parallel
         # reduce_output=False (NxD): return this rank's partial sum; the caller reduces it.
-        self.reduce_output, self.pad = reduce_output, pad
-        self.init_method = init_method or default_linear_init
+        self.reduce_output = reduce_output
         if sequence_parallel_enabled and not input_is_parallel:
             raise ValueError("RowParallelLinear: sequence_parallel_enabled=True needs input_is_parallel=True")
         self.weight = nn.Parameter(torch.empty(output_size, self.input_size_per_partition, dtype=dtype, device=device))

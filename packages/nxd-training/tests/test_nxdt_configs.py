@@ -9,9 +9,6 @@ validate. test_nxdt_tiny_runs.py trains every one of them, shrunk, through `nxd 
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import pytest
 import yaml
 from nxdt_files import CONF, NAMES, NEEDS, Files, raw_config, reason_words, unmet
@@ -83,7 +80,7 @@ def test_recompute_names_map_onto_llama_modules(files: Files) -> None:
 
 
 # --------------------------------------------------------------------------- earlier NxDT releases
-def test_earlier_keys_are_read_with_nxdts_meaning(files: Files) -> None:
+def test_earlier_keys_are_read_with_nxdts_meaning(files: Files, capsys) -> None:
     """NxDT 2.20's activations_checkpoint_recompute_mlp and the first Trn2 configs' trainer.vnc,
     in the real configs that used them: read as their newer keys, said so in the resolved notes."""
     from nxdt_files import EARLIER
@@ -115,6 +112,13 @@ def test_earlier_keys_are_read_with_nxdts_meaning(files: Files) -> None:
     config = load_config(source, files.path_overrides("hf_llama3_70B_trn2_config", raw))
     assert config.trainer.lnc == 2 and config.trainer.vnc is None
     assert any(n.startswith("trainer.vnc=2") for n in config.resolved.notes)
+    from nxd.cli import main  # what a user sees: the note, then "config is valid"
+
+    assert main(["train", str(source), *files.path_overrides("hf_llama3_70B_trn2_config", raw),
+                 "model.num_layers=2", "model.hidden_size=1024", "--validate"]) == 0  # sized to fit this machine
+    out = capsys.readouterr().out
+    assert "nxd train: note: trainer.vnc=2 (NxD Training's earlier name) read as trainer.lnc=2" in out
+    assert "config is valid" in out
     with pytest.raises(ConfigError, match="keep trainer.lnc"):
         load_config(source, [*files.path_overrides("hf_llama3_70B_trn2_config", raw), "trainer.lnc=1"])
 
@@ -129,58 +133,3 @@ def test_earlier_key_a_model_cannot_honour_is_refused_with_the_newer_key(files: 
     with pytest.raises(ConfigError, match=r"recompute_mlp=true .*'mixtral' model has no such module.*"
                                           r"newer key model.activations_checkpoint_recompute"):
         load_config(raw, overrides)
-
-
-# --------------------------------------------------------------------------- tiny runs
-SHRINK = ["trainer.devices=2", "trainer.num_nodes=1", "trainer.max_steps=3", "trainer.log_every_n_steps=1",
-          "trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
-          "distributed_strategy.tensor_model_parallel_size=2", "data.global_batch_size=2",
-          "model.num_layers=2", "model.hidden_size=32", "model.encoder_seq_length=32",
-          "model.max_position_embeddings=64", "exp_manager.create_tensorboard_logger=false"]
-
-
-def _run(source: str, overrides: list[str], log_dir: str) -> dict[str, Any]:
-    from nxd_training.config import load_config, make_plan
-    from nxd_training.loop import train
-
-    config = load_config(source, overrides)
-    plan = make_plan(config)
-    result = train(config, log_dir=log_dir)
-    return {"losses": result.losses, "final": result.final_step, "model": plan.spec.name, "layout": (plan.tp, plan.pp)}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["hf_llama3_8B_config", "hf_llama3_8B_SFT_config", "megatron_gpt_config",
-                                  "megatron_llama_7B_config", "hf_llama3_70B_CP_config",
-                                  "megatron_mixtral_8x7b_config"])
-def test_shrunk_config_trains_on_two_ranks(name: str, files: Files, rank_pool, tmp_path: Path) -> None:
-    """NxDT's config with only paths and sizes changed trains the model it names on 2 ranks (TP=2, or
-    PP=2 for the MoE configs, which ask for PP=4)."""
-    raw = raw_config(name)
-    # MoE configs keep pipeline parallelism (PP=2 x TP=1: the router statistics cross a stage);
-    # the others run at PP=1 (2 ranks at TP=2 leave no room for PP)
-    moe_pipeline = "moe" in raw["model"] and raw["distributed_strategy"].get("pipeline_model_parallel_size", 1) > 1
-    missing = [need for need in unmet(name) if moe_pipeline or need[0] != "pipeline"]
-    if missing:
-        pytest.skip(f"needs {missing}")
-    shrink = list(SHRINK)
-    if "model_alignment_strategy" in raw:
-        shrink.append("data.seq_length=32")
-    if "model_config" not in raw["model"]:  # Megatron configs give every size in the YAML
-        shrink += ["model.ffn_hidden_size=64", "model.num_attention_heads=4", "model.num_kv_heads=4"]
-    if moe_pipeline:
-        shrink += ["distributed_strategy.tensor_model_parallel_size=1", "distributed_strategy.pipeline_model_parallel_size=2"]
-    elif raw["distributed_strategy"].get("pipeline_model_parallel_size", 1) > 1:
-        shrink.append("distributed_strategy.pipeline_model_parallel_size=1")
-    if raw["distributed_strategy"].get("context_parallel_size", 1) > 1:  # CP=2 over the 2 ranks, as the config asks
-        shrink += ["distributed_strategy.tensor_model_parallel_size=1", "distributed_strategy.pipeline_model_parallel_size=1",
-                   "distributed_strategy.sequence_parallel=false"]
-    overrides = files.path_overrides(name, {**raw, "data": {**raw["data"], "seq_length": 32}}, files.tiny_json) + shrink
-    results = rank_pool(2).run(_run, str(CONF / f"{name}.yaml"), overrides, str(tmp_path / "run"))
-    expected = "mixtral" if "moe" in raw["model"] else "gpt" if raw["model_source"] == "megatron" else "llama"
-    assert results[0]["model"] == expected
-    assert results[0]["layout"] == ((1, 2) if moe_pipeline else (results[0]["layout"][0], 1))
-    losses = results[0]["losses"]
-    assert sorted(losses) == [1, 2, 3] and results[0]["final"] == 3
-    assert results[0]["losses"] == results[1]["losses"]
-    assert all(0 < loss < 20 for loss in losses.values())

@@ -392,15 +392,13 @@ def resolve_config(config: TrainingConfig) -> ResolvedConfig:
     if isinstance(config, ResolvedConfig):
         return config
     plan = derive_plan(config)
-    ds = config.distributed_strategy
     sections = config.model_dump(by_alias=True)
     sections["model"]["architecture"] = plan.spec.name
     newer_keys(sections, config, plan.spec)  # keys of earlier NxDT releases written under their newer names
     resolution = Resolution(
         architecture=plan.spec.name, architecture_reason=plan.architecture_reason, model=plan.model_dict,
-        world_size=plan.world_size, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=ds.context_parallel_size,
-        ep=ds.expert_model_parallel_size, num_microbatches=plan.num_microbatches, seq_length=plan.seq_length,
-        data_module=plan.data_module, workflow=workflow_name(config), notes=list(plan.notes))
+        world_size=plan.world_size, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp, ep=plan.ep,
+        num_microbatches=plan.num_microbatches, seq_length=plan.seq_length, data_module=plan.data_module, workflow=workflow_name(config), notes=list(plan.notes))
     return ResolvedConfig.model_validate({**sections, "resolved": resolution})
 
 
@@ -413,7 +411,8 @@ def plan_of(config: ResolvedConfig) -> RunPlan:
         raise ConfigError(str(exc)) from None
     model_config = spec.config_from_dict(dict(r.model))
     return RunPlan(r.world_size, r.tp, r.pp, r.dp, r.num_microbatches, r.seq_length, r.data_module, dict(r.model),
-                   model_config, spec, workflow=build_workflow(config), architecture_reason=r.architecture_reason)
+                   model_config, spec, notes=list(r.notes), workflow=build_workflow(config),
+                   architecture_reason=r.architecture_reason, cp=r.cp, ep=r.ep)
 
 
 def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
@@ -457,8 +456,7 @@ def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
         raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} trains on the {needs!r} data module, but "
                           f"data.module={data_module!r}; remove data.module or set it to {needs!r}")
     notes = check_legacy(config, spec)
-    return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec, notes=notes,
-                   workflow=workflow, architecture_reason=reason)
     ds = config.distributed_strategy
-    return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec, workflow=workflow,
-                   cp=ds.context_parallel_size, ep=ds.expert_model_parallel_size)
+    return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec, notes=notes,
+                   workflow=workflow, architecture_reason=reason, cp=ds.context_parallel_size,
+                   ep=ds.expert_model_parallel_size)

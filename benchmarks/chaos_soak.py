@@ -196,6 +196,8 @@ def run_soak(config: Path, work: Path, n: int, seed: int, max_window: float = 0.
         result.interruptions.append({"kind": kind, "phase": phase, "logged_step": at, "newest_complete": step})
         result.kinds[kind] += 1
         result.phases[phase] += 1
+        print(f"chaos soak: interruption {i + 1}/{n}: {result.interruptions[-1]} "
+              f"({time.monotonic() - start:.0f} s)", flush=True)
     job = _launch(config, soak_dir, "exp_manager.resume_if_exists=true")
     out, _ = job.communicate(timeout=1800)
     assert job.returncode == 0, out[-4000:]

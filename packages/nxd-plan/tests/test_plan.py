@@ -94,3 +94,4 @@ def test_fsdp_divides_parameters_gradients_and_state_over_dp(tiny) -> None:
     shard = math.ceil(r.params * 4 / 4)
     assert r.param_bytes == shard and r.grad_bytes == shard and r.optimizer_bytes == 2 * shard
     assert any("FSDP" in note for note in fsdp.notes)
+

@@ -41,6 +41,9 @@ class ActivationProfile:
     head: int = 0
     #: high-water mark of live op outputs over one forward + backward (gradients pre-allocated)
     peak: int = 0
+    #: why the measurement could not be made (empty: it was)
+    notes: list[str] = field(default_factory=list)
+    measured: bool = True
     #: the collectives the forward + backward issued: (dimension, op) -> [count, buffer bytes, group size]
     collectives: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
@@ -149,6 +152,21 @@ def _layer_index(name: str) -> int | None:
 
 
 def measure_activations(config: Any, run: Any, layout: Any, grads_exist: bool = True) -> ActivationProfile:
+    """See :func:`_measure`. A model whose forward needs data-dependent shapes (an MoE router's
+    ``nonzero``/``bincount``) has no meta value for them: its activations are reported unmeasured
+    (``measured=False``, a note naming the operator), never guessed."""
+    try:
+        return _measure(config, run, layout, grads_exist)
+    except NotImplementedError as exc:
+        text = str(exc)
+        first = next((w.rstrip(":") for w in text.split() if w.startswith("aten::")),
+                     "torch.nonzero" if "nonzero" in text else text.split(".")[0])
+        return ActivationProfile(measured=False, notes=[
+            f"activations NOT measured: the forward needs a data-dependent operator ({first}) that has no meta "
+            "kernel (MoE routing); peaks below exclude activations and are lower bounds"])
+
+
+def _measure(config: Any, run: Any, layout: Any, grads_exist: bool = True) -> ActivationProfile:
     """One micro-batch's activations on rank 0 of one replica of ``config`` (see module doc).
     ``grads_exist``: gradients are allocated before the backward (they persist across steps or
     micro-batches); otherwise the backward allocates them and the high-water mark includes them."""

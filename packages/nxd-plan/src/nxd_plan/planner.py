@@ -77,6 +77,7 @@ class Plan:
             "flops_per_step": self.flops_per_step, "step_time_s": self.step_time_s, "mfu": self.mfu,
             "tokens_per_step": self.tokens_per_step, "notes": self.notes,
             "model_transforms": next(iter(self.shards.values())).transforms if self.shards else [],
+            "activations_measured": self.activation_profile.measured if self.activation_profile else False,
         }
 
 
@@ -170,7 +171,8 @@ def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | N
         plan.notes.append("FSDP: each rank built without fully_shard (torch's FSDP2 needs a DeviceMesh of a real "
                           "device type, not meta); parameters, gradients and optimizer state divided over DP by "
                           "FSDP's rule")
-    if num_layers > MEASURED_LAYERS:
+    plan.notes.extend(profile.notes)
+    if num_layers > MEASURED_LAYERS and profile.measured:
         plan.notes.append(f"activations measured on a {MEASURED_LAYERS}-layer replica; later layers taken as alike")
     return plan
 

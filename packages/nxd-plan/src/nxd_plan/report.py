@@ -40,6 +40,8 @@ def summary_line(plan: Plan) -> str:
     lay, dev = plan.layout, plan.device
     fits = plan.over_memory()
     fit = "fits" if not fits else f"{len(fits)} rank(s) over {dev.memory_gib:.0f} GiB"
+    if plan.activation_profile is not None and not plan.activation_profile.measured:
+        fit += ", activations not measured: a lower bound"
     return (f"{plan.name}: world {lay.world_size} = {lay.describe()}; peak {plan.max_peak / GIB:.2f} GiB/rank on "
             f"{dev.name} ({fit}); step ~{plan.step_time_s:.3g} s, MFU ~{100 * plan.mfu:.0f}%")
 

@@ -100,3 +100,24 @@ def params_rel(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> f
     """max over parameters of max|got - want| / max|want|."""
     assert got.keys() == want.keys(), set(got) ^ set(want)
     return max(((got[k].double() - want[k].double()).abs().max() / want[k].double().abs().max()).item() for k in want)
+
+
+def held_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state (step counters left out) this rank holds:
+    DTensors count their local shard."""
+    from torch.distributed.tensor import DTensor
+
+    def size(tensors) -> int:
+        local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+        return sum(t.numel() * t.element_size() for t in local)
+
+    params = list(model.parameters())
+    inner = getattr(opt, "optimizer", opt)
+    state = [v for s in inner.state.values() for k, v in s.items() if torch.is_tensor(v) and k != "step"]
+    return {"params": size(params), "grads": size(p.grad for p in params if p.grad is not None), "state": size(state)}
+
+
+def unsharded_bytes() -> dict[str, int]:
+    """The same for the whole model with AdamW in one process."""
+    n = sum(p.numel() * p.element_size() for p in build().parameters())
+    return {"params": n, "grads": n, "state": 2 * n}

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from fsdp_models import LR, MAX_NORM, batch, build, full_params
+from fsdp_models import LR, MAX_NORM, batch, build, full_params, held_bytes, unsharded_bytes
 
 import nxd
 import nxd_fsdp
@@ -28,7 +28,7 @@ def setup(tp: int = 1, fsdp: bool = True):
     return ctx, model, nxd_fsdp.make_optimizer(cfg, torch.optim.AdamW, model.parameters(), context=ctx, lr=LR)
 
 
-def train(ctx, model, opt, steps: range) -> list[float]:
+def train(ctx, model, opt, steps: range, keep_grads: bool = False) -> list[float]:
     losses = []
     for step in steps:
         ids, labels = batch(step)
@@ -36,7 +36,8 @@ def train(ctx, model, opt, steps: range) -> list[float]:
         rows = slice(ctx.dp.rank * per, (ctx.dp.rank + 1) * per)
         loss = model.run_train(ids[rows], labels[rows]).clone()
         opt.step()
-        opt.zero_grad()
+        if not (keep_grads and step == steps[-1]):
+            opt.zero_grad()
         dist.all_reduce(loss, group=ctx.dp.group)
         losses.append(float(loss) / ctx.dp.size)
     return losses
@@ -79,8 +80,8 @@ def load_body(path: str, tp: int, fsdp: bool, optimizer: bool) -> tuple[dict | N
     ctx, model, opt = setup(tp, fsdp)
     nxd.load_checkpoint(path, model=model, optimizer=opt if optimizer else None)
     params = full_params(model, ctx.tp.group)
-    losses = train(ctx, model, opt, range(STEPS_BEFORE, STEPS_BEFORE + STEPS_AFTER))
-    return (params if ctx.rank == 0 else None), losses
+    losses = train(ctx, model, opt, range(STEPS_BEFORE, STEPS_BEFORE + STEPS_AFTER), keep_grads=True)
+    return (params if ctx.rank == 0 else None), losses, held_bytes(model, opt)
 
 
 @pytest.fixture(scope="session")
@@ -104,12 +105,16 @@ def test_fsdp2_weights_load_exactly_at_tp2(reshard_chain):
 @pytest.mark.slow
 def test_tp2_weights_then_fsdp2_optimizer_load_at_fsdp4(rank_pool, reshard_chain):
     fsdp2, tp2, saved, _ = reshard_chain
-    params, _ = rank_pool(4).run(load_body, tp2, 1, True, False)[0]
+    params, _, _ = rank_pool(4).run(load_body, tp2, 1, True, False)[0]
     for name in saved:
         assert torch.equal(saved[name], params[name]), name
     # optimizer state saved at FSDP=2 reshards to FSDP=4; the run goes on as FSDP=2 would
     results = rank_pool(4).run(load_body, fsdp2, 1, True, True)
     on4 = results[0][1]
+    whole = unsharded_bytes()
+    for *_, held in results:  # FSDP=4: every rank holds a quarter of params, grads and optimizer state
+        assert held == {k: v // 4 for k, v in whole.items()}, (held, whole)
+    print(f"FSDP=4: per rank {results[0][2]} of unsharded {whole}")
     on2 = _REF_CONTINUE.get("losses") or rank_pool(2).run(load_body, fsdp2, 1, True, True)[0][1]
     worst = max(abs(a - b) / abs(b) for a, b in zip(on4, on2))
     print(f"FSDP=2 checkpoint resumed at FSDP=4 vs at FSDP=2: max rel loss diff over {STEPS_AFTER} steps {worst:.2e}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from fsdp_models import LR, MAX_NORM, batch, build, full_params, params_rel
+from fsdp_models import LR, MAX_NORM, batch, build, full_params, held_bytes, params_rel, unsharded_bytes
 
 import nxd
 import nxd_fsdp
@@ -64,19 +64,27 @@ def fsdp_body(tp: int = 1, sp: bool = False, fsdp: object = True, micro_batches:
             loss = model.run_train(*({"ids": i, "labels": lab} for i, lab in
                                      zip(ids.chunk(micro_batches), labels.chunk(micro_batches))))
         opt.step()
+        held = held_bytes(model, opt)
         opt.zero_grad()
         loss = loss.detach().clone()
         dist.all_reduce(loss, group=ctx.dp.group)
         losses.append(float(loss) / ctx.dp.size)
         norms.append(float(opt.grad_norm))
     params = full_params(model, ctx.tp.group)
-    return losses, norms, params if ctx.rank == 0 else None
+    return losses, norms, params if ctx.rank == 0 else None, held
 
 
-def check(results: list, label: str) -> float:
+def check(results: list, label: str, shards: int | None = None) -> float:
+    """Parity with the oracle; with ``shards``, every rank holds exactly 1/shards of the parameters,
+    gradients and optimizer state (the tiny model's dim-0 sizes divide 4: no padding)."""
     ref_losses, ref_norms, ref_params = oracle()
     worst = 0.0
-    for losses, norms, params in results:
+    if shards is not None:
+        whole = unsharded_bytes()
+        for *_, held in results:
+            assert held == {k: v // shards for k, v in whole.items()}, (label, held, whole)
+        print(f"{label}: per rank {results[0][3]} of unsharded {whole} (1/{shards})")
+    for losses, norms, params, _ in results:
         worst = max(worst, max_rel(losses, ref_losses), max_rel(norms, ref_norms))
         if params is not None:
             worst = max(worst, params_rel(params, ref_params))
@@ -87,7 +95,7 @@ def check(results: list, label: str) -> float:
 
 
 def test_fsdp_dp2_matches_one_process(rank_pool):
-    check(rank_pool(2).run(fsdp_body), "FSDP DP=2")
+    check(rank_pool(2).run(fsdp_body), "FSDP DP=2", shards=2)
 
 
 def test_fsdp_dp2_zero2_accumulation_and_checkpointing(rank_pool):
@@ -99,7 +107,7 @@ def test_fsdp_dp2_zero2_accumulation_and_checkpointing(rank_pool):
 @pytest.mark.four_ranks
 @pytest.mark.slow
 def test_hsdp_2x2_matches_one_process(rank_pool):
-    check(rank_pool(4).run(fsdp_body, fsdp={"replicate_degree": 2}), "HSDP 2x2")
+    check(rank_pool(4).run(fsdp_body, fsdp={"replicate_degree": 2}), "HSDP 2x2", shards=2)
 
 
 @pytest.mark.four_ranks

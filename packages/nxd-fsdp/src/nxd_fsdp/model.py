@@ -28,6 +28,9 @@ class FSDPModel(NxDModel):
         gathered parameters (no reshard, no all-gather again for the next micro-batch); the first
         backward outside reduces the sum once."""
         module = self.module
+        if not hasattr(module, "set_requires_gradient_sync"):  # a pipeline: its schedule runs the micro-batches
+            yield
+            return
         module.set_requires_gradient_sync(False)
         module.set_reshard_after_backward(False)
         try:

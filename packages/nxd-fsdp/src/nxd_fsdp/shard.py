@@ -65,11 +65,40 @@ def fully_shard_kwargs(config: FsdpConfig, mesh: DeviceMesh) -> dict[str, Any]:
     }
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh, config: FsdpConfig) -> nn.Module:
-    """``fully_shard`` each block of ``model`` and then ``model`` itself, in place; returns ``model``."""
+def _direct_owners(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """Modules outside ``blocks`` (and not ``model``) that own parameters themselves."""
+    inside = {id(m) for b in blocks for m in b.modules()}
+    return [m for m in model.modules() if m is not model and id(m) not in inside
+            and any(True for _ in m.parameters(recurse=False))]
+
+
+def check_pipeline_stage(stage: nn.Module) -> None:
+    """Refuse a pipeline stage FSDP cannot shard exactly (see :func:`shard_model`'s ``pipeline_stage``)."""
+    seen: dict[int, str] = {}
+    for name, p in stage.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            raise ValueError(f"FSDP with pipeline parallelism: {name} and {seen[id(p)]} are one (tied) parameter; "
+                             "nxd-pipeline all-reduces tied weights' gradients across stages, which FSDP's sharded "
+                             "gradients do not take; untie them (tie_word_embeddings=false) or use ZeRO-1")
+        seen[id(p)] = name
+    if any(True for _ in stage.parameters(recurse=False)):
+        raise ValueError("FSDP with pipeline parallelism: the stage module owns parameters directly, which only its "
+                         "forward (never called by the schedule) would gather; move them into a submodule")
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, config: FsdpConfig, *, pipeline_stage: bool = False) -> nn.Module:
+    """``fully_shard`` each block of ``model`` and then ``model`` itself, in place; returns ``model``.
+
+    ``pipeline_stage``: ``model`` is a pipeline stage, whose schedule calls its parts (embedding,
+    blocks, head) directly and never its own ``forward``: every other module owning parameters
+    becomes a unit too, so each part gathers its own parameters when it runs."""
     attributes = {name: dict(p.__dict__) for name, p in model.named_parameters(remove_duplicate=False) if p.__dict__}
     kwargs = fully_shard_kwargs(config, mesh)
-    for block in _outermost(model, block_classes(model)):
+    blocks = _outermost(model, block_classes(model))
+    if pipeline_stage:
+        check_pipeline_stage(model)
+        blocks += _direct_owners(model, blocks)
+    for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     for name, p in model.named_parameters(remove_duplicate=False):

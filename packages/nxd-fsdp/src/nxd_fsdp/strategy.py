@@ -53,6 +53,9 @@ def shard(model: torch.nn.Module, context: ParallelContext | None, nxd_config: d
     if isinstance(model, FSDPModel):
         return model
     mesh = fsdp_mesh(context, fsdp.replicate_degree)
+    if context.pp.size > 1:  # nxd-pipeline's model: shard this rank's stage, keep its schedule
+        shard_model(model.local_module(), mesh, fsdp, pipeline_stage=True)
+        return FSDPModel(model, nxd_config, mesh, fsdp)
     return FSDPModel(shard_model(model, mesh, fsdp), nxd_config, mesh, fsdp)
 
 

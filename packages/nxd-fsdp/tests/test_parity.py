@@ -71,6 +71,14 @@ def fsdp_body(tp: int = 1, sp: bool = False, fsdp: object = True, micro_batches:
         losses.append(float(loss) / ctx.dp.size)
         norms.append(float(opt.grad_norm))
     params = full_params(model, ctx.tp.group)
+    if micro_batches > 1:  # between micro-batches the parameters stay gathered (plain tensors, not shards)
+        from torch.distributed.tensor import DTensor
+
+        with model.no_sync():
+            model.module(ids[:1], labels[:1]).backward()
+            assert not any(isinstance(p, DTensor) for p in model.module.parameters())
+        model.module(ids[:1], labels[:1]).backward()  # the last micro-batch: reduce-scatter, then reshard
+        assert all(isinstance(p, DTensor) for p in model.module.parameters())
     return losses, norms, params if ctx.rank == 0 else None, held
 
 

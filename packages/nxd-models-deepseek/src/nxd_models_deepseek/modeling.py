@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
+from nxd.parallel import ParallelContext
 from nxd_core_parallel import parallel_state
 from nxd_models_deepseek.attention import DeepseekV3Attention
 from nxd_models_deepseek.config import DeepseekV3Config
@@ -18,7 +19,8 @@ from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralModel, MoECa
 
 class DeepseekV3DecoderLayer(MixtralDecoderLayer):
     def build_attention(self, config: DeepseekV3Config, layer_idx: int, sequence_parallel: bool,
-                        device: torch.device | str | None) -> nn.Module:
+                        device: torch.device | str | None, context: ParallelContext | None = None) -> nn.Module:
+        # MLA reads its TP layout from the current context (the layer's context is the same one)
         return DeepseekV3Attention(config, layer_idx, sequence_parallel, device)
 
 

@@ -22,6 +22,7 @@ from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbe
 from nxd_core_parallel.vocab_padding import mask_padded_vocab
 from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention, LlamaMLP
 from nxd_models_llama.attention_mask import build_attention_mask
+from nxd_models_llama.modeling import LlamaModel
 from nxd_models_llama.rope import RotaryEmbedding
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_moe import (
@@ -152,14 +153,8 @@ class MixtralModel(nn.Module):
         mask = build_attention_mask(attention_mask, b, s, past, dtype, input_ids.device)
         return cos, sin, sliding_window_mask(mask, b, s, past, self.config.sliding_window, input_ids.device)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
-        past = kv_cache.length if kv_cache is not None else 0
-        cos, sin, mask = self.layer_inputs(input_ids, self.embed_tokens.weight.dtype, position_ids, attention_mask, past)
-        hidden = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            hidden = layer(hidden, cos, sin, mask, kv_cache)
-        return self.norm(hidden)
+    #: Llama's decoder loop, unchanged (this model's ``layer_inputs`` adds the sliding window)
+    forward = LlamaModel.forward
 
 
 class MixtralForCausalLM(nn.Module):

@@ -129,4 +129,22 @@ def test_bad_group_settings_are_refused(bad):
 
 
 def test_grouped_gemm_only_where_it_runs():
-    assert not grouped_mm_runs(torch.zeros(4, 16), torch.zeros(2, 16, 16))  # CPU: the loop
+    assert not grouped_mm_runs(torch.zeros(4, 16), torch.zeros(2, 16, 16))  # CPU: the loop by default
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch without _grouped_mm")
+def test_grouped_gemm_path_equals_the_loop():
+    """The grouped-GEMM path (forced; torch's reference kernel on CPU) gives the loop's output and
+    gradients, an expert receiving no token included."""
+    torch.manual_seed(0)
+    layers = [MoELayer(MoEConfig(num_experts=E, top_k=2, dropless=True, grouped_gemm=mode), H, I,
+                       shared_intermediate_size=I) for mode in ("loop", "grouped")]
+    layers[1].load_state_dict(layers[0].state_dict())
+    x = torch.randn(1, 3, H)  # 6 assignments over 8 experts: some get none
+    outs = [layer(x)[0] for layer in layers]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+    for out in outs:
+        (out * torch.linspace(-1, 1, H)).sum().backward()
+    for name in ("experts.gate_up_proj", "experts.down_proj", "router.weight"):
+        got, want = (layer.get_parameter(name).grad for layer in layers[::-1])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

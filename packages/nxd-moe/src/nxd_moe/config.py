@@ -52,8 +52,8 @@ class MoEConfig:
     bias_update_rate: float = 0.001
     #: DeepSeek-V3's complementary sequence-wise balance loss weight (alpha); 0 = off
     seq_aux_loss_coef: float = 0.0
-    #: expert matmuls: ``auto`` = ``torch._grouped_mm`` on CUDA where it runs, the per-expert loop
-    #: elsewhere; ``loop`` forces the loop
+    #: expert matmuls: ``auto`` = ``torch._grouped_mm`` on CUDA where it runs fast, the per-expert
+    #: loop elsewhere; ``grouped`` always the grouped GEMM; ``loop`` always the loop
     grouped_gemm: str = "auto"
 
     def __post_init__(self) -> None:
@@ -91,8 +91,8 @@ class MoEConfig:
                               f">= moe.topk_group ({self.topk_group})")
         if self.n_group > 1 and self.top_k > self.topk_group * (self.num_experts // self.n_group):
             raise ConfigError(f"moe.top_k ({self.top_k}) exceeds the experts of moe.topk_group={self.topk_group} groups")
-        if self.grouped_gemm not in ("auto", "loop"):
-            raise ConfigError(f"moe.grouped_gemm must be 'auto' or 'loop', got {self.grouped_gemm!r}")
+        if self.grouped_gemm not in ("auto", "grouped", "loop"):
+            raise ConfigError(f"moe.grouped_gemm must be 'auto', 'grouped' or 'loop', got {self.grouped_gemm!r}")
         if self.expert_bias and self.routing_algorithm != "top_k":
             raise ConfigError("moe.expert_bias (aux-loss-free balancing) needs moe.routing_algorithm 'top_k'")
         if self.top_k == 1 and self.normalize_top_k_affinities:

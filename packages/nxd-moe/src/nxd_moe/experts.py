@@ -41,7 +41,8 @@ class ExpertMLPs(nn.Module):
         self.num_local_experts = num_experts // ep_size
         self.local_intermediate = intermediate_size // tp_size
         self.hidden_size, self.init_std = hidden_size, init_std
-        #: ``auto``: :func:`torch._grouped_mm` where :func:`grouped_mm_runs` says it can; ``loop``: never
+        #: ``auto``: :func:`torch._grouped_mm` where :func:`grouped_mm_runs` says it is fast; ``grouped``:
+        #: always (torch's reference kernels elsewhere, e.g. to test it on CPU); ``loop``: never
         self.grouped_gemm = grouped_gemm
         #: ``down_proj``'s init std (Megatron's scaled init of output layers); ``None``: ``init_std``
         self.output_init_std = output_init_std
@@ -106,7 +107,8 @@ class ExpertMLPs(nn.Module):
         """``tokens`` ``[N, H]`` grouped by local expert (``counts[e]`` rows for local expert ``e``)
         -> ``[N, H]`` partial over TP. One grouped GEMM per projection where
         :func:`grouped_mm_runs`, else one pair of matmuls per local expert."""
-        if self.grouped_gemm == "auto" and tokens.shape[0] and grouped_mm_runs(tokens, self.gate_up_proj):
+        grouped = self.grouped_gemm == "grouped" or (self.grouped_gemm == "auto" and grouped_mm_runs(tokens, self.gate_up_proj))
+        if grouped and tokens.shape[0]:
             offsets = torch.tensor(counts, device=tokens.device).cumsum(0).to(torch.int32)
             gate_up = torch._grouped_mm(tokens, self.gate_up_proj.transpose(-2, -1), offs=offsets)
             gate, up = gate_up.split(self.local_intermediate, dim=-1)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from nxd.parallel import ParallelContext, current_parallel_context
 
@@ -106,9 +107,15 @@ def allreduce_sequence_parallel_gradients(parameters: Any, *, context: ParallelC
     ctx = _context(context)
     if ctx is None or ctx.tp.size == 1:
         return
-    grads = [p.grad for p in _as_list(parameters)
+    # an FSDP-sharded gradient is a DTensor: sum its local shard (summing shards of the DP-reduced
+    # gradient is the same as summing before the reduction, both linear)
+    grads = [_local(p.grad) for p in _as_list(parameters)
              if getattr(p, "sequence_parallel_enabled", False) and p.grad is not None]
     _allreduce_flat(grads, ctx.tp.group, average=False, cap_bytes=BUCKET_CAP_BYTES)
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    return grad.to_local() if isinstance(grad, DTensor) else grad
 
 
 def is_expert_parallel(param: torch.Tensor) -> bool:

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from nxd import ParallelContext
 from nxd.resolved import NxdConfig
-from nxd_core_parallel.grads import counted_in_norm, fused_pieces_counted
+from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients, counted_in_norm, fused_pieces_counted
 from nxd_fsdp.mesh import shard_coordinates, shard_group
 
 #: format marker of a state_dict() shard
@@ -86,19 +86,8 @@ class FSDPOptimizer(torch.optim.Optimizer):
 
     def _sync_sequence_parallel(self) -> None:
         # SP-tagged (TP-replicated) parameters saw only this TP rank's sequence slice: sum over TP.
-        # Summing the DP-reduced shards is the same as summing before the reduction (both linear).
-        tp = self.context.tp
-        if not NxdConfig.of(self.nxd_config).sequence_parallel or tp.size == 1:
-            return
-        grads = [_local(p.grad) for p in self._params()
-                 if getattr(p, "sequence_parallel_enabled", False) and p.grad is not None]
-        if grads:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=tp.group)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+        if NxdConfig.of(self.nxd_config).sequence_parallel:
+            allreduce_sequence_parallel_gradients(self._params(), context=self.context)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Scale every gradient shard so the whole model's gradient norm is at most ``max_norm``;

@@ -36,15 +36,9 @@ def balancer_body(zero1: bool, steps: int = 2) -> dict:
             "load_left": float(sum(r.expert_load.sum() for r in routers))}
 
 
-# Known bug (lead, 2026-11-25): with nxd-zero1 installed the ZeRO-1 case spins on both ranks (> 8 min of
-# CPU each, no progress); it only passed before because nxd-zero1 was missing from the test extra and the
-# case failed fast. Skipped until fixed: DeepSeek's bias balancer under ZeRO-1 must not be used meanwhile.
-ZERO1_HANGS = pytest.mark.skip(reason="known hang: expert-bias balancer under ZeRO-1 (see comment above)")
-
-
-@pytest.mark.parametrize("zero1", [False, pytest.param(True, marks=ZERO1_HANGS)], ids=["plain", "zero1"])
+@pytest.mark.parametrize("zero1", [False, True], ids=["plain", "zero1"])
 def test_expert_bias_moves_by_the_paper_rule_after_each_step(rank_pool, zero1):
-    results = rank_pool(2).run(balancer_body, zero1, timeout=600)
+    results = rank_pool(2).run(balancer_body, zero1, timeout=180)
     for r in results:
         assert r["load_left"] == 0
         assert len(r["bias"]) == 2  # the tiny preset's two MoE layers

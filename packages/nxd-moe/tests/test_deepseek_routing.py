@@ -16,6 +16,7 @@ from nxd_moe import (
     biased_routers,
     expert_bias_update,
     grouped_mm_runs,
+    innermost_optimizer,
     routers_of_optimizer,
     sequence_balance_loss,
 )
@@ -97,6 +98,26 @@ def test_bias_update_follows_the_paper_and_runs_after_each_optimizer_step():
     layer.eval()
     layer(x)  # evaluation routes with the bias but counts nothing
     assert layer.router.expert_load.sum() == 0
+
+
+class _SelfNamingWrapper(torch.optim.SGD):
+    """Answers ``.optimizer`` with itself, as NeuronZero1Optimizer does for NxD scripts."""
+
+    @property
+    def optimizer(self):
+        return self
+
+
+def test_bias_update_attaches_to_a_wrapper_whose_optimizer_is_itself():
+    # regression: following ``.optimizer`` never ended, so DeepSeek under ZeRO-1 spun on every rank
+    layer = MoELayer(MoEConfig(num_experts=4, top_k=2, dropless=True, router_activation="sigmoid",
+                               expert_bias=True, bias_update_rate=0.01), H, I)
+    opt = _SelfNamingWrapper(layer.parameters(), lr=0.0)
+    assert innermost_optimizer(opt) is opt
+    attach_expert_bias_update(opt, routers_of_optimizer(opt))
+    layer(torch.randn(2, 4, H))[0].sum().backward()
+    opt.step()
+    assert layer.router.e_score_correction_bias.abs().sum() > 0
 
 
 def test_sequence_balance_loss_formula():

@@ -5,6 +5,7 @@ from nxd_moe.balancer import (
     attach_expert_bias_update,
     biased_routers,
     expert_bias_update,
+    innermost_optimizer,
     routers_of_optimizer,
     update_expert_biases,
 )
@@ -29,7 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ROUTING_ALGORITHMS", "DispatchPlan", "attach_expert_bias_update", "biased_routers", "expert_bias_update",
-    "group_limited_scores", "grouped_mm_runs", "routers_of_optimizer", "sequence_balance_loss",
+    "group_limited_scores", "grouped_mm_runs", "innermost_optimizer", "routers_of_optimizer", "sequence_balance_loss",
     "update_expert_biases", "ExpertMLPs", "ExpertParallelGroups", "MoEConfig", "MoELayer",
     "RouterSinkhorn", "RouterTopK", "all_to_all", "combine", "dispatch", "expert_capacity",
     "expert_parallel_groups", "kept_assignments", "load_balancing_loss", "losses_from_router_statistics",

@@ -50,10 +50,19 @@ def update_expert_biases(routers: list[RouterTopK], group: Any = None) -> None:
 def attach_expert_bias_update(optimizer: torch.optim.Optimizer, routers: list[RouterTopK], group: Any = None) -> Any:
     """Run :func:`update_expert_biases` after every step of ``optimizer`` (the innermost torch
     optimizer of a wrapper: its step runs once per training step). Returns the hook handle."""
+    return innermost_optimizer(optimizer).register_step_post_hook(lambda *_: update_expert_biases(routers, group))
+
+
+def innermost_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Follow ``.optimizer`` through wrappers (NxDOptimizer -> torch optimizer) to the last torch
+    optimizer. Stops at a wrapper whose ``.optimizer`` is itself (NeuronZero1Optimizer answers
+    NxD scripts' ``nxd_optimizer.optimizer`` with itself: following it forever spun every rank)."""
+    seen = {id(optimizer)}
     inner = optimizer
-    while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
-        inner = inner.optimizer
-    return inner.register_step_post_hook(lambda *_: update_expert_biases(routers, group))
+    while isinstance(nxt := getattr(inner, "optimizer", None), torch.optim.Optimizer) and id(nxt) not in seen:
+        seen.add(id(nxt))
+        inner = nxt
+    return inner
 
 
 def routers_of_optimizer(optimizer: torch.optim.Optimizer) -> list[RouterTopK]:

@@ -95,3 +95,23 @@ def test_fsdp_divides_parameters_gradients_and_state_over_dp(tiny) -> None:
     assert r.param_bytes == shard and r.grad_bytes == shard and r.optimizer_bytes == 2 * shard
     assert any("FSDP" in note for note in fsdp.notes)
 
+
+
+def test_plans_the_one_resolved_config(tiny, monkeypatch) -> None:
+    """``nxd plan`` reads ``nxd train``'s resolved config: given one, its sizes come from its
+    resolution (the only resolution made is the activation replica's, a different config); from a
+    YAML dict it resolves it once, the same way."""
+    from nxd_plan.planner import resolve
+    from nxd_training.config import ResolvedConfig
+    from nxd_training.config import plan as config_plan
+
+    resolved = resolve(tiny())
+    assert isinstance(resolved, ResolvedConfig) and resolved.resolved.dp == 2
+    calls = []
+    derive = config_plan.derive_plan
+    monkeypatch.setattr(config_plan, "derive_plan", lambda *a, **k: calls.append(1) or derive(*a, **k))
+    from_resolved = make_run_plan(resolved)
+    assert len(calls) == 1  # the 3-layer PP=1 replica; the config itself is not resolved again
+    from_dict = make_run_plan(tiny())
+    assert len(calls) == 3
+    assert from_resolved.as_dict() == from_dict.as_dict()

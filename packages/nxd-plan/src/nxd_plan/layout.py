@@ -1,5 +1,5 @@
-"""The run's layout as the plan needs it, read from the same resolved config and run plan that
-``nxd train`` uses (``nxd_training.config.load_config`` + ``make_plan``)."""
+"""The run's layout as the plan needs it, read from the one resolved config ``nxd train`` uses
+(``nxd_training.config.ResolvedConfig``: its sections and its recorded resolution)."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def fsdp_enabled(config: Any) -> bool:
 
 
 def layout_of(config: Any, run: Any) -> Layout:
-    """The :class:`Layout` of a validated config (``config``) and its ``nxd_training`` run plan (``run``)."""
+    """The :class:`Layout` of a resolved config (``config``) and the run plan it recorded (``run``)."""
     from nxd_training.config.features import recompute_classes
 
     ds, p = config.distributed_strategy, config.precision

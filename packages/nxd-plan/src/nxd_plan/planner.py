@@ -81,13 +81,28 @@ class Plan:
         }
 
 
-def load(source: Any, overrides: Sequence[str] = ()) -> tuple[Any, Any]:
-    """The config and ``nxd_training`` run plan, resolved exactly as ``nxd train`` resolves them
-    (the data module's files need not exist)."""
-    from nxd_training.config import load_config, make_plan
+def resolve(source: Any, overrides: Sequence[str] = ()) -> Any:
+    """The one :class:`nxd_training.config.ResolvedConfig` of ``source`` (a YAML path, ``hub:`` name,
+    dict, or an already resolved config, which is used as it is): ``nxd train``'s own resolution
+    (``resolve_config``), the data module's files excepted (they need not exist here). Overrides on a
+    resolved config re-resolve its sections: a different config (the activation replica, a
+    proposed layout)."""
+    from nxd_training.config import ResolvedConfig, load_config, resolve_config
 
-    config = load_config(source, list(overrides), check=False)
-    return config, make_plan(config, check_data=False)
+    if isinstance(source, ResolvedConfig):
+        if not overrides:
+            return source
+        source = source.model_dump(mode="json", by_alias=True, exclude={"resolved"})
+    return resolve_config(load_config(source, list(overrides), check=False), check_data=False)
+
+
+def load(source: Any, overrides: Sequence[str] = ()) -> tuple[Any, Any]:
+    """The resolved config (:func:`resolve`) and the ``nxd_training`` run plan it recorded
+    (``make_plan`` of a resolved config reads its resolution; nothing is derived again)."""
+    from nxd_training.config import make_plan
+
+    config = resolve(source, overrides)
+    return config, make_plan(config)
 
 
 def _num_layers(run: Any) -> int:

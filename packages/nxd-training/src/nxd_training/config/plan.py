@@ -386,12 +386,14 @@ def make_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     return derive_plan(config, check_data)
 
 
-def resolve_config(config: TrainingConfig) -> ResolvedConfig:
+def resolve_config(config: TrainingConfig, check_data: bool = True) -> ResolvedConfig:
     """Resolve ``config`` once: every rule checked, every choice recorded (``model.architecture``
-    set to the model the run builds). A resolved config is returned as it is."""
+    set to the model the run builds). A resolved config is returned as it is. ``check_data=False``
+    skips the data module's own checks (its files need not exist: ``nxd plan`` sizes a run on a
+    machine that does not hold its data)."""
     if isinstance(config, ResolvedConfig):
         return config
-    plan = derive_plan(config)
+    plan = derive_plan(config, check_data)
     sections = config.model_dump(by_alias=True)
     sections["model"]["architecture"] = plan.spec.name
     newer_keys(sections, config, plan.spec)  # keys of earlier NxDT releases written under their newer names

@@ -151,6 +151,11 @@ class RecordingPlugin:
     def nxd_checkpoint_extras(self, model, path, tag, phase):
         self.calls.append(("checkpoint_extras", type(model).__name__, path, tag, phase))
 
+    @nxd.hookimpl
+    def nxd_plan_run(self, config, device_memory_gib):
+        self.calls.append(("plan_run", config, device_memory_gib))
+        return f"plan of {config}"
+
 
 def _world_context() -> nxd.parallel.ParallelContext:
     """Every rank one tensor-parallel group: the smallest context a toy runtime can return."""
@@ -217,6 +222,9 @@ def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
     assert plugin.saved[str(tmp_path)]["num_kept_ckpts"] == 2
     nxd.finalize_checkpoint()
     assert ("finalize",) in plugin.calls
+
+    assert nxd.trainer.plan_run("toy-config", 16.0) == "plan of toy-config"
+    assert ("plan_run", "toy-config", 16.0) in plugin.calls
 
     from nxd.cli import main
 

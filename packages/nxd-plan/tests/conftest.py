@@ -49,3 +49,11 @@ def tiny_fixture():
 @pytest.fixture(name="nxdt_conf")
 def nxdt_conf_fixture() -> Path:
     return NXDT_CONF
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A real tokenizer and indexed dataset (runs and ``nxd train --validate`` read them)."""
+    from nxd_data.quickstart import prepare_quickstart_data
+
+    return prepare_quickstart_data(tmp_path_factory.mktemp("corpus"), vocab_size=512)

@@ -29,13 +29,6 @@ def _measure(config: dict[str, Any]) -> int:
     return train(load_config(config)).profile_peak_memory_bytes
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from nxd_data.quickstart import prepare_quickstart_data
-
-    return prepare_quickstart_data(tmp_path_factory.mktemp("corpus"), vocab_size=512)
-
-
 @pytest.mark.slow
 def test_planned_peak_within_10_percent_of_measured(rank_pool, corpus) -> None:
     """ZeRO-1 over DP 2: sharded optimizer state, flat fp32 gradients and the activations of a

@@ -164,6 +164,15 @@ def nxd_validate_config(nxd_config: dict) -> None:
     field and the valid values."""
 
 
+@hookspec(firstresult=True)
+def nxd_plan_run(config: Any, device_memory_gib: Any) -> Any:
+    """Plan a resolved training config before any rank starts (``nxd train`` calls it through
+    :func:`nxd.trainer.plan_run`; nxd-plan implements it). Return the plan's one-line summary (a
+    ``str``) or ``None``. Raise :class:`nxd.errors.ConfigError` only when the plan proves a rank
+    cannot fit the device memory (``device_memory_gib``, else the memory of the config's device
+    type when known), naming the rank and the nearest layouts that fit; never when it is unknown."""
+
+
 @hookspec
 def nxd_checkpoint_extras(model: Any, path: str, tag: str, phase: str, context: Any) -> None:
     """Write or read a plugin's own files next to a checkpoint. The checkpointer calls it (through

@@ -154,6 +154,12 @@ def checkpoint_extras(model: Any, path: str, tag: str, phase: str, context: Para
     state().pm.hook.nxd_checkpoint_extras(model=model, path=str(path), tag=str(tag), phase=phase, context=context)
 
 
+def plan_run(config: Any, device_memory_gib: float | None = None) -> str | None:
+    """The ``nxd_plan_run`` hook: an installed planner's one-line summary of a resolved training
+    config (``None`` without one); raises :class:`ConfigError` when the plan proves it cannot fit."""
+    return state().pm.hook.nxd_plan_run(config=config, device_memory_gib=device_memory_gib)
+
+
 def has_checkpoint(path: str) -> bool:
     """Whether ``path`` holds at least one complete checkpoint."""
     return bool(call_with_context(_checkpointer().has_checkpoint, path, context=current_parallel_context()))

@@ -149,12 +149,13 @@ def bubble_fraction(layout: Layout) -> float:
     return frac / 3 if layout.schedule == "zero_bubble" else frac
 
 
-def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | None = None,
+def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | Device | None = None,
                   memory_gib: float | None = None, peak_tflops: float | None = None,
                   link_gbps: float | None = None) -> Plan:
     config, run = load(source, overrides)
     layout = layout_of(config, run)
-    dev = with_overrides(device_for(config, device), memory_gib, peak_tflops, link_gbps)
+    base = device if isinstance(device, Device) else device_for(config, device)
+    dev = with_overrides(base, memory_gib, peak_tflops, link_gbps)
     num_layers = _num_layers(run)
     reps = _representatives(layout)
     build_overrides = building_overrides(layout, overrides)

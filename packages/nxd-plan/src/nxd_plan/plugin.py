@@ -19,3 +19,10 @@ def nxd_register_backends(registry) -> None:
     from nxd_plan.fake_world import MetaBackend
 
     registry.add("meta", MetaBackend())
+
+
+@nxd.hookimpl
+def nxd_plan_run(config, device_memory_gib):
+    from nxd_plan.launch_check import plan_before_launch
+
+    return plan_before_launch(config, device_memory_gib)

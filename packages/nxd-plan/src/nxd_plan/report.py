@@ -36,6 +36,11 @@ def _size(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def binary_size(n: float) -> str:
+    """Bytes in GiB from 1 GiB up, else MiB (two decimals)."""
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.2f} MiB"
+
+
 def summary_line(plan: Plan) -> str:
     lay, dev = plan.layout, plan.device
     fits = plan.over_memory()

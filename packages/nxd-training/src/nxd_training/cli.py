@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nxd.trainer
 from nxd import Command, ComponentNotFound, ConfigError
 
 
@@ -17,6 +18,9 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs=argparse.REMAINDER, help="dotted.key=value overrides, e.g. trainer.max_steps=50")
     parser.add_argument("--validate", action="store_true", help="validate the config and print the plan; do not train")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML (what every rank reads) and exit without training")
+    parser.add_argument("--device-memory", type=float, default=None, metavar="GiB",
+                        help="memory per device for the pre-launch plan (nxd-plan): a layout the plan proves cannot "
+                             "fit is refused (default: the device's own memory when known; never checked on CPU)")
 
 
 def _require_rendezvous(config) -> None:
@@ -56,6 +60,23 @@ def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
     return PreparedRun(config, plan, log_dir, cluster_note)
 
 
+def _device_memory_flag(args: argparse.Namespace) -> None:
+    """``--device-memory GiB`` may follow the overrides (they are argparse's REMAINDER)."""
+    rest, items = [], list(args.overrides)
+    while items:
+        item = items.pop(0)
+        name, eq, value = item.partition("=")
+        if name != "--device-memory":
+            rest.append(item)
+            continue
+        raw = value if eq else (items.pop(0) if items else "")
+        try:
+            args.device_memory = float(raw)
+        except ValueError:
+            raise ConfigError(f"--device-memory: not a number of GiB: {raw!r}") from None
+    args.overrides = rest
+
+
 def _run_train(args: argparse.Namespace) -> int:
     from nxd_training.config.loader import dump_config
     from nxd_training.launcher import launch
@@ -66,6 +87,7 @@ def _run_train(args: argparse.Namespace) -> int:
             setattr(args, flag[2:].replace("-", "_"), True)
     dry = args.validate or args.print_config
     try:
+        _device_memory_flag(args)
         run = prepare_run(args.config, args.overrides)
         if not dry:
             _require_rendezvous(run.config)  # a multi-node run needs one before anything starts; validation does not
@@ -85,6 +107,13 @@ def _run_train(args: argparse.Namespace) -> int:
         print(f"nxd train: note: {note}", file=info)
     if run.cluster_note:
         print(f"nxd train: {run.cluster_note}", file=info)
+    try:
+        summary = nxd.trainer.plan_run(config, args.device_memory)  # nxd-plan, when installed
+    except ConfigError as exc:
+        print(f"nxd train: {exc}", file=sys.stderr)
+        return 2
+    if summary:
+        print(f"nxd train: {summary}", file=info)
     if dry:
         print("config is valid" + ("; not training (--print-config)" if args.print_config else ""), file=info)
         return 0

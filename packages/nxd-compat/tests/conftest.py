@@ -21,3 +21,11 @@ def neox_python(tmp_path_factory):
     from legacy_env import NEOX_PINS, build
 
     return build(tmp_path_factory.mktemp("nxd_neox_env"), NEOX_PINS)
+
+
+@pytest.fixture(scope="session")
+def bert_python(tmp_path_factory):
+    """The python of NxD's BERT example environment (transformers 4.26 + h5py), built once."""
+    from legacy_env import BERT_PINS, build
+
+    return build(tmp_path_factory.mktemp("nxd_bert_env"), BERT_PINS)

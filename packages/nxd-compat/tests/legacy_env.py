@@ -21,6 +21,8 @@ LEGACY_PINS = ("transformers==4.48.0", "datasets==3.6.0", "tokenizers>=0.21,<0.2
 #: NxD's GPT-NeoX and BERT examples pin transformers 4.26 (their requirements.txt)
 NEOX_PINS = ("transformers==4.26.0", "datasets==3.6.0", "tokenizers>=0.11,<0.14", "huggingface-hub>=0.11,<0.25",
              "fsspec[http]>=2023.1.0,<=2025.3.0")
+#: NxD's BERT example reads its pretraining data from HDF5 files (requirements.txt: h5py)
+BERT_PINS = (*NEOX_PINS, "h5py>=3.10")
 REPO = Path(__file__).resolve().parents[3]
 
 

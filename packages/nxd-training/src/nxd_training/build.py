@@ -13,7 +13,7 @@ from nxd_training.config.features import recompute_classes
 from nxd_training.config.plan import RunPlan, data_section
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.optimizers import OPTIMIZERS
-from nxd_training.precision import BF16_PARAM_TYPES, STOCHASTIC_ROUNDING_TYPES, uses_master_weights
+from nxd_training.precision import BF16_PARAM_TYPES, STOCHASTIC_ROUNDING_TYPES, model_transforms, uses_master_weights
 from nxd_training.schedules import make_lr_fn, make_scheduler
 
 
@@ -76,6 +76,7 @@ def nxd_config(config: TrainingConfig, plan: RunPlan) -> dict:
         mixed_precision_config=mixed_precision_config(config),
         compile_config=config.trainer.compile,
         fsdp_config=ds.fsdp or None,
+        model_transforms=model_transforms(config),
     )
 
 

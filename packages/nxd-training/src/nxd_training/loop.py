@@ -29,6 +29,7 @@ from nxd_training.exp_manager import (
     should_save,
     split_checkpoint_path,
 )
+from nxd_training.precision import autocast_dtype
 from nxd_training.profiling import StepProfiler
 from nxd_training.runtime import (
     collective_timeout,
@@ -231,8 +232,8 @@ class Trainer:
         return dict(zip(names, stacked.tolist()))
 
     def _autocast(self) -> torch.dtype | None:
-        """The step contract's ``autocast`` dtype (``precision.type: autocast``: bf16 forward passes)."""
-        return torch.bfloat16 if self.config.precision.type == "autocast" else None
+        """The step contract's ``autocast`` dtype (``precision.type: autocast`` or ``fp8``: bf16 forward passes)."""
+        return autocast_dtype(self.config.precision)
 
     def _dp_mean(self, value: torch.Tensor) -> float:
         """The logged number: the step contract's loss (the same on every rank of a model replica,

@@ -7,7 +7,13 @@ from typing import Any
 import torch
 
 #: every ``precision.type`` nxd accepts (NxDT's names)
-PRECISION_TYPES = ("fp32", "autocast", "bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR", "manual")
+PRECISION_TYPES = ("fp32", "autocast", "bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR", "manual",
+                   "fp8")
+#: types whose forward passes run under bf16 autocast (``fp8``, an nxd addition: autocast, with the
+#: linear layers' matmuls in FP8 through nxd-fp8's ``fp8`` model transform)
+AUTOCAST_TYPES = ("autocast", "fp8")
+#: the model transform ``precision.type: fp8`` turns on, and the distribution that provides it
+FP8_TRANSFORM, FP8_DISTRIBUTION = "fp8", "nxd-fp8"
 #: types whose parameters are bf16
 BF16_PARAM_TYPES = ("bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR")
 #: types that round bf16 updates stochastically
@@ -22,5 +28,17 @@ def uses_master_weights(precision: Any) -> bool:
 
 
 def autocast_dtype(precision: Any) -> torch.dtype | None:
-    """The ``torch.autocast`` dtype of the forward passes (``autocast``: bf16), else ``None``."""
-    return torch.bfloat16 if precision.type == "autocast" else None
+    """The ``torch.autocast`` dtype of the forward passes (``autocast``, ``fp8``: bf16), else ``None``."""
+    return torch.bfloat16 if precision.type in AUTOCAST_TYPES else None
+
+
+def model_transforms(config: Any) -> dict[str, dict] | None:
+    """The model transforms the precision type turns on (``fp8``: nxd-fp8's, with ``precision.fp8``'s
+    options and the device the ranks train on, so a device without FP8 matmuls is refused before launch)."""
+    if config.precision.type != "fp8":
+        return None
+    from nxd_training.runtime import select_backend
+
+    backend = select_backend(config)
+    device = torch.accelerator.current_accelerator().type if backend == "accelerator" else backend
+    return {FP8_TRANSFORM: {**(config.precision.fp8 or {}), "device": device}}

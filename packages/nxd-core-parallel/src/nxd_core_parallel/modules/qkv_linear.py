@@ -18,11 +18,10 @@ from collections.abc import Sequence
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nxd_core_parallel import parallel_state
-from nxd_core_parallel.parallel_layers.layers import InitMethod, default_linear_init, shard_of
+from nxd_core_parallel.parallel_layers.layers import InitMethod, LocalLinear, default_linear_init, shard_of
 from nxd_core_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -32,7 +31,7 @@ from nxd_core_parallel.parallel_layers.mappings import (
 from nxd_core_parallel.parallel_layers.utils import divide, set_tensor_model_parallel_attributes
 
 
-class GQAQKVColumnParallelLinear(nn.Module):
+class GQAQKVColumnParallelLinear(LocalLinear, nn.Module):
     """Projects ``x`` to ``(q, k, v)``; ``output_sizes = [q_size, kv_size]`` (total, unsharded)."""
 
     def __init__(
@@ -143,11 +142,11 @@ class GQAQKVColumnParallelLinear(nn.Module):
         else:
             x = copy_to_tensor_model_parallel_region(x)
         if self.fuse_qkv and self.kv_size_multiplier == 1:
-            out = F.linear(x, self.weight_qkv, self.bias_qkv)
+            out = self.local_linear(x, self.weight_qkv, self.bias_qkv)
             q, k, v = torch.split(out, [self.q_local, self.kv_local, self.kv_local], dim=-1)
         else:
             ws, bs = self._weights_and_biases()
-            q, k, v = (F.linear(x, w, b) for w, b in zip(ws, bs))
+            q, k, v = (self.local_linear(x, w, b) for w, b in zip(ws, bs))
         if self.gather_output:
             q = gather_from_tensor_model_parallel_region(q)
             k = self.unique_kv(gather_from_tensor_model_parallel_region(k))

@@ -3,7 +3,12 @@
 from nxd_core_parallel import parallel_state
 from nxd_core_parallel.grads import clip_grad_norm, get_grad_norm
 from nxd_core_parallel.parallel_layers.layer_norm import LayerNorm
-from nxd_core_parallel.parallel_layers.layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear
+from nxd_core_parallel.parallel_layers.layers import (
+    ColumnParallelLinear,
+    LocalLinear,
+    ParallelEmbedding,
+    RowParallelLinear,
+)
 from nxd_core_parallel.parallel_layers.loss_functions import mask_vocab_padding, parallel_cross_entropy
 from nxd_core_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
@@ -30,7 +35,7 @@ from nxd_core_parallel.parallel_layers.utils import (
 from nxd_core_parallel.parallel_state import initialize_model_parallel
 
 __all__ = [
-    "ColumnParallelLinear", "LayerNorm", "ParallelEmbedding", "RowParallelLinear", "clip_grad_norm",
+    "ColumnParallelLinear", "LayerNorm", "LocalLinear", "ParallelEmbedding", "RowParallelLinear", "clip_grad_norm",
     "copy_tensor_model_parallel_attributes", "copy_to_tensor_model_parallel_region",
     "gather_from_sequence_parallel_region", "gather_from_tensor_model_parallel_region", "get_grad_norm",
     "get_padding_length", "mask_vocab_padding",

@@ -104,7 +104,16 @@ def _sequence_dimension(sequence_parallel_enabled: bool, sequence_dimension: Opt
     return 0 if sequence_dimension is None else int(sequence_dimension)
 
 
-class _ShardedLinear(nn.Module):
+class LocalLinear:
+    """The matmul a sharded layer runs on this rank's weight shard: ``F.linear``. A low-precision
+    model transform (nxd-fp8) swaps the layer's class to a subclass that overrides it, so the
+    communication around the matmul (gathers, reductions, sequence parallelism) stays as it is."""
+
+    def local_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+
+class _ShardedLinear(LocalLinear, nn.Module):
     """What the column and row layers share: the weight's sharded init (along ``weight_shard_dim``)
     and NxD's re-init name."""
 
@@ -201,7 +210,7 @@ class ColumnParallelLinear(_ShardedLinear):
                                                      process_group=group)
         else:
             x = copy_to_tensor_model_parallel_region(x, process_group=group)
-        out = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)
+        out = self.local_linear(x, self.weight, None if self.skip_bias_add else self.bias)
         if self.gather_output:
             out = gather_from_tensor_model_parallel_region(out, process_group=group)
             if self.pad_size and not self.keep_padded_output:
@@ -270,7 +279,7 @@ class RowParallelLinear(_ShardedLinear):
             if self.pad_size:
                 x = F.pad(x, (0, self.pad_size))
             x = scatter_to_tensor_model_parallel_region(x, process_group=group)
-        out = F.linear(x, self.weight)
+        out = self.local_linear(x, self.weight)
         if not self.reduce_output:
             pass
         elif self.sequence_parallel_enabled:

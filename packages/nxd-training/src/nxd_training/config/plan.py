@@ -27,7 +27,7 @@ from nxd_training.config.legacy import check_legacy, newer_keys
 from nxd_training.config.resolved import Resolution, ResolvedConfig
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.optimizers import OPTIMIZERS
-from nxd_training.precision import uses_master_weights
+from nxd_training.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
 from nxd_training.schedules import SCHEDULES, schedule_names
 from nxd_training.workflow import build_workflow, workflow_name
 
@@ -330,6 +330,11 @@ def _training(config: TrainingConfig, world: int) -> None:
 
 def _precision(config: TrainingConfig) -> None:
     p, ds = config.precision, config.distributed_strategy
+    if p.fp8 is not None and p.type != "fp8":
+        raise ConfigError(f"precision.fp8 holds FP8 options, and precision.type={p.type}: set precision.type=fp8 "
+                          "to train with FP8, or remove precision.fp8")
+    if p.type == "fp8":
+        _need("model_transform", FP8_TRANSFORM, "precision.type=fp8", FP8_DISTRIBUTION)
     if uses_master_weights(p) and ds.fsdp:
         raise ConfigError(
             f"precision.type={p.type} keeps fp32 master weights in the ZeRO-1 optimizer; with distributed_strategy.fsdp "

@@ -266,6 +266,9 @@ class PrecisionConfig(Section):
     neuron_rt_stochastic_rounding_en: Union[bool, int, None] = None
     fp32_grads_cc: bool = False
     parallel_layers_reduce_dtype: Literal["bf16", "fp32"] = "fp32"
+    # nxd addition: with type fp8, nxd-fp8's options (recipe: tensorwise|rowwise|rowwise_with_gw_hp,
+    # skip_modules, emulate), validated by nxd-fp8 (docs/fp8.md)
+    fp8: Union[dict[str, Any], None] = None
 
 
 # --------------------------------------------------------------------------- model_alignment_strategy

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fault_hooks import rank1_dies_env
 
 from nxd.errors import ConfigError
 from nxd_training.cluster import DEFAULT_RDZV_PORT, apply_cluster, detect_cluster, expand_hostlist
@@ -189,3 +190,36 @@ def test_nxdt_multi_node_configs_take_their_launch_from_slurm(name: str, nodes: 
     filled, note = apply_cluster(config, env)
     assert (filled.launcher.rdzv_endpoint, filled.launcher.node_rank) == (f"trn1-001:{DEFAULT_RDZV_PORT}", 2)
     assert f"node 2 of {nodes}" in note
+
+
+@pytest.mark.slow
+def test_a_rank_dying_on_one_node_is_named_by_node_and_rank(make_config, tmp_path: Path) -> None:
+    """Two loopback nodes of one rank each; global rank 1 is killed by SIGSEGV at step 3. The c10d
+    rendezvous numbers ranks in the order nodes arrive, so either node may host it: that node's last
+    line names rank 1 on it (its PET_NODE_RANK, the node as the user knows it), local rank 0, how and
+    at which step; the other node, whose rank only lost its peer, points to the other node instead
+    of blaming itself or making up a cause."""
+    import re
+
+    log_dir = tmp_path / "run"
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(make_config(
+        trainer={"max_steps": 1000, "devices": 1, "num_nodes": 2},
+        launcher={"rdzv_join_timeout": 60, "rdzv_read_timeout": 20},
+        distributed_strategy={"tensor_model_parallel_size": 1, "collective_timeout": 30},
+        exp_manager={"explicit_log_dir": str(log_dir), "create_checkpoint_callback": False})))
+    env = {"PET_NNODES": "2", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(_free_port()),
+           **rank1_dies_env(tmp_path, log_dir / "metrics.jsonl", "segv")}
+    nodes = [_nxd_train(path, {**env, "PET_NODE_RANK": str(node)}) for node in (0, 1)]
+    outs = [n.communicate(timeout=400)[0] for n in nodes]
+    report = "\n".join(f"--- node {i} (exit {n.returncode}) ---\n{o[-4000:]}" for i, (n, o) in enumerate(zip(nodes, outs)))
+    assert all(n.returncode != 0 for n in nodes), report
+    last = [o.strip().splitlines()[-1] for o in outs]
+    segv = [i for i, o in enumerate(outs) if "(SIGSEGV)" in o]  # torchrun's summary on the node that hosted it
+    assert len(segv) == 1, report
+    host, other = segv[0], 1 - segv[0]
+    assert re.match(rf"nxd train: rank 1 \(node {host}, local rank 0\) failed first: it was killed by SIGSEGV "
+                    r"\(exit code -11\) at step \d+ of 1000$", last[host]), report
+    assert last[other].startswith(f"nxd train: node {other} of 2: the rank that failed first is on another node "
+                                  "(rank 1 left nothing here); this node's rank 0 only lost its peers"), report
+    print("\n" + "\n".join(last))

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from fault_hooks import rank1_dies_env
 
 CODE = "import sys; from nxd.cli import main; sys.exit(main())"
 
@@ -108,22 +109,6 @@ def test_sigkill_of_nxd_train_takes_torchrun_and_every_rank_with_it(make_config,
     print(f"SIGKILL of nxd train: torchrun and 2 ranks gone {elapsed:.1f}s later")
 
 
-#: rank 1 dies once rank 0 has logged 3 steps: by SIGSEGV, or by a clean os._exit(0) mid-training
-DIE_AT_STEP = """
-import os, signal, threading, time
-if os.environ.get("RANK") == "1" and os.environ.get("TORCHELASTIC_RUN_ID"):
-    def _watch():
-        metrics = os.environ["NXD_TEST_METRICS"]
-        while not (os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 3):
-            time.sleep(0.05)
-        if os.environ["NXD_TEST_DEATH"] == "segv":
-            os.kill(os.getpid(), signal.SIGSEGV)
-            time.sleep(600)
-        os._exit(0)
-    threading.Thread(target=_watch, daemon=True).start()
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("death", "line"), [
     ("segv", r"nxd train: rank 1 failed first: it was killed by SIGSEGV \(exit code -11\) at step \d+ of 1000$"),
@@ -139,12 +124,7 @@ def test_the_last_line_names_the_rank_that_failed_first(make_config, tmp_path: P
     path.write_text(yaml.safe_dump(make_config(
         trainer={"max_steps": 1000, "log_every_n_steps": 1}, distributed_strategy={"tensor_model_parallel_size": 1},
         exp_manager={"explicit_log_dir": str(log_dir), "create_checkpoint_callback": False})))
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(DIE_AT_STEP)
-    paths = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH")) if p)
-    job = _nxd_train(path, env={"PYTHONPATH": paths, "NXD_TEST_METRICS": str(log_dir / "metrics.jsonl"),
-                                "NXD_TEST_DEATH": death})
+    job = _nxd_train(path, env=rank1_dies_env(tmp_path, log_dir / "metrics.jsonl", death))
     try:
         out, _ = job.communicate(timeout=400)
     finally:

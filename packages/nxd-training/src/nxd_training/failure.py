@@ -66,7 +66,11 @@ def first_failure(config: TrainingConfig, log_dir: Path, stderr_tail: str) -> st
         reported[int(m["rank"])] = (int(m["code"]), when, int(m["local"]))
     world = config.trainer.devices * config.trainer.num_nodes
     per_node = config.launcher.nproc_per_node or config.trainer.devices
-    causes, consequences = [], []
+    multi, me = config.trainer.num_nodes > 1, config.launcher.node_rank
+    # this node's rendezvous group: that of the ranks its torchrun reported, or that left its node's records
+    mine = {r // per_node for r in reported} | {
+        rec.get("group") for rec in records.values() if multi and me is not None and rec.get("node") == me}
+    causes, consequences, elsewhere = [], [], []
     for rank in range(world):
         record, failed = records.get(rank), reported.get(rank)
         how = None
@@ -82,19 +86,35 @@ def first_failure(config: TrainingConfig, log_dir: Path, stderr_tail: str) -> st
             causes.append((failed[1], rank, f"exited with code {failed[0]}", record))
         elif record is not None and record["how"] == "exit":
             causes.append((record["time"], rank, f"exited with code {record['code']}", record))
+        elif record is None and multi and rank // per_node not in mine:
+            elsewhere.append(rank)  # another node's rank that left nothing here: its node's output tells
         elif record is None:  # neither finished nor failed: it left with code 0 (os._exit, or killed quietly)
             causes.append((float("inf"), rank, "exited with code 0", None))
     if not causes and not consequences:
         return None
+    if not causes and elsewhere:
+        _, rank, how, record = min(consequences)
+        others = ("rank " if len(elsewhere) == 1 else "ranks ") + ", ".join(map(str, elsewhere))
+        return (f"nxd train: node {_node(record, me, rank, per_node)} of {config.trainer.num_nodes}: the rank that "
+                f"failed first is on another node ({others} left nothing here); this node's rank {rank} only "
+                f"lost its peers (it {how}): see the other node's output")
     when, rank, how, record = min(causes or consequences)
     step = (record or {}).get("step") or _logged_step(config, log_dir)
     total = (record or {}).get("max_steps") or (config.trainer.max_steps if config.trainer.max_steps > 0 else None)
     at = f" at step {step}" + (f" of {total}" if total else "") if step else ""
     if how == "exited with code 0":
         at += " without finishing"
-    where = f"rank {rank} (node {rank // per_node}, local rank {rank % per_node})" if config.trainer.num_nodes > 1 \
+    where = f"rank {rank} (node {_node(record, me, rank, per_node)}, local rank {rank % per_node})" if multi \
         else f"rank {rank}"
     return f"nxd train: {where} failed first: it {how}{at}"
+
+
+def _node(record: dict | None, me: int | None, rank: int, per_node: int) -> int:
+    """The node a rank ran on, as the user knows it: its record's, else this node (a rank this
+    node's torchrun reported), else the rendezvous order."""
+    if record is not None and "node" in record:
+        return int(record["node"])
+    return me if me is not None else rank // per_node
 
 
 def _logged_step(config: TrainingConfig, log_dir: Path) -> int | None:

@@ -84,6 +84,8 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
             env = dict(os.environ)
             env.setdefault("OMP_NUM_THREADS", "1")
             env["PYTHONUNBUFFERED"] = "1"
+            if config.launcher.node_rank is not None:  # the ranks' records name the node as the user knows it
+                env[rank_status.NODE_ENV] = str(config.launcher.node_rank)
             code, stderr_tail = run_forwarding_signals(torchrun_command(config, config_path), env,
                                                        log_dir / INTERRUPTED_LOG, with_tail=True)
             if code not in (0, INTERRUPTED):

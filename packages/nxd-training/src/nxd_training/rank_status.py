@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -15,11 +16,18 @@ STATUS_DIR = ".ranks"
 progress = {"step": 0, "max_steps": None}
 
 
-def identity() -> dict[str, int]:
-    """This rank's global rank, node (torchrun's GROUP_RANK) and local rank."""
+#: the launcher's node rank, as the user knows the node (SLURM_NODEID, PET_NODE_RANK, launcher.node_rank);
+#: torchrun's GROUP_RANK is the rendezvous' own order, which a c10d rendezvous assigns as nodes arrive
+NODE_ENV = "NXD_NODE_RANK"
+
+
+def identity() -> dict[str, int | str]:
+    """This rank's global rank, node (the launcher's node rank, else torchrun's GROUP_RANK), its
+    group (GROUP_RANK), local rank and host."""
     env = os.environ
-    return {"rank": int(env.get("RANK", 0)), "node": int(env.get("GROUP_RANK", 0)),
-            "local_rank": int(env.get("LOCAL_RANK", 0))}
+    group = int(env.get("GROUP_RANK", 0))
+    return {"rank": int(env.get("RANK", 0)), "node": int(env.get(NODE_ENV, group)), "group": group,
+            "local_rank": int(env.get("LOCAL_RANK", 0)), "host": socket.gethostname()}
 
 
 def write(run_dir: Path, how: str, what: str = "", code: int | None = None) -> None:

@@ -53,8 +53,10 @@ def explain_collective_timeout(exc: BaseException, config: TrainingConfig) -> Co
     backend's collective timeout, else None."""
     if not isinstance(exc, RuntimeError) or not _TIMEOUT_PATTERN.search(str(exc)):
         return None
-    env = os.environ
-    where = f"rank {env.get('RANK', '0')} (node {env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')})"
+    from nxd_training.rank_status import identity
+
+    me = identity()
+    where = f"rank {me['rank']} (node {me['node']}, local rank {me['local_rank']})"
     seconds = config.distributed_strategy.collective_timeout
     return CollectiveTimeout(
         f"{where}: a collective did not complete within distributed_strategy.collective_timeout={seconds:g}s: "

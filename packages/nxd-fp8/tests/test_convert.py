@@ -90,3 +90,28 @@ def test_a_model_without_fp8_layers_is_refused() -> None:
     with pytest.raises(ConfigError, match="no linear layer of this model can run in FP8.*odd: weight shard"):
         nxd.initialize_parallel_model(config, lambda: torch.nn.Sequential().add_module("odd", torch.nn.Linear(8, 10))
                                       or torch.nn.ModuleDict({"odd": torch.nn.Linear(8, 10)}))
+
+
+@pytest.mark.slow  # compiles two blocks (~20 s on 2 cores)
+def test_fp8_blocks_compile() -> None:
+    """fp8 (order 200) runs before compile (500): the compiled blocks hold FP8 layers, and torchao's
+    float8 matmul (``allow_in_graph``) traces; aot_eager keeps the ops, so the loss and gradients are
+    bitwise the eager FP8 model's."""
+    from fp8_models import batch, build
+
+    def run(compile_config: object) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        cfg = nxd.neuronx_distributed_config(model_transforms={"fp8": {"emulate": True}}, compile_config=compile_config)
+        model = nxd.initialize_parallel_model(cfg, build)
+        blocks = [m for m in model.modules() if type(m).__name__ == "Block"]
+        assert all((getattr(b, "_compiled_call_impl", None) is not None) == bool(compile_config) for b in blocks)
+        assert all(type(b.up).__name__ == "Float8ColumnParallelLinear" for b in blocks)
+        loss = model(*batch(0))
+        loss.backward()
+        return loss.detach(), [p.grad for p in model.parameters()]
+
+    eager_loss, eager_grads = run(None)
+    torch._dynamo.reset()
+    loss, grads = run({"backend": "aot_eager"})
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # dynamo did capture the blocks
+    assert torch.equal(loss, eager_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from nxd_testing.pipeline_reference import accumulated_reference
+
 TOL = 1e-5
 MICRO = 4
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
@@ -69,14 +71,9 @@ def pp_body(tp: int, sequence_parallel: bool, schedule: str, virtual: int = 1, l
     # PP=1 reference on every rank (the same TP degree), gradient accumulation over the micro-batches
     parallel_state.initialize_model_parallel(tp, 1)
     reference = build(sequence_parallel, layers, checkpointing)
-    losses = []
-    for mb in micro:
-        loss = reference(**mb).loss
-        (loss / len(micro)).backward()
-        losses.append(loss.detach())
+    ref_loss, _ = accumulated_reference(reference, micro)
     if sequence_parallel:
         sp_grads(reference)
-    ref_loss = torch.stack(losses).mean()
     ref_grads = {n: p.grad for n, p in reference.named_parameters()}
     parallel_state.destroy_model_parallel()
 
@@ -109,13 +106,7 @@ def pp_ep_body(per_rank: int = 2) -> dict:
     micro = micro_batches(2 * per_rank)
     parallel_state.initialize_model_parallel(1, 1)
     reference = build(False, 2)
-    losses = []
-    for mb in micro:
-        loss = reference(**mb).loss
-        (loss / len(micro)).backward()
-        losses.append(loss.detach())
-    ref_loss = torch.stack(losses).mean()
-    ref_grads = {n: p.grad for n, p in reference.named_parameters()}
+    ref_loss, ref_grads = accumulated_reference(reference, micro)
     state = reference.state_dict()
     parallel_state.destroy_model_parallel()
 

@@ -340,26 +340,31 @@ def _resolve(path: str) -> Any:
 
 def parallel_grads_body(tp: int, ep: int, spec_name: str, export: str, hf_dir: str, data: Mapping[str, torch.Tensor],
                         sequence_parallel: bool = False, checkpointing: bool = False,
-                        drop: Sequence[str] = ()) -> dict[str, Any] | None:
+                        drop: Sequence[str] = (), cp: int = 1) -> dict[str, Any] | None:
     """Every rank of a parity test against :func:`hf_lm_reference`: TP ``tp`` x EP ``ep``, its
     data-parallel shard of ``data``, forward/backward (full activation checkpointing of the spec's
-    blocks when asked), NxDOptimizer's gradient sync; global rank 0 returns the DP-mean ``loss``,
+    blocks when asked), each CP rank (``cp``) its chunks of every sequence, NxDOptimizer's gradient
+    sync; global rank 0 returns the DP-mean ``loss``,
     the full checkpoint-named ``grads`` (``export``, ``"module:function"``, gathers them; names
     ending in one of ``drop``, e.g. buffers, left out) and the global gradient ``norm``."""
     from nxd_core_parallel import parallel_state
+    from nxd_core_parallel.context_parallel import split_batch_for_context_parallel
     from nxd_core_parallel.grads import get_grad_norm
     from nxd_core_parallel.trainer import NxDOptimizer
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                             context_parallel_size=cp)
     dp, d = parallel_state.get_data_parallel_size(), parallel_state.get_data_parallel_rank()
     per = data["input_ids"].shape[0] // dp
     shard = {k: v[d * per:(d + 1) * per] for k, v in data.items()}
+    if cp > 1:  # this CP rank's two chunks of every sequence, with their positions
+        shard = split_batch_for_context_parallel(shard, parallel_state.get_context_model_parallel_rank(), cp)
     spec, model = build_from_hf(spec_name, hf_dir, sequence_parallel)
     if checkpointing:
         from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing
 
         assert apply_activation_checkpointing(model, spec.transformer_layer_classes) > 0
-    out = model(shard["input_ids"], labels=shard["labels"])
+    out = model(shard["input_ids"], labels=shard["labels"], position_ids=shard.get("position_ids"))
     out.loss.backward()
     opt = NxDOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                        {"optimizer_config": {"grad_clipping": False}, "sequence_parallel": sequence_parallel},

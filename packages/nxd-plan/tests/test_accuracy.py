@@ -30,12 +30,13 @@ def _measure(config: dict[str, Any]) -> int:
 
 
 @pytest.mark.slow
-def test_planned_peak_within_10_percent_of_measured(rank_pool, corpus) -> None:
-    """ZeRO-1 over DP 2: sharded optimizer state, flat fp32 gradients and the activations of a
-    full step (the other layouts: benchmarks/bench_plan.py, docs/plan.md)."""
+@pytest.mark.parametrize("variant", ["zero1_dp2", "cp2_zero1"])
+def test_planned_peak_within_10_percent_of_measured(rank_pool, corpus, variant) -> None:
+    """ZeRO-1 over DP 2 (sharded optimizer state, flat fp32 gradients, a full step's activations),
+    and CP 2 with ZeRO-1 (each CP rank half the sequence; ring attention), on every rank (the other
+    layouts: benchmarks/bench_plan.py, docs/plan.md)."""
     from nxd_plan.accuracy import VARIANTS
 
-    variant = "zero1_dp2"
     config = _config(corpus, **copy.deepcopy(VARIANTS[variant]))
     measured = rank_pool(2).run(_measure, config, timeout=600)
     plan = make_run_plan(config)

@@ -17,6 +17,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "zero1_bf16_master": {"distributed_strategy": {"zero1": True}, "precision": {"type": "mixed_precision"}},
     "pp2_1f1b": {"distributed_strategy": {"pipeline_model_parallel_size": 2}, "data": {"global_batch_size": 8}},
     "cp2_zero1": {"distributed_strategy": {"context_parallel_size": 2, "zero1": True}},
+    "fsdp_dp2": {"distributed_strategy": {"fsdp": True}},
     "tp2_full_recompute": {"distributed_strategy": {"tensor_model_parallel_size": 2},
                            "model": {"activations_checkpoint_granularity": "full"}},
 }

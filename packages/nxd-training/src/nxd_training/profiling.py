@@ -81,9 +81,13 @@ def live_tensor_bytes() -> int:
 
     def count(t: Any) -> None:
         if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_meta:
-            storage = t.untyped_storage()
-            if storage.data_ptr():
-                seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+            try:
+                storage = t.untyped_storage()
+                ptr = storage.data_ptr()
+            except RuntimeError:  # a storage FSDP2 freed (resized to 0 after resharding): holds nothing
+                return
+            if ptr:
+                seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
 
     with warnings.catch_warnings():  # isinstance on some library objects warns (deprecated proxies)
         warnings.simplefilter("ignore")

@@ -94,6 +94,16 @@ class ParallelContext:
             raise KeyError(f"no parallel dimension {name!r}; dimensions: {', '.join(DIMENSIONS)}")
         return getattr(self, name)
 
+    def kv_shared_dim(self, kv_size_multiplier: int) -> ParallelDim:
+        """The TP ranks holding the same replicated KV piece for ``kv_size_multiplier`` m (this
+        rank's block of m consecutive TP ranks)."""
+        if kv_size_multiplier not in self.kv_shared:
+            raise ValueError(
+                f"kv_size_multiplier={kv_size_multiplier} must divide tensor_model_parallel_size={self.tp.size} "
+                "and be > 1"
+            )
+        return self.kv_shared[kv_size_multiplier]
+
     def sizes(self) -> dict[str, int]:
         return {name: self.dim(name).size for name in DIMENSIONS}
 
@@ -201,6 +211,28 @@ def get_parallel_context() -> ParallelContext:
             "torch.distributed.init_process_group(), or parallel_state.initialize_model_parallel()"
         )
     return _CURRENT
+
+
+def resolve_context(context: ParallelContext | None = None) -> ParallelContext | None:
+    """``context``, else the current one: the single fallback NxD's own entry points use (a layer built
+    NxD-style without ``context=``, a ``parallel_state``-era function called without groups). nxd's
+    internals pass the context they were given instead of calling this with ``None``."""
+    return context if context is not None else _CURRENT
+
+
+def dim_size(context: ParallelContext | None, name: str) -> int:
+    """Size of dimension ``name`` in ``context`` (1 without model parallelism)."""
+    return context.dim(name).size if context is not None else 1
+
+
+def dim_rank(context: ParallelContext | None, name: str) -> int:
+    """This rank's index in dimension ``name`` of ``context`` (0 without model parallelism)."""
+    return context.dim(name).rank if context is not None else 0
+
+
+def dim_group(context: ParallelContext | None, name: str) -> Any:
+    """The process group of dimension ``name`` in ``context`` (``None`` without model parallelism)."""
+    return context.dim(name).group if context is not None else None
 
 
 def set_parallel_context(context: ParallelContext | None) -> ParallelContext | None:

@@ -11,7 +11,7 @@ import torch
 from nxd.config import check_config
 from nxd.errors import ComponentNotFound, ConfigError
 from nxd.lookup import get_component
-from nxd.parallel import ParallelContext, call_with_context, current_parallel_context
+from nxd.parallel import ParallelContext, call_with_context, resolve_context
 from nxd.plugins import state
 from nxd.transforms import apply_model_transforms, data_parallel_strategy
 
@@ -64,7 +64,7 @@ def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn
             "NxD's signature is initialize_parallel_model(nxd_config, model_fn, include_buffers, *model_args, "
             "**model_kwargs): pass model_fn's arguments after include_buffers"
         )
-    context = current_parallel_context()
+    context = resolve_context()  # NxD's signature has no room for it: the current one
     model = state().pm.hook.nxd_build_model(
         nxd_config=config, model_fn=model_fn, model_args=model_args, model_kwargs=model_kwargs,
         include_buffers=include_buffers, context=context,
@@ -74,16 +74,17 @@ def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn
     return apply_model_transforms(model, context, config)
 
 
-def initialize_parallel_optimizer(nxd_config: dict, optimizer_class: type, parameters: Any, **defaults: Any):
+def initialize_parallel_optimizer(nxd_config: dict, optimizer_class: type, parameters: Any, *,
+                                  context: ParallelContext | None = None, **defaults: Any):
     """Create ``optimizer_class(parameters, **defaults)`` wrapped so ``step()`` does the
     data-parallel gradient sync and clipping of ``nxd_config``: the optimizer side of the config's
     data-parallel strategy (a model transform: ``ddp``, ``zero1``, ...). The strategy and the
-    ``nxd_wrap_optimizer`` hook receive the current parallel context (NxD's signature has no room
-    for one)."""
+    ``nxd_wrap_optimizer`` hook receive ``context`` (the current parallel context when left out,
+    as NxD's callers do)."""
     config = check_config(nxd_config)
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
         raise ConfigError(f"optimizer_class must be a torch.optim.Optimizer subclass, got {optimizer_class!r}")
-    context = current_parallel_context()
+    context = resolve_context(context)
     strategy = data_parallel_strategy(context, config)
     optimizer = strategy.make_optimizer(config, optimizer_class, parameters, context=context, **defaults)
     return state().call_chain("nxd_wrap_optimizer", "optimizer", optimizer, nxd_config=config, context=context)
@@ -105,15 +106,17 @@ def save_checkpoint(
     num_kept_ckpts: int | None = None,
     async_save: bool = False,
     zero1_optimizer: bool = False,
+    context: ParallelContext | None = None,
     **options: Any,
 ) -> None:
     """Save a checkpoint under ``path/tag`` (NxD's signature; see nxd-ckpt for the layout).
-    ``num_kept_ckpts`` None or -1 keeps every checkpoint (as NxD). The checkpointer receives the
-    current parallel context when its ``save`` names a ``context`` parameter."""
+    ``num_kept_ckpts`` None or -1 keeps every checkpoint (as NxD). The checkpointer receives
+    ``context`` (the current parallel context when left out) when its ``save`` names a ``context``
+    parameter."""
     if num_kept_ckpts == -1:
         num_kept_ckpts = None
     call_with_context(
-        _checkpointer().save, path, context=current_parallel_context(), tag=tag, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
+        _checkpointer().save, path, context=resolve_context(context), tag=tag, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
         num_workers=num_workers, use_xser=use_xser, num_kept_ckpts=num_kept_ckpts, async_save=async_save,
         zero1_optimizer=zero1_optimizer, **options,
     )
@@ -127,12 +130,13 @@ def load_checkpoint(
     scheduler: Any = None,
     num_workers: int = 8,
     strict: bool = True,
+    context: ParallelContext | None = None,
     **options: Any,
 ) -> Any:
-    """Load the checkpoint ``path/tag`` (``tag=None``: the newest complete one); returns the
-    saved ``user_content``."""
+    """Load the checkpoint ``path/tag`` (``tag=None``: the newest complete one) for ``context``
+    (the current parallel context when left out); returns the saved ``user_content``."""
     return call_with_context(
-        _checkpointer().load, path, context=current_parallel_context(), tag=tag, model=model, optimizer=optimizer, scheduler=scheduler,
+        _checkpointer().load, path, context=resolve_context(context), tag=tag, model=model, optimizer=optimizer, scheduler=scheduler,
         num_workers=num_workers, strict=strict, **options,
     )
 
@@ -149,8 +153,7 @@ def checkpoint_extras(model: Any, path: str, tag: str, phase: str, context: Para
                          f"got {phase!r}") from None
     if model is None:
         return
-    if context is None:
-        context = current_parallel_context()
+    context = resolve_context(context)
     state().pm.hook.nxd_checkpoint_extras(model=model, path=str(path), tag=str(tag), phase=phase, context=context)
 
 
@@ -160,9 +163,10 @@ def plan_run(config: Any, device_memory_gib: float | None = None) -> str | None:
     return state().pm.hook.nxd_plan_run(config=config, device_memory_gib=device_memory_gib)
 
 
-def has_checkpoint(path: str) -> bool:
-    """Whether ``path`` holds at least one complete checkpoint."""
-    return bool(call_with_context(_checkpointer().has_checkpoint, path, context=current_parallel_context()))
+def has_checkpoint(path: str, context: ParallelContext | None = None) -> bool:
+    """Whether ``path`` holds at least one complete checkpoint (as ``context`` reads it, the current
+    parallel context when left out)."""
+    return bool(call_with_context(_checkpointer().has_checkpoint, path, context=resolve_context(context)))
 
 
 def finalize_checkpoint() -> None:

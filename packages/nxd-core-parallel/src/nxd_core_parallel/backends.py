@@ -1,6 +1,6 @@
 """Device backends: where tensors live, which process-group backend to use, how to synchronise.
 
-The backend in use is the parallel context's (``nxd.get_parallel_context().backend``: the registered
+The backend in use is the parallel context's (``context.backend``: the registered
 backend whose ``process_group_backend`` the default process group runs). Before a context exists
 it follows the default process group the same way, ``cpu`` without one; a user may pin it with
 ``NXD_BACKEND`` (e.g. ``xla`` for the XLA smoke test). Every lookup goes through ``nxd.get_backend``.
@@ -122,10 +122,10 @@ BACKENDS: dict[str, Any] = {"cpu": CpuBackend(), "cuda": AcceleratorBackend("cud
                             "xla": XlaBackend()}
 
 
-def current_backend() -> Any:
-    """The backend in use: the parallel context's; else ``NXD_BACKEND`` if the user set it; else
-    the one the default process group uses (NCCL -> cuda); else cpu."""
-    context = nxd.current_parallel_context()
+def current_backend(context: nxd.ParallelContext | None = None) -> Any:
+    """The backend in use: ``context``'s (the current one when left out); else ``NXD_BACKEND`` if
+    the user set it; else the one the default process group uses (NCCL -> cuda); else cpu."""
+    context = nxd.parallel.resolve_context(context)
     if context is not None and context.backend is not None:
         return context.backend
     chosen = os.environ.get("NXD_BACKEND")

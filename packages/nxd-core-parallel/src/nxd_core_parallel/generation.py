@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, dim_group
 from nxd_core_parallel.parallel_layers import gather_from_tensor_model_parallel_region
 
 #: (all tokens so far [batch, n], the tokens added since the last call [batch, k]) ->
@@ -42,10 +43,12 @@ def sequence_parallel_off(model: nn.Module) -> Iterator[None]:
             m.sequence_parallel = value
 
 
-def gather_vocab_logits(vocab_parallel_logits: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
-    """Full-vocabulary logits from each TP rank's slice (identity at TP=1), cut to ``vocab_size``
-    classes when given (drops the TP padding of a vocabulary not divisible by the TP size)."""
-    logits = gather_from_tensor_model_parallel_region(vocab_parallel_logits)
+def gather_vocab_logits(vocab_parallel_logits: torch.Tensor, vocab_size: int | None = None,
+                        process_group: Any = None) -> torch.Tensor:
+    """Full-vocabulary logits from each TP rank's slice over ``process_group`` (the current TP group
+    when left out; identity at TP=1), cut to ``vocab_size`` classes when given (drops the TP padding
+    of a vocabulary not divisible by the TP size)."""
+    logits = gather_from_tensor_model_parallel_region(vocab_parallel_logits, process_group=process_group)
     return logits if vocab_size is None else logits[..., :vocab_size]
 
 
@@ -72,8 +75,10 @@ def next_token(logits: torch.Tensor, do_sample: bool, temperature: float, top_k:
 @torch.no_grad()
 def decode(module: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, next_logits: NextLogits, *,
            vocab_size: int | None, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-           eos_token_id: int | list[int] | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Append up to ``max_new_tokens`` tokens to ``input_ids`` ``[batch, prompt]`` (same-length prompts).
+           eos_token_id: int | list[int] | None = None, generator: torch.Generator | None = None,
+           context: ParallelContext | None = None) -> torch.Tensor:
+    """Append up to ``max_new_tokens`` tokens to ``input_ids`` ``[batch, prompt]`` (same-length prompts),
+    for a model built for ``context`` (its TP group gathers the logits; ``None``: no model parallelism).
 
     Collective under TP: every TP rank calls it with the same prompt and gets the same tokens
     (sampled tokens come from TP rank 0). Sequences that emit ``eos_token_id`` are padded with it;
@@ -88,7 +93,7 @@ def decode(module: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, next
     tokens = input_ids.to(device)
     eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []), dtype=torch.long,
                        device=device)
-    tp_group = parallel_state.get_tensor_model_parallel_group() if parallel_state.model_parallel_is_initialized() else None
+    tp_group = dim_group(context, "tp")
     was_training = module.training
     module.eval()
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=device)
@@ -96,10 +101,10 @@ def decode(module: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, next
         with sequence_parallel_off(module):
             new = tokens
             for _ in range(max_new_tokens):
-                logits = gather_vocab_logits(next_logits(tokens, new), vocab_size)
+                logits = gather_vocab_logits(next_logits(tokens, new), vocab_size, tp_group)
                 nxt = next_token(logits, do_sample, temperature, top_k, generator)
                 if do_sample and tp_group is not None and dist.get_world_size(tp_group) > 1:
-                    dist.broadcast(nxt, parallel_state.get_tensor_model_parallel_src_rank(), group=tp_group)
+                    dist.broadcast(nxt, context.tp.src_rank, group=tp_group)
                 if eos.numel():
                     nxt = torch.where(finished, eos[0], nxt)
                     finished |= torch.isin(nxt, eos)

@@ -1,7 +1,7 @@
 """Gradient synchronisation and clipping under tensor, sequence, pipeline and data parallelism.
 
 Every function takes the parallel context it works for (``context=``); left out, it is the current
-one, read in one place (:func:`_context`) so NxD-style callers keep working."""
+one (``nxd.parallel.resolve_context``) so NxD-style callers keep working."""
 
 from __future__ import annotations
 
@@ -13,15 +13,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from nxd.parallel import ParallelContext, current_parallel_context
+from nxd.parallel import ParallelContext, resolve_context
 
 #: Bytes per all-reduce bucket (NxD uses 512 MB on device; smaller buckets suit CPU caches).
 BUCKET_CAP_BYTES = 64 * 1024 * 1024
-
-
-def _context(context: ParallelContext | None) -> ParallelContext | None:
-    """``context``, or the current one (``None`` before model parallelism is initialised)."""
-    return context if context is not None else current_parallel_context()
 
 
 def _as_list(parameters: Any) -> list[torch.Tensor]:
@@ -73,7 +68,7 @@ def bucket_allreduce_gradients(grads: Iterable[torch.Tensor], group: Any = None,
     or ``group``), packed into flat buckets so each bucket is one collective. Buckets go in reverse
     order, like NxD."""
     if group is None:
-        ctx = _context(context)
+        ctx = resolve_context(context)
         if ctx is None:
             return
         group = gradient_reduction_group(ctx)
@@ -85,7 +80,7 @@ def allreduce_context_parallel_gradients(parameters: Any, bucket_cap_bytes: int 
     """Average every gradient over the context-parallel group (NxD's name). CP ranks hold the same
     parameters but different tokens; the CP loss (``context_parallel_token_mean``) scales each
     rank's gradient by the CP size, so the average is the exact gradient of the global mean loss."""
-    ctx = _context(context)
+    ctx = resolve_context(context)
     if ctx is None or ctx.cp.size == 1:
         return
     grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
@@ -95,7 +90,7 @@ def allreduce_context_parallel_gradients(parameters: Any, bucket_cap_bytes: int 
 def gradient_reduction_group(context: ParallelContext | None = None) -> Any:
     """The group replicated parameters' gradients are averaged over: data x context parallel
     (one collective for both; the DP group alone when CP is 1)."""
-    ctx = _context(context)
+    ctx = resolve_context(context)
     if ctx is None:
         raise RuntimeError("gradient_reduction_group needs a parallel context: initialise model parallelism first")
     return ctx.dp_cp.group if ctx.cp.size > 1 else ctx.dp.group
@@ -104,7 +99,7 @@ def gradient_reduction_group(context: ParallelContext | None = None) -> Any:
 def allreduce_sequence_parallel_gradients(parameters: Any, *, context: ParallelContext | None = None) -> None:
     """Sum over TP the gradients of parameters tagged ``sequence_parallel_enabled`` (norm weights
     and row-parallel biases under SP see only their rank's sequence slice)."""
-    ctx = _context(context)
+    ctx = resolve_context(context)
     if ctx is None or ctx.tp.size == 1:
         return
     # an FSDP-sharded gradient is a DTensor: sum its local shard (summing shards of the DP-reduced
@@ -130,7 +125,7 @@ def allreduce_expert_parallel_gradients(parameters: Any, *, context: ParallelCon
     by the data-parallel size. Each expert already received (through the all-to-all backward) the
     gradient from every EP rank's tokens, so this is the mean over all DP ranks' losses, exactly what
     the DP average gives a replicated parameter."""
-    ctx = _context(context)
+    ctx = resolve_context(context)
     if ctx is None:
         return
     by_group: dict[int, tuple[Any, list[torch.Tensor]]] = {}
@@ -149,7 +144,7 @@ def expert_gradient_divisor(context: ParallelContext | None = None) -> int:
     """What the expert-data-parallel sum of an expert gradient is divided by: the DP size (times CP:
     under context parallelism each rank's loss gradient is CP times its share, as
     context_parallel_token_mean makes it)."""
-    ctx = _context(context)
+    ctx = resolve_context(context)
     return 1 if ctx is None else ctx.dp.size * ctx.cp.size
 
 
@@ -184,7 +179,7 @@ def reduction_param_groups(parameters: Any, *, context: ParallelContext | None =
 
 
 def _tp_rank(context: ParallelContext | None) -> int:
-    ctx = _context(context)
+    ctx = resolve_context(context)
     return 0 if ctx is None else ctx.tp.rank
 
 
@@ -224,7 +219,7 @@ def get_grad_norm(parameters: Any, norm_type: float = 2, *, context: ParallelCon
     params = [p for p in _as_list(parameters) if p.grad is not None]
     norm_type = float(norm_type)
     device = params[0].grad.device if params else torch.device("cpu")
-    ctx = _context(context)
+    ctx = resolve_context(context)
     initialized = ctx is not None
     pieces: list[tuple[torch.Tensor, bool]] = []
     expert_pieces: dict[int, tuple[Any, list[tuple[torch.Tensor, bool]]]] = {}

@@ -5,13 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nxd_core_parallel import fused_kernels, parallel_state
+from nxd.parallel import ParallelContext, dim_group, dim_size
+from nxd_core_parallel import fused_kernels
 from nxd_core_parallel.context_parallel import context_parallel_token_mean
 from nxd_core_parallel.parallel_layers import parallel_cross_entropy
-
-
-def _context_parallel_size() -> int:
-    return parallel_state.get_context_model_parallel_size() if parallel_state.model_parallel_is_initialized() else 1
 
 
 def supervised_tokens(labels: torch.Tensor, loss_mask: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
@@ -27,39 +24,40 @@ def supervised_tokens(labels: torch.Tensor, loss_mask: torch.Tensor | None, shap
     return keep
 
 
-def token_mean(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """``total / count`` over the supervised tokens; under context parallelism over those of every
-    CP rank (they hold parts of the same samples)."""
-    if _context_parallel_size() > 1:
-        return context_parallel_token_mean(total, count, parallel_state.get_context_model_parallel_group())
+def token_mean(total: torch.Tensor, count: torch.Tensor, context: ParallelContext | None) -> torch.Tensor:
+    """``total / count`` over the supervised tokens; under context parallelism (of ``context``)
+    over those of every CP rank (they hold parts of the same samples)."""
+    if dim_size(context, "cp") > 1:
+        return context_parallel_token_mean(total, count, context.cp.group)
     # An all-masked batch gives 0 (not NaN) so gradient accumulation stays finite.
     return total / count.clamp(min=1.0)
 
 
 def causal_lm_loss(vocab_parallel_logits: torch.Tensor, labels: torch.Tensor,
-                   loss_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean cross-entropy over tokens with ``loss_mask == 1`` and ``labels != -100``.
+                   loss_mask: torch.Tensor | None, context: ParallelContext | None) -> torch.Tensor:
+    """Mean cross-entropy over tokens with ``loss_mask == 1`` and ``labels != -100``; the logits are
+    sharded over ``context``'s TP ranks (``None``: no model parallelism).
 
     ``labels`` are already aligned with the logits (no shift here). Under context parallelism the
     mean is over the supervised tokens of every CP rank."""
     keep = supervised_tokens(labels, loss_mask, vocab_parallel_logits.shape[:-1])
     targets = labels.masked_fill(~keep, 0)
-    if parallel_state.get_tensor_model_parallel_size() == 1:
+    if dim_size(context, "tp") == 1:
         # The whole vocabulary is local: torch's fused kernel, no softmax/one-hot buffers kept.
         logits = vocab_parallel_logits.float()
         per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                     reduction="none").view_as(targets)
     else:
-        per_token = parallel_cross_entropy(vocab_parallel_logits, targets)
+        per_token = parallel_cross_entropy(vocab_parallel_logits, targets, process_group=dim_group(context, "tp"))
     keep = keep.to(per_token.dtype)
-    return token_mean((per_token * keep).sum(), keep.sum())
+    return token_mean((per_token * keep).sum(), keep.sum(), context)
 
 
 def fused_linear_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                                loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+                                loss_mask: torch.Tensor | None, context: ParallelContext | None) -> torch.Tensor:
     """:func:`causal_lm_loss` of ``hidden @ weight.T`` through the fused linear cross-entropy
     (:mod:`nxd_core_parallel.fused_kernels`, CUDA): the logits never exist whole. ``weight`` holds
     the whole vocabulary (TP=1)."""
     keep = supervised_tokens(labels, loss_mask, hidden.shape[:-1])
     total = fused_kernels.linear_cross_entropy_sum(hidden, weight, labels.masked_fill(~keep, -100))
-    return token_mean(total, keep.sum().to(total.dtype))
+    return token_mean(total, keep.sum().to(total.dtype), context)

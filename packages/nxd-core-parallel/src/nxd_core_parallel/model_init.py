@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from nxd.parallel import ParallelContext
 from nxd.resolved import NxdConfig
 from nxd_core_parallel.backends import get_device
 
@@ -99,7 +100,8 @@ def move_to_device(model: nn.Module, device: torch.device) -> None:
 
 
 def build_model(nxd_config: Mapping[str, Any] | None, model_fn: Callable[..., nn.Module], args: tuple, kwargs: dict,
-                include_buffers: bool = False, device: torch.device | None = None) -> nn.Module:
+                include_buffers: bool = False, device: torch.device | None = None,
+                context: ParallelContext | None = None) -> nn.Module:
     """``model_fn(*args, **kwargs)`` placed on ``device`` (the parallel context's; the backend's
     device when not given), per ``nxd_config.model_init``."""
     nxd_config = NxdConfig.of(nxd_config)
@@ -120,5 +122,5 @@ def build_model(nxd_config: Mapping[str, Any] | None, model_fn: Callable[..., nn
     if nxd_config.pad_model:
         from nxd_core_parallel.parallel_layers.pad import pad_model_from_config
 
-        model = pad_model_from_config(model)  # structural: before adapters, checkpointing and the pipeline cut
+        model = pad_model_from_config(model, context)  # structural: before adapters, checkpointing and the pipeline cut
     return model

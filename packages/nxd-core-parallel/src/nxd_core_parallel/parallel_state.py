@@ -202,13 +202,7 @@ def is_pipeline_last_stage() -> bool:
 def get_kv_shared_group(kv_size_multiplier: int, as_list: bool = False) -> Any:
     """The TP ranks that hold the same (replicated) KV piece for ``kv_size_multiplier`` m:
     this rank's block of m consecutive TP ranks."""
-    context = get_parallel_context()
-    if kv_size_multiplier not in context.kv_shared:
-        raise ValueError(
-            f"kv_size_multiplier={kv_size_multiplier} must divide tensor_model_parallel_size={context.tp.size} "
-            "and be > 1"
-        )
-    dim = context.kv_shared[kv_size_multiplier]
+    dim = get_parallel_context().kv_shared_dim(kv_size_multiplier)
     return list(dim.ranks) if as_list else dim.group
 
 

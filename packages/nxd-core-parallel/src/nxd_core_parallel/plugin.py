@@ -49,7 +49,8 @@ def nxd_build_model(nxd_config: NxdConfig, model_fn: Any, model_args: tuple, mod
     from nxd_core_parallel.model_init import build_model
 
     device = context.device if context is not None else get_device()
-    return build_model(nxd_config, model_fn, model_args, model_kwargs, include_buffers=include_buffers, device=device)
+    return build_model(nxd_config, model_fn, model_args, model_kwargs, include_buffers=include_buffers, device=device,
+                       context=context)
 
 
 @nxd.hookimpl

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nxd.parallel import ParallelContext, current_parallel_context
+from nxd.parallel import ParallelContext, resolve_context
 from nxd.resolved import NxdConfig
 from nxd_core_parallel import dp_overlap
 from nxd_core_parallel.expert_state import gather_expert_state, slice_expert_state
@@ -224,7 +224,7 @@ class NxDOptimizer(torch.optim.Optimizer):
         # The inner optimizer owns the state; Optimizer.__init__ is not called on purpose.
         self.optimizer = optimizer
         self.nxd_config = nxd_config = NxdConfig.of(nxd_config)
-        self.context = context = context if context is not None else current_parallel_context()
+        self.context = context = resolve_context(context)
         self.grad_norm: torch.Tensor | None = None
         self._optimizer_step_pre_hooks: dict = {}
         self._optimizer_step_post_hooks: dict = {}

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import torch
 
-from nxd_core_parallel import parallel_state
-
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     """``vocab_size`` rounded up to a multiple of ``divisible_by * tp``."""
@@ -22,11 +20,11 @@ def real_vocab_rows(vocab_size: int, padded: int, tp: int, tp_rank: int) -> rang
     return range(tp_rank * per, min((tp_rank + 1) * per, vocab_size))
 
 
-def mask_padded_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """This TP rank's vocabulary-parallel ``logits`` ``[..., padded/tp]`` with the padded columns set
-    to the dtype's minimum (unchanged when this rank holds no padding)."""
+def mask_padded_vocab(logits: torch.Tensor, vocab_size: int, tp_rank: int) -> torch.Tensor:
+    """TP rank ``tp_rank``'s vocabulary-parallel ``logits`` ``[..., padded/tp]`` with the padded
+    columns set to the dtype's minimum (unchanged when this rank holds no padding)."""
     local = logits.shape[-1]
-    start = parallel_state.get_tensor_model_parallel_rank() * local
+    start = tp_rank * local
     if start + local <= vocab_size:
         return logits
     padded = torch.arange(start, start + local, device=logits.device) >= vocab_size

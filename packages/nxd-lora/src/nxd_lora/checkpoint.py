@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from nxd.errors import ConfigError
+from nxd.parallel import ParallelContext
 from nxd_lora.config import LoraConfig
 from nxd_lora.model import LoRAModel
 from nxd_lora.naming import model_spec_for, tp_size_rank
@@ -43,14 +44,15 @@ def unwrap_lora(model: Any) -> LoRAModel:
     raise TypeError(f"expected a model with LoRA adapters (LoRAModel or NxDModel wrapping one), got {type(model).__name__}")
 
 
-def save_base_model(module: nn.Module, out_dir: str | Path) -> None:
-    """The base model in Hugging Face format: through the model spec's exporter when it has one,
-    else (plain single-process models) its ``state_dict`` as ``model.safetensors``."""
+def save_base_model(module: nn.Module, out_dir: str | Path, context: ParallelContext | None) -> None:
+    """The base model (built for ``context``) in Hugging Face format: through the model spec's
+    exporter when it has one, else (plain single-process models) its ``state_dict`` as
+    ``model.safetensors``."""
     spec = model_spec_for(module)
     if spec is not None and spec.save_hf is not None:
         spec.save_hf(module, str(out_dir))
         return
-    tp, _ = tp_size_rank()
+    tp, _ = tp_size_rank(context)
     if tp > 1:
         raise NotImplementedError(f"saving the base of a TP-sharded {type(module).__name__} needs a model spec with "
                                   "save_hf (register the model with nxd_register_models)")
@@ -79,7 +81,7 @@ def save_lora_checkpoint(model: Any, path: str | Path, tag: str = "") -> Path:
         was_merged = all(a.merged for a in lora.lora_layers.values())
         lora.merge_lora()
         try:
-            save_base_model(lora.module, out / BASE_DIR)
+            save_base_model(lora.module, out / BASE_DIR, lora.parallel_context)
         finally:
             if not was_merged:
                 lora.unmerge_lora()
@@ -88,7 +90,7 @@ def save_lora_checkpoint(model: Any, path: str | Path, tag: str = "") -> Path:
     if cfg.save_lora_base:
         if any(a.merged for a in lora.lora_layers.values()):
             raise RuntimeError("the adapters are merged into the base; unmerge_lora() before saving them separately")
-        save_base_model(lora.module, out / BASE_DIR)
+        save_base_model(lora.module, out / BASE_DIR, lora.parallel_context)
     return out
 
 
@@ -118,9 +120,10 @@ def saved_config(lora_config: LoraConfig) -> tuple[LoraConfig, Path]:
     return LoraConfig.from_dict({**saved.to_dict(), **keep, "load_lora_from_ckpt": True}), adapter_dir
 
 
-def lora_model_from_config(module: nn.Module, lora_config: LoraConfig) -> LoRAModel:
-    """``LoRAModel(module, lora_config)`` (loads the saved adapter with ``load_lora_from_ckpt=True``)."""
-    return LoRAModel(module, lora_config)
+def lora_model_from_config(module: nn.Module, lora_config: LoraConfig,
+                           context: ParallelContext | None = None) -> LoRAModel:
+    """``LoRAModel(module, lora_config, context)`` (loads the saved adapter with ``load_lora_from_ckpt=True``)."""
+    return LoRAModel(module, lora_config, context=context)
 
 
 def from_pretrained(module: nn.Module, adapter_dir: str | Path, is_trainable: bool = True,

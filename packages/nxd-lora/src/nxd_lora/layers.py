@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nxd_core_parallel import parallel_state
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import (
     ColumnParallelLinear,
@@ -39,6 +38,7 @@ from nxd_core_parallel.parallel_layers import (
     scatter_to_tensor_model_parallel_region,
     set_tensor_model_parallel_attributes,
 )
+from nxd_core_parallel.parallel_layers.layers import tensor_parallel_group_of
 from nxd_core_parallel.parallel_layers.mappings import reduce_grad_over_group
 from nxd_lora.config import LoraConfig
 from nxd_lora.naming import CONV_LAYERS, Slot
@@ -189,9 +189,11 @@ class LoraAdapter(nn.Module):
     def _column_h(self, base: nn.Module, active: list[LoraPiece], x: torch.Tensor) -> torch.Tensor:
         """Every rank computes h from the replicated (or sequence-sharded) input."""
         h = self._h(active, x)
+        group = tensor_parallel_group_of(base)
         if base.sequence_parallel_enabled:
-            return gather_from_sequence_parallel_region(h, base.sequence_dimension, to_model_parallel=True)
-        return copy_to_tensor_model_parallel_region(h)
+            return gather_from_sequence_parallel_region(h, base.sequence_dimension, to_model_parallel=True,
+                                                        process_group=group)
+        return copy_to_tensor_model_parallel_region(h, process_group=group)
 
     def apply(self, base: nn.Module, x: torch.Tensor, output: object) -> object:
         """The base layer's output with the LoRA update added."""
@@ -208,13 +210,14 @@ class LoraAdapter(nn.Module):
         elif self.kind == "linear":
             main = self._add(main, self._h(pieces, x), pieces[0].lora_B)
         elif self.kind == "row":
+            group = tensor_parallel_group_of(base)
             if not base.input_is_parallel:
-                x = scatter_to_tensor_model_parallel_region(x)
+                x = scatter_to_tensor_model_parallel_region(x, process_group=group)
             h = self._h(pieces, x)
             if base.sequence_parallel_enabled:
-                h = reduce_scatter_to_sequence_parallel_region(h, base.sequence_dimension)
+                h = reduce_scatter_to_sequence_parallel_region(h, base.sequence_dimension, process_group=group)
             else:
-                h = reduce_from_tensor_model_parallel_region(h)
+                h = reduce_from_tensor_model_parallel_region(h, process_group=group)
             main = self._add(main, h, pieces[0].lora_B)
         else:
             # fused column base (gate/up): one block-diagonal B maps [h_gate, h_up] onto the fused
@@ -227,7 +230,8 @@ class LoraAdapter(nn.Module):
                 b = torch.block_diag(*[p.lora_B if p is not None else main.new_zeros(size, 0)
                                        for p, size in zip(pieces, self.out_sizes)])
             if base.gather_output:
-                main = main + gather_from_tensor_model_parallel_region(self._delta(h, b))
+                main = main + gather_from_tensor_model_parallel_region(self._delta(h, b),
+                                                                       process_group=tensor_parallel_group_of(base))
             else:
                 main = self._add(main, h, b)
         return (main, *rest) if rest is not None else main
@@ -243,7 +247,7 @@ class LoraAdapter(nn.Module):
                 continue
             b = p.lora_B
             if i > 0 and base.kv_size_multiplier > 1:
-                b = reduce_grad_over_group(b, parallel_state.get_kv_shared_group(base.kv_size_multiplier))
+                b = reduce_grad_over_group(b, base.parallel_context.kv_shared_dim(base.kv_size_multiplier).group)
             h = hs.pop(0)
             if base.gather_output:
                 out[i] = out[i] + _gather_qkv(self._delta(h, b), i, base)
@@ -278,7 +282,7 @@ class LoraAdapter(nn.Module):
 
 
 def _gather_qkv(delta: torch.Tensor, i: int, base: GQAQKVColumnParallelLinear) -> torch.Tensor:
-    full = gather_from_tensor_model_parallel_region(delta)
+    full = gather_from_tensor_model_parallel_region(delta, process_group=tensor_parallel_group_of(base))
     return full if i == 0 else base.unique_kv(full)  # K/V: one copy of each replicated piece
 
 

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nxd.errors import ConfigError
+from nxd.parallel import ParallelContext, resolve_context
 from nxd_lora.config import LoraConfig
 from nxd_lora.layers import LoraAdapter
 from nxd_lora.naming import SUPPORTED_LAYERS, Plan, model_plan, model_spec_for, slots_for, tp_size_rank
@@ -35,7 +36,9 @@ class LoRAModel(nn.Module):
     ``"lora_only"``). The wrapper forwards calls and unknown attributes to ``module``.
     """
 
-    def __init__(self, module: nn.Module, lora_config: LoraConfig) -> None:
+    def __init__(self, module: nn.Module, lora_config: LoraConfig, context: ParallelContext | None = None) -> None:
+        """``context``: the parallel context ``module`` was built for (the current one when left
+        out, as NxD's signature has no room for it)."""
         super().__init__()
         if not isinstance(lora_config, LoraConfig):
             raise ConfigError(f"lora_config must be an nxd_lora.LoraConfig, got {type(lora_config).__name__}")
@@ -47,6 +50,7 @@ class LoRAModel(nn.Module):
 
             lora_config, adapter_dir = saved_config(lora_config)
         self.module = module
+        self.parallel_context = resolve_context(context)
         self.lora_config = lora_config
         self.lora_layers = nn.ModuleDict()
         self._plan: Plan | None = model_plan(module)
@@ -76,7 +80,7 @@ class LoRAModel(nn.Module):
 
     def _inject(self) -> None:
         targets = self._targets()
-        tp, rank = tp_size_rank()
+        tp, rank = tp_size_rank(self.parallel_context)
         generator = shared_init_generator()
         for name, sub in self.module.named_modules():
             if not name:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, dim_rank, dim_size
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
@@ -53,10 +53,9 @@ class Slot:
 Plan = Callable[[str, int, int], list[tuple[str, int | None, tuple[int, ...]]]]
 
 
-def tp_size_rank() -> tuple[int, int]:
-    if not parallel_state.model_parallel_is_initialized():
-        return 1, 0
-    return parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_rank()
+def tp_size_rank(context: ParallelContext | None) -> tuple[int, int]:
+    """TP size and rank in ``context`` (``(1, 0)`` without model parallelism)."""
+    return dim_size(context, "tp"), dim_rank(context, "tp")
 
 
 def model_spec_for(model: nn.Module) -> Any:

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from nxd.errors import ConfigError
-from nxd_core_parallel import parallel_state
+from nxd.parallel import dim_group, dim_size
 from nxd_lora.config import LoraConfig
 from nxd_lora.naming import bias_pieces, model_spec_for, slots_for, tp_size_rank
 
@@ -103,12 +103,12 @@ def read_peft_config(adapter_dir: str | Path, **overrides: Any) -> LoraConfig:
 
 
 # --------------------------------------------------------------------------- gather / place
-def _tp_gather(local: torch.Tensor, sharded: bool, tp: int) -> list[torch.Tensor]:
+def _tp_gather(local: torch.Tensor, sharded: bool, tp: int, group: Any) -> list[torch.Tensor]:
     local = local.detach().contiguous()
     if tp == 1 or not sharded:
         return [local] * tp
     shards = [torch.empty_like(local) for _ in range(tp)]
-    dist.all_gather(shards, local, group=parallel_state.get_tensor_model_parallel_group())
+    dist.all_gather(shards, local, group=group)
     return shards
 
 
@@ -165,9 +165,11 @@ def _bias_key(hf_key: str, adapted: set[str]) -> str:
 def collect_adapter_state_dict(lora_model: Any) -> dict[str, torch.Tensor]:
     """Every adapter tensor under its PEFT key, gathered over TP (collective: every TP rank calls
     it). Returns the tensors on every rank (adapters are small)."""
-    if parallel_state.model_parallel_is_initialized() and parallel_state.get_pipeline_model_parallel_size() > 1:
+    context = lora_model.parallel_context
+    if dim_size(context, "pp") > 1:
         raise NotImplementedError("LoRA adapter export with pipeline parallelism is not supported yet (use PP=1)")
-    tp, _ = tp_size_rank()
+    tp, _ = tp_size_rank(context)
+    group = dim_group(context, "tp")
     plan = lora_model.plan
     chunks: dict[str, list] = {}
     for name, (base, adapter) in sorted(lora_model.adapters().items()):
@@ -175,7 +177,7 @@ def collect_adapter_state_dict(lora_model: Any) -> dict[str, torch.Tensor]:
             for which, param in (("lora_A", piece.lora_A), ("lora_B", piece.lora_B)):
                 pieces_of = _lora_pieces(name, base, plan, tp, short, which)
                 sharded = bool(getattr(param, "tensor_model_parallel", False))
-                for rank, shard in enumerate(_tp_gather(param, sharded, tp)):
+                for rank, shard in enumerate(_tp_gather(param, sharded, tp, group)):
                     _place(chunks, pieces_of(rank), shard)
     if lora_model.lora_config.bias != "none":
         adapted = _adapted_modules(lora_model)
@@ -183,7 +185,7 @@ def collect_adapter_state_dict(lora_model: Any) -> dict[str, torch.Tensor]:
             if not param.requires_grad:
                 continue
             sharded = bool(getattr(param, "tensor_model_parallel", False))
-            for rank, shard in enumerate(_tp_gather(param, sharded, tp)):
+            for rank, shard in enumerate(_tp_gather(param, sharded, tp, group)):
                 pieces = [(_bias_key(k, adapted), d, i) for k, d, i in bias_pieces(pname, plan, tp, rank, param)]
                 _place(chunks, pieces, shard)
     return {key: _assemble(key, parts) for key, parts in chunks.items()}
@@ -238,7 +240,7 @@ def load_adapter(lora_model: Any, adapter_dir: str | Path, strict: bool = True) 
     """Load PEFT adapter weights into ``lora_model``'s adapters (each rank takes its shard)."""
     adapter_dir = Path(adapter_dir)
     tensors = {_normalise_key(k): v for k, v in _read_tensors(adapter_dir).items()}
-    tp, rank = tp_size_rank()
+    tp, rank = tp_size_rank(lora_model.parallel_context)
     plan = lora_model.plan
     used: set[str] = set()
     for name, (base, adapter) in sorted(lora_model.adapters().items()):

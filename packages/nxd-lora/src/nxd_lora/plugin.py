@@ -14,12 +14,13 @@ from nxd.transforms import ADAPTER, ModelTransform
 NXD_PLUGIN_API = (2, 2)  # plugin-API versions this plugin supports (inclusive range)
 
 
-def lora_adapter(model: Any, adapter_config: Any) -> Any:
-    """The registered ``lora`` adapter: ``adapter(model, lora_config) -> LoRAModel``."""
+def lora_adapter(model: Any, adapter_config: Any, context: nxd.ParallelContext | None = None) -> Any:
+    """The registered ``lora`` adapter: ``adapter(model, lora_config) -> LoRAModel`` for the
+    model's parallel ``context`` (the current one when left out)."""
     from nxd_lora.checkpoint import check_lora_config, lora_model_from_config
 
     config = check_lora_config(adapter_config)
-    return model if config is None else lora_model_from_config(model, config)
+    return model if config is None else lora_model_from_config(model, config, context)
 
 
 @nxd.hookimpl
@@ -43,7 +44,7 @@ def _lora_applies(context: nxd.ParallelContext | None, nxd_config: NxdConfig) ->
 
 
 def _apply_lora(model: Any, context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> Any:
-    return lora_adapter(model, nxd_config.lora_config)
+    return lora_adapter(model, nxd_config.lora_config, context)
 
 
 LORA_TRANSFORM = ModelTransform("lora", ADAPTER, _apply_lora, _lora_applies,

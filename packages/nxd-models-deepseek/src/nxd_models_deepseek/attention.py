@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, dim_group, dim_size, resolve_context
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 from nxd_core_parallel.parallel_layers.mappings import (
@@ -49,9 +49,10 @@ class LatentRMSNorm(RMSNorm):
 
 class DeepseekV3Attention(nn.Module):
     def __init__(self, config: DeepseekV3Config, layer_idx: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        tp = parallel_state.get_tensor_model_parallel_size()
+        self.parallel_context = context = resolve_context(context)
+        tp = dim_size(context, "tp")
         if config.num_attention_heads % tp:
             raise ConfigError(f"num_attention_heads ({config.num_attention_heads}) must be divisible by "
                               f"tensor_parallel_size ({tp})")
@@ -61,7 +62,7 @@ class DeepseekV3Attention(nn.Module):
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         dtype, n, bias = config.torch_dtype, config.num_attention_heads, config.attention_bias
         column = partial(ColumnParallelLinear, bias=False, gather_output=False, init_method=init, dtype=dtype,
-                         device=device)  # inputs already whole-sequence: no SP gather inside
+                         device=device, context=context)  # inputs already whole-sequence: no SP gather inside
         norm = partial(LatentRMSNorm, eps=config.rms_norm_eps, dtype=dtype, device=device)
         if config.q_lora_rank:
             self.q_a_proj = nn.Linear(config.hidden_size, config.q_lora_rank, bias=bias, dtype=dtype, device=device)
@@ -73,10 +74,11 @@ class DeepseekV3Attention(nn.Module):
                                             bias=bias, dtype=dtype, device=device)
         self.kv_a_layernorm = norm(config.kv_lora_rank)
         self.kv_b_proj = column(config.kv_lora_rank, n * (config.qk_nope_head_dim + config.v_head_dim))
-        self.core_attention = LlamaCoreAttention()
+        self.core_attention = LlamaCoreAttention(context)
         self.o_proj = RowParallelLinear(n * config.v_head_dim, config.hidden_size, bias=bias, input_is_parallel=True,
                                         init_method=init, dtype=dtype, device=device,
-                                        sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM)
+                                        sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
+                                        context=context)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -91,10 +93,11 @@ class DeepseekV3Attention(nn.Module):
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
         c = self.config
         x = hidden_states
-        if self.sequence_parallel and parallel_state.get_tensor_model_parallel_size() > 1:
+        tp_group = dim_group(self.parallel_context, "tp")
+        if self.sequence_parallel and dim_size(self.parallel_context, "tp") > 1:
             # the replicated projections see the whole sequence; their input gradient is complete on
             # every rank, so backward keeps this rank's slice of it
-            x = gather_from_sequence_parallel_region(x, SEQUENCE_DIM, to_model_parallel=False)
+            x = gather_from_sequence_parallel_region(x, SEQUENCE_DIM, to_model_parallel=False, process_group=tp_group)
         b, s, _ = x.shape
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if c.q_lora_rank else self.q_proj(x)
         q = q.view(b, s, self.num_heads, c.qk_head_dim).transpose(1, 2)
@@ -102,7 +105,7 @@ class DeepseekV3Attention(nn.Module):
         kv_latent, k_rot = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
         kv = self.kv_b_proj(self.kv_a_layernorm(kv_latent)).view(b, s, self.num_heads, -1).transpose(1, 2)
         k_pass, value = kv.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
-        k_rot = copy_to_tensor_model_parallel_region(k_rot).view(b, 1, s, c.qk_rope_head_dim)
+        k_rot = copy_to_tensor_model_parallel_region(k_rot, process_group=tp_group).view(b, 1, s, c.qk_rope_head_dim)
         if c.rope_interleave:
             q_rot, k_rot = deinterleave(q_rot), deinterleave(k_rot)
         q_rot, k_rot = apply_rotary(q_rot, cos, sin), apply_rotary(k_rot, cos, sin)

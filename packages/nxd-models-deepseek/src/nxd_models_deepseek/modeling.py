@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd.parallel import ParallelContext
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, dim_size
 from nxd_models_deepseek.attention import DeepseekV3Attention
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_mixtral import MixtralForCausalLM
@@ -20,8 +19,7 @@ from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralModel, MoECa
 class DeepseekV3DecoderLayer(MixtralDecoderLayer):
     def build_attention(self, config: DeepseekV3Config, layer_idx: int, sequence_parallel: bool,
                         device: torch.device | str | None, context: ParallelContext | None = None) -> nn.Module:
-        # MLA reads its TP layout from the current context (the layer's context is the same one)
-        return DeepseekV3Attention(config, layer_idx, sequence_parallel, device)
+        return DeepseekV3Attention(config, layer_idx, sequence_parallel, device, context)
 
 
 class DeepseekV3Model(MixtralModel):
@@ -39,8 +37,7 @@ class DeepseekV3ForCausalLM(MixtralForCausalLM):
 
     def __init__(self, config: DeepseekV3Config | dict, *args: object, **kwargs: object) -> None:
         super().__init__(config, *args, **kwargs)
-        if self.config.seq_aux_loss_coef and parallel_state.model_parallel_is_initialized() \
-                and parallel_state.get_pipeline_model_parallel_size() > 1:
+        if self.config.seq_aux_loss_coef and dim_size(self.parallel_context, "pp") > 1:
             raise ConfigError("deepseek_v3: seq_aux_loss_coef > 0 is not implemented under pipeline parallelism "
                               "(the per-layer losses do not travel between stages); set it to 0 or use PP=1")
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nxd.parallel import dim_group
 from nxd_core_parallel import generation
 from nxd_models_gpt.hf_io import unwrap_model
 
 
 def gather_vocab_logits(model: nn.Module, vocab_parallel_logits: torch.Tensor) -> torch.Tensor:
     """Full logits over the real vocabulary (padding dropped) from each TP rank's slice."""
-    return generation.gather_vocab_logits(vocab_parallel_logits, unwrap_model(model).config.vocab_size)
+    module = unwrap_model(model)
+    return generation.gather_vocab_logits(vocab_parallel_logits, module.config.vocab_size,
+                                          dim_group(module.parallel_context, "tp"))
 
 
 def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
@@ -27,4 +30,4 @@ def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, do_
 
     return generation.decode(module, input_ids, max_new_tokens, next_logits, vocab_size=module.config.vocab_size,
                              do_sample=do_sample, temperature=temperature, top_k=top_k, eos_token_id=eos_token_id,
-                             generator=generator)
+                             generator=generator, context=module.parallel_context)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nxd_core_parallel import parallel_state
+from nxd.parallel import dim_rank, dim_size
 from nxd_core_parallel.hf_interop import clean_param_name as clean_name
 from nxd_models_gpt.hf_io import unwrap_model
 from nxd_models_gpt.safe_load import load_weights_only
@@ -252,17 +252,18 @@ def config_from_megatron_args(args: Any, vocab_size: int | None = None) -> dict[
 
 @torch.no_grad()
 def load_megatron_checkpoint(model: nn.Module, path: str | os.PathLike, strict: bool = True) -> Any:
-    """Load a Megatron-LM / NeMo GPT checkpoint (any TP/PP layout) into ``model`` at the current TP
-    degree (pipeline parallelism on the nxd side: not supported). Returns the checkpoint's ``args``."""
+    """Load a Megatron-LM / NeMo GPT checkpoint (any TP/PP layout) into ``model`` at the TP degree it
+    was built for (pipeline parallelism on the nxd side: not supported). Returns the checkpoint's ``args``."""
     module = unwrap_model(model)
     config = module.config
-    if parallel_state.model_parallel_is_initialized() and parallel_state.get_pipeline_model_parallel_size() > 1:
+    context = module.parallel_context
+    if dim_size(context, "pp") > 1:
         raise NotImplementedError("load_megatron_checkpoint into a pipeline-parallel model: load at PP=1 and save "
                                   "an nxd checkpoint, which reshards to any PP")
     gated = config.activation == "swiglu"
     full, args = read_megatron_state_dict(path, config.transformer_block_type == "post_ln", gated, config.num_layers)
     _check_args(args, config, path)
-    tp, rank = parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_rank()
+    tp, rank = dim_size(context, "tp"), dim_rank(context, "tp")
     used = set()
     for raw_name, param in module.named_parameters():
         name = clean_name(raw_name)

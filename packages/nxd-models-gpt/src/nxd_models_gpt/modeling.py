@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd.parallel import ParallelContext, current_parallel_context
+from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size, resolve_context
 from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import (
@@ -47,14 +47,8 @@ class CausalLMOutput:
     logits: torch.Tensor
 
 
-def resolve_context(context: ParallelContext | None) -> ParallelContext | None:
-    """The context a module is built for: the one passed (``GPTForCausalLM`` hands its own to every
-    block), else the current one (direct construction). The only global read here."""
-    return context if context is not None else current_parallel_context()
-
-
 def _tp(context: ParallelContext | None) -> int:
-    return context.tp.size if context is not None else 1
+    return dim_size(context, "tp")
 
 
 def _dropout(x: torch.Tensor, p: float, training: bool, rank_local: bool) -> torch.Tensor:
@@ -113,7 +107,8 @@ class GPTSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        tp = _tp(resolve_context(context))
+        context = resolve_context(context)
+        tp = _tp(context)
         if config.num_query_groups % tp:
             raise ConfigError(f"gpt: num_query_groups ({config.num_query_groups}) must be divisible by "
                               f"tensor_parallel_size ({tp}) for Megatron's interleaved QKV layout")
@@ -122,7 +117,7 @@ class GPTSelfAttention(nn.Module):
         self.local_groups = config.num_query_groups // tp
         init, out_init = init_methods(config)
         common = dict(dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-                      sequence_dimension=SEQUENCE_DIM)
+                      sequence_dimension=SEQUENCE_DIM, context=context)
         qkv_rows = (config.num_attention_heads + 2 * config.num_query_groups) * self.head_dim
         self.linear_qkv = ColumnParallelLinear(config.hidden_size, qkv_rows, bias=config.has_bias,
                                                gather_output=False, init_method=init, **common)
@@ -154,7 +149,8 @@ class GPTMLP(nn.Module):
     def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        tp = _tp(resolve_context(context))
+        context = resolve_context(context)
+        tp = _tp(context)
         if config.ffn_hidden_size % tp:
             raise ConfigError(f"gpt: ffn_hidden_size ({config.ffn_hidden_size}) must be divisible by "
                               f"tensor_parallel_size ({tp})")
@@ -164,7 +160,7 @@ class GPTMLP(nn.Module):
         self.local_ffn = config.ffn_hidden_size // tp
         init, out_init = init_methods(config)
         common = dict(dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-                      sequence_dimension=SEQUENCE_DIM)
+                      sequence_dimension=SEQUENCE_DIM, context=context)
         width = 2 * config.ffn_hidden_size if self.gated else config.ffn_hidden_size
         # stride 2 (gated): rank r keeps row blocks r and tp+r of [gate; up], i.e. [gate_r; up_r].
         self.linear_fc1 = ColumnParallelLinear(config.hidden_size, width, bias=config.has_bias, gather_output=False,
@@ -230,13 +226,13 @@ class GPTEmbedding(nn.Module):
     scatter to sequence shards under sequence parallelism (Megatron's order)."""
 
     def __init__(self, config: GPTConfig, padded_vocab: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
         init, _ = init_methods(config)
         self.sequence_parallel = sequence_parallel
         self.dropout = config.hidden_dropout
         self.word_embeddings = ParallelEmbedding(padded_vocab, config.hidden_size, init_method=init,
-                                                 dtype=config.torch_dtype, device=device)
+                                                 dtype=config.torch_dtype, device=device, context=context)
         self.position_embeddings = None
         if config.position_embedding_type == "learned_absolute":
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size,
@@ -260,7 +256,8 @@ class GPTEmbedding(nn.Module):
                                  f"({self.position_embeddings.num_embeddings})")
             h = h + self.position_embeddings(position_ids)
         if self.sequence_parallel:
-            h = scatter_to_sequence_parallel_region(h, SEQUENCE_DIM)
+            h = scatter_to_sequence_parallel_region(h, SEQUENCE_DIM,
+                                                    process_group=dim_group(self.word_embeddings.parallel_context, "tp"))
         return _dropout(h, self.dropout, self.training, rank_local=self.sequence_parallel)
 
 
@@ -299,7 +296,7 @@ class GPTForCausalLM(nn.Module):
                               f"tensor_parallel_size ({tp}); nxd's GPT does not pad attention heads (NxD's pad_model "
                               "pads models built from ColumnParallelLinear/RowParallelLinear projections)")
         self.padded_vocab_size = config.padded_vocab_size(tp)
-        self.embedding = GPTEmbedding(config, self.padded_vocab_size, sequence_parallel, device)
+        self.embedding = GPTEmbedding(config, self.padded_vocab_size, sequence_parallel, device, context)
         self.decoder = GPTDecoder(config, sequence_parallel, device, context)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rotary_base) \
             if config.position_embedding_type == "rope" else None
@@ -307,7 +304,7 @@ class GPTForCausalLM(nn.Module):
         self.output_layer = ColumnParallelLinear(
             config.hidden_size, self.padded_vocab_size, bias=False, gather_output=False, init_method=init,
             dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-            sequence_dimension=SEQUENCE_DIM)
+            sequence_dimension=SEQUENCE_DIM, context=context)
         if config.share_embeddings_and_output_weights:
             self.output_layer.weight = self.embedding.word_embeddings.weight
 
@@ -340,7 +337,7 @@ class GPTForCausalLM(nn.Module):
             hidden = self.decoder.final_layernorm(hidden)
         logits = self.output_layer(hidden)
         if self.padded_vocab_size != self.config.vocab_size:
-            logits = mask_padded_vocab(logits, self.config.vocab_size)
+            logits = mask_padded_vocab(logits, self.config.vocab_size, dim_rank(self.parallel_context, "tp"))
         return logits
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
@@ -355,7 +352,7 @@ class GPTForCausalLM(nn.Module):
         for layer in self.decoder.layers:
             hidden = layer(hidden, rope, mask)
         logits = self.vocab_logits(hidden)
-        loss = None if labels is None else causal_lm_loss(logits, labels, loss_mask)
+        loss = None if labels is None else causal_lm_loss(logits, labels, loss_mask, self.parallel_context)
         return CausalLMOutput(loss=loss, logits=logits)
 
     # -- pipeline contract (docs/pipeline.md), duck-typed: no nxd-pipeline import
@@ -381,4 +378,4 @@ class GPTForCausalLM(nn.Module):
                           loss_mask: torch.Tensor | None = None, **batch: object) -> torch.Tensor:
         if labels is None:
             raise ValueError("pipeline training needs 'labels' in the batch (the last stage returns the loss)")
-        return causal_lm_loss(self.vocab_logits(hidden), labels, loss_mask)
+        return causal_lm_loss(self.vocab_logits(hidden), labels, loss_mask, self.parallel_context)

@@ -28,4 +28,4 @@ def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, do_
 
     return decode(module, input_ids, max_new_tokens, next_logits, vocab_size=module.config.vocab_size,
                   do_sample=do_sample, temperature=temperature, top_k=top_k, eos_token_id=eos_token_id,
-                  generator=generator)
+                  generator=generator, context=module.parallel_context)

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd.parallel import ParallelContext, current_parallel_context
+from nxd.parallel import ParallelContext, dim_group, resolve_context
+from nxd.parallel import dim_rank as _rank
+from nxd.parallel import dim_size as _size
 from nxd_core_parallel import fused_kernels
 from nxd_core_parallel.context_parallel import local_positions, ring_attention
 from nxd_core_parallel.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
@@ -96,19 +98,6 @@ class KVCache:
         self.keys[layer_idx], self.values[layer_idx] = k, v
         return k, v
 
-
-def resolve_context(context: ParallelContext | None) -> ParallelContext | None:
-    """The context a module is built for: the one passed (``LlamaForCausalLM`` hands its own to every
-    block), else the current one (NxD-style direct construction). The only global read here."""
-    return context if context is not None else current_parallel_context()
-
-
-def _size(context: ParallelContext | None, dim: str) -> int:
-    return context.dim(dim).size if context is not None else 1
-
-
-def _rank(context: ParallelContext | None, dim: str) -> int:
-    return context.dim(dim).rank if context is not None else 0
 
 
 def _plain_causal_under_cp(attention_mask: torch.Tensor, cp_group: Any) -> None:
@@ -193,7 +182,7 @@ class LlamaAttention(nn.Module):
         self.fused_rope = "rope" in config.fused_kernels
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         common = dict(dtype=config.torch_dtype, device=device, init_method=init,
-                      sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM)
+                      sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM, context=context)
         self.qkv_proj = GQAQKVColumnParallelLinear(
             config.hidden_size,
             [config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim],
@@ -255,7 +244,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: LlamaConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        tp = _size(resolve_context(context), "tp")
+        context = resolve_context(context)
+        tp = _size(context, "tp")
         if config.intermediate_size % tp:
             raise ConfigError(
                 f"intermediate_size ({config.intermediate_size}) must be divisible by tensor_parallel_size ({tp})"
@@ -263,7 +253,7 @@ class LlamaMLP(nn.Module):
         self.local_intermediate = config.intermediate_size // tp
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         common = dict(dtype=config.torch_dtype, device=device, init_method=init,
-                      sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM)
+                      sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM, context=context)
         # stride=2 initialises the layout we want: the full [gate; up] weight is cut in 2*tp row
         # blocks and rank r keeps blocks r (its gate slice) and tp+r (its up slice), so the local
         # shard is [gate_r; up_r]. The parameters then describe that layout with fused_splits alone
@@ -319,7 +309,7 @@ class LlamaModel(nn.Module):
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         self.embed_tokens = ParallelEmbedding(
             config.vocab_size, config.hidden_size, init_method=init, dtype=config.torch_dtype, device=device,
-            sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM, pad=True,
+            sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM, pad=True, context=context,
         )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, sequence_parallel, device, context) for i in range(config.num_hidden_layers)
@@ -390,14 +380,20 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ColumnParallelLinear(
             config.hidden_size, config.vocab_size, bias=False, gather_output=False, init_method=init,
             dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-            sequence_dimension=SEQUENCE_DIM, pad=True,
+            sequence_dimension=SEQUENCE_DIM, pad=True, context=context,
         )
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary slice of the LM head's logits; TP padding columns are -inf."""
-        return mask_vocab_padding(self.lm_head(hidden), self.config.vocab_size)
+        return mask_vocab_padding(self.lm_head(hidden), self.config.vocab_size,
+                                  process_group=dim_group(self.parallel_context, "tp"))
+
+    @property
+    def parallel_context(self) -> ParallelContext | None:
+        """The context this model was built for."""
+        return self.model.parallel_context
 
     @property
     def sequence_parallel(self) -> bool:
@@ -422,13 +418,13 @@ class LlamaForCausalLM(nn.Module):
         if labels is not None and "cross_entropy" in self.config.fused_kernels:
             return CausalLMOutput(loss=self._fused_loss(hidden, labels, loss_mask), logits=None)
         logits = self.logits(hidden)
-        loss = None if labels is None else causal_lm_loss(logits, labels, loss_mask)
+        loss = None if labels is None else causal_lm_loss(logits, labels, loss_mask, self.parallel_context)
         return CausalLMOutput(loss=loss, logits=logits)
 
     def _fused_loss(self, hidden: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
         """:func:`causal_lm_loss` of ``lm_head(hidden)`` through the fused linear cross-entropy."""
         weight = self.lm_head.weight[: self.config.vocab_size]  # TP=1: no padding rows, but never count them
-        return fused_linear_causal_lm_loss(hidden, weight, labels, loss_mask)
+        return fused_linear_causal_lm_loss(hidden, weight, labels, loss_mask, self.parallel_context)
 
     # -- pipeline contract (docs/pipeline.md): duck-typed, no nxd-pipeline import. The stages run
     # the same modules as forward(); only the hidden state travels, RoPE and masks are recomputed.
@@ -460,4 +456,4 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.model.norm(hidden)
         if "cross_entropy" in self.config.fused_kernels:
             return self._fused_loss(hidden, labels, loss_mask)
-        return causal_lm_loss(self.logits(hidden), labels, loss_mask)
+        return causal_lm_loss(self.logits(hidden), labels, loss_mask, self.parallel_context)

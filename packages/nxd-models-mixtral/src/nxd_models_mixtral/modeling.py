@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd.parallel import ParallelContext, current_parallel_context
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, dim_rank, dim_size, resolve_context
 from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding
@@ -124,12 +123,14 @@ class MixtralModel(nn.Module):
     def __init__(self, config: MixtralConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
+        self.parallel_context = context = resolve_context(context)
         self.config = config
         self.sequence_parallel = sequence_parallel
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         self.embed_tokens = ParallelEmbedding(
-            config.padded_vocab_size(parallel_state.get_tensor_model_parallel_size()), config.hidden_size, init_method=init, dtype=config.torch_dtype, device=device,
-            sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
+            config.padded_vocab_size(dim_size(context, "tp")), config.hidden_size, init_method=init,
+            dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
+            sequence_dimension=SEQUENCE_DIM, context=context,
         )
         self.layers = nn.ModuleList(
             self.decoder_layer_class(config, i, sequence_parallel, device, context)
@@ -143,7 +144,7 @@ class MixtralModel(nn.Module):
                      attention_mask: torch.Tensor | None = None, past: int = 0
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         b, s = input_ids.shape
-        tp = parallel_state.get_tensor_model_parallel_size()
+        tp = dim_size(self.parallel_context, "tp")
         if self.sequence_parallel and s % tp:
             raise ValueError(f"sequence length {s} must be divisible by tensor_parallel_size {tp} with sequence "
                              "parallelism")
@@ -171,20 +172,20 @@ class MixtralForCausalLM(nn.Module):
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
         config = self.config_class.from_dict(config) if isinstance(config, dict) else config
-        tp = parallel_state.get_tensor_model_parallel_size()
+        self.parallel_context = context = resolve_context(context)
+        tp = dim_size(context, "tp")
         self.padded_vocab_size = config.padded_vocab_size(tp)
         if self.padded_vocab_size % tp:
             raise ConfigError(f"vocab_size ({config.vocab_size}) must be divisible by tensor_parallel_size ({tp}); "
                               "or set make_vocab_size_divisible_by to pad it (Megatron's padding)")
         self.config = config
         self.moe_config = config.moe_config()
-        self.parallel_context = context if context is not None else current_parallel_context()
         self.model = self.model_class(config, sequence_parallel, device, self.parallel_context)
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         self.lm_head = ColumnParallelLinear(
             config.hidden_size, self.padded_vocab_size, bias=False, gather_output=False, init_method=init,
             dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-            sequence_dimension=SEQUENCE_DIM,
+            sequence_dimension=SEQUENCE_DIM, context=context,
         )
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -223,7 +224,7 @@ class MixtralForCausalLM(nn.Module):
         router statistics: the cross-entropy plus, with ``output_router_logits``, the router losses
         (as HF)."""
         logits = self.logits(hidden)
-        loss = causal_lm_loss(logits, labels, loss_mask)
+        loss = causal_lm_loss(logits, labels, loss_mask, self.parallel_context)
         if not self.config.output_router_logits:
             return MoECausalLMOutput(loss=loss, logits=logits)
         terms, extra = self.router_losses(stats)
@@ -233,7 +234,7 @@ class MixtralForCausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)
         if self.padded_vocab_size != self.config.vocab_size:  # padding rows get no probability
-            logits = mask_padded_vocab(logits, self.config.vocab_size)
+            logits = mask_padded_vocab(logits, self.config.vocab_size, dim_rank(self.parallel_context, "tp"))
         return logits
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,

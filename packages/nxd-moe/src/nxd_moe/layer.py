@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nxd.parallel import ParallelContext, current_parallel_context
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, dim_group, dim_size, resolve_context
 from nxd_core_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -51,10 +50,10 @@ class MoELayer(nn.Module):
         self.config = MoEConfig.from_dict(config)
         self.sequence_parallel = sequence_parallel
         #: the parallel context whose EP groups the experts are split over (``None``: the current one)
-        self.parallel_context = context if context is not None else current_parallel_context()
+        self.parallel_context = resolve_context(context)
         groups = expert_parallel_groups(self.parallel_context)
         self.ep_size = groups.ep_size
-        tp = parallel_state.get_tensor_model_parallel_size()
+        tp = dim_size(self.parallel_context, "tp")
         self.router = make_router(self.config.routing_algorithm, self.config.num_experts, self.config.top_k,
                                   hidden_size, self.config.sinkhorn_iterations, self.config.sinkhorn_tol,
                                   dtype=dtype, device=device, init_std=init_std,
@@ -100,20 +99,21 @@ class MoELayer(nn.Module):
         return weights, kept
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        sp = self.sequence_parallel and parallel_state.get_tensor_model_parallel_size() > 1
+        tp_group = dim_group(self.parallel_context, "tp")
+        sp = self.sequence_parallel and dim_size(self.parallel_context, "tp") > 1
         logits, probs = self.router.logits_and_probs(hidden)
         if sp:
             # every TP rank routes the whole micro-batch: the gradient of the gathered affinities is
             # partial per rank (experts are TP-sharded) and is reduce-scattered back; the logits that
             # feed the replicated auxiliary loss take the local slice of theirs
-            full = gather_from_sequence_parallel_region(hidden, 1, to_model_parallel=True)
-            probs = gather_from_sequence_parallel_region(probs, 1, to_model_parallel=True)
-            logits = gather_from_sequence_parallel_region(logits, 1, to_model_parallel=False)
+            full = gather_from_sequence_parallel_region(hidden, 1, to_model_parallel=True, process_group=tp_group)
+            probs = gather_from_sequence_parallel_region(probs, 1, to_model_parallel=True, process_group=tp_group)
+            logits = gather_from_sequence_parallel_region(logits, 1, to_model_parallel=False, process_group=tp_group)
         else:
-            full = copy_to_tensor_model_parallel_region(hidden)
+            full = copy_to_tensor_model_parallel_region(hidden, process_group=tp_group)
             # the weighted sum below is partial over TP until the final reduction: sum the
             # affinities' gradient over TP so the router sees the whole of it
-            probs = copy_to_tensor_model_parallel_region(probs)
+            probs = copy_to_tensor_model_parallel_region(probs, process_group=tp_group)
         b, s, h = full.shape
         tokens = full.reshape(b * s, h)
         probs = probs.reshape(b * s, -1)
@@ -135,7 +135,7 @@ class MoELayer(nn.Module):
             out = out + self.shared_experts(tokens, [b * s])
         out = out.view(b, s, h)
         if sp:
-            out = reduce_scatter_to_sequence_parallel_region(out, 1)
+            out = reduce_scatter_to_sequence_parallel_region(out, 1, process_group=tp_group)
         else:
-            out = reduce_from_tensor_model_parallel_region(out)
+            out = reduce_from_tensor_model_parallel_region(out, process_group=tp_group)
         return out, logits

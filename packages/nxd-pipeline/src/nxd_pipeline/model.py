@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd.parallel import ParallelContext, current_parallel_context
+from nxd.parallel import ParallelContext, resolve_context
 from nxd_core_parallel.trainer import autocast_context
 from nxd_pipeline import partition as part
 from nxd_pipeline.comm import PipelineGroup
@@ -44,7 +44,7 @@ class NxDPPModel(nn.Module):
         super().__init__()
         #: the parallel context the stages are cut for (``context=None``: the current one, as NxD's
         #: constructor has no room for it)
-        self.parallel_context = context if context is not None else current_parallel_context()
+        self.parallel_context = resolve_context(context)
         cfg = pipeline_config if isinstance(pipeline_config, PipelineConfig) else parse_pipeline_config(
             pipeline_config, pipeline_parallel_size)
         self.config = cfg

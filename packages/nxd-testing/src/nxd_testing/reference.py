@@ -352,13 +352,13 @@ def parallel_grads_body(tp: int, ep: int, spec_name: str, export: str, hf_dir: s
     from nxd_core_parallel.grads import get_grad_norm
     from nxd_core_parallel.trainer import NxDOptimizer
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
-                                             context_parallel_size=cp)
-    dp, d = parallel_state.get_data_parallel_size(), parallel_state.get_data_parallel_rank()
+    context = parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                                       context_parallel_size=cp)
+    dp, d = context.dp.size, context.dp.rank
     per = data["input_ids"].shape[0] // dp
     shard = {k: v[d * per:(d + 1) * per] for k, v in data.items()}
     if cp > 1:  # this CP rank's two chunks of every sequence, with their positions
-        shard = split_batch_for_context_parallel(shard, parallel_state.get_context_model_parallel_rank(), cp)
+        shard = split_batch_for_context_parallel(shard, context.cp.rank, cp)
     spec, model = build_from_hf(spec_name, hf_dir, sequence_parallel)
     if checkpointing:
         from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing
@@ -368,11 +368,11 @@ def parallel_grads_body(tp: int, ep: int, spec_name: str, export: str, hf_dir: s
     out.loss.backward()
     opt = NxDOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                        {"optimizer_config": {"grad_clipping": False}, "sequence_parallel": sequence_parallel},
-                       overlap_grad_sync=False)
+                       overlap_grad_sync=False, context=context)
     opt.sync_gradients()
-    norm = get_grad_norm(list(model.parameters()))
+    norm = get_grad_norm(list(model.parameters()), context=context)
     loss = out.loss.detach().clone()
-    dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
+    dist.all_reduce(loss, group=context.dp.group)
     grads_into_parameters(model)
     grads = {k: v for k, v in _resolve(export)(model).items() if not k.endswith(tuple(drop))}
     return {"loss": loss / dp, "grads": grads, "norm": norm} if dist.get_rank() == 0 else None

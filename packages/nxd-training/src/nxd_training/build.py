@@ -103,12 +103,14 @@ def param_groups(config: TrainingConfig, model: torch.nn.Module) -> list[dict]:
     return groups
 
 
-def build_optimizer(config: TrainingConfig, nxd_cfg: dict, model: torch.nn.Module) -> Any:
+def build_optimizer(config: TrainingConfig, nxd_cfg: dict, model: torch.nn.Module,
+                    context: nxd.ParallelContext | None = None) -> Any:
     optim = config.model.optim
     cls, keys = OPTIMIZERS[optim.name.lower()]
     values = {"lr": optim.lr, "weight_decay": optim.weight_decay, "betas": tuple(optim.betas), "eps": optim.eps,
               "momentum": optim.momentum}
-    return nxd.initialize_parallel_optimizer(nxd_cfg, cls, param_groups(config, model), **{k: values[k] for k in keys})
+    return nxd.initialize_parallel_optimizer(nxd_cfg, cls, param_groups(config, model), context=context,
+                                             **{k: values[k] for k in keys})
 
 
 def build_scheduler(config: TrainingConfig, optimizer: Any) -> torch.optim.lr_scheduler.LambdaLR:

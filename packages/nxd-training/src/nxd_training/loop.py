@@ -101,7 +101,7 @@ class Trainer:
 
         self.ps = parallel_state
         self.device = self.context.device
-        model_parallel_manual_seed(config.seed)
+        model_parallel_manual_seed(config.seed, self.context)
         model_config = build.model_config_for_rank(config, self.plan)
         build_fn = nxd.parallel.bind_context(self.plan.spec.build, self.context)  # the model spec gets the context
         self.model = nxd.initialize_parallel_model(self.nxd_config, build_fn, False, model_config, self.nxd_config)
@@ -118,7 +118,7 @@ class Trainer:
         if self.lora and is_url(self.ckpt_dir):
             raise ConfigError(f"LoRA exports are written to a local directory, and checkpoint_callback_params.dirpath "
                               f"is the URL {self.ckpt_dir}; use a local dirpath for LoRA runs")
-        self.optimizer = build.build_optimizer(config, self.nxd_config, self.model)
+        self.optimizer = build.build_optimizer(config, self.nxd_config, self.model, self.context)
         self.scheduler = build.build_scheduler(config, self.optimizer)
         self.dp_rank = self.context.dp.rank
         self.dp_group = self.context.dp.group
@@ -144,9 +144,9 @@ class Trainer:
     def resume(self) -> str | None:
         em = self.config.exp_manager
         path = self.ckpt_dir  # a local path or a URL (s3://...): the checkpointer's storages handle both
-        if em.resume_if_exists and nxd.has_checkpoint(path):
+        if em.resume_if_exists and nxd.has_checkpoint(path, context=self.context):
             content = nxd.load_checkpoint(path, tag=None, model=self.model, optimizer=self.optimizer,
-                                          scheduler=self.scheduler)
+                                          scheduler=self.scheduler, context=self.context)
             self._restore(content)
             return f"{path} (step {self.step})"
         if em.resume_if_exists and not em.resume_ignore_no_checkpoint:
@@ -166,7 +166,7 @@ class Trainer:
             target = lora_export.base_module(self.model) if self.lora and weights_only else self.model
             content = nxd.load_checkpoint(parent, tag=tag, model=target,
                                           optimizer=None if weights_only else self.optimizer,
-                                          scheduler=None if weights_only else self.scheduler)
+                                          scheduler=None if weights_only else self.scheduler, context=self.context)
             if weights_only:
                 self._weights_changed()
             else:
@@ -318,7 +318,7 @@ class Trainer:
             self.ckpt_dir, tag=tag, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             user_content=content, num_kept_ckpts=kept_checkpoints(self.config), async_save=em.async_checkpointing,
             zero1_optimizer=self.config.distributed_strategy.zero1, format=em.checkpoint_format,
-            overlap_snapshot=em.async_checkpointing, on_snapshot_wait=snapshot_waited,
+            overlap_snapshot=em.async_checkpointing, on_snapshot_wait=snapshot_waited, context=self.context,
         )
         # how long the save call stood the loop still (an async save: any wait for the previous save,
         # the buffers' walk and what is not overlapped); split "checkpoint" in metrics.jsonl

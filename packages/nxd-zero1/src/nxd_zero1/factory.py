@@ -64,7 +64,7 @@ def make_zero1_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Opt
         save_master_weights=mp["use_master_weights_in_ckpt"],
         stochastic_rounding=mp["stochastic_rounding"],
         sequence_parallel=nxd_config.sequence_parallel,
-        **{**context_groups(context), **defaults},
+        context=context, **{**context_groups(context), **defaults},
     )
 
 

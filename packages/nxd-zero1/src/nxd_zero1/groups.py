@@ -7,22 +7,21 @@ from typing import Any
 
 import torch.distributed as dist
 
-from nxd import current_parallel_context
+from nxd import ParallelContext
 from nxd.parallel import process_group_timeout
 
 _DEFAULT_DIMS = {"data": "dp", "tensor": "tp", "pipeline": "pp"}
 
 
-def resolve_group(spec: Any, default: str) -> Any:
+def resolve_group(spec: Any, default: str, context: ParallelContext | None) -> Any:
     """Turn ``spec`` into a process group.
 
-    ``spec`` may be a ProcessGroup, ``None`` (use ``default``: ``"data"`` = parallel_state's DP
-    group, or the world group when model parallelism is not initialised; ``"tensor"`` /
-    ``"pipeline"`` = those groups, or ``None`` when not initialised), or NxD's list-of-lists of
+    ``spec`` may be a ProcessGroup, ``None`` (use ``default``: ``"data"`` = ``context``'s DP
+    group, or the world group without a context; ``"tensor"`` / ``"pipeline"`` = those groups, or
+    ``None`` without a context), or NxD's list-of-lists of
     global ranks (every rank must pass the same lists; a group is created per list and this
     rank's is returned).
     """
-    context = current_parallel_context()
     if spec is None:
         if context is None:
             return dist.group.WORLD if default == "data" else None

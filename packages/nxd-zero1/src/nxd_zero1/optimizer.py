@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nxd.parallel import ParallelContext, resolve_context
 from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients
 from nxd_zero1 import checkpoint as _ckpt
 from nxd_zero1.groups import GroupComm, backend_name, group_rank, group_size, resolve_group
@@ -101,6 +102,7 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         seed: int = 0,
         reduce_impl: str = "auto",
         use_grad_acc_hook: bool | None = None,
+        context: ParallelContext | None = None,
         **defaults: Any,
     ) -> None:
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
@@ -116,9 +118,11 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         if use_grad_acc_hook is not None:  # NxD's name for fp32 grad accumulation
             use_fp32_grad_acc = use_grad_acc_hook
 
-        self.sharding_group = resolve_group(sharding_groups, "data")
-        self.grad_norm_group = resolve_group(grad_norm_groups, "tensor")
-        self.pipeline_group = resolve_group(pipeline_groups, "pipeline")
+        # NxD's constructor has no context: groups left out come from the current one (the fallback)
+        self.parallel_context = context = resolve_context(context)
+        self.sharding_group = resolve_group(sharding_groups, "data", context)
+        self.grad_norm_group = resolve_group(grad_norm_groups, "tensor", context)
+        self.pipeline_group = resolve_group(pipeline_groups, "pipeline", context)
         self.dp_size, self.dp_rank = group_size(self.sharding_group), group_rank(self.sharding_group)
         self.grad_clipping, self.max_norm, self.norm_type = bool(grad_clipping), float(max_norm), float(norm_type)
         self.use_master_weights, self.save_master_weights = bool(use_master_weights), bool(save_master_weights)
@@ -280,9 +284,8 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
     def _allreduce_context_parallel(self) -> None:
         """Context-parallel ranks hold the same parameters but different tokens of the same samples:
         average their gradients first; sharding and the norm then follow the DP path unchanged."""
-        from nxd_core_parallel import parallel_state
-
-        if not parallel_state.model_parallel_is_initialized() or parallel_state.get_context_model_parallel_size() == 1:
+        cp = self.parallel_context.cp if self.parallel_context is not None else None
+        if cp is None or cp.size == 1:
             return
         # groups with their own sharding group reduce over it (it spans the CP ranks where needed)
         params = [p for ps, c in zip(self._flat_params, self._comms) if c.default for p in ps]
@@ -290,8 +293,8 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         if not bufs:
             return
         flat = torch.cat([b.reshape(-1) for b in bufs])
-        dist.all_reduce(flat, group=parallel_state.get_context_model_parallel_group())
-        flat.div_(parallel_state.get_context_model_parallel_size())
+        dist.all_reduce(flat, group=cp.group)
+        flat.div_(cp.size)
         off = 0
         for b in bufs:
             b.copy_(flat[off:off + b.numel()].view_as(b))
@@ -302,7 +305,7 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         if not sp or group_size(self.grad_norm_group) == 1:
             return
         if not any(hasattr(p, "main_grad") for p in sp):
-            allreduce_sequence_parallel_gradients(sp)
+            allreduce_sequence_parallel_gradients(sp, context=self.parallel_context)
             return
         bufs = [p.main_grad for p in sp]
         flat = torch.cat([b.reshape(-1) for b in bufs])

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from nxd.parallel import ParallelContext, resolve_context
 from nxd_core_parallel.context_parallel.layout import check_divisible, local_indices
 
 
@@ -40,14 +41,12 @@ def split_batch_for_context_parallel(batch: dict[str, Any], cp_rank: int, cp_siz
     return out
 
 
-def get_batch_on_this_context_parallel_rank(batch: dict[str, Any], load_balance: bool = True) -> dict[str, Any]:
-    """NxD's name: this rank's part of a batch-first ``batch`` under the current CP degree and rank
-    (the batch unchanged when CP is 1). See :func:`split_batch_for_context_parallel` for the layout
-    and why labels are not shifted here."""
-    from nxd_core_parallel import parallel_state
-
-    if not parallel_state.model_parallel_is_initialized():
+def get_batch_on_this_context_parallel_rank(batch: dict[str, Any], load_balance: bool = True,
+                                            context: ParallelContext | None = None) -> dict[str, Any]:
+    """NxD's name: this rank's part of a batch-first ``batch`` under the CP degree and rank of
+    ``context`` (the current one when left out; the batch unchanged when CP is 1). See
+    :func:`split_batch_for_context_parallel` for the layout and why labels are not shifted here."""
+    context = resolve_context(context)
+    if context is None:
         return batch
-    return split_batch_for_context_parallel(batch, parallel_state.get_context_model_parallel_rank(),
-                                            parallel_state.get_context_model_parallel_size(),
-                                            load_balance=load_balance)
+    return split_batch_for_context_parallel(batch, context.cp.rank, context.cp.size, load_balance=load_balance)

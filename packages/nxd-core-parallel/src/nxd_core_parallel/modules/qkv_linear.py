@@ -6,7 +6,7 @@ is replicated on ``m`` neighbouring TP ranks (Megatron's layout): TP rank ``r`` 
 query heads of rank ``r`` are exactly the ones that attend to its KV piece, so no head reordering
 is needed anywhere (HF import/export, resharding, LoRA). The real (checkpoint) tensor is the
 concatenation of the pieces of TP ranks ``0, m, 2m, ...``. Replicas' gradients are summed over the
-ranks that share a piece (``parallel_state.get_kv_shared_group(m)``), so they stay identical.
+ranks that share a piece (the context's ``kv_shared[m]`` group), so they stay identical.
 
 Parameter names follow NxD: fused ``weight_qkv``/``bias_qkv`` (local rows = [q | k | v], recorded
 in the ``fused_splits`` attribute), or ``weight_q``/``weight_k``/``weight_v`` (+ biases).
@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size, resolve_context
 from nxd_core_parallel.parallel_layers.layers import InitMethod, LocalLinear, default_linear_init, shard_of
 from nxd_core_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
@@ -47,12 +47,14 @@ class GQAQKVColumnParallelLinear(LocalLinear, nn.Module):
         sequence_dimension: int = 0,
         kv_size_multiplier: int = 1,
         fuse_qkv: bool = True,
+        context: ParallelContext | None = None,
     ) -> None:
         super().__init__()
         if len(output_sizes) != 2:
             raise ValueError(f"output_sizes must be [q_size, kv_size], got {list(output_sizes)}")
-        tp = parallel_state.get_tensor_model_parallel_size()
-        rank = parallel_state.get_tensor_model_parallel_rank()
+        # NxD-style construction (no context=) builds for the current context: the one fallback
+        self.parallel_context = resolve_context(context)
+        tp, rank = dim_size(self.parallel_context, "tp"), dim_rank(self.parallel_context, "tp")
         m = int(kv_size_multiplier)
         if m < 1 or tp % m:
             raise ValueError(f"kv_size_multiplier={kv_size_multiplier} must be >= 1 and divide "
@@ -96,8 +98,7 @@ class GQAQKVColumnParallelLinear(LocalLinear, nn.Module):
             param.kv_size_multiplier = self.kv_size_multiplier
 
     def _local_pieces(self, masters: list[torch.Tensor]) -> list[torch.Tensor]:
-        tp = parallel_state.get_tensor_model_parallel_size()
-        rank = parallel_state.get_tensor_model_parallel_rank()
+        tp, rank = dim_size(self.parallel_context, "tp"), dim_rank(self.parallel_context, "tp")
         q = shard_of(masters[0], 0, 1, rank, tp)
         k, v = (shard_of(t, 0, 1, self.kv_piece, self.kv_unique_ranks) for t in masters[1:])
         return [q, k, v]
@@ -131,16 +132,18 @@ class GQAQKVColumnParallelLinear(LocalLinear, nn.Module):
             ws = [self.weight_q, self.weight_k, self.weight_v]
             bs = [self.bias_q, self.bias_k, self.bias_v]
         if self.kv_size_multiplier > 1:
-            group = parallel_state.get_kv_shared_group(self.kv_size_multiplier)
+            group = self.parallel_context.kv_shared_dim(self.kv_size_multiplier).group
             ws[1:] = [reduce_grad_over_group(w, group) for w in ws[1:]]
             bs[1:] = [b if b is None else reduce_grad_over_group(b, group) for b in bs[1:]]
         return ws, bs
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        group = dim_group(self.parallel_context, "tp")
         if self.sequence_parallel_enabled:
-            x = gather_from_sequence_parallel_region(x, self.sequence_dimension, to_model_parallel=True)
+            x = gather_from_sequence_parallel_region(x, self.sequence_dimension, to_model_parallel=True,
+                                                     process_group=group)
         else:
-            x = copy_to_tensor_model_parallel_region(x)
+            x = copy_to_tensor_model_parallel_region(x, process_group=group)
         if self.fuse_qkv and self.kv_size_multiplier == 1:
             out = self.local_linear(x, self.weight_qkv, self.bias_qkv)
             q, k, v = torch.split(out, [self.q_local, self.kv_local, self.kv_local], dim=-1)
@@ -148,9 +151,9 @@ class GQAQKVColumnParallelLinear(LocalLinear, nn.Module):
             ws, bs = self._weights_and_biases()
             q, k, v = (self.local_linear(x, w, b) for w, b in zip(ws, bs))
         if self.gather_output:
-            q = gather_from_tensor_model_parallel_region(q)
-            k = self.unique_kv(gather_from_tensor_model_parallel_region(k))
-            v = self.unique_kv(gather_from_tensor_model_parallel_region(v))
+            q = gather_from_tensor_model_parallel_region(q, process_group=group)
+            k = self.unique_kv(gather_from_tensor_model_parallel_region(k, process_group=group))
+            v = self.unique_kv(gather_from_tensor_model_parallel_region(v, process_group=group))
         return q, k, v
 
     def unique_kv(self, gathered: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size, resolve_context
 from nxd_core_parallel.parallel_layers import comm
 from nxd_core_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
@@ -54,13 +54,11 @@ def shard_of(full: torch.Tensor, dim: int, stride: int, rank: int, size: int) ->
 
 
 def init_sharded_(param: torch.Tensor, full_shape: tuple[int, ...], dim: int, stride: int,
-                  init_method: InitMethod, rank: int | None = None, size: int | None = None, pad: int = 0) -> None:
-    """Initialise the full tensor with ``init_method`` and copy this rank's shard into ``param``;
-    ``pad`` zero entries are appended along ``dim`` first (``pad=True`` layers)."""
+                  init_method: InitMethod, rank: int, size: int, pad: int = 0) -> None:
+    """Initialise the full tensor with ``init_method`` and copy shard ``rank`` of ``size`` into
+    ``param``; ``pad`` zero entries are appended along ``dim`` first (``pad=True`` layers)."""
     if param.is_meta:
         return
-    size = parallel_state.get_tensor_model_parallel_size() if size is None else size
-    rank = parallel_state.get_tensor_model_parallel_rank() if rank is None else rank
     master = torch.empty(full_shape, dtype=torch.float32)
     init_method(master)
     if pad:
@@ -70,11 +68,26 @@ def init_sharded_(param: torch.Tensor, full_shape: tuple[int, ...], dim: int, st
         param.copy_(shard_of(master, dim, stride, rank, size).to(param.dtype))
 
 
-def _tp_size_rank(group: Any = None) -> tuple[int, int]:
-    """TP size and rank: of ``group`` (NxD's ``tensor_model_parallel_group=``) or of the TP group."""
+def _tp_size_rank(group: Any, context: ParallelContext | None) -> tuple[int, int]:
+    """TP size and rank: of ``group`` (NxD's ``tensor_model_parallel_group=``) or of the context's TP group."""
     if group is not None:
         return comm.group_size(group), comm.group_rank(group)
-    return parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_rank()
+    return dim_size(context, "tp"), dim_rank(context, "tp")
+
+
+def tensor_parallel_group_of(layer: nn.Module) -> Any:
+    """The TP group a layer works over: its explicit ``tensor_model_parallel_group=``, else its
+    context's TP group (``None`` without model parallelism)."""
+    group = getattr(layer, "tensor_parallel_group", None)
+    if group is None:
+        group = getattr(layer, "tensor_model_parallel_group", None)
+    return group if group is not None else dim_group(getattr(layer, "parallel_context", None), "tp")
+
+
+def tensor_parallel_size_rank_of(layer: nn.Module) -> tuple[int, int]:
+    """``(size, rank)`` of :func:`tensor_parallel_group_of` (``(1, 0)`` without model parallelism)."""
+    group = tensor_parallel_group_of(layer)
+    return (comm.group_size(group), comm.group_rank(group)) if group is not None else (1, 0)
 
 
 #: Named in a layer's size error: with pad=True a size not divisible by TP is padded inside.
@@ -122,11 +135,13 @@ class _ShardedLinear(LocalLinear, nn.Module):
     def _setup(self, kind: str, input_size: int, output_size: int, stride: int, init_method: Optional[InitMethod],
                sequence_parallel_enabled: bool, sequence_dimension: Optional[int], keep_master_weight: bool,
                skip_bias_add: bool, pad: bool, pad_length: Callable[[int], int], group: Any,
-               reduce_dtype: torch.dtype, rank_ordering: Optional[list]) -> int:
+               reduce_dtype: torch.dtype, rank_ordering: Optional[list], context: ParallelContext | None) -> int:
         """The options both layers take, NxD's checks on them, and the padded size of the sharded
         dimension per rank (``pad_length(tp)`` is its padding)."""
         self.tensor_parallel_group = group
-        tp, _ = _tp_size_rank(group)
+        # NxD-style construction (no context=) builds for the current context: the one fallback
+        self.parallel_context = resolve_context(context)
+        tp, _ = _tp_size_rank(group, self.parallel_context)
         _check_nxd_options(kind, rank_ordering)
         self.input_size, self.output_size = input_size, output_size
         sharded = output_size if self.weight_shard_dim == 0 else input_size
@@ -147,7 +162,7 @@ class _ShardedLinear(LocalLinear, nn.Module):
                 self.bias.zero_()
 
     def _rank_size(self) -> tuple[int, int]:
-        size, rank = _tp_size_rank(self.tensor_parallel_group)
+        size, rank = _tp_size_rank(self.tensor_parallel_group, self.parallel_context)
         return rank, size
 
     def init_weight_cpu(self) -> None:
@@ -180,13 +195,14 @@ class ColumnParallelLinear(_ShardedLinear):
         tensor_model_parallel_group: Any = None,
         reduce_dtype: torch.dtype = torch.float32,
         rank_ordering: Optional[list] = None,
+        context: ParallelContext | None = None,
     ) -> None:
         super().__init__()
         self.output_size_per_partition = self._setup(
             "ColumnParallelLinear", input_size, output_size, stride, init_method, sequence_parallel_enabled,
             sequence_dimension, keep_master_weight, skip_bias_add, pad,
             lambda tp: _pad_length("ColumnParallelLinear", pad, output_size, tp, stride, pad_alignment_size_per_rank),
-            tensor_model_parallel_group, reduce_dtype, rank_ordering)
+            tensor_model_parallel_group, reduce_dtype, rank_ordering, context)
         self.gather_output, self.keep_padded_output = gather_output, keep_padded_output
         if sequence_parallel_enabled and gather_output:
             raise ValueError("ColumnParallelLinear: sequence_parallel_enabled=True needs gather_output=False")
@@ -204,7 +220,7 @@ class ColumnParallelLinear(_ShardedLinear):
         self.reset_parameters()
 
     def forward(self, x: torch.Tensor):
-        group = self.tensor_parallel_group
+        group = tensor_parallel_group_of(self)
         if self.sequence_parallel_enabled:
             x = gather_from_sequence_parallel_region(x, self.sequence_dimension, to_model_parallel=True,
                                                      process_group=group)
@@ -248,13 +264,14 @@ class RowParallelLinear(_ShardedLinear):
         reduce_dtype: torch.dtype = torch.float32,
         tile_cc: bool = False,
         rank_ordering: Optional[list] = None,
+        context: ParallelContext | None = None,
     ) -> None:
         super().__init__()
         self.input_size_per_partition = self._setup(
             "RowParallelLinear", input_size, output_size, stride, init_method, sequence_parallel_enabled,
             sequence_dimension, keep_master_weight, skip_bias_add, pad,
             lambda tp: _pad_length("RowParallelLinear", pad, input_size, tp, stride),
-            tensor_model_parallel_group, reduce_dtype, rank_ordering)
+            tensor_model_parallel_group, reduce_dtype, rank_ordering, context)
         self.input_is_parallel = input_is_parallel
         # reduce_output=False (NxD): return this rank's partial sum; the caller reduces it.
         self.reduce_output = reduce_output
@@ -274,7 +291,7 @@ class RowParallelLinear(_ShardedLinear):
         self.reset_parameters()
 
     def forward(self, x: torch.Tensor):
-        group = self.tensor_parallel_group
+        group = tensor_parallel_group_of(self)
         if not self.input_is_parallel:
             if self.pad_size:
                 x = F.pad(x, (0, self.pad_size))
@@ -320,10 +337,12 @@ class ParallelEmbedding(nn.Module):
         tile_cc: bool = False,
         rank_ordering: Optional[list] = None,
         collect_output: bool = True,
+        context: ParallelContext | None = None,
     ) -> None:
         super().__init__()
         self.tensor_model_parallel_group = tensor_model_parallel_group
-        tp, rank = _tp_size_rank(tensor_model_parallel_group)
+        self.parallel_context = resolve_context(context)
+        tp, rank = _tp_size_rank(tensor_model_parallel_group, self.parallel_context)
         _check_nxd_options("ParallelEmbedding", rank_ordering)
         self.pad_size = _pad_length("ParallelEmbedding", pad, embedding_dim if shard_across_embedding else num_embeddings,
                                     tp)
@@ -357,7 +376,7 @@ class ParallelEmbedding(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        size, rank = _tp_size_rank(self.tensor_model_parallel_group)
+        size, rank = _tp_size_rank(self.tensor_model_parallel_group, self.parallel_context)
         init_sharded_(self.weight, (self.num_embeddings, self.embedding_dim), self.partition_dim, 1, self.init_method,
                       rank, size, pad=self.pad_size)
         if self.padding_idx is not None and not self.weight.is_meta:
@@ -375,7 +394,7 @@ class ParallelEmbedding(nn.Module):
         return F.embedding(ids, self.weight, padding_idx, None, self.norm_type, self.scale_grad_by_freq)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        group = self.tensor_model_parallel_group
+        group = tensor_parallel_group_of(self)
         if self.shard_across_embedding:
             out = self._embed(input_ids, self.padding_idx)
             if not self.collect_output:

@@ -6,15 +6,19 @@ the logits see the real vocabulary only."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
-from nxd_core_parallel import parallel_state
+from nxd.parallel import dim_group, resolve_context
 from nxd_core_parallel.parallel_layers import comm
 
 
-def _tp_group():
-    return parallel_state.get_tensor_model_parallel_group() if parallel_state.model_parallel_is_initialized() else None
+def _tp_group(process_group: Any) -> Any:
+    """``process_group``, else (NxD's call without one) the current context's TP group; ``None``
+    without model parallelism."""
+    return process_group if process_group is not None else dim_group(resolve_context(), "tp")
 
 
 def _all_reduce(t: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
@@ -23,9 +27,8 @@ def _all_reduce(t: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, label_smoothing: float):
-        group = _tp_group()
-        rank = parallel_state.get_tensor_model_parallel_rank() if group is not None else 0
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, label_smoothing: float, group: Any):
+        rank = comm.group_rank(group) if group is not None else 0
         logits = logits.float()
         logits_max = _all_reduce(logits.max(dim=-1)[0], group, dist.ReduceOp.MAX)
         shifted = logits - logits_max.unsqueeze(-1)
@@ -67,33 +70,36 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         onehot.masked_fill_(outside.unsqueeze(-1), 0.0)
         grad.sub_((1.0 - eps) * onehot)
         grad.mul_(grad_loss.unsqueeze(-1))
-        return grad, None, None
+        return grad, None, None, None
 
 
 def parallel_cross_entropy(vocab_parallel_logits: torch.Tensor, target: torch.Tensor,
-                           label_smoothing: float = 0.0) -> torch.Tensor:
+                           label_smoothing: float = 0.0, process_group: Any = None) -> torch.Tensor:
     """Per-token cross-entropy (unreduced, same shape as ``target``) of logits whose last
-    dimension is this rank's contiguous slice of the vocabulary. Matches ``F.cross_entropy(...,
-    reduction="none", label_smoothing=...)`` on the gathered logits; computed in fp32."""
+    dimension is this rank's contiguous slice of the vocabulary over ``process_group`` (the current
+    TP group when left out). Matches ``F.cross_entropy(..., reduction="none", label_smoothing=...)``
+    on the gathered logits; computed in fp32."""
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     if vocab_parallel_logits.shape[:-1] != target.shape:
         raise ValueError(f"logits shape {tuple(vocab_parallel_logits.shape)} does not match target shape "
                          f"{tuple(target.shape)} (expected target = logits.shape[:-1])")
-    return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, float(label_smoothing))
+    return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, float(label_smoothing),
+                                            _tp_group(process_group))
 
 
-def mask_vocab_padding(vocab_parallel_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """This rank's slice of logits over a vocabulary padded to a multiple of the TP size, with the
-    padded classes (global index >= ``vocab_size``) set to ``-inf``: zero probability, no gradient.
-    The identity when nothing is padded."""
+def mask_vocab_padding(vocab_parallel_logits: torch.Tensor, vocab_size: int, process_group: Any = None) -> torch.Tensor:
+    """This rank's slice of logits over a vocabulary padded to a multiple of the TP size of
+    ``process_group`` (the current TP group when left out), with the padded classes (global index
+    >= ``vocab_size``) set to ``-inf``: zero probability, no gradient. The identity when nothing is
+    padded."""
     per_rank = vocab_parallel_logits.size(-1)
-    group = _tp_group()
+    group = _tp_group(process_group)
     size = comm.group_size(group) if group is not None else 1
     if per_rank * size == vocab_size:
         return vocab_parallel_logits
     if per_rank * size < vocab_size:
         raise ValueError(f"logits hold {per_rank} classes per rank x {size} ranks, fewer than vocab_size {vocab_size}")
-    start = (parallel_state.get_tensor_model_parallel_rank() if group is not None else 0) * per_rank
+    start = (comm.group_rank(group) if group is not None else 0) * per_rank
     padded = torch.arange(start, start + per_rank, device=vocab_parallel_logits.device) >= vocab_size
     return vocab_parallel_logits.masked_fill(padded, float("-inf"))

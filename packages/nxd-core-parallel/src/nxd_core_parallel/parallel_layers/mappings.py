@@ -10,15 +10,16 @@ from typing import Any
 
 import torch
 
-from nxd_core_parallel import parallel_state
+from nxd.parallel import dim_group, resolve_context
 from nxd_core_parallel.parallel_layers import comm
 
 
 def _tp_group(process_group: Any) -> Any:
     if process_group is not None:
         return process_group
-    # Without model parallelism (a single process, or TP not set up) every mapping is the identity.
-    return parallel_state.get_tensor_model_parallel_group() if parallel_state.model_parallel_is_initialized() else None
+    # NxD's call without a group (user code): the current context's TP group; without model
+    # parallelism (a single process, or TP not set up) every mapping is the identity.
+    return dim_group(resolve_context(), "tp")
 
 
 def _trivial(group: Any) -> bool:

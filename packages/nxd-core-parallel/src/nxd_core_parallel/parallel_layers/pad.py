@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, dim_size, resolve_context
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import comm
 from nxd_core_parallel.parallel_layers.layers import (
@@ -31,6 +31,7 @@ from nxd_core_parallel.parallel_layers.layers import (
     ParallelEmbedding,
     RowParallelLinear,
     shard_of,
+    tensor_parallel_group_of,
 )
 from nxd_core_parallel.parallel_layers.utils import copy_tensor_model_parallel_attributes, mark_padding
 
@@ -44,15 +45,11 @@ def get_number_of_extra_heads(n_head: int, tp_degree: int) -> int:
     return -int(n_head) % int(tp_degree)
 
 
-def _group(layer: nn.Module) -> Any:
-    group = getattr(layer, "tensor_parallel_group", None)
-    return group if group is not None else parallel_state.get_tensor_model_parallel_group()
-
-
 def _tp_of(layer: nn.Module) -> tuple[int, int, Any]:
-    if getattr(layer, "tensor_parallel_group", None) is None and not parallel_state.model_parallel_is_initialized():
+    """TP size, rank and group of a layer (its own group, else its context's)."""
+    group = tensor_parallel_group_of(layer)
+    if group is None:
         return 1, 0, None
-    group = _group(layer)
     return comm.group_size(group), comm.group_rank(group), group
 
 
@@ -145,16 +142,16 @@ def pad_model(model: nn.Module, tp_degree: int, n_heads: int, wrapped_classes: I
     return model
 
 
-def pad_model_from_config(model: nn.Module) -> nn.Module:
-    """``neuronx_distributed_config(pad_model=True)``: pad ``model`` to the current TP size with
-    the head count of its ``config.num_attention_heads`` (NxD pads Hugging Face-style models)."""
+def pad_model_from_config(model: nn.Module, context: ParallelContext | None = None) -> nn.Module:
+    """``neuronx_distributed_config(pad_model=True)``: pad ``model`` to the TP size of ``context``
+    (the current one when left out) with the head count of its ``config.num_attention_heads`` (NxD
+    pads Hugging Face-style models)."""
     heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
     if isinstance(heads, bool) or not isinstance(heads, int):
         raise ConfigError(f"pad_model=True needs the model's config.num_attention_heads (an int) to know the head "
                           f"count; {type(model).__name__} has none. Call nxd_core_parallel.parallel_layers.pad."
                           "pad_model(model, tp_degree, n_heads) in model_fn instead")
-    tp = parallel_state.get_tensor_model_parallel_size() if parallel_state.model_parallel_is_initialized() else 1
-    return pad_model(model, tp, heads)
+    return pad_model(model, dim_size(resolve_context(context), "tp"), heads)
 
 
 def generate_padding_mask(num_heads: int, num_heads_with_pad: int, num_kv_heads: int, tp_degree: int, tp_rank: int,

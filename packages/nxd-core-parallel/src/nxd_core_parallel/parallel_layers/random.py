@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, dim_rank, resolve_context
 
 MODEL_PARALLEL_RNG = "model-parallel-rng"
 _TP_SEED_OFFSET = 2718  # NxD/Megatron: tp seed = seed + 2718 + tp_rank
@@ -83,14 +83,15 @@ def get_rng_tracker() -> RNGStatesTracker:
     return _TRACKER
 
 
-def model_parallel_manual_seed(seed: int) -> None:
+def model_parallel_manual_seed(seed: int, context: ParallelContext | None = None) -> None:
     """Seed the default RNG with ``seed`` (same on every rank) and the tracker's model-parallel
-    state with ``seed + 2718 + tp_rank`` (different per TP rank)."""
+    state with ``seed + 2718 + tp_rank`` (different per TP rank of ``context``, the current one
+    when left out)."""
     torch.manual_seed(seed)
     if _cuda_in_use():
         torch.cuda.manual_seed(seed)
     _TRACKER.reset()
-    _TRACKER.add(MODEL_PARALLEL_RNG, seed + _TP_SEED_OFFSET + parallel_state.get_tensor_model_parallel_rank())
+    _TRACKER.add(MODEL_PARALLEL_RNG, seed + _TP_SEED_OFFSET + dim_rank(resolve_context(context), "tp"))
 
 
 # NxD names

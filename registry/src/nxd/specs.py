@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 #: the sharding styles a :class:`ParallelPlan` names, in the words of NxD's layers
-PLAN_STYLES = ("column", "row", "vocab", "sequence", "experts")
+PLAN_STYLES = ("column", "row", "vocab", "gathered", "partial_grad", "sequence", "experts")
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,12 @@ class ParallelPlan:
     row: tuple[str, ...] = ()
     #: vocabulary sharded over ``tp`` (``ParallelEmbedding``)
     vocab: tuple[str, ...] = ()
+    #: output dimension sharded over ``tp`` and gathered whole after the layer
+    #: (``ColumnParallelLinear(gather_output=True)``: a plain model's LM head, whole logits on every rank)
+    gathered: tuple[str, ...] = ()
+    #: replicated modules fed TP-sharded activations (Qwen3's per-head q/k norms): each rank's
+    #: weight gradient is partial and is summed over ``tp``
+    partial_grad: tuple[str, ...] = ()
     #: run on sequence-sharded activations under sequence parallelism (norms); their weights'
     #: gradients are summed over ``tp``
     sequence: tuple[str, ...] = ()

@@ -28,9 +28,11 @@ def plan_mismatches(model: nn.Module, plan: ParallelPlan, layer_styles: dict[typ
                 for pattern in getattr(plan, style) if not ParallelPlan(**{style: (pattern,)}).modules(model, style)]
     for name, module in model.named_modules():
         want = next((style for cls, style in styles.items() if type(module) is cls), None)
+        if want == "column" and getattr(module, "gather_output", False):
+            want = "gathered"
         have = plan.style_of(name)
         if want is not None and have != want:
             problems.append(f"{name} ({type(module).__name__}) is {want} parallel; the plan says {have}")
-        elif want is None and have is not None:
+        elif want is None and have is not None and have != "partial_grad":  # any replicated module may be
             problems.append(f"{name} ({type(module).__name__}) is named {have} parallel by the plan but is not")
     return problems

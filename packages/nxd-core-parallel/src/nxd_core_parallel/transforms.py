@@ -1,5 +1,6 @@
-"""nxd-core-parallel's model transforms (:mod:`nxd.transforms`): activation checkpointing, compile
-and the ``ddp`` data-parallel strategy (``NxDModel`` + ``NxDOptimizer``)."""
+"""nxd-core-parallel's model transforms (:mod:`nxd.transforms`): the tensor-parallel plan of a plain
+model, activation checkpointing, compile and the ``ddp`` data-parallel strategy (``NxDModel`` +
+``NxDOptimizer``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,19 @@ from typing import Any
 import torch
 
 from nxd import ParallelContext
+from nxd.parallel import dim_size
 from nxd.resolved import NxdConfig
-from nxd.transforms import ACTIVATION_CHECKPOINTING, COMPILE, DATA_PARALLEL, ModelTransform
+from nxd.transforms import ACTIVATION_CHECKPOINTING, COMPILE, DATA_PARALLEL, PARALLEL_PLAN, ModelTransform
+
+
+def _plan_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
+    return dim_size(context, "tp") > 1
+
+
+def _apply_plan(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module | None:
+    from nxd_core_parallel.tensor_plan import apply_parallel_plan
+
+    return apply_parallel_plan(model, context, config)
 
 
 def _checkpointing_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
@@ -62,6 +74,8 @@ def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, 
 
 
 TRANSFORMS = (
+    ModelTransform("parallel_plan", PARALLEL_PLAN, _apply_plan, _plan_applies,
+                   description="a plain model's nxd_parallel_plan: nn.Linear/nn.Embedding -> TP layers with their shards"),
     ModelTransform("activation_checkpointing", ACTIVATION_CHECKPOINTING, _checkpoint, _checkpointing_applies,
                    description="full or selective (module classes) activation checkpointing"),
     ModelTransform("compile", COMPILE, _compile, _compile_applies, description="torch.compile per transformer block"),

@@ -1,0 +1,216 @@
+"""Tensor parallelism applied to a plain model in one place (torchtitan's ``parallelize``).
+
+A model built plain (TP=1 shapes, ``nn.Linear``/``nn.Embedding``: Hugging Face's
+``LlamaForCausalLM`` from a config, or any model written without nxd's layers) is parallelised by a
+:class:`nxd.specs.ParallelPlan`: every module a pattern names is swapped for nxd's parallel layer
+holding this rank's shard of the full weight it had, so the parallel model computes what the plain
+one did. Styles:
+
+* ``column``: ``nn.Linear`` -> ``ColumnParallelLinear(gather_output=False)`` (output rows sharded);
+* ``row``: ``nn.Linear`` -> ``RowParallelLinear(input_is_parallel=True)`` (input columns sharded,
+  output summed over TP; the bias stays whole);
+* ``vocab``: ``nn.Embedding`` -> ``ParallelEmbedding`` (vocabulary rows sharded);
+* ``gathered``: ``nn.Linear`` -> ``ColumnParallelLinear(gather_output=True)`` (an LM head: whole
+  logits on every rank, so the model's own loss is unchanged);
+* ``partial_grad``: replicated modules fed TP-sharded activations (Qwen3's per-head q/k norms): each
+  rank's weight gradient is partial, so it is summed over TP in backward.
+
+Attention reshapes whose head count follows the projection width (``view(..., -1, head_dim)``, as in
+transformers) see this rank's heads; integer head-count attributes of a module whose projections
+were sharded (``num_heads``, ``num_key_value_heads``) are divided by the TP size. Sharding by heads
+needs the TP size to divide both head counts (the model's ``config``) and is refused otherwise.
+
+The ``parallel_plan`` transform (order ``PARALLEL_PLAN``) applies the plan a model carries in
+``nxd_parallel_plan`` (set it in ``model_fn``; :func:`transformers_plan` reads Hugging Face's own TP
+plan); modules already parallel (nxd's families) are left as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from nxd.errors import ConfigError
+from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
+from nxd.specs import ParallelPlan
+from nxd_core_parallel.parallel_layers import comm
+from nxd_core_parallel.parallel_layers.layers import (
+    ColumnParallelLinear,
+    ParallelEmbedding,
+    RowParallelLinear,
+    shard_of,
+)
+
+#: the attribute a model carries its plan in (read by the ``parallel_plan`` transform)
+PLAN_ATTRIBUTE = "nxd_parallel_plan"
+
+#: Hugging Face's TP plan styles -> ours
+_HF_STYLES = {"colwise": "column", "rowwise": "row", "colwise_gather_output": "gathered",
+              "replicated_with_grad_allreduce": "partial_grad", "embedding": "vocab"}
+
+#: the styles that swap a module for a parallel layer
+_SWAPPED = ("column", "row", "vocab", "gathered")
+_PARALLEL_LAYERS = (ColumnParallelLinear, RowParallelLinear, ParallelEmbedding)
+
+#: attention head-count attributes divided by the TP size when the module's projections are sharded
+_HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads")
+
+
+def _skip_init(weight: torch.Tensor) -> None:
+    """The parallel layers' init is replaced by the plain weight's shard."""
+
+
+def _copy_shard(param: torch.Tensor, full: torch.Tensor, dim: int, context: ParallelContext | None) -> None:
+    if param.is_meta or full.is_meta:  # a model built on meta is materialised later (reset_parameters)
+        return
+    with torch.no_grad():
+        param.copy_(shard_of(full.detach(), dim, 1, dim_rank(context, "tp"), dim_size(context, "tp")))
+
+
+def _check_divisible(name: str, what: str, size: int, tp: int) -> None:
+    if size % tp:
+        raise ConfigError(f"parallel plan: {name}'s {what} ({size}) is not divisible by tensor_parallel_size ({tp}); "
+                          "choose a tensor_parallel_size that divides it")
+
+
+def _linear(name: str, module: nn.Module, style: str, context: ParallelContext | None) -> nn.Module:
+    if not isinstance(module, nn.Linear):
+        raise ConfigError(f"parallel plan: {name} is named {style} but is a {type(module).__name__}; "
+                          f"{style} shards an nn.Linear")
+    tp = dim_size(context, "tp")
+    weight, bias = module.weight, module.bias
+    common = dict(bias=bias is not None, dtype=weight.dtype, device=weight.device, init_method=_skip_init,
+                  context=context)
+    if style == "row":
+        _check_divisible(name, "in_features", module.in_features, tp)
+        layer = RowParallelLinear(module.in_features, module.out_features, input_is_parallel=True, **common)
+        _copy_shard(layer.weight, weight, 1, context)
+        if bias is not None and not (bias.is_meta or layer.bias.is_meta):
+            with torch.no_grad():
+                layer.bias.copy_(bias)
+        return layer
+    _check_divisible(name, "out_features", module.out_features, tp)
+    layer = ColumnParallelLinear(module.in_features, module.out_features, gather_output=style == "gathered", **common)
+    _copy_shard(layer.weight, weight, 0, context)
+    if bias is not None:
+        _copy_shard(layer.bias, bias, 0, context)
+    return layer
+
+
+def _embedding(name: str, module: nn.Module, context: ParallelContext | None) -> nn.Module:
+    if not isinstance(module, nn.Embedding):
+        raise ConfigError(f"parallel plan: {name} is named vocab but is a {type(module).__name__}; vocab shards an "
+                          "nn.Embedding (an LM head is 'gathered')")
+    if module.max_norm is not None or module.sparse:
+        raise ConfigError(f"parallel plan: {name} uses max_norm or sparse gradients, which ParallelEmbedding refuses")
+    _check_divisible(name, "num_embeddings", module.num_embeddings, dim_size(context, "tp"))
+    layer = ParallelEmbedding(module.num_embeddings, module.embedding_dim, padding_idx=module.padding_idx,
+                              scale_grad_by_freq=module.scale_grad_by_freq, init_method=_skip_init,
+                              dtype=module.weight.dtype, device=module.weight.device, context=context)
+    _copy_shard(layer.weight, module.weight, 0, context)
+    return layer
+
+
+def _sum_grad_over_tp(module: nn.Module, context: ParallelContext | None) -> None:
+    group = dim_group(context, "tp")
+    if group is None or comm.group_size(group) == 1:
+        return
+    for param in module.parameters(recurse=False):
+        param.register_hook(lambda grad: comm.all_reduce(grad.clone(), group))
+
+
+def _check_heads(model: nn.Module, tp: int) -> None:
+    config = getattr(model, "config", None)
+    for field in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, field, None)
+        if isinstance(heads, int) and heads % tp:
+            raise ConfigError(f"parallel plan: config.{field} ({heads}) is not divisible by tensor_parallel_size "
+                              f"({tp}): attention is sharded by whole heads (nxd's families replicate KV heads; "
+                              "a plain model does not)")
+
+
+def parallelize(model: nn.Module, plan: ParallelPlan, context: ParallelContext | None,
+                sequence_parallel: bool = False) -> nn.Module:
+    """Swap the plain modules ``plan`` names for nxd's parallel layers over ``context``'s TP group,
+    each holding its shard of the weight it replaces (in place; returns ``model``). Tied weights
+    (an embedding and its LM head, both sharded by vocabulary) stay tied. Modules that are already
+    parallel are left alone."""
+    if sequence_parallel:
+        raise ConfigError("parallel plan on a plain model: sequence_parallel is not supported (the plain model's "
+                          "norms and residuals run on whole sequences); set sequence_parallel=False or build the "
+                          "model with nxd's family layers")
+    tp = dim_size(context, "tp")
+    _check_heads(model, tp)
+    new_for_old: dict[int, tuple[str, nn.Parameter]] = {}
+    sharded_parents: list[nn.Module] = []
+    for name, module in list(model.named_modules()):
+        style = plan.style_of(name) if name else None
+        if style not in _SWAPPED and style != "partial_grad" or isinstance(module, _PARALLEL_LAYERS):
+            continue
+        if style == "partial_grad":
+            _sum_grad_over_tp(module, context)
+            continue
+        layer = _embedding(name, module, context) if style == "vocab" else _linear(name, module, style, context)
+        old = module.weight
+        if id(old) in new_for_old:  # tied to a module swapped before: share its shard
+            first, shard = new_for_old[id(old)]
+            if shard.shape != layer.weight.shape:
+                raise ConfigError(f"parallel plan: {name} shares its weight with {first}, but the plan shards them "
+                                  "differently; name both in the same style")
+            layer.weight = shard
+        else:
+            new_for_old[id(old)] = (name, layer.weight)
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, leaf, layer)
+        if style in ("column", "row"):
+            sharded_parents.append(parent)
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in new_for_old:
+            raise ConfigError(f"parallel plan: {name} shares its weight with {new_for_old[id(param)][0]}, which the "
+                              "plan shards; name it in the plan too")
+    for parent in {id(m): m for m in sharded_parents}.values():
+        for attr in _HEAD_COUNTS:
+            value = vars(parent).get(attr)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(parent, attr, value // tp)
+    return model
+
+
+def transformers_plan(model: nn.Module) -> ParallelPlan:
+    """The :class:`ParallelPlan` of a transformers model from its own TP plan (``config.base_model_tp_plan``
+    under the base model's prefix, plus the model class's ``_tp_plan``, e.g. ``lm_head``), with the
+    token embedding vocabulary-parallel. Raises naming the style nxd does not have."""
+    base_prefix = getattr(model, "base_model_prefix", "model")
+    entries = {f"{base_prefix}.{k}": v for k, v in (getattr(model.config, "base_model_tp_plan", None) or {}).items()}
+    entries.update(getattr(type(model), "_tp_plan", None) or {})
+    styles: dict[str, list[str]] = {}
+    for pattern, hf_style in entries.items():
+        if hf_style not in _HF_STYLES:
+            raise ConfigError(f"transformers TP plan of {type(model).__name__}: {pattern}: style {hf_style!r} has no "
+                              f"nxd equivalent (nxd: {', '.join(_HF_STYLES)}); write a ParallelPlan by hand")
+        styles.setdefault(_HF_STYLES[hf_style], []).append(pattern)
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if isinstance(embeddings, (nn.Embedding, ParallelEmbedding)):
+        styles.setdefault("vocab", []).extend(n for n, m in model.named_modules() if m is embeddings)
+    return ParallelPlan(**{style: tuple(patterns) for style, patterns in styles.items()})
+
+
+def plan_of(model: nn.Module) -> ParallelPlan | None:
+    """The plan ``model`` carries (``nxd_parallel_plan``), or ``None``."""
+    plan = getattr(model, PLAN_ATTRIBUTE, None)
+    if plan is not None and not isinstance(plan, ParallelPlan):
+        raise ConfigError(f"{type(model).__name__}.{PLAN_ATTRIBUTE} must be an nxd.specs.ParallelPlan, got "
+                          f"{type(plan).__name__}")
+    return plan
+
+
+def apply_parallel_plan(model: nn.Module, context: ParallelContext | None, config: Any) -> nn.Module | None:
+    """The ``parallel_plan`` transform: :func:`parallelize` with the plan the model carries (nothing
+    without one)."""
+    plan = plan_of(model)
+    if plan is None:
+        return None
+    return parallelize(model, plan, context, sequence_parallel=bool(getattr(config, "sequence_parallel", False)))

@@ -49,7 +49,7 @@ def test_clean_param_name_and_replicated_gather():
     assert clean_param_name("module._orig_mod.layers.0._checkpoint_wrapped_module.mlp.weight") == \
         "layers.0.mlp.weight"
     param = torch.ones(2, 3)
-    assert [t.shape for t in gather_shards(param, 2)] == [(2, 3), (2, 3)]
+    assert [t.shape for t in gather_shards(param, 2, None)] == [(2, 3), (2, 3)]
 
 
 def pipeline_gather_body(out_dir: str) -> dict:
@@ -63,23 +63,23 @@ def pipeline_gather_body(out_dir: str) -> dict:
         writes_files,
     )
 
-    parallel_state.initialize_model_parallel(1, 2)
-    stage = parallel_state.get_pipeline_model_parallel_rank()
-    merged = gather_pipeline_stages({f"model.layers.{stage}.w": torch.full((2,), float(stage))})
+    context = parallel_state.initialize_model_parallel(1, 2)
+    stage = context.pp.rank
+    merged = gather_pipeline_stages({f"model.layers.{stage}.w": torch.full((2,), float(stage))}, context)
     try:
-        gather_pipeline_stages({"model.norm.weight": torch.zeros(1)})
+        gather_pipeline_stages({"model.norm.weight": torch.zeros(1)}, context)
         duplicate = ""
     except RuntimeError as err:
         duplicate = str(err)
-    if writes_files():
+    if writes_files(context):
         write_hf_dir(out_dir, {}, {"model.layers.0.w": torch.zeros(1), "model.layers.1.w": torch.zeros(1)})
     torch.distributed.barrier()
     with SafetensorsCheckpoint(out_dir) as ckpt:  # strict: the other stage's read counts
-        check_unused(ckpt, {f"model.layers.{stage}.w"}, strict=True)
+        check_unused(ckpt, {f"model.layers.{stage}.w"}, strict=True, context=context)
     result = {"merged": {k: v.tolist() for k, v in merged.items()}, "duplicate": duplicate,
-              "assembles": assembles_stage(), "writes": writes_files()}
-    parallel_state.initialize_model_parallel(1, 1, context_parallel_size=2)  # CP ranks hold the same weights
-    result["cp_writes"] = writes_files()
+              "assembles": assembles_stage(context), "writes": writes_files(context)}
+    cp = parallel_state.initialize_model_parallel(1, 1, context_parallel_size=2)  # CP ranks hold the same weights
+    result["cp_writes"] = writes_files(cp)
     return result
 
 

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from nxd_core_parallel import parallel_state
+from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
 
 __all__ = ["WRAPPER_TOKENS", "SafetensorsCheckpoint", "SlicePiece", "assembles_stage", "check_config_fields",
            "check_unused", "clean_param_name", "exported_parameters", "gather_over", "gather_pipeline_stages",
@@ -48,9 +48,9 @@ def loadable_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]
         yield name, param
 
 
-def tp_size_and_rank() -> tuple[int, int]:
+def tp_size_and_rank(context: ParallelContext | None) -> tuple[int, int]:
     """(tensor-parallel size, this rank's tensor-parallel rank)."""
-    return parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_rank()
+    return dim_size(context, "tp"), dim_rank(context, "tp")
 
 
 class SlicePiece(Protocol):
@@ -154,12 +154,12 @@ class SafetensorsCheckpoint:
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=pieces[0].dim)
 
 
-def check_unused(ckpt: SafetensorsCheckpoint, used: set[str], strict: bool,
+def check_unused(ckpt: SafetensorsCheckpoint, used: set[str], strict: bool, *, context: ParallelContext | None,
                  buffers: tuple[str, ...] = ("rotary_emb.inv_freq",)) -> None:
     """With ``strict``, a ``ValueError`` naming the checkpoint tensors no parameter read (names
     ending in one of ``buffers``, tensors HF stores but nxd recomputes, excepted). Under pipeline
     parallelism the tensors every stage read count (collective over the pipeline group)."""
-    used = _union_over_pipeline(used)
+    used = _union_over_pipeline(used, context)
     leftover = sorted(k for k in ckpt.keys() - used if not k.endswith(buffers))
     if leftover and strict:
         more = f" (+{len(leftover) - 5} more)" if len(leftover) > 5 else ""
@@ -201,11 +201,11 @@ def gather_over(tensor: torch.Tensor, size: int, group: object) -> list[torch.Te
     return shards
 
 
-def gather_shards(param: torch.Tensor, tp: int) -> list[torch.Tensor]:
+def gather_shards(param: torch.Tensor, tp: int, context: ParallelContext | None) -> list[torch.Tensor]:
     """Every TP rank's shard of ``param`` (the same tensor ``tp`` times when it is replicated)."""
     if tp == 1 or not getattr(param, "tensor_model_parallel", False):
         return [param.detach().contiguous()] * tp
-    return gather_over(param, tp, parallel_state.get_tensor_model_parallel_group())
+    return gather_over(param, tp, dim_group(context, "tp"))
 
 
 def exported_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -217,48 +217,41 @@ def exported_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]
             yield clean_param_name(raw_name), param
 
 
-def _pipeline_size_and_rank() -> tuple[int, int]:
-    if not (dist.is_available() and dist.is_initialized() and parallel_state.model_parallel_is_initialized()):
-        return 1, 0
-    return parallel_state.get_pipeline_model_parallel_size(), parallel_state.get_pipeline_model_parallel_rank()
-
-
-def _union_over_pipeline(keys: set[str]) -> set[str]:
-    pp, _ = _pipeline_size_and_rank()
+def _union_over_pipeline(keys: set[str], context: ParallelContext | None) -> set[str]:
+    pp = dim_size(context, "pp")
     if pp == 1:
         return keys
     parts: list[Any] = [None] * pp
-    dist.all_gather_object(parts, sorted(keys), group=parallel_state.get_pipeline_model_parallel_group())
+    dist.all_gather_object(parts, sorted(keys), group=context.pp.group)
     return set().union(*parts)
 
 
-def assembles_stage() -> bool:
+def assembles_stage(context: ParallelContext | None) -> bool:
     """True on the one rank per pipeline stage that assembles the stage's HF tensors from its TP
     (and EP) shards: TP rank 0 of DP rank 0 and context-parallel rank 0 (CP ranks hold the same
     weights). Without pipeline parallelism it is the writing rank."""
     if not (dist.is_available() and dist.is_initialized()):
         return True
-    if not parallel_state.model_parallel_is_initialized():
+    if context is None:
         return dist.get_rank() == 0
-    return dist.get_rank() == parallel_state.get_tensor_model_parallel_src_rank() and \
-        parallel_state.get_data_parallel_rank() == 0 and parallel_state.get_context_model_parallel_rank() == 0
+    return dist.get_rank() == context.tp.src_rank and context.dp.rank == 0 and context.cp.rank == 0
 
 
-def writes_files() -> bool:
+def writes_files(context: ParallelContext | None) -> bool:
     """True on the one rank that writes exported files: the assembler (:func:`assembles_stage`)
     of pipeline stage 0, global rank 0 in NxD's rank layout."""
-    return assembles_stage() and _pipeline_size_and_rank()[1] == 0
+    return assembles_stage(context) and dim_rank(context, "pp") == 0
 
 
-def gather_pipeline_stages(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def gather_pipeline_stages(tensors: dict[str, torch.Tensor], context: ParallelContext | None) -> dict[str, torch.Tensor]:
     """Every pipeline stage's HF tensors merged on pipeline rank 0 (collective over the pipeline
     group: every rank calls it, each stage's assembler with the tensors of the layers it owns, the
     others with an empty dict); an empty dict on the other ranks. Without pipeline parallelism
     ``tensors`` comes back as it is. A key exported by two stages is a ``RuntimeError``."""
-    pp, pp_rank = _pipeline_size_and_rank()
+    pp, pp_rank = dim_size(context, "pp"), dim_rank(context, "pp")
     if pp == 1:
         return tensors
-    group, ranks = parallel_state.get_pipeline_model_parallel_group(), parallel_state.get_pipeline_model_parallel_ranks()
+    group, ranks = context.pp.group, context.pp.ranks
     local = {key: value.detach().cpu() for key, value in tensors.items()}
     if pp_rank != 0:
         dist.send_object_list([local], dst=ranks[0], group=group)

@@ -67,6 +67,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, layout: str 
     ``model`` at the current TP degree; each rank reads only the slices its shards need.
     ``layout`` defaults from the checkpoint's ``config.json`` / the model config."""
     module = unwrap_model(model)
+    context = module.parallel_context
     config, hf_dir = module.config, Path(hf_dir)
     check_config_fields(config, hf_dir, GPTConfig.from_dict, _SHAPE_FIELDS)
     if layout is None:
@@ -74,7 +75,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, layout: str 
         model_type = json.loads(cfg_path.read_text()).get("model_type") if cfg_path.is_file() else None
         layout = {"gpt2": "gpt2", "gpt_neox": "gpt_neox"}.get(model_type) or default_layout(config)
     check_exportable(config, layout)
-    tp, rank = tp_size_and_rank()
+    tp, rank = tp_size_and_rank(context)
     expected = hf_shapes(config, layout)
     used: set[str] = set()
     with SafetensorsCheckpoint(hf_dir, HF_KEY_ALIASES) as ckpt:
@@ -90,7 +91,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, layout: str 
         used.update(ckpt.resolve(key) for key in expected)
         if config.share_embeddings_and_output_weights:
             used.add("lm_head.weight")  # tied checkpoints may still store it
-        check_unused(ckpt, used, strict, buffers=("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias",
+        check_unused(ckpt, used, strict, context=context, buffers=("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias",
                                                   "attention.bias", "attention.masked_bias"))
 
 
@@ -101,15 +102,16 @@ def collect_hf_state_dict(model: nn.Module, layout: str | None = None,
     from every stage's layers (collective: every rank calls it); the tensors on the writing rank, an
     empty dict elsewhere."""
     module = unwrap_model(model)
+    context = module.parallel_context
     config = module.config
     layout = layout or default_layout(config)
     check_exportable(config, layout)
-    tp, _ = tp_size_and_rank()
-    assembler = assembles_stage()  # of this pipeline stage's tensors
+    tp, _ = tp_size_and_rank(context)
+    assembler = assembles_stage(context)  # of this pipeline stage's tensors
     shapes = hf_shapes(config, layout)
     out: dict[str, torch.Tensor] = {}
     for name, param in exported_parameters(module):  # this stage's layers, under their global indices
-        shards = gather_shards(param, tp)
+        shards = gather_shards(param, tp, context)
         if not assembler:
             continue
         for r, shard in enumerate(shards):
@@ -127,8 +129,8 @@ def collect_hf_state_dict(model: nn.Module, layout: str | None = None,
                     out[piece.hf_key].copy_(chunk)
                 else:
                     out[piece.hf_key].index_copy_(piece.dim, torch.tensor(piece.index), chunk.to(target))
-    out = gather_pipeline_stages(out)
-    if writes_files() and set(out) != set(shapes):
+    out = gather_pipeline_stages(out, context)
+    if writes_files(context) and set(out) != set(shapes):
         raise RuntimeError(f"export is missing HF tensors {sorted(set(shapes) - set(out))}")
     return out
 

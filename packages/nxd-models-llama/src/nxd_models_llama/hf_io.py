@@ -53,9 +53,10 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
     checkpoint tensors the model does not use are an error (rotary ``inv_freq`` buffers excepted).
     """
     module = unwrap_model(model)
+    context = module.parallel_context
     config, hf_dir = module.config, Path(hf_dir)
     check_config_fields(config, hf_dir, type(config).from_dict, _SHAPE_FIELDS)  # a subclass reads its own family
-    tp, rank = tp_size_and_rank()
+    tp, rank = tp_size_and_rank(context)
     multiplier = kv_size_multiplier(module)
     expected = hf_shapes(config)
     used: set[str] = set()
@@ -68,7 +69,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
             param.copy_(tensor.to(param.dtype))
         if config.tie_word_embeddings:
             used.add("lm_head.weight")  # some tied checkpoints still store it
-        check_unused(ckpt, used, strict)
+        check_unused(ckpt, used, strict, context=context)
 
 
 @torch.no_grad()
@@ -78,22 +79,23 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
 
     Returns the tensors on the rank that writes files and an empty dict elsewhere."""
     module = unwrap_model(model)
+    context = module.parallel_context
     config = module.config
-    tp, _ = tp_size_and_rank()
+    tp, _ = tp_size_and_rank(context)
     multiplier = kv_size_multiplier(module)
-    assembler = assembles_stage()
+    assembler = assembles_stage(context)
     shapes = hf_shapes(config)
     out: dict[str, torch.Tensor] = {}
     for name, param in exported_parameters(module):  # this stage's layers, under their global indices
-        shards = gather_shards(param, tp)
+        shards = gather_shards(param, tp, context)
         if not assembler:
             continue
         for r, shard in enumerate(shards):
             pieces = plan_for(name, config, tp, r, multiplier)
             for piece, chunk in zip(pieces, split_by_pieces(shard, pieces)):
                 place_piece(out, shapes[piece.hf_key], piece, chunk, dtype)
-    out = gather_pipeline_stages(out)
-    if writes_files() and set(out) != set(shapes):
+    out = gather_pipeline_stages(out, context)
+    if writes_files(context) and set(out) != set(shapes):
         raise RuntimeError(f"export is missing HF tensors {sorted(set(shapes) - set(out))}")
     return out
 

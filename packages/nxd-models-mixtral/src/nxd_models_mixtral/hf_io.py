@@ -145,10 +145,11 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
     """Load a Hugging Face Mixtral directory into ``model`` at the current TP/EP degrees; each rank
     reads only the rows/columns of its shards and only its own experts."""
     module = unwrap_model(model)
+    context = module.parallel_context
     config, hf_dir = module.config, Path(hf_dir)
     check_config_fields(config, hf_dir, type(config).from_dict, _SHAPE_FIELDS)
-    tp, tp_rank = tp_size_and_rank()
-    groups = expert_parallel_groups(module.parallel_context)
+    tp, tp_rank = tp_size_and_rank(context)
+    groups = expert_parallel_groups(context)
     multiplier = kv_size_multiplier(module)
     expected = hf_shapes(config)
     used: set[str] = set()
@@ -176,7 +177,7 @@ def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool
             used.add("lm_head.weight")
         if groups.ep_size > 1:  # other EP ranks read the other experts
             used |= {k for k in ckpt.keys() if f".{config.MOE_MODULE}.experts." in k}
-        check_unused(ckpt, used, strict)
+        check_unused(ckpt, used, strict, context=context)
 
 
 @torch.no_grad()
@@ -184,11 +185,12 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
     """The full HF-named state dict, gathered over TP and EP and, under pipeline parallelism, from
     every stage's layers (collective: every rank calls it); returned on global rank 0, empty elsewhere."""
     module = unwrap_model(model)
+    context = module.parallel_context
     config = module.config
-    tp, _ = tp_size_and_rank()
-    groups = expert_parallel_groups(module.parallel_context)
+    tp, _ = tp_size_and_rank(context)
+    groups = expert_parallel_groups(context)
     multiplier = kv_size_multiplier(module)
-    assembler = assembles_stage()  # of this pipeline stage's tensors
+    assembler = assembles_stage(context)  # of this pipeline stage's tensors
     out: dict[str, torch.Tensor] = {}
     shapes = hf_shapes(config)
 
@@ -196,7 +198,7 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
         place_piece(out, shapes[piece.hf_key], piece, chunk, dtype)
 
     for name, param in hf_tensors(module, export=True):  # this stage's layers, under their global indices
-        tp_shards = gather_shards(param, tp)
+        tp_shards = gather_shards(param, tp, context)
         if _expert_re(config).match(name):
             ep = groups.ep_size if _is_routed_expert(name, config) else 1  # shared experts are never split
             by_rank = [gather_over(shard, ep, groups.ep_group) if ep > 1 else [shard] for shard in tp_shards]
@@ -218,8 +220,8 @@ def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) ->
                     continue
             for piece, chunk in zip(pieces, split_by_pieces(shard, pieces)):
                 put(piece, chunk)
-    out = gather_pipeline_stages(out)
-    if writes_files() and set(out) != set(shapes):
+    out = gather_pipeline_stages(out, context)
+    if writes_files(context) and set(out) != set(shapes):
         raise RuntimeError(f"export is missing HF tensors {sorted(set(shapes) - set(out))[:5]}")
     return out
 

@@ -49,20 +49,20 @@ def pipeline_grads_body(spec_name: str, hf_dir: str, micro: Sequence[Mapping[str
     state = reference.state_dict()
     parallel_state.destroy_model_parallel()
 
-    parallel_state.initialize_model_parallel(1, pp, expert_model_parallel_size=ep)
-    dp, d = parallel_state.get_data_parallel_size(), parallel_state.get_data_parallel_rank()
+    context = parallel_state.initialize_model_parallel(1, pp, expert_model_parallel_size=ep)
+    dp, d = context.dp.size, context.dp.rank
     per = len(micro) // dp
-    model = spec.build(reference.config, None)
+    model = nxd.parallel.bind_context(spec.build, context)(reference.config, None)
     if checkpointing:
         assert apply_activation_checkpointing(model, spec.transformer_layer_classes) > 0
-    model = NxDPPModel(model, pp, {"num_microbatches": per, "schedule": "1f1b"})
-    model.load_state_dict(_local_state(model, state, ep))
+    model = NxDPPModel(model, pp, {"num_microbatches": per, "schedule": "1f1b"}, context=context)
+    model.load_state_dict(_local_state(model, state, context.ep.rank))
     loss = model.run_train(*micro[d * per:(d + 1) * per])
-    dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
+    dist.all_reduce(loss, group=context.dp.group)
     params = list(model.local_module().parameters())
     NxDOptimizer(torch.optim.SGD(params, lr=0.0), {"optimizer_config": {"grad_clipping": False}},
-                 overlap_grad_sync=False).sync_gradients()
-    ep_rank = nxd.current_parallel_context().ep.rank if ep > 1 else 0
+                 overlap_grad_sync=False, context=context).sync_gradients()
+    ep_rank = context.ep.rank
     grads = {}
     for name, p in model.local_module().named_parameters():
         want = ref_grads[name]
@@ -71,14 +71,11 @@ def pipeline_grads_body(spec_name: str, hf_dir: str, micro: Sequence[Mapping[str
         assert p.grad is not None and p.grad.shape == want.shape, f"{name}: no or wrongly shaped gradient"
         grads[name] = _rel(p.grad, want)
     return {"loss": _rel(loss / dp, ref_loss), "grads": grads, "all": sorted(ref_grads),
-            "stage": parallel_state.get_pipeline_model_parallel_rank()}
+            "stage": context.pp.rank}
 
 
-def _local_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], ep: int) -> dict[str, torch.Tensor]:
-    """The PP=1 state dict cut to this stage's keys, routed experts to this EP rank's slice."""
-    import nxd
-
-    ep_rank = nxd.current_parallel_context().ep.rank if ep > 1 else 0
+def _local_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], ep_rank: int) -> dict[str, torch.Tensor]:
+    """The PP=1 state dict cut to this stage's keys, routed experts to EP rank ``ep_rank``'s slice."""
     out = {}
     for name, local in model.state_dict().items():
         full = state[name]

@@ -76,6 +76,9 @@ class NeuronLTModule(LightningModule):
             self.model = nxd.initialize_parallel_model(self.nxd_config, self.model_fn, include_buffers,
                                                        *self.model_args, **self.model_kwargs)
         self.averaged_loss = torch.zeros((), device=self.device_for_loss())
+        # NxD's attribute: the pipeline stage whose rank prints and logs (the last, unless log_rank0)
+        self.print_pp_rank = 0 if self.log_rank0 or self._trainer is None else \
+            getattr(self.trainer.strategy, "pipeline_parallel_size", 1) - 1
         if self.automatic_optimization and self._trainer is not None:
             # Lightning's own accumulation (loss / N per micro-batch, one step every N batches).
             self.trainer.accumulate_grad_batches = self.grad_accum_steps

@@ -15,6 +15,7 @@ import nxd_moe  # noqa: E402
 from nxd.parallel import current_parallel_context  # noqa: E402
 from nxd_compat.surface import NotProvidedError  # noqa: E402
 from nxd_core_parallel import parallel_state  # noqa: E402
+from nxd_core_parallel.parallel_layers.layers import shard_of  # noqa: E402
 from nxd_moe.groups import expert_parallel_groups  # noqa: E402
 
 __all__ = ["ExpertMLPs"]
@@ -53,16 +54,32 @@ class ExpertMLPs(torch.nn.Module):
         self.capacity_factor, self.normalize_top_k_affinities = capacity_factor, normalize_top_k_affinities
         self.sequence_parallel_enabled, self.return_bias = sequence_parallel_enabled, return_bias
         groups = expert_parallel_groups(current_parallel_context())
-        self.experts = nxd_moe.ExpertMLPs(num_experts, hidden_size, intermediate_size,
-                                          tp_size=parallel_state.get_tensor_model_parallel_size(),
-                                          ep_size=groups.ep_size, ep_rank=groups.ep_rank, ep_group=groups.ep_group,
-                                          edp_group=groups.edp_group, dtype=dtype, device=device)
-        with torch.no_grad():
-            if init_method is not None:
-                init_method(self.experts.gate_up_proj)
-            if output_layer_init_method is not None:
-                output_layer_init_method(self.experts.down_proj)
+        with torch.random.fork_rng(devices=[]):  # nxd-moe's own draws are replaced below: they must not
+            # advance the RNG that the layers built after this one draw from
+            self.experts = nxd_moe.ExpertMLPs(num_experts, hidden_size, intermediate_size,
+                                              tp_size=parallel_state.get_tensor_model_parallel_size(),
+                                              ep_size=groups.ep_size, ep_rank=groups.ep_rank, ep_group=groups.ep_group,
+                                              edp_group=groups.edp_group, dtype=dtype, device=device)
+        if not self.experts.gate_up_proj.is_meta:
+            _init_as_nxd(self.experts, init_method, output_layer_init_method)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotProvidedError("neuronx_distributed.modules.moe.ExpertMLPs.forward (NxD's blockwise/all-experts "
                                "paths) is not provided by nxd-compat: call the experts through MoE(router, expert_mlps)")
+
+
+@torch.no_grad()
+def _init_as_nxd(experts: nxd_moe.ExpertMLPs, init_method: Any, output_layer_init_method: Any) -> None:
+    """NxD's init of its fused expert layers, so one seed gives the same model at every TP degree:
+    each layer's full (master) weight ``[E_local, H, 2I]`` / ``[E_local, I, H]`` is drawn on the CPU
+    one expert at a time (``init_method(master[e])``), then this TP rank keeps its shard (gate_up:
+    stride 2, so the rank's gate and up columns; down: its rows), stored in nxd-moe's transposed layout."""
+    tp, rank = parallel_state.get_tensor_model_parallel_size(), parallel_state.get_tensor_model_parallel_rank()
+    e, h, i = experts.num_local_experts, experts.hidden_size, experts.local_intermediate * tp
+    default = lambda w: torch.nn.init.kaiming_uniform_(w, a=5 ** 0.5)  # noqa: E731  NxD's init_method=None
+    for param, master_shape, dim, stride, init in ((experts.gate_up_proj, (e, h, 2 * i), 2, 2, init_method),
+                                                   (experts.down_proj, (e, i, h), 1, 1, output_layer_init_method)):
+        master = torch.empty(master_shape, dtype=torch.float32)
+        for expert in range(e):
+            (init or default)(master[expert])
+        param.copy_(shard_of(master, dim, stride, rank, tp).transpose(1, 2).to(param.dtype))

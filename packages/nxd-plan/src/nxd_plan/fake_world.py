@@ -56,9 +56,10 @@ def build_rank_model(config: Any, run: Any) -> tuple[torch.nn.Module, nxd.Parall
     nxd config, model config and ``initialize_parallel_model`` hooks: TP/SP layers, activation
     checkpointing, the pipeline cut, the wrapper), with every tensor on the meta device."""
     from nxd_training import build
+    from nxd_training.runtime import ensure_parallel_context
 
+    context = ensure_parallel_context(config, run)  # as nxd train: the groups first, then the NxD config
     nxd_cfg = build.nxd_config(config, run)
-    context = nxd.get_parallel_context()
     model_config = build.model_config_for_rank(config, run)
     build_fn = nxd.parallel.bind_context(run.spec.build, context)
     model = nxd.initialize_parallel_model(nxd_cfg, build_fn, False, model_config, nxd_cfg)

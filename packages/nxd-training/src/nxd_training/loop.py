@@ -31,6 +31,7 @@ from nxd_training.exp_manager import (
 )
 from nxd_training.precision import autocast_dtype
 from nxd_training.profiling import StepProfiler
+from nxd_training.readback import StepReadback
 from nxd_training.runtime import (
     collective_timeout,
     ensure_parallel_context,
@@ -41,6 +42,19 @@ from nxd_training.runtime import (
 
 #: batch keys the model's forward takes (a data module may add others, e.g. segment_ids)
 MODEL_INPUTS = ("input_ids", "labels", "position_ids", "attention_mask", "loss_mask")
+#: the names of a step's numbers in its StepReadback (metrics keep their own names after the prefix)
+LOSS_KEY, GRAD_NORM_KEY, METRIC_PREFIX = "loss", "grad_norm", "metric/"
+
+
+@dataclass
+class _PendingStep:
+    """A launched step whose numbers the loop has not read yet."""
+
+    step: int
+    numbers: StepReadback
+    lr: float
+    started_s: float
+
 
 
 @dataclass
@@ -219,9 +233,9 @@ class Trainer:
 
         return loss_fn
 
-    def _dp_mean_metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]:
+    def _dp_mean_metric_tensors(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, torch.Tensor]:
         """Per-micro-batch sums (a workflow's metrics, the model's named loss terms) as the logged
-        means over the ``count`` micro-batches and the DP ranks, as the loss."""
+        means over the ``count`` micro-batches and the DP ranks, as the loss (on the device)."""
         if not sums:
             return {}
         names = sorted(sums)
@@ -229,33 +243,46 @@ class Trainer:
         if self.plan.dp > 1:
             dist.all_reduce(stacked, group=self.dp_group)
             stacked /= self.plan.dp
-        return dict(zip(names, stacked.tolist()))
+        return dict(zip(names, stacked.unbind()))
+
+    def _dp_mean_metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]:
+        tensors = self._dp_mean_metric_tensors(sums, count)
+        return StepReadback(tensors).values() if tensors else {}
 
     def _autocast(self) -> torch.dtype | None:
         """The step contract's ``autocast`` dtype (``precision.type: autocast`` or ``fp8``: bf16 forward passes)."""
         return autocast_dtype(self.config.precision)
 
-    def _dp_mean(self, value: torch.Tensor) -> float:
+    def _dp_mean_tensor(self, value: torch.Tensor) -> torch.Tensor:
         """The logged number: the step contract's loss (the same on every rank of a model replica,
-        pipeline stages included) averaged over data parallelism."""
+        pipeline stages included) averaged over data parallelism (on the device)."""
         value = value.detach().float().clone()
         if self.plan.dp > 1:
             dist.all_reduce(value, group=self.dp_group)
             value /= self.plan.dp
-        return float(value)
+        return value
 
-    def train_step(self, it: Iterator[dict[str, torch.Tensor]]) -> float:
-        """One optimizer step through the step contract, for every parallel layout."""
+    def _dp_mean(self, value: torch.Tensor) -> float:
+        return StepReadback({"value": self._dp_mean_tensor(value)}).values()["value"]
+
+    def train_step(self, it: Iterator[dict[str, torch.Tensor]]) -> StepReadback:
+        """One optimizer step through the step contract, for every parallel layout. Its numbers
+        (loss, grad norm, metrics) come back as a :class:`StepReadback`, read by the loop one step
+        late: nothing in the step waits for the device."""
         self.model.train()
         micro_batches = [self._batch(it) for _ in range(self.plan.num_microbatches)]
         sums: dict[str, torch.Tensor] = {}
         total = self.model.run_train(*micro_batches, autocast=self._autocast(), loss_fn=self._loss_fn(sums),
                                      loss_terms=sums)
-        self.step_metrics = self._dp_mean_metrics(sums, len(micro_batches))
+        numbers = {METRIC_PREFIX + k: v for k, v in self._dp_mean_metric_tensors(sums, len(micro_batches)).items()}
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return self._dp_mean(total)
+        numbers[LOSS_KEY] = self._dp_mean_tensor(total)
+        grad_norm = getattr(self.optimizer, "grad_norm", None)
+        if grad_norm is not None and self.config.exp_manager.log_gradient_norm:
+            numbers[GRAD_NORM_KEY] = grad_norm if torch.is_tensor(grad_norm) else torch.tensor(float(grad_norm))
+        return StepReadback(numbers)
 
     def _valid_groups(self, cap: int | None) -> Iterator[list[dict[str, torch.Tensor]]]:
         """Validation inputs, ``num_microbatches`` micro-batches at a time (one ``run_eval`` each, as
@@ -374,6 +401,8 @@ class Trainer:
         bar = self._progress(max_steps)
         it = iter(self.data.train_batches())
         last_save = time.monotonic()
+        pending: _PendingStep | None = None
+        self._last_ready: float | None = None
         try:
             rank_status.progress["max_steps"] = max_steps
             while self.step < max_steps:
@@ -381,20 +410,18 @@ class Trainer:
                 self.profiler.before_step(self.step + 1)
                 t0 = time.perf_counter()
                 lr = self.optimizer.param_groups[0]["lr"]
-                loss = self.train_step(it)
+                numbers = self.train_step(it)
                 self.step += 1
-                elapsed = time.perf_counter() - t0
+                if pending is not None:  # the previous step's numbers, read while this step runs
+                    self._record(pending, result, bar, max_steps)
+                pending = _PendingStep(self.step, numbers, lr, t0)
                 trace = self.profiler.after_step(self.step)
                 if trace is not None and self.rank == 0:
                     print(f"nxd train: profiler trace written to {trace}", flush=True)
-                result.losses[self.step] = loss
-                if self.step_metrics:
-                    result.metrics[self.step] = dict(self.step_metrics)
-                if self.step % tr.log_every_n_steps == 0 or self.step == max_steps:
-                    self._log(loss, lr, elapsed)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", **metrics.progress_fields(self.step_metrics))
+                if (val_every and self.step % val_every == 0) or should_save(self.config, self.step, last_save,
+                                                                             time.monotonic()):
+                    self._record(pending, result, bar, max_steps)  # logged before valid/checkpoint
+                    pending = None
                 if val_every and self.step % val_every == 0:
                     vloss = self.validate()
                     if vloss is not None:
@@ -405,6 +432,8 @@ class Trainer:
                     last_save = time.monotonic()
                 if self._stop_for_time(wall_start, max_time):
                     break
+            self._record(pending, result, bar, max_steps)
+            pending = None
             params = self.config.exp_manager.checkpoint_callback_params
             saved_now = params.every_n_train_steps and self.step % params.every_n_train_steps == 0
             if (self.config.exp_manager.create_checkpoint_callback and params.save_on_train_end
@@ -414,6 +443,9 @@ class Trainer:
                 nxd.finalize_checkpoint()
             elif self.lora and self.step > result.start_step:  # no checkpoints: export the final adapter
                 self.lora_exports.append(str(lora_export.export_lora(self.model, self.log_dir, lora_export.FINAL_TAG)))
+        except KeyboardInterrupt:
+            self._record(pending, result, bar, max_steps)  # Ctrl-C: the last finished step is still logged
+            raise
         finally:
             self.profiler.stop(self.step)  # the run ended inside the profiled window
             if bar is not None:
@@ -439,24 +471,46 @@ class Trainer:
         return tqdm(total=total if total < 2**62 else None, initial=self.step, desc=self.config.name,
                     unit="step", dynamic_ncols=True, mininterval=0.5)
 
-    def _log(self, loss: float, lr: float, elapsed: float) -> None:
+    def _record(self, pending: _PendingStep | None, result: TrainResult, bar: Any, max_steps: int) -> None:
+        """Read a finished step's numbers back (waiting for that step only) and log them. Its time is
+        from its start, or from the previous step's numbers when those arrived later (the host ran
+        ahead): in steady state the device's time per step."""
+        if pending is None:
+            return
+        values = pending.numbers.values()
+        ready = pending.numbers.ready_s
+        elapsed = ready - max(pending.started_s, self._last_ready or pending.started_s)
+        self._last_ready = ready
+        loss = values.pop(LOSS_KEY)
+        grad_norm = values.pop(GRAD_NORM_KEY, None)
+        self.step_metrics = {k[len(METRIC_PREFIX):]: v for k, v in values.items()}
+        step, lr = pending.step, pending.lr
+        result.losses[step] = loss
+        if self.step_metrics:
+            result.metrics[step] = dict(self.step_metrics)
+        if step % self.config.trainer.log_every_n_steps == 0 or step == max_steps:
+            self._log(step, loss, lr, elapsed, grad_norm)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", **metrics.progress_fields(self.step_metrics))
+
+    def _log(self, step: int, loss: float, lr: float, elapsed: float, grad_norm: float | None) -> None:
         tokens_per_s = self.tokens_per_step / max(elapsed, 1e-9)
         record: dict[str, float | int] = {
             "loss": loss, "lr": lr, "step_time_s": elapsed, "tokens_per_s": tokens_per_s,
             "samples_per_s": self.config.data.global_batch_size / max(elapsed, 1e-9),
-            "consumed_samples": self.step * self.config.data.global_batch_size,
+            "consumed_samples": step * self.config.data.global_batch_size,
             "peak_memory_mb": metrics.peak_memory_mb(self.backend),
         }
         if self.profiler.peak_memory_bytes is not None:  # trainer.profile.profile_memory on the CPU
             record["peak_tensor_memory_mb"] = self.profiler.peak_memory_bytes / 2**20
         record.update(self.step_metrics)
-        grad_norm = getattr(self.optimizer, "grad_norm", None)
-        if grad_norm is not None and self.config.exp_manager.log_gradient_norm:
-            record["grad_norm"] = float(grad_norm)
+        if grad_norm is not None:
+            record["grad_norm"] = grad_norm
         value = metrics.mfu(tokens_per_s, self.fpt, self.peak, self.plan.world_size)
         if value is not None:
             record["mfu"] = value
-        self.logger.log(self.step, record)
+        self.logger.log(step, record)
 
     def close(self) -> None:
         # An in-flight async save agrees on its commit over the process group: let it finish (or

@@ -433,10 +433,8 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         grad_shards = [self._reduce_grad_shard(gi) for gi in range(len(self._layouts))]
         if self.grad_clipping:
             self.grad_norm = self._total_norm(grad_shards)
-            coef = self.max_norm / (float(self.grad_norm) + 1e-6)
-            if coef < 1.0:
-                for g in grad_shards:
-                    g.mul_(coef)
+            if grad_shards:
+                torch._foreach_mul_(grad_shards, _clip_coefficient(self.max_norm, self.grad_norm))
         for gi, (shard, grad) in enumerate(zip(self._shards, grad_shards)):
             self._ensure_views(gi)
             if not self._keeps_master(gi):
@@ -507,6 +505,16 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
                 self._ensure_views(gi)
             else:
                 self._refresh_shard(gi)
+
+
+def _clip_coefficient(max_norm: float, total_norm: torch.Tensor) -> torch.Tensor:
+    """``min(max_norm / (norm + 1e-6), 1)`` on the norm's device, never read back to the host (a read
+    would stall the step until the device finished the backward). Computed in fp64 as Python did
+    it before, then rounded to fp32 as a scalar multiplier is: the same bits; a factor of exactly 1
+    leaves the gradients bitwise unchanged."""
+    wide = torch.float32 if total_norm.device.type == "mps" else torch.float64  # MPS has no fp64
+    coef = max_norm / (total_norm.detach().to(wide) + 1e-6)
+    return torch.clamp(coef, max=1.0).to(torch.float32)
 
 
 def _prefer_fused(optimizer_class: type[torch.optim.Optimizer], shards: list[torch.Tensor],

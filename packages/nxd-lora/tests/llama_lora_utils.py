@@ -8,7 +8,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 VOCAB, BATCH, SEQ, RANK, ALPHA = 64, 2, 8, 4, 8.0
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -42,17 +41,9 @@ def load_hf(base_dir: Path | str):
 def make_peft_adapter(base_dir: Path, out: Path, seed: int = 5, targets: list[str] = TARGETS,
                       dropout: float = 0.0) -> Path:
     """A PEFT adapter made by PEFT itself, with non-zero B so it changes the outputs."""
-    import peft
+    from nxd_testing.lora_reference import make_peft_adapter as make
 
-    model = peft.get_peft_model(load_hf(base_dir), peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=targets,
-                                                                   lora_dropout=dropout))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    model.save_pretrained(str(out))
-    return out
+    return make(base_dir, out, targets, rank=RANK, alpha=ALPHA, seed=seed, dropout=dropout)
 
 
 def batch(seed: int = 1) -> dict[str, torch.Tensor]:
@@ -63,15 +54,9 @@ def batch(seed: int = 1) -> dict[str, torch.Tensor]:
 
 def peft_reference(base_dir: Path, adapter_dir: Path, data: dict[str, torch.Tensor]) -> dict:
     """Logits, aligned-label loss and adapter grads (PEFT file keys) of PEFT on transformers."""
-    import peft
+    from nxd_testing.lora_reference import peft_reference as reference
 
-    model = peft.PeftModel.from_pretrained(load_hf(base_dir), str(adapter_dir), is_trainable=True)
-    logits = model(input_ids=data["input_ids"]).logits
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), data["labels"].reshape(-1))
-    loss.backward()
-    grads = {n.replace(".default", ""): p.grad.detach().clone() for n, p in model.named_parameters()
-             if p.grad is not None}
-    return {"logits": logits.detach(), "loss": loss.detach(), "grads": grads}
+    return reference(base_dir, adapter_dir, data)
 
 
 def hf_logits(model_dir: Path, data: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llama_lora_utils import batch, load_hf, make_peft_adapter, peft_reference, quiet, rel, save_base  # noqa: E402
+from llama_lora_utils import batch, make_peft_adapter, peft_reference, quiet, rel, save_base  # noqa: E402
 from test_llama_tp2 import _adapter_grads  # noqa: E402
 
 quiet()
@@ -55,13 +55,7 @@ def test_partial_fused_targets_match_peft(tmp_path, targets, dropout):
 
 
 def _peft_eval_reference(base: Path, adapter: Path, data: dict) -> dict:
-    import peft
-    import torch.nn.functional as F
+    from nxd_testing.lora_reference import peft_reference
 
-    model = peft.PeftModel.from_pretrained(load_hf(base), str(adapter), is_trainable=True).eval()
-    logits = model(input_ids=data["input_ids"]).logits
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), data["labels"].reshape(-1))
-    loss.backward()
-    grads = {n.replace(".default", ""): p.grad.detach().clone() for n, p in model.named_parameters()
-             if p.grad is not None}
-    return {"logits": logits.detach(), "loss": loss.detach(), "grads": grads}
+    return peft_reference(base, adapter, data, eval_mode=True)
+

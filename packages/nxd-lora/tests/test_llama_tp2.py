@@ -34,19 +34,10 @@ TOL = 1e-5
 
 
 def _adapter_grads(lora) -> dict[str, torch.Tensor]:
-    """Adapter gradients under PEFT keys, gathered over TP (swap grads into the params, collect)."""
-    from nxd_lora import collect_adapter_state_dict
+    """Adapter gradients under PEFT keys, gathered over TP (nxd_testing.lora_reference)."""
+    from nxd_testing.lora_reference import adapter_grads
 
-    params = list(lora.lora_layers.parameters())
-    saved = [p.detach().clone() for p in params]
-    with torch.no_grad():
-        for p in params:
-            p.copy_(p.grad)
-    grads = collect_adapter_state_dict(lora)
-    with torch.no_grad():
-        for p, s in zip(params, saved):
-            p.copy_(s)
-    return grads
+    return adapter_grads(lora)
 
 
 def lora_tp_body(base_dir: str, peft_dir: str, out_dir: str, data: dict, sp: bool, steps: int,

@@ -43,16 +43,9 @@ def _tp_toy(gather: bool) -> nn.Module:
 
 
 def _grads_as_export(lora: LoRAModel) -> dict[str, torch.Tensor]:
-    params = list(lora.lora_layers.parameters())
-    saved = [p.detach().clone() for p in params]
-    with torch.no_grad():
-        for p in params:
-            p.copy_(p.grad)
-    out = collect_adapter_state_dict(lora)
-    with torch.no_grad():
-        for p, s in zip(params, saved):
-            p.copy_(s)
-    return out
+    from nxd_testing.lora_reference import adapter_grads
+
+    return adapter_grads(lora)
 
 
 def tp_layers_body(state: dict, adapter_dir: str, x: torch.Tensor, gather: bool) -> dict:

@@ -2,8 +2,12 @@
 # One measurement session on a lent GPU machine (no network): install the carried wheels, then run
 # the steps named in $STEPS (default: all), each under its own time limit, logs under $OUT.
 #   STEPS="tests train bench-compiled" bash .whl/device_session.sh
-# Steps: tests (pytest -m gpu), train (nxd train hub:llama3.2-1b compiled and eager), bench-compiled,
-# bench-eager (benchmarks/bench_gpu.py), extra (any script .whl/extra.sh).
+# Steps: tests (pytest -m gpu), train (nxd train hub:llama3.2-1b compiled and eager; train-fp8 adds
+# precision.type=fp8), bench-compiled, bench-eager (benchmarks/bench_gpu.py), issue 35's: mfu (nxd
+# train's step vs torchtitan's recipe vs the bare model, same process), fp8 (bf16-autocast vs FP8
+# tensorwise/rowwise tokens/s at the 1B and 8B-layer shapes), fp8-loss (200-step loss curves, bf16 vs
+# FP8), moe (experts: grouped GEMM vs loop); extra (any script .whl/extra.sh).
+#   issue 35 in one call: STEPS="mfu fp8 fp8-loss moe train-fp8" bash .whl/device_session.sh
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$(mktemp -d)}
@@ -14,6 +18,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, triton, liger_kernel, nxd; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+python3 -c "import torchao; print('torchao', torchao.__version__)" 2>/dev/null | tee -a "$OUT/gpu.txt"; date -u | tee -a "$OUT/gpu.txt"
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 train() {  # name, max_steps, extra overrides...
   local name=$1 steps=$2; shift 2
@@ -50,6 +55,26 @@ fi
 if has bench-eager; then
   timeout 300 python3 "$here"/bench_gpu.py --only "${BENCH_EAGER:-nxd-eager,nxd-fused,hf-eager,torchtitan-eager}" --json "$OUT/bench-eager.json" \
     2>&1 | tee "$OUT/bench-eager.log" | tail -8
+fi
+bench() {  # name, time limit, bench_gpu.py arguments...
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" python3 "$here"/bench_gpu.py "$@" --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -8
+}
+if has train-fp8; then
+  train fp8 30 precision.type=fp8
+fi
+if has mfu; then  # issue 35: nxd train's own step is in train-compiled's log; these are its peers, side by side
+  bench mfu 300 --only nxd-compiled,torchtitan-recipe,torchtitan-compiled --steps 15
+fi
+if has fp8; then
+  bench fp8-1b 240 --only nxd-compiled-amp,nxd-compiled-fp8,nxd-compiled-fp8-rowwise --steps 15
+  bench fp8-8b-layer 240 --shape 8b-layer --only nxd-compiled-amp,nxd-compiled-fp8,nxd-compiled-fp8-rowwise --steps 10
+fi
+if has fp8-loss; then
+  bench fp8-loss 420 --loss-steps 200 --only nxd-compiled-amp,nxd-compiled-fp8
+fi
+if has moe; then
+  bench moe 120 --moe --steps 10
 fi
 if has extra && [ -f "$here/extra.sh" ]; then
   bash "$here/extra.sh"

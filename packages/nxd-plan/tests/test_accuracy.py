@@ -30,7 +30,7 @@ def _measure(config: dict[str, Any]) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["zero1_dp2", "cp2_zero1"])
+@pytest.mark.parametrize("variant", ["zero1_dp2", "cp2_zero1", "fsdp_dp2"])
 def test_planned_peak_within_10_percent_of_measured(rank_pool, corpus, variant) -> None:
     """ZeRO-1 over DP 2 (sharded optimizer state, flat fp32 gradients, a full step's activations),
     and CP 2 with ZeRO-1 (each CP rank half the sequence; ring attention), on every rank (the other

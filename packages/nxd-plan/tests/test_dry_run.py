@@ -14,6 +14,18 @@ def test_every_rank_agrees_with_the_plan(tiny) -> None:
     assert result.ranks_built == 8 and result.parameters_total == plan.parameters_total
 
 
+def test_fsdp_ranks_agree_with_fsdps_chunking(tiny) -> None:
+    """Every rank's fully_shard DTensors (the real FSDP2 on meta parameters) against the plan's
+    Shard(0) rule at the rank's DP coordinate; a plan with the wrong rule is caught."""
+    config = tiny(distributed_strategy={"pipeline_model_parallel_size": 1, "zero1": False, "fsdp": True},
+                  model={"vocab_size": 510})
+    plan = make_run_plan(config)
+    result = dry_run(plan, config)
+    assert result.ok, result.problems
+    plan.ranks[7].params += 64  # as if the last DP rank held an even shard
+    assert sorted(dry_run(plan, config, ranks=[6, 7]).problems) == [7]
+
+
 def test_an_inconsistent_rank_is_reported(tiny) -> None:
     plan = make_run_plan(tiny())
     # the plan now expects a different shape on the second stage: its four ranks must disagree
@@ -25,7 +37,7 @@ def test_an_inconsistent_rank_is_reported(tiny) -> None:
     result = dry_run(plan, tiny())
     assert sorted(result.problems) == [4, 5, 6, 7]
     assert name in result.problems[4][0]
-    assert any("parameters != planned" in p for p in result.problems[6])
+    assert any("parameters stored != planned" in p for p in result.problems[6])
 
 
 def test_nxdt_70b_ranks_at_both_ends(nxdt_conf) -> None:

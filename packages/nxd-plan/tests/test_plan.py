@@ -87,14 +87,22 @@ def test_nxdt_70b_config_parameters_and_layout(nxdt_conf) -> None:
     assert plan.device.name == "trn1"
 
 
-def test_fsdp_divides_parameters_gradients_and_state_over_dp(tiny) -> None:
-    fsdp = make_run_plan(tiny(distributed_strategy={"pipeline_model_parallel_size": 1, "zero1": False, "fsdp": True}))
+def test_fsdp_shards_are_fully_shards_own(tiny) -> None:
+    """FSDP: each rank's parameters are fully_shard's DTensor shards (built on meta parameters with a
+    CPU mesh over the fake group); rows chunk over DP like torch.chunk, so with 255 embedding rows
+    per TP rank over DP 4 the last DP rank holds 63; gradients and AdamW state follow the shard."""
+    fsdp = make_run_plan(tiny(distributed_strategy={"pipeline_model_parallel_size": 1, "zero1": False, "fsdp": True},
+                              model={"vocab_size": 510}))
     assert fsdp.layout.fsdp and fsdp.layout.dp == 4
-    r = fsdp.ranks[0]
-    shard = math.ceil(r.params * 4 / 4)
-    assert r.param_bytes == shard and r.grad_bytes == shard and r.optimizer_bytes == 2 * shard
-    assert any("FSDP" in note for note in fsdp.notes)
-
+    shard = fsdp.shards[(0, 0)]
+    assert shard.fsdp == (0, 4) and shard.local == shard.stored()
+    assert shard.local["model.embed_tokens.weight"] == (64, 64)
+    by_dp = {r.coords["dp"]: r for r in fsdp.ranks}
+    assert by_dp[3].params == by_dp[0].params - 2 * 64  # one row (64 wide) fewer of the embedding and the head
+    assert sum(by_dp[i].params for i in range(4)) == shard.numel  # the DP shards make the TP rank's piece
+    for r in fsdp.ranks:
+        assert r.param_bytes == r.grad_bytes == 4 * r.params and r.optimizer_bytes == 2 * r.param_bytes
+    assert any("fully_shard's own DTensors" in note for note in fsdp.notes)
 
 
 def test_plans_the_one_resolved_config(tiny, monkeypatch) -> None:

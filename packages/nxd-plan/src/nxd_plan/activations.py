@@ -143,7 +143,7 @@ def replica_overrides(layout: Any) -> list[str]:
             f"data.global_batch_size={layout.micro_batch_size * layout.ep}"]
 
 
-def _layer_index(name: str) -> int | None:
+def layer_index(name: str) -> int | None:
     parts = name.split(".")
     for i, part in enumerate(parts[:-1]):
         if part == "layers" and parts[i + 1].isdigit():
@@ -176,7 +176,7 @@ def _measure(config: Any, run: Any, layout: Any, grads_exist: bool = True) -> Ac
         layer_classes = tuple(run.spec.transformer_layer_classes)
         where: list[Any] = ["embed"]
         for name, module in model.named_modules():
-            index = _layer_index(name + ".x")
+            index = layer_index(name + ".x")
             if isinstance(module, layer_classes) and index is not None:
                 module.register_forward_pre_hook(lambda m, a, i=index: where.__setitem__(0, i))
                 module.register_forward_hook(lambda m, a, o: where.__setitem__(0, "head"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nxd_plan.layout import _rank_layout
-from nxd_plan.planner import Plan, building_overrides, load
+from nxd_plan.planner import Plan, fsdp_index, load
 from nxd_plan.shards import build_shard
 
 
@@ -37,10 +37,24 @@ def _expected_groups(plan: Plan, rank: int) -> dict[str, tuple[int, ...]]:
             if dim in ("tp", "dp", "pp", "cp", "ep", "edp", "dp_cp")}
 
 
+def _fsdp_problems(shard: Any, reference: Any, coords: dict[str, int]) -> list[str]:
+    """FSDP: the rank sits where the plan puts it on the shard mesh, and every parameter's local
+    shard (fully_shard's DTensor) has the rows FSDP's chunking rule gives (what the plan used)."""
+    if (shard.fsdp is None) != (reference.fsdp is None):
+        return [f"FSDP mesh {shard.fsdp} where rank {reference.rank} has {reference.fsdp}"]
+    if shard.fsdp is None:
+        return []
+    if shard.fsdp[0] != fsdp_index(reference, coords):
+        return [f"FSDP shard index {shard.fsdp[0]} != planned {fsdp_index(reference, coords)}"]
+    expected = shard.stored()
+    wrong = [n for n, local in shard.local.items() if local != expected[n]]
+    return [f"FSDP local shard of {n}: {shard.local[n]} != planned {expected[n]}" for n in wrong[:4]]
+
+
 def dry_run(plan: Plan, source: Any, overrides: Sequence[str] = (), *, ranks: Sequence[int] | None = None,
             progress: Callable[[int, int], None] | None = None) -> DryRun:
     lay = plan.layout
-    config, run = load(source, building_overrides(lay, overrides))
+    config, run = load(source, overrides)
     result = DryRun(lay.world_size)
     start = time.monotonic()
     counted: set[tuple[int, int]] = set()
@@ -61,8 +75,9 @@ def dry_run(plan: Plan, source: Any, overrides: Sequence[str] = (), *, ranks: Se
             diff = sorted(set(mine) ^ set(theirs)) or [n for n in mine if mine[n] != theirs.get(n)]
             problems.append(f"parameters differ from rank {reference.rank}'s (same pp/ep coordinates): "
                             + ", ".join(f"{n}: {mine.get(n)} vs {theirs.get(n)}" for n in diff[:4]))
-        if shard.numel != planned.params:
-            problems.append(f"{shard.numel} parameters != planned {planned.params}")
+        if shard.local_numel != planned.params:
+            problems.append(f"{shard.local_numel} parameters stored != planned {planned.params}")
+        problems += _fsdp_problems(shard, reference, planned.coords)
         if shard.stages != planned.stages:
             problems.append(f"pipeline stages {shard.stages} != planned {planned.stages}")
         if problems:

@@ -5,6 +5,7 @@ any rank's shard of any model on this machine."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,8 +54,11 @@ def fake_rank(rank: int, world_size: int) -> Iterator[None]:
 
 def build_rank_model(config: Any, run: Any) -> tuple[torch.nn.Module, nxd.ParallelContext, dict]:
     """Inside :func:`fake_rank`: this rank's model exactly as ``nxd train`` builds it (the same
-    nxd config, model config and ``initialize_parallel_model`` hooks: TP/SP layers, activation
-    checkpointing, the pipeline cut, the wrapper), with every tensor on the meta device."""
+    nxd config, model config and ``initialize_parallel_model`` transforms: TP/SP layers, activation
+    checkpointing, the pipeline cut, the data-parallel strategy), with every tensor on the meta
+    device. FSDP2's ``fully_shard`` needs a mesh of a real device type: the transforms that need one
+    (:func:`_mesh_transforms`) run after the build on the same meta parameters with a CPU mesh over
+    the fake group, so the shards are FSDP's own DTensors."""
     from nxd_training import build
     from nxd_training.runtime import ensure_parallel_context
 
@@ -62,5 +66,22 @@ def build_rank_model(config: Any, run: Any) -> tuple[torch.nn.Module, nxd.Parall
     nxd_cfg = build.nxd_config(config, run)
     model_config = build.model_config_for_rank(config, run)
     build_fn = nxd.parallel.bind_context(run.spec.build, context)
-    model = nxd.initialize_parallel_model(nxd_cfg, build_fn, False, model_config, nxd_cfg)
+    later = _mesh_transforms(context, nxd_cfg)
+    # built first with no data-parallel strategy (a name none registers), then that strategy runs
+    build_cfg = type(nxd_cfg)({**nxd_cfg, "data_parallel_strategy": UNSHARDED}) if later else nxd_cfg
+    model = nxd.initialize_parallel_model(build_cfg, build_fn, False, model_config, build_cfg)
+    cpu_context = dataclasses.replace(context, device=torch.device("cpu"))
+    for transform in later:
+        model = transform.apply(model, cpu_context, nxd_cfg) or model
     return model, context, nxd_cfg
+
+
+#: data-parallel strategies that build a DeviceMesh of the context's device type (FSDP2)
+MESH_STRATEGIES = ("fsdp",)
+UNSHARDED = "nxd-plan: applied after the build"
+
+
+def _mesh_transforms(context: nxd.ParallelContext, nxd_cfg: dict) -> list[Any]:
+    from nxd.transforms import applicable_transforms
+
+    return [t for t in applicable_transforms(context, nxd_cfg) if t.name in MESH_STRATEGIES]

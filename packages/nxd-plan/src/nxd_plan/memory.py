@@ -4,6 +4,7 @@ over DP), activations from the measured micro-batch profile and the schedule's i
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from nxd_plan.layout import OPTIMIZER_STATES, Layout
@@ -17,12 +18,11 @@ def _states(layout: Layout) -> int:
 
 def grad_bytes(layout: Layout, trainable: int) -> int:
     """ZeRO-1 keeps fp32 gradients in one flat buffer per group (fp32 params, or bf16 params with
-    fp32 accumulation); otherwise a gradient has its parameter's dtype. FSDP reduce-scatters them
-    to a 1/DP shard."""
+    fp32 accumulation); otherwise a gradient has its parameter's dtype. ``trainable``: the elements
+    the rank stores (under FSDP its shard: gradients are reduce-scattered to it)."""
     per = 4 if layout.zero1 and (layout.param_bytes_per_element == 4 or layout.fp32_grad_acc) else \
         layout.param_bytes_per_element
-    total = trainable * per
-    return -(-total // layout.dp) if layout.fsdp else total
+    return trainable * per
 
 
 def optimizer_bytes(layout: Layout, trainable: int) -> int:
@@ -32,7 +32,7 @@ def optimizer_bytes(layout: Layout, trainable: int) -> int:
     state in the parameter dtype (``adamw_fp32OptState``: fp32)."""
     states = _states(layout)
     if layout.zero1 or layout.fsdp:
-        shard = -(-trainable // layout.dp)
+        shard = -(-trainable // layout.dp) if layout.zero1 else trainable  # FSDP: already the rank's shard
         master = shard * 4 if layout.param_bytes_per_element != 4 else 0
         return states * shard * 4 + master
     per = 4 if layout.optimizer == "adamw_fp32optstate" else layout.param_bytes_per_element
@@ -43,8 +43,8 @@ def grads_persist(layout: Layout) -> bool:
     """Whether gradients exist before a micro-batch's backward: ZeRO-1's flat gradient buffers
     always; otherwise when micro-batches accumulate into them (several per step, or a pipeline).
     Else ``zero_grad(set_to_none=True)`` frees them each step and the backward allocates them as
-    it frees activations."""
-    return layout.zero1 or layout.fsdp or layout.num_microbatches > 1 or layout.pp > 1
+    it frees activations (FSDP: its sharded gradients, reduce-scattered block by block)."""
+    return layout.zero1 or layout.num_microbatches > 1 or layout.pp > 1
 
 
 def dp_buffer_bytes(layout: Layout, grads: int) -> int:
@@ -56,8 +56,26 @@ def dp_buffer_bytes(layout: Layout, grads: int) -> int:
     return grads
 
 
-def param_bytes(layout: Layout, shard_bytes: int) -> int:
-    return -(-shard_bytes // layout.dp) if layout.fsdp else shard_bytes
+def fsdp_unsharded_bytes(layout: Layout, shard: Any) -> int:
+    """FSDP2's working set beyond the shards at the step's peak (the start of backward, when every
+    activation is alive): the parameters outside the transformer blocks (the root unit, gathered
+    from forward to backward) and two blocks gathered (the one running and the one prefetched;
+    a block's unsharded gradients replace its freed activations)."""
+    if not layout.fsdp:
+        return 0
+    from nxd_plan.activations import layer_index
+
+    blocks: dict[int, int] = {}
+    root = 0
+    for name, (shape, _, _) in shard.params.items():
+        nbytes = math.prod(shape) * layout.param_bytes_per_element
+        index = layer_index(name)
+        if index is None:
+            root += nbytes
+        else:
+            blocks[index] = blocks.get(index, 0) + nbytes
+    block = max(blocks.values(), default=0)
+    return root + 2 * block
 
 
 def in_flight(layout: Layout, pp_rank: int) -> float:

@@ -125,7 +125,8 @@ def measure_replica(source: Any, overrides: Sequence[str], layout: Layout, num_l
     if num_layers > MEASURED_LAYERS:
         extra.append(f"model.num_layers={MEASURED_LAYERS}")
     config, run = load(source, [*overrides, *extra])
-    return measure_activations(config, run, layout, grads_exist=memory.grads_persist(layout))
+    # FSDP never holds the whole replica's unsharded gradients (one block's at a time: fsdp_unsharded_bytes)
+    return measure_activations(config, run, layout, grads_exist=memory.grads_persist(layout) or layout.fsdp)
 
 
 def _ring(kind: str, n: int, nbytes: float) -> float:
@@ -158,24 +159,23 @@ def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | D
     dev = with_overrides(base, memory_gib, peak_tflops, link_gbps)
     num_layers = _num_layers(run)
     reps = _representatives(layout)
-    build_overrides = building_overrides(layout, overrides)
-    build_config, build_run = load(source, build_overrides) if layout.fsdp else (config, run)
-    shards = {key: build_shard(build_config, build_run, rank) for key, rank in reps.items()}
-    profile = measure_replica(source, build_overrides, layout, num_layers)
+    shards = {key: build_shard(config, run, rank) for key, rank in reps.items()}
+    profile = measure_replica(config, replica_base_overrides(layout), layout, num_layers)
     total = _parameters_total(shards, layout)
     ranks = []
     for rank in range(layout.world_size):
         c = layout.coords(rank)
         shard = shards[(c["pp"], c["ep"])]
-        trainable = shard.trainable_numel
-        p = memory.param_bytes(layout, shard.param_bytes)
+        index = fsdp_index(shard, c)
+        trainable = shard.stored_numel(index, trainable=True)
+        p = shard.stored_bytes(index)
         g = memory.grad_bytes(layout, trainable)
         o = memory.optimizer_bytes(layout, trainable)
         a = memory.activation_bytes(layout, profile, shard.stages, num_layers)
-        t = profile.transient  # without persistent gradients, it holds those the backward allocates
+        t = profile.transient + memory.fsdp_unsharded_bytes(layout, shard)
         b = memory.dp_buffer_bytes(layout, g)
         peak = p + o + b + (g if memory.grads_persist(layout) else 0) + a + t
-        ranks.append(RankPlan(rank, c, p, g, o, a, t, peak, shard.numel, shard.stages, b))
+        ranks.append(RankPlan(rank, c, p, g, o, a, t, peak, shard.stored_numel(index), shard.stages, b))
     comm = _comm(layout, shards, profile, num_layers)
     flops_step, step_time, mfu = _timing(config, run, layout, dev, comm, num_layers)
     plan = Plan(config.name, layout, dev, total, num_layers, ranks, {k: int(v) for k, v in comm.items()},
@@ -184,19 +184,25 @@ def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | D
     plan.notes.append(f"shapes of one rank per (pipeline, expert) coordinate built on the meta device "
                       f"({len(shards)} builds); --dry-run builds all {layout.world_size}")
     if layout.fsdp:
-        plan.notes.append("FSDP: each rank built without fully_shard (torch's FSDP2 needs a DeviceMesh of a real "
-                          "device type, not meta); parameters, gradients and optimizer state divided over DP by "
-                          "FSDP's rule")
+        plan.notes.append("FSDP: each rank's shards are fully_shard's own DTensors (built on the meta parameters "
+                          "with a CPU DeviceMesh over the fake group); a rank's rows follow FSDP's Shard(0) "
+                          "chunking at its DP coordinate, which --dry-run checks on every rank")
     plan.notes.extend(profile.notes)
     if num_layers > MEASURED_LAYERS and profile.measured:
         plan.notes.append(f"activations measured on a {MEASURED_LAYERS}-layer replica; later layers taken as alike")
     return plan
 
 
-def building_overrides(layout: Layout, overrides: Sequence[str]) -> list[str]:
-    """The overrides the ranks are built with: the config's, and FSDP off when it is on (FSDP2's
-    ``fully_shard`` refuses a meta-device mesh; its sharding is applied by rule in :mod:`memory`)."""
-    return [*overrides, "distributed_strategy.fsdp=false"] if layout.fsdp else list(overrides)
+def replica_base_overrides(layout: Layout) -> list[str]:
+    """The activation replica runs without FSDP: its all-gathers would run on the meta device; FSDP's
+    unsharded working set is added by rule (:func:`memory.fsdp_unsharded_bytes`)."""
+    return ["distributed_strategy.fsdp=false"] if layout.fsdp else []
+
+
+def fsdp_index(shard: Shard, coords: dict[str, int]) -> int | None:
+    """A rank's index on the FSDP mesh's shard dimension: its DP coordinate within its row of
+    ``replicate x shard`` DP ranks (nxd_fsdp.mesh lays HSDP out row by row); None without FSDP."""
+    return coords["dp"] % shard.fsdp[1] if shard.fsdp else None
 
 
 def _parameters_total(shards: dict[tuple[int, int], Shard], layout: Layout) -> int:

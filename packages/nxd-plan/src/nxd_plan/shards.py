@@ -26,6 +26,26 @@ class Shard:
     transforms: list[str] = field(default_factory=list)
     #: parameter name -> (elements of the whole tensor across TP, expert parameter sharded over EP)
     sharding: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    #: FSDP (``fully_shard``'s DTensors): this rank's (index, size) on the mesh's shard dimension,
+    #: and each parameter's local shape as FSDP built it (``params`` holds the unsharded shapes)
+    fsdp: tuple[int, int] | None = None
+    local: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def stored(self, index: int | None = None) -> dict[str, tuple[int, ...]]:
+        """Each parameter's shape as stored on a rank: FSDP's row shard at shard ``index`` (this
+        rank's when ``None``) by :func:`fsdp_rows`; the whole shape without FSDP."""
+        if self.fsdp is None:
+            return {name: shape for name, (shape, _, _) in self.params.items()}
+        index = self.fsdp[0] if index is None else index
+        return {name: (fsdp_rows(shape[0], self.fsdp[1], index), *shape[1:]) if shape else shape
+                for name, (shape, _, _) in self.params.items()}
+
+    def stored_numel(self, index: int | None = None, trainable: bool = False) -> int:
+        return sum(_numel(shape) for name, shape in self.stored(index).items()
+                   if not trainable or self.params[name][2])
+
+    def stored_bytes(self, index: int | None = None) -> int:
+        return sum(_numel(shape) * _itemsize(self.params[name][1]) for name, shape in self.stored(index).items())
 
     def unsharded_numel(self, first_ep: bool) -> int:
         """This rank's parameters as whole tensors across TP; non-expert ones only on expert rank 0
@@ -35,6 +55,11 @@ class Shard:
     @property
     def numel(self) -> int:
         return sum(_numel(shape) for shape, _, _ in self.params.values())
+
+    @property
+    def local_numel(self) -> int:
+        """Elements this rank's model actually stores (FSDP's local shards as built)."""
+        return sum(_numel(shape) for shape in self.local.values())
 
     @property
     def trainable_numel(self) -> int:
@@ -58,6 +83,24 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _itemsize(dtype: str) -> int:
     return getattr(torch, dtype.split(".")[-1]).itemsize
+
+
+def fsdp_rows(rows: int, shards: int, index: int) -> int:
+    """Rows of a ``rows``-row parameter on FSDP2 shard ``index`` of ``shards`` (``fully_shard``'s
+    ``Shard(0)``: ``torch.chunk``, so the last shards are shorter or empty when it does not divide)."""
+    chunk = -(-rows // shards)
+    return max(0, min(chunk, rows - index * chunk))
+
+
+def _fsdp_coordinates(model: torch.nn.Module) -> tuple[int, int] | None:
+    """(index, size) on the shard (last) dimension of the mesh of FSDP's DTensor parameters."""
+    from torch.distributed.tensor import DTensor
+
+    for p in model.parameters():
+        if isinstance(p, DTensor):
+            mesh = p.device_mesh
+            return mesh.get_local_rank(mesh.ndim - 1), mesh.size(mesh.ndim - 1)
+    return None
 
 
 def pipeline_stages(model: torch.nn.Module) -> dict[int, list[int]]:
@@ -88,11 +131,16 @@ def whole_numel(p: torch.Tensor, tp: int) -> int:
 
 
 def shard_of(model: torch.nn.Module, context: Any, rank: int) -> Shard:
+    """``params`` holds each parameter's shape before data-parallel sharding (a DTensor's global
+    shape: this TP rank's piece), ``local`` what this rank stores of it."""
     params = {name: (tuple(p.shape), str(p.dtype), bool(p.requires_grad)) for name, p in model.named_parameters()}
     groups = {name: tuple(context.dim(name).ranks) for name in ("tp", "dp", "pp", "cp", "ep", "edp", "dp_cp")}
     sharding = {name: (whole_numel(p, context.tp.size), bool(getattr(p, "expert_model_parallel", False)))
                 for name, p in model.named_parameters()}
-    return Shard(rank, context.coordinates(), params, pipeline_stages(model), groups, sharding=sharding)
+    local = {name: tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape)
+             for name, p in model.named_parameters()}
+    return Shard(rank, context.coordinates(), params, pipeline_stages(model), groups, sharding=sharding,
+                 fsdp=_fsdp_coordinates(model), local=local)
 
 
 def build_shard(config: Any, run: Any, rank: int) -> Shard:

@@ -110,6 +110,7 @@ class Files:
                 f.write(json.dumps({"prompt": f"Count to {i % 7}:", "chosen": " one two three",
                                     "rejected": " three two one"}) + "\n")
         self._token_sets: dict[int, str] = {}
+        self.gpt2_vocab, self.gpt2_merges = _gpt2_bpe_files(root / "gpt2")
 
     def _json(self, name: str, data: dict[str, Any]) -> str:
         path = self.root / name / "config.json"
@@ -140,6 +141,8 @@ class Files:
             out.append(f"model.model_config={model_json or (self.mixtral_json if 'moe' in model else self.llama_json)}")
         if isinstance(data.get("tokenizer"), dict) and data["tokenizer"].get("type", "").startswith("/"):
             out.append(f"data.tokenizer.type={self.corpus['tokenizer']}")
+        if isinstance(data.get("tokenizer"), dict) and data["tokenizer"].get("type") == "GPT2BPETokenizer":
+            out += [f"data.tokenizer.vocab_file={self.gpt2_vocab}", f"data.tokenizer.merge_file={self.gpt2_merges}"]
         if "data_prefix" in data:
             out.append(f"data.data_prefix={self.corpus['data_prefix']}")
         align = raw.get("model_alignment_strategy") or {}
@@ -153,3 +156,21 @@ class Files:
         if data.get("val_dir"):
             out.append(f"data.val_dir={records}")
         return out
+
+
+def _gpt2_bpe_files(folder: Path) -> tuple[str, str]:
+    """A GPT-2-format byte-level BPE (vocab.json + merges.txt, like NxDT's gpt2-vocab.json /
+    gpt2-merges.txt) of 512 entries: the vocabulary of the test corpus, so the shrunk Megatron GPT
+    config trains on it."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    words = [f"{a}{b}" for a in ("train", "step", "rank", "node", "save", "load", "shard", "token")
+             for b in ("", "s", "ed", "ing", "er")]
+    texts = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) + f" {i}" for i in range(400)]
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(texts, vocab_size=512, min_frequency=1, special_tokens=["<|endoftext|>"],
+                            show_progress=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab, merges = tok.save_model(str(folder), "gpt2")
+    assert len(json.loads(Path(vocab).read_text())) == 512
+    return vocab, merges

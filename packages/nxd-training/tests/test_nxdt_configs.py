@@ -133,3 +133,48 @@ def test_earlier_key_a_model_cannot_honour_is_refused_with_the_newer_key(files: 
     with pytest.raises(ConfigError, match=r"recompute_mlp=true .*'mixtral' model has no such module.*"
                                           r"newer key model.activations_checkpoint_recompute"):
         load_config(raw, overrides)
+
+
+def test_gpt2_bpe_tokenizer_files_size_the_vocabulary_or_are_refused(files: Files) -> None:
+    """megatron_gpt_config names data.tokenizer.type=GPT2BPETokenizer with vocab_file/merge_file
+    (NxDT: Megatron's GPT-2 BPE, whose vocabulary sizes the model). Absent files are refused before
+    launch naming the key and the file; present ones give the model their vocabulary, the size and
+    token ids transformers' GPT2Tokenizer reads from the same files."""
+    from transformers import GPT2Tokenizer
+
+    from nxd_data.tokenizers import load_tokenizer
+
+    raw = raw_config("megatron_gpt_config")
+    overrides = files.path_overrides("megatron_gpt_config", raw)
+    local = [o for o in overrides if not o.startswith(("data.tokenizer.vocab_file", "data.tokenizer.merge_file"))]
+    with pytest.raises(ConfigError, match=r"data.tokenizer.vocab_file: /home/ubuntu/examples_datasets/gpt2/"
+                                          r"gpt2-vocab.json does not exist"):
+        load_config(raw, local)
+    with pytest.raises(ConfigError, match=r"data.tokenizer.merge_file: /nonexistent/merges.txt does not exist"):
+        load_config(raw, [*overrides, "data.tokenizer.merge_file=/nonexistent/merges.txt"])
+    plan = make_plan(load_config(raw, overrides, check=False))
+    reference = GPT2Tokenizer(files.gpt2_vocab, files.gpt2_merges)
+    assert plan.model_dict["vocab_size"] == len(reference) == 512  # not GPT-2's 50257
+    ours = load_tokenizer({"type": "GPT2BPETokenizer", "vocab_file": files.gpt2_vocab, "merge_file": files.gpt2_merges})
+    text = "ranks trained and saved 12 shards"
+    assert ours.encode(text) == reference.encode(text) and ours.eos_id == reference.eos_token_id
+
+
+def test_neuron_only_keys_get_one_note_each_at_validate_time(files: Files, capsys) -> None:
+    """NxDT's hf_llama3_8B_config sets the Neuron compiler/runtime keys of NxDT's schema: `nxd train
+    --validate` prints one note per key set (none for the ones left off: '0', false)."""
+    from nxd.cli import main
+    from nxd_training.config.neuron_keys import NEURON_ONLY_KEYS
+
+    raw = raw_config("hf_llama3_8B_config")
+    assert main(["train", str(CONF / "hf_llama3_8B_config.yaml"), *files.path_overrides("hf_llama3_8B_config", raw),
+                 "model.num_layers=2", "model.hidden_size=1024", "--validate"]) == 0  # sized to fit this machine
+    out = capsys.readouterr().out
+    noted = [line.split("note: ", 1)[1].split("=", 1)[0] for line in out.splitlines()
+             if "nxd train: note: " in line and "has no effect on this run" in line]
+    assert noted == ["compiler_flags", "compiler_cache_url", "aync_exec_max_inflight_requests",
+                     "bucket_size_collectives", "neuron_rt_exec_timeout", "model.fusions.softmax"], out
+    assert set(noted) <= set(NEURON_ONLY_KEYS)
+    assert ("nxd train: note: compiler_flags='--model-type transformer': on Neuron, NxD Training sets neuronx-cc's "
+            "flags (NEURON_CC_FLAGS) from it; nxd does not pass it on, so it has no effect on this run") in out
+    assert "config is valid" in out

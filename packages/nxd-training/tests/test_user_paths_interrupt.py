@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from nxd_training.exp_manager import read_metrics
@@ -85,9 +86,12 @@ def test_ctrl_c_prints_one_line_and_the_resume_logs_each_step_once(make_config, 
     assert _tensorboard_steps(run) == steps  # the resumed writer purged the earlier 5..stopped
 
 
-def test_ctrl_c_of_a_one_device_run_prints_the_same_line(make_config, tmp_path: Path, monkeypatch, capsys) -> None:
+@pytest.mark.parametrize("log_every", [1, 5])
+def test_ctrl_c_of_a_one_device_run_prints_the_same_line(make_config, tmp_path: Path, monkeypatch, capsys,
+                                                         log_every: int) -> None:
     """One device trains inside ``nxd train`` itself: Ctrl-C there is a KeyboardInterrupt (raised
-    here by the 4th step, as the terminal would) and ends with the same one line."""
+    here by the 4th step, as the terminal would) and ends with the same one line, naming the step
+    reached even when the metrics log only every 5th (none logged yet)."""
     from nxd.cli import main
     from nxd_training.loop import Trainer
 
@@ -101,7 +105,8 @@ def test_ctrl_c_of_a_one_device_run_prints_the_same_line(make_config, tmp_path: 
     monkeypatch.setattr(Trainer, "train_step", interrupted_at_step_4)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(make_config(
-        trainer={"devices": 1, "max_steps": 10}, distributed_strategy={"tensor_model_parallel_size": 1},
+        trainer={"devices": 1, "max_steps": 10, "log_every_n_steps": log_every},
+        distributed_strategy={"tensor_model_parallel_size": 1},
         exp_manager={"explicit_log_dir": str(tmp_path / "run"), "resume_if_exists": False,
                      "checkpoint_callback_params": {"every_n_train_steps": 2}})))
     assert main(["train", str(path)]) == 130

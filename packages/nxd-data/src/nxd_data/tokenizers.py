@@ -126,13 +126,15 @@ class HFTokenizer(Tokenizer):
         from tokenizers import Tokenizer as RustTokenizer
 
         path = Path(path)
-        self.path = str(path)
         try:
-            self._tok = RustTokenizer.from_file(str(path))
+            tok = RustTokenizer.from_file(str(path))
         except Exception as exc:  # noqa: BLE001 - the Rust error text is the useful part
             raise ConfigError(f"{path} is not a Hugging Face tokenizer.json: {exc}") from exc
-        config = _read_json(path.parent / "tokenizer_config.json") or {}
-        special = _read_json(path.parent / "special_tokens_map.json") or {}
+        self._setup(tok, str(path), _read_json(path.parent / "tokenizer_config.json") or {},
+                    _read_json(path.parent / "special_tokens_map.json") or {})
+
+    def _setup(self, tok: Any, path: str, config: dict, special: dict) -> None:
+        self._tok, self.path = tok, path
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_id = self._special_id("eos_token", config, special, _EOS_GUESSES)
         self.bos_id = self._special_id("bos_token", config, special, _BOS_GUESSES)
@@ -163,6 +165,47 @@ class HFTokenizer(Tokenizer):
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+
+class GPT2BPETokenizer(HFTokenizer):
+    """Megatron's ``GPT2BPETokenizer`` (NxD Training's ``data.tokenizer.type`` with ``library:
+    megatron``): GPT-2's byte-level BPE from its ``vocab.json`` and ``merges.txt`` (``vocab_file``,
+    ``merge_file``). Its vocabulary is vocab.json's entries (Megatron's ``len(encoder)``);
+    ``<|endoftext|>`` is end of text."""
+
+    def __init__(self, vocab_file: str | Path, merge_file: str | Path) -> None:
+        from tokenizers import Tokenizer as RustTokenizer
+        from tokenizers import decoders, models, pre_tokenizers
+
+        try:
+            tok = RustTokenizer(models.BPE.from_file(str(vocab_file), str(merge_file)))
+        except Exception as exc:  # noqa: BLE001 - the Rust error text is the useful part
+            raise ConfigError(f"data.tokenizer: {vocab_file} and {merge_file} are not GPT-2 BPE files: {exc}") from exc
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        self._setup(tok, str(vocab_file), {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}, {})
+
+
+#: NxD Training's tokenizer types that name a tokenizer built from files (data.tokenizer.<key>), not a path
+FILE_TOKENIZERS = {"GPT2BPETokenizer": ("vocab_file", "merge_file")}
+
+
+def _from_files(section: dict) -> Tokenizer:
+    """An NxDT ``data.tokenizer`` section whose ``type`` is in :data:`FILE_TOKENIZERS`: its files
+    must be given and exist (the model's vocabulary comes from them)."""
+    kind = section["type"]
+    paths = []
+    for key in FILE_TOKENIZERS[kind]:
+        value = section.get(key)
+        if not value:
+            raise ConfigError(f"data.tokenizer.{key} is required: data.tokenizer.type={kind} builds GPT-2's "
+                              f"byte-level BPE from data.tokenizer.{' and data.tokenizer.'.join(FILE_TOKENIZERS[kind])}")
+        path = Path(str(value)).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"data.tokenizer.{key}: {value} does not exist (data.tokenizer.type={kind} reads the "
+                              "model's vocabulary from it: GPT-2's vocab.json / merges.txt)")
+        paths.append(path)
+    return GPT2BPETokenizer(*paths)
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -229,7 +272,11 @@ def _read_json(path: Path) -> dict | None:
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load the tokenizer at ``path``: a ``tokenizer.json``, a SentencePiece model file, or a
-    directory holding either (``tokenizer.json`` preferred). Never touches the network."""
+    directory holding either (``tokenizer.json`` preferred), or NxD Training's ``data.tokenizer``
+    section (``type``/``model`` a path, or a type of :data:`FILE_TOKENIZERS` with its files).
+    Never touches the network."""
+    if isinstance(path, dict) and path.get("type") in FILE_TOKENIZERS:
+        return _from_files(path)
     if isinstance(path, dict):  # NxDT YAML: tokenizer: {type: <path>} or {model: <path>}
         path = path.get("type") or path.get("model") or path.get("path") or ""
     p = Path(str(path)).expanduser()

@@ -243,6 +243,7 @@ def _finish(out: dict[str, Any], report: MigrationReport) -> None:
     if "data_prefix" in data:
         data.setdefault("module", "indexed")
     tok = data.get("tokenizer")
-    if isinstance(tok, dict) and tok.get("library") == "megatron":
-        report.notes.append("data.tokenizer.library=megatron (GPT2BPE vocab/merges): give nxd a tokenizer.json "
+    if isinstance(tok, dict) and tok.get("library") == "megatron" and tok.get("type") != "GPT2BPETokenizer":
+        # GPT2BPETokenizer is read from its vocab_file/merge_file (nxd_data.tokenizers.FILE_TOKENIZERS)
+        report.notes.append("data.tokenizer.library=megatron: give nxd a tokenizer.json "
                             "(nxd data train-tokenizer, or the HF tokenizer of the model)")

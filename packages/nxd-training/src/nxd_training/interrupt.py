@@ -103,11 +103,15 @@ def _last_checkpoint(config: TrainingConfig, log_dir: Path) -> tuple[str, int | 
 
 def stopped_message(config: TrainingConfig, log_dir: Path) -> str:
     """``nxd train: stopped at step N; last complete checkpoint: step M (<tag>); resume: nxd train ...``"""
-    try:
-        records = read_metrics(log_dir, filename=config.exp_manager.metrics_file)
-    except (OSError, ValueError):
-        records = []
-    step = records[-1]["step"] if records else 0
+    from nxd_training.rank_status import completed_step
+
+    step = completed_step(log_dir)  # the ranks' own count: metrics.jsonl lags by up to log_every_n_steps - 1
+    if step is None:
+        try:
+            records = read_metrics(log_dir, filename=config.exp_manager.metrics_file)
+        except (OSError, ValueError):
+            records = []
+        step = records[-1]["step"] if records else 0
     command = f"nxd train {shlex.quote(str(log_dir / 'config.yaml'))}"
     if not config.exp_manager.resume_if_exists:
         command += " exp_manager.resume_if_exists=true"

@@ -404,7 +404,7 @@ class Trainer:
         pending: _PendingStep | None = None
         self._last_ready: float | None = None
         try:
-            rank_status.progress["max_steps"] = max_steps
+            rank_status.progress.update(max_steps=max_steps, done=self.step)  # done: where this run starts
             while self.step < max_steps:
                 rank_status.progress["step"] = self.step + 1  # the step in progress, for the launcher's last line
                 self.profiler.before_step(self.step + 1)
@@ -490,6 +490,7 @@ class Trainer:
             result.metrics[step] = dict(self.step_metrics)
         if step % self.config.trainer.log_every_n_steps == 0 or step == max_steps:
             self._log(step, loss, lr, elapsed, grad_norm)
+        rank_status.progress["done"] = step  # after its log line: Ctrl-C's "stopped at step N"
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", **metrics.progress_fields(self.step_metrics))

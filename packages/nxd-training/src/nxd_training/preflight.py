@@ -13,7 +13,7 @@ import torch
 import nxd
 from nxd.errors import ConfigError
 from nxd_training.build import nxd_config
-from nxd_training.config.plan import RunPlan, tokenizer_path
+from nxd_training.config.plan import RunPlan, file_tokenizer, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.loop import parse_max_time
 from nxd_training.pretrained import check_pretrained, looks_like_hf_folder
@@ -92,7 +92,13 @@ def _resume(config: TrainingConfig) -> None:
 
 def _data_tokenizer(config: TrainingConfig) -> None:
     """A tokenizer given as a path (absolute, ./, ../, ~ or a file name) must exist; hub names and
-    built-in names are the data module's to resolve."""
+    built-in names are the data module's to resolve; a tokenizer built from files needs its files."""
+    files = file_tokenizer(config)
+    if files is not None:
+        from nxd_data.tokenizers import load_tokenizer
+
+        load_tokenizer(files)  # refuses naming data.tokenizer.<key> and the missing file
+        return
     path = tokenizer_path(config)
     if path is None or "://" in str(path):
         return

@@ -12,8 +12,8 @@ from pathlib import Path
 
 STATUS_DIR = ".ranks"
 
-#: the step this rank is in (the trainer keeps it current) and the run's last step
-progress = {"step": 0, "max_steps": None}
+#: the step this rank is in, the last one it completed (the trainer keeps both current) and the run's last step
+progress = {"step": 0, "done": None, "max_steps": None}
 
 
 #: the launcher's node rank, as the user knows the node (SLURM_NODEID, PET_NODE_RANK, launcher.node_rank);
@@ -33,7 +33,7 @@ def identity() -> dict[str, int | str]:
 def write(run_dir: Path, how: str, what: str = "", code: int | None = None) -> None:
     """Record how this rank ended (``finished``, ``exception``, ``exit``); never raises."""
     record = {**identity(), "how": how, "what": what, "code": code, "time": time.time(),
-              "step": progress["step"], "max_steps": progress["max_steps"]}
+              "step": progress["step"], "done": progress["done"], "max_steps": progress["max_steps"]}
     try:
         folder = run_dir / STATUS_DIR
         folder.mkdir(exist_ok=True)
@@ -53,6 +53,15 @@ def read_all(run_dir: Path) -> dict[int, dict]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
+
+
+def completed_step(run_dir: Path) -> int | None:
+    """The last step every rank completed, by the ranks' records, else by this process's own
+    progress (a one-device run trains in the launcher); None when neither knows."""
+    done = [r["done"] for r in read_all(run_dir).values() if r.get("done") is not None]
+    if done:
+        return min(done)
+    return progress["done"]
 
 
 def clear(run_dir: Path) -> None:

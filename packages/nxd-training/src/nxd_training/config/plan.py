@@ -24,8 +24,9 @@ from nxd_training.config.features import (
     select_model,
 )
 from nxd_training.config.legacy import check_legacy, newer_keys
+from nxd_training.config.neuron_keys import neuron_only_notes
 from nxd_training.config.resolved import Resolution, ResolvedConfig
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.schema import TokenizerConfig, TrainingConfig
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
 from nxd_training.schedules import SCHEDULES, schedule_names
@@ -165,11 +166,14 @@ def model_dict(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None = No
 
 
 def _tokenizer_vocab(config: TrainingConfig) -> int | None:
+    from nxd_data.tokenizers import load_tokenizer
+
+    files = file_tokenizer(config)
+    if files is not None:
+        return int(load_tokenizer(files).vocab_size)  # refuses naming the key of a missing file
     path = tokenizer_path(config)
     if path is None or not Path(path).exists():
         return None
-    from nxd_data.tokenizers import load_tokenizer
-
     try:
         return int(load_tokenizer(path).vocab_size)
     except (ConfigError, OSError, ValueError) as exc:
@@ -249,11 +253,25 @@ def default_data_module(config: TrainingConfig) -> str:
 
 
 def tokenizer_path(config: TrainingConfig) -> str | None:
-    """``data.tokenizer`` as a path: a string, or NxDT's section (``type``, else ``model``)."""
+    """``data.tokenizer`` as a path: a string, or NxDT's section (``type``, else ``model``); None
+    for a tokenizer built from files (:func:`file_tokenizer`)."""
     tok = config.data.tokenizer
     if tok is None or isinstance(tok, str):
         return tok
+    if file_tokenizer(config) is not None:
+        return None
     return tok.type or tok.model or tok.vocab_file
+
+
+def file_tokenizer(config: TrainingConfig) -> dict[str, Any] | None:
+    """NxDT's ``data.tokenizer`` section when its ``type`` names a tokenizer built from files
+    (Megatron's ``GPT2BPETokenizer``: ``vocab_file`` + ``merge_file``), as ``load_tokenizer`` takes it."""
+    from nxd_data.tokenizers import FILE_TOKENIZERS
+
+    tok = config.data.tokenizer
+    if isinstance(tok, TokenizerConfig) and tok.type in FILE_TOKENIZERS:
+        return tok.model_dump(mode="json")
+    return None
 
 
 def data_section(config: TrainingConfig, seq_length: int) -> dict[str, Any]:
@@ -462,7 +480,7 @@ def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     if needs and data_module != needs:
         raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} trains on the {needs!r} data module, but "
                           f"data.module={data_module!r}; remove data.module or set it to {needs!r}")
-    notes = check_legacy(config, spec)
+    notes = check_legacy(config, spec) + neuron_only_notes(config)
     ds = config.distributed_strategy
     return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec, notes=notes,
                    workflow=workflow, architecture_reason=reason, cp=ds.context_parallel_size,

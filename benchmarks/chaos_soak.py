@@ -16,6 +16,9 @@ weights must equal the reference bitwise (CPU).
 
     python benchmarks/chaos_soak.py CONFIG.yaml --n 30 --seed 1234 [--work DIR]
 
+Progress is written after every interruption to ``DIR/soak.json`` (a partial result that stands on
+its own); the same command with the same ``--work`` resumes a soak whose harness was stopped.
+
 CONFIG must checkpoint every few steps with a small ``save_top_k``; the test
 (packages/nxd-training/tests/test_chaos_soak.py) runs N=3 on a tiny model. Results: docs/checkpoints.md.
 """
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,22 +157,93 @@ def same_tensors(a: object, b: object) -> bool:
     return a == b
 
 
+STATE = "soak.json"  # the soak's progress: a partial result, and what a restarted harness resumes from
+
+
+def _load_state(work: Path, n: int, seed: int) -> dict:
+    path = work / STATE
+    if path.exists():
+        state = json.loads(path.read_text())
+        if (state["n"], state["seed"]) != (n, seed):
+            raise SystemExit(f"{path} is a soak with n={state['n']} seed={state['seed']}: use another --work")
+        return state
+    return {"n": n, "seed": seed, "reference": None, "interruptions": [], "newest_step": -1, "rng": None,
+            "job": None, "seconds": 0.0, "harness_restarts": 0, "finished": False}
+
+
+def _save_state(work: Path, state: dict) -> None:
+    tmp = work / (STATE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, work / STATE)
+
+
+def _stop_orphan(state: dict, work: Path) -> bool:
+    """A job the previous harness left running (it was stopped itself): kill its process group.
+    True when there was one."""
+    import psutil
+
+    pid = state.get("job")
+    if not pid:
+        return False
+    try:
+        alive = str(work) in " ".join(psutil.Process(pid).cmdline())  # ours: it writes under work/
+    except psutil.NoSuchProcess:
+        alive = False
+    if alive:
+        procs = _descendants(pid)
+        os.killpg(pid, signal.SIGKILL)
+        psutil.wait_procs([psutil.Process(pid), *procs], timeout=120)
+    return alive
+
+
+def _check_after_kill(ckpt: Path, state: dict, what: str) -> int:
+    """Every complete checkpoint verifies and the newest complete step did not go back."""
+    _verify_all(ckpt)
+    tags = _complete(ckpt)
+    step = _step_of(ckpt, tags[-1]) if tags else -1
+    assert step >= state["newest_step"], f"{what}: newest complete step went {state['newest_step']} -> {step}"
+    state["newest_step"] = step
+    return step
+
+
 def run_soak(config: Path, work: Path, n: int, seed: int, max_window: float = 0.3) -> SoakResult:
     """Reference run, then ``n`` random interruptions of the soaked run and its completion;
-    asserts bitwise-equal losses and final weights and that no complete checkpoint was lost."""
+    asserts bitwise-equal losses and final weights and that no complete checkpoint was lost.
+
+    Resumable: progress is kept in ``work/soak.json`` after each interruption (with the random
+    generator's state), so a harness that was itself stopped continues where it was when run again
+    with the same ``work``, ``n`` and ``seed`` (a job it left running is killed first and checked
+    like an interruption, counted apart as a harness restart)."""
+    work.mkdir(parents=True, exist_ok=True)
+    state = _load_state(work, n, seed)
     rng = random.Random(seed)
-    start = time.monotonic()
+    if state["rng"] is not None:
+        version, internal, gauss = state["rng"]
+        rng.setstate((version, tuple(internal), gauss))
+    start = time.monotonic() - state["seconds"]
     ref_dir, soak_dir = work / "reference", work / "soak"
-    ref = _launch(config, ref_dir)
-    out, _ = ref.communicate(timeout=1800)
-    assert ref.returncode == 0, out[-4000:]
-    reference = _losses(ref_dir)
-    result = SoakResult(steps=max(reference))
     ckpt = soak_dir / "checkpoints"
-    newest_step = -1
-    for i in range(n):
+    if _stop_orphan(state, work):
+        state["harness_restarts"] += 1
+        if state["reference"] is not None:
+            _check_after_kill(ckpt, state, "harness restart")
+        print("chaos soak: resumed after a harness restart: the job it left was killed (and checked)", flush=True)
+    if state["reference"] is None:
+        shutil.rmtree(ref_dir, ignore_errors=True)  # an unfinished reference starts over
+        ref = _launch(config, ref_dir)
+        state["job"] = ref.pid
+        _save_state(work, state)
+        out, _ = ref.communicate(timeout=1800)
+        assert ref.returncode == 0, out[-4000:]
+        state["reference"] = max(_losses(ref_dir))
+    result = SoakResult(steps=state["reference"])
+    state["job"] = None
+    _save_state(work, state)
+    for i in range(len(state["interruptions"]), n):
         job = _launch(config, soak_dir, "exp_manager.resume_if_exists=true",
                       f"exp_manager.async_checkpointing={'true' if i % 2 else 'false'}")
+        state["job"] = job.pid
+        _save_state(work, state)
         # a random step of what is left, spread over the interruptions still to come, then a random
         # fraction of a step or save: the kill lands mid-step, mid-save or during retention
         seen = max(_losses(soak_dir), default=0)
@@ -188,24 +263,28 @@ def run_soak(config: Path, work: Path, n: int, seed: int, max_window: float = 0.
         _kill(job, kind, rng)
         _wait_gone(job, procs)
         phase = _phase(ckpt)
-        _verify_all(ckpt)
-        tags = _complete(ckpt)
-        step = _step_of(ckpt, tags[-1]) if tags else -1
-        assert step >= newest_step, f"interruption {i + 1} ({kind}): newest complete step went {newest_step} -> {step}"
-        newest_step = step
-        result.interruptions.append({"kind": kind, "phase": phase, "logged_step": at, "newest_complete": step})
-        result.kinds[kind] += 1
-        result.phases[phase] += 1
-        print(f"chaos soak: interruption {i + 1}/{n}: {result.interruptions[-1]} "
-              f"({time.monotonic() - start:.0f} s)", flush=True)
+        step = _check_after_kill(ckpt, state, f"interruption {i + 1} ({kind})")
+        state["interruptions"].append({"kind": kind, "phase": phase, "logged_step": at, "newest_complete": step,
+                                       "seconds": round(time.monotonic() - start)})
+        state["rng"], state["job"] = list(rng.getstate()), None
+        state["seconds"] = time.monotonic() - start
+        _save_state(work, state)
+        print(f"chaos soak: interruption {i + 1}/{n}: {state['interruptions'][-1]}", flush=True)
     job = _launch(config, soak_dir, "exp_manager.resume_if_exists=true")
+    state["job"] = job.pid
+    _save_state(work, state)
     out, _ = job.communicate(timeout=1800)
     assert job.returncode == 0, out[-4000:]
-    soaked = _losses(soak_dir)
+    soaked, reference = _losses(soak_dir), _losses(ref_dir)
     assert soaked == reference, f"losses differ: {[(s, soaked.get(s), v) for s, v in reference.items() if soaked.get(s) != v][:5]}"
     assert same_tensors(final_weights(ckpt), final_weights(ref_dir / "checkpoints")), "final weights differ"
     _verify_all(ckpt)
-    result.seconds = time.monotonic() - start
+    state.update(job=None, finished=True, seconds=time.monotonic() - start)
+    _save_state(work, state)
+    result.interruptions = state["interruptions"]
+    result.kinds = Counter(r["kind"] for r in result.interruptions)
+    result.phases = Counter(r["phase"] for r in result.interruptions)
+    result.seconds = state["seconds"]
     return result
 
 
@@ -219,6 +298,7 @@ def main() -> int:
     import tempfile
 
     work = args.work or Path(tempfile.mkdtemp(prefix="nxd-chaos-"))
+    print(f"chaos soak: progress in {work / STATE} (run again with --work {work} to resume)", flush=True)
     res = run_soak(args.config, work, args.n, args.seed)
     print(f"chaos soak: seed {args.seed}, {len(res.interruptions)} interruptions (kinds {dict(res.kinds)}, "
           f"phases {dict(res.phases)}), {res.steps} steps: losses and final weights bitwise equal to the "

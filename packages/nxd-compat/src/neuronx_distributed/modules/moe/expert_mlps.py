@@ -3,6 +3,7 @@ experts (SwiGLU, TP-sharded intermediate, split over expert-parallel ranks). The
 are nxd-moe's (``experts.gate_up_proj`` ``[E_local, 2*I/tp, H]``, ``experts.down_proj``
 ``[E_local, H, I/tp]``), not NxD's transposed ``mlp_op`` layout. Used through ``MoE``."""
 
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -62,6 +63,14 @@ class ExpertMLPs(torch.nn.Module):
                                               edp_group=groups.edp_group, dtype=dtype, device=device)
         if not self.experts.gate_up_proj.is_meta:
             _init_as_nxd(self.experts, init_method, output_layer_init_method)
+
+    @property
+    def mlp_op(self) -> SimpleNamespace:
+        """NxD's ``mlp_op.gate_up_proj.weight`` ``[E_local, H, 2I/tp]`` and ``mlp_op.down_proj.weight``
+        ``[E_local, I/tp, H]``: views of nxd-moe's parameters in NxD's layout (in-place edits, such as
+        NxD's DBRX example zeroing padded columns, write through to the parameters)."""
+        return SimpleNamespace(gate_up_proj=SimpleNamespace(weight=self.experts.gate_up_proj.transpose(1, 2)),
+                               down_proj=SimpleNamespace(weight=self.experts.down_proj.transpose(1, 2)))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotProvidedError("neuronx_distributed.modules.moe.ExpertMLPs.forward (NxD's blockwise/all-experts "

@@ -100,6 +100,8 @@ def shrink(raw: dict[str, Any], files: Files, corpus: dict[str, str], source: st
     if "seq_length" in data:
         out.append("data.seq_length=32")
     sizes = {"ffn_hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2, "vocab_size": 512}
+    if model.get("architecture") == "deepseek_v3":  # multi-head latent attention: every head has its own keys
+        sizes["num_kv_heads"] = 4
     for key, value in sizes.items():  # the YAML's own sizes (all of them when no model_config file gives them)
         if key in model or ("model_config" not in model and key != "vocab_size"):
             out.append(f"model.{key}={value}")

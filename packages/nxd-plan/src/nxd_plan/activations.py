@@ -125,7 +125,8 @@ def fused_attention() -> Iterator[None]:
             key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
         out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
-        return out
+        # the meta kernel shapes the output like the query; values may be narrower (DeepSeek's MLA)
+        return out[..., :value.shape[-1]].contiguous() if value.shape[-1] != query.shape[-1] else out
 
     F.scaled_dot_product_attention = sdpa
     try:

@@ -23,8 +23,8 @@ def test_settings_resolve():
 @pytest.mark.parametrize("kwargs, reason", [
     (dict(fsdp_config=True, optimizer_config={"zero_one_enabled": True}), "two data-parallel strategies"),
     (dict(fsdp_config=True, data_parallel_strategy="ddp"), "set one of them only"),
-    (dict(fsdp_config=True, expert_parallel_size=2), "expert-data-parallel group"),
-    (dict(fsdp_config=True, context_parallel_size=2), "data x context"),
+    (dict(fsdp_config=True, expert_parallel_size=2, context_parallel_size=2), "context-parallel rank 0 only"),
+    (dict(fsdp_config={"replicate_degree": 2}, expert_parallel_size=2), "HSDP replicas of the expert weights"),
     (dict(fsdp_config={"replicate": 2}), "unknown key 'replicate'"),
     (dict(fsdp_config={"replicate_degree": 0}), "positive integer"),
     (dict(fsdp_config={"cpu_offload": "yes"}), "true or false"),
@@ -42,3 +42,6 @@ def test_refusals_that_need_the_ranks():
         "fsdp_config.replicate_degree=3 must divide the data-parallel size 4 (HSDP: replicas x shards = DP)"]
     assert "accelerator" in refusals(FsdpConfig(cpu_offload=True), data_parallel_size=2, accelerator="cpu")[0]
     assert refusals(FsdpConfig(replicate_degree=2, cpu_offload=True), data_parallel_size=4, accelerator="cuda") == []
+    # each alone is honoured (tests/test_context_expert_parallel.py)
+    assert refusals(FsdpConfig(), data_parallel_size=2, context_parallel_size=2) == []
+    assert refusals(FsdpConfig(), data_parallel_size=2, expert_parallel_size=2) == []

@@ -42,15 +42,18 @@ def oracle() -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
 
 
 def fsdp_body(tp: int = 1, sp: bool = False, fsdp: object = True, micro_batches: int = 1,
-              activation_checkpoint: bool = False) -> tuple[list[float], list[float], dict | None]:
+              activation_checkpoint: bool = False, compile: bool = False) -> tuple[list[float], list[float], dict | None]:
     from fsdp_models import Block
 
     # the user's path: the strategy is a registered model transform, chosen by fsdp_config
     cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp, sequence_parallel=sp, fsdp_config=fsdp,
                                          optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM},
-                                         activation_checkpoint_config=[Block] if activation_checkpoint else None)
+                                         activation_checkpoint_config=[Block] if activation_checkpoint else None,
+                                         compile_config=compile)
     ctx = nxd.get_parallel_context()
     model = nxd.initialize_parallel_model(cfg, build, False, sp)
+    compiled = [m._compiled_call_impl is not None for m in model.modules() if isinstance(m, Block)]
+    assert compiled == [compile] * len(compiled), compiled  # the compile transform ran before FSDP's
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=LR)
     assert isinstance(model, nxd_fsdp.FSDPModel) and isinstance(opt, nxd_fsdp.FSDPOptimizer)
     losses, norms = [], []
@@ -110,6 +113,13 @@ def test_fsdp_dp2_zero2_accumulation_and_checkpointing(rank_pool):
     # ZeRO-2 (keep gathered params after forward), 2 micro-batches, activation checkpointing
     check(rank_pool(2).run(fsdp_body, fsdp={"reshard_after_forward": False}, micro_batches=2,
                            activation_checkpoint=True), "FSDP DP=2 reshard_after_forward=False, 2 micro-batches, AC")
+
+
+@pytest.mark.slow
+def test_fsdp_dp2_compiled_blocks_match_one_process(rank_pool):
+    # torch.compile per block (inductor on CPU) then fully_shard each compiled block, against eager one process
+    check(rank_pool(2).run(fsdp_body, compile=True, timeout=900), "FSDP DP=2, compile_config=True (inductor)",
+          shards=2)
 
 
 @pytest.mark.four_ranks

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from nxd.parallel import ParallelContext, resolve_context
+from nxd_core_parallel import dtensor
 
 #: Bytes per all-reduce bucket (NxD uses 512 MB on device; smaller buckets suit CPU caches).
 BUCKET_CAP_BYTES = 64 * 1024 * 1024
@@ -104,13 +104,9 @@ def allreduce_sequence_parallel_gradients(parameters: Any, *, context: ParallelC
         return
     # an FSDP-sharded gradient is a DTensor: sum its local shard (summing shards of the DP-reduced
     # gradient is the same as summing before the reduction, both linear)
-    grads = [_local(p.grad) for p in _as_list(parameters)
+    grads = [dtensor.local(p.grad) for p in _as_list(parameters)
              if getattr(p, "sequence_parallel_enabled", False) and p.grad is not None]
     _allreduce_flat(grads, ctx.tp.group, average=False, cap_bytes=BUCKET_CAP_BYTES)
-
-
-def _local(grad: torch.Tensor) -> torch.Tensor:
-    return grad.to_local() if isinstance(grad, DTensor) else grad
 
 
 def is_expert_parallel(param: torch.Tensor) -> bool:

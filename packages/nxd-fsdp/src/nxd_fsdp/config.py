@@ -106,15 +106,15 @@ def refusals(fsdp: FsdpConfig, *, data_parallel_size: int | None, expert_paralle
     if zero1:
         reasons.append(f"{field} and optimizer_config.zero_one_enabled (ZeRO-1) are both data-parallel strategies; "
                        "FSDP already shards the optimizer state (and parameters and gradients): choose one")
-    if expert_parallel_size > 1:
-        reasons.append(f"{field} with expert_parallel_size={expert_parallel_size}: nxd-fsdp shards every parameter "
-                       "over the data-parallel group, and expert weights would need their own fully_shard over the "
-                       "expert-data-parallel group, which nxd-fsdp does not build yet; use ZeRO-1 (optimizer_config."
-                       "zero_one_enabled) for MoE with expert parallelism")
-    if context_parallel_size > 1:
-        reasons.append(f"{field} with context_parallel_size={context_parallel_size}: sharding over data x context "
-                       "ranks is not implemented or tested in nxd-fsdp; use the default data-parallel strategy or "
-                       "ZeRO-1 with context parallelism")
+    if expert_parallel_size > 1 and context_parallel_size > 1:
+        reasons.append(f"{field} with expert_parallel_size={expert_parallel_size} and context_parallel_size="
+                       f"{context_parallel_size}: expert weights shard over the expert-data-parallel ranks, which "
+                       "span context-parallel ranks, and nxd-ckpt writes optimizer state from context-parallel "
+                       "rank 0 only, so a checkpoint would lose expert optimizer shards; use one of the two with FSDP")
+    if expert_parallel_size > 1 and fsdp.replicate_degree > 1:
+        reasons.append(f"{field}.replicate_degree={fsdp.replicate_degree} with expert_parallel_size="
+                       f"{expert_parallel_size}: HSDP replicas of the expert weights (a 2-D expert-data-parallel "
+                       "mesh) are not built; use replicate_degree 1 (experts and dense weights fully sharded)")
     if data_parallel_size is not None and data_parallel_size % fsdp.replicate_degree:
         reasons.append(f"{field}.replicate_degree={fsdp.replicate_degree} must divide the data-parallel size "
                        f"{data_parallel_size} (HSDP: replicas x shards = DP)")

@@ -17,8 +17,13 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from nxd import ParallelContext
 from nxd.resolved import NxdConfig
-from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients, counted_in_norm, fused_pieces_counted
-from nxd_fsdp.mesh import shard_coordinates, shard_group
+from nxd_core_parallel.grads import (
+    allreduce_sequence_parallel_gradients,
+    counted_in_norm,
+    fused_pieces_counted,
+    is_expert_parallel,
+)
+from nxd_fsdp.mesh import expert_mesh, shard_coordinates, shard_group
 
 #: format marker of a state_dict() shard
 STATE_FORMAT = "nxd-fsdp-optimizer/1"
@@ -89,17 +94,35 @@ class FSDPOptimizer(torch.optim.Optimizer):
         if NxdConfig.of(self.nxd_config).sequence_parallel:
             allreduce_sequence_parallel_gradients(self._params(), context=self.context)
 
+    def _mesh_of(self, param: torch.Tensor) -> DeviceMesh:
+        # our own mesh objects, never ``param.device_mesh`` (see nxd_core_parallel.dtensor.full_rows)
+        return expert_mesh(self.context) if is_expert_parallel(param) else self.mesh
+
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Scale every gradient shard so the whole model's gradient norm is at most ``max_norm``;
         return the norm before clipping (``torch.nn.utils.clip_grad_norm_``'s convention)."""
         params = [p for p in self._params() if p.grad is not None]
         device = _local(params[0].grad).device if params else self.context.device
+        # squared sums per (mesh, expert-parallel): shards add up over their own mesh's shard group,
+        # and expert weights (different experts per EP rank) then over the EP group
+        # (every parameter makes its key, with a gradient or not: each rank runs the same collectives)
+        partials: dict[tuple[int, bool], tuple[DeviceMesh, torch.Tensor]] = {}
+        for p in self._params():
+            mesh = self._mesh_of(p)
+            key = (id(mesh), is_expert_parallel(p))
+            if key not in partials:
+                partials[key] = (mesh, torch.zeros((), dtype=torch.float32, device=device))
+            if p.grad is not None:
+                for piece in _norm_pieces(p, _local(p.grad), mesh):
+                    partials[key][1].add_(piece.float().pow(2).sum())
         total = torch.zeros((), dtype=torch.float32, device=device)
-        for p in params:
-            for piece in _norm_pieces(p, _local(p.grad), self.mesh):
-                total += piece.float().pow(2).sum()
-        for group, size in ((shard_group(self.mesh), shard_coordinates(self.mesh)[1]),
-                            (self.context.tp.group, self.context.tp.size), (self.context.pp.group, self.context.pp.size)):
+        for (_, expert), (mesh, partial) in sorted(partials.items(), key=lambda kv: kv[0][1]):
+            if shard_coordinates(mesh)[1] > 1:
+                dist.all_reduce(partial, group=shard_group(mesh))
+            if expert and self.context.ep.size > 1:
+                dist.all_reduce(partial, group=self.context.ep.group)
+            total += partial
+        for group, size in ((self.context.tp.group, self.context.tp.size), (self.context.pp.group, self.context.pp.size)):
             if size > 1:
                 dist.all_reduce(total, group=group)
         total = total.sqrt()
@@ -168,6 +191,10 @@ class FSDPOptimizer(torch.optim.Optimizer):
         tensor is reassembled along dim 0 and cut again for this rank (nothing is sent)."""
         for shard in shards:
             self._check(shard)
+        if any(is_expert_parallel(p) for p in self._params()):
+            raise ValueError("FSDP optimizer state with expert parallelism loads only at the data- and expert-parallel "
+                             "sizes it was saved at (its expert shards are cut over the expert-data-parallel ranks); "
+                             "load the weights only (optimizer=None) to change them")
         by_rank = {s["shard_rank"]: s for s in shards}
         count = shards[0]["shard_count"]
         if sorted(by_rank) != list(range(count)):

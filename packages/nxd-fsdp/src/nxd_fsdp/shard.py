@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 
+from nxd_core_parallel.dtensor import full_rows, shard_like
+from nxd_core_parallel.grads import is_expert_parallel
 from nxd_fsdp.config import FsdpConfig
-from nxd_fsdp.mesh import shard_coordinates, shard_group
+from nxd_fsdp.mesh import shard_group
 
 _FULL_STATE = "_nxd_fsdp_full_state_dict"
 _MESH = "_nxd_fsdp_mesh"
@@ -86,18 +89,45 @@ def check_pipeline_stage(stage: nn.Module) -> None:
                          "forward (never called by the schedule) would gather; move them into a submodule")
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh, config: FsdpConfig, *, pipeline_stage: bool = False) -> nn.Module:
+def expert_units(model: nn.Module) -> list[nn.Module]:
+    """Modules owning expert-parallel parameters (nxd-moe's ``ExpertMLPs`` at EP > 1): each is an FSDP
+    unit of its own over the expert-data-parallel mesh."""
+    return [m for m in model.modules()
+            if any(is_expert_parallel(p) for p in m.parameters(recurse=False))]
+
+
+@dataclass(frozen=True)
+class ExpertSharding:
+    """Where expert-parallel parameters shard (``mesh``: the expert-data-parallel ranks) and what their
+    reduce-scatter's sum is divided by (``divide_factor``: DP x CP, as nxd-core-parallel's
+    ``expert_gradient_divisor``; FSDP's default would be the expert-DP size, EP times too few)."""
+
+    mesh: DeviceMesh
+    divide_factor: int
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, config: FsdpConfig, *, pipeline_stage: bool = False,
+                experts: ExpertSharding | None = None) -> nn.Module:
     """``fully_shard`` each block of ``model`` and then ``model`` itself, in place; returns ``model``.
 
     ``pipeline_stage``: ``model`` is a pipeline stage, whose schedule calls its parts (embedding,
     blocks, head) directly and never its own ``forward``: every other module owning parameters
-    becomes a unit too, so each part gathers its own parameters when it runs."""
+    becomes a unit too, so each part gathers its own parameters when it runs. ``experts``: modules
+    owning expert-parallel parameters become units first, over ``experts.mesh``; without it a
+    model holding such parameters is refused (they differ per EP rank: the DP mesh cannot shard them)."""
     attributes = {name: dict(p.__dict__) for name, p in model.named_parameters(remove_duplicate=False) if p.__dict__}
     kwargs = fully_shard_kwargs(config, mesh)
     blocks = _outermost(model, block_classes(model))
     if pipeline_stage:
         check_pipeline_stage(model)
         blocks += _direct_owners(model, blocks)
+    expert_modules = expert_units(model)
+    if expert_modules and experts is None:
+        raise ValueError("the model has expert-parallel parameters but no expert mesh was given (ExpertSharding)")
+    for unit in expert_modules:
+        # inner units first: the block around them then leaves their parameters to them
+        fully_shard(unit, **{**kwargs, "mesh": experts.mesh})
+        unit.set_gradient_divide_factor(float(experts.divide_factor))
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
@@ -116,28 +146,11 @@ def _gather_full_state(module: nn.Module, state_dict: dict, prefix: str, local_m
     # collective: every rank of the mesh asks for the state dict (nxd-ckpt's save does)
     if not getattr(module, _FULL_STATE, False):
         return
-    mesh = getattr(module, _MESH)
+    # (experts at EP > 1 arrive whole: nxd-moe gathered them over their own groups)
+    group = shard_group(getattr(module, _MESH))
     for key, value in state_dict.items():
         if isinstance(value, DTensor):
-            state_dict[key] = gather_rows(value.to_local(), value.shape, mesh)
-
-
-def gather_rows(local: torch.Tensor, shape: torch.Size, mesh: DeviceMesh) -> torch.Tensor:
-    """The full tensor of ``shape`` from each shard rank's ``local`` rows (``torch.chunk``'s split
-    along dim 0, as fully_shard cuts). Padded to equal pieces: gloo has no uneven all-gather. Plain
-    collectives on the shard group, not ``DTensor.full_tensor``: DTensor caches redistribution
-    plans by mesh equality, which ignores the process group, so a mesh rebuilt on the same ranks
-    (a new parallel context in the same process) could reuse a plan holding a destroyed group."""
-    rank, count = shard_coordinates(mesh)
-    if count == 1:
-        return local.clone()
-    rows = shape[0]
-    per = -(-rows // count)
-    padded = local.new_zeros((per, *shape[1:]))
-    padded[:local.shape[0]] = local
-    pieces = [torch.empty_like(padded) for _ in range(count)]
-    torch.distributed.all_gather(pieces, padded, group=shard_group(mesh))
-    return torch.cat(pieces)[:rows]
+            state_dict[key] = full_rows(value, group)
 
 
 def _shard_full_state(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
@@ -146,10 +159,10 @@ def _shard_full_state(module: nn.Module, state_dict: dict, prefix: str, *args: A
     for name, param in module.named_parameters(remove_duplicate=False):
         key = prefix + name
         value = state_dict.get(key)
-        if isinstance(param, DTensor) and isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
-            # every rank holds the full tensor: each cuts its own shard, nothing is sent
-            state_dict[key] = distribute_tensor(value.to(param.dtype), param.device_mesh, param.placements,
-                                                src_data_rank=None)
+        # every rank holds the full tensor: each cuts its own shard, nothing is sent. A value of
+        # another shape is cut by its module first (nxd-moe's experts keep their EP rank's experts)
+        if isinstance(value, torch.Tensor) and value.shape == param.shape:
+            state_dict[key] = shard_like(value, param)
 
 
 @contextlib.contextmanager

@@ -10,12 +10,13 @@ import torch
 from nxd import ConfigError, ParallelContext
 from nxd.resolved import NxdConfig
 from nxd.transforms import DATA_PARALLEL, ModelTransform
+from nxd_core_parallel.grads import expert_gradient_divisor
 from nxd_core_parallel.transforms import strategy_selected
 from nxd_fsdp.config import FsdpConfig, check_fsdp, resolve_fsdp_config
-from nxd_fsdp.mesh import fsdp_mesh
+from nxd_fsdp.mesh import expert_mesh, fsdp_mesh
 from nxd_fsdp.model import FSDPModel
 from nxd_fsdp.optimizer import FSDPOptimizer
-from nxd_fsdp.shard import shard_model
+from nxd_fsdp.shard import ExpertSharding, shard_model
 
 NAME = "fsdp"
 #: the key of the resolved settings in the NxD config (``neuronx_distributed_config(fsdp_config=...)``)
@@ -53,10 +54,12 @@ def shard(model: torch.nn.Module, context: ParallelContext | None, nxd_config: d
     if isinstance(model, FSDPModel):
         return model
     mesh = fsdp_mesh(context, fsdp.replicate_degree)
+    experts = (ExpertSharding(expert_mesh(context), expert_gradient_divisor(context))
+               if context.ep.size > 1 else None)
     if context.pp.size > 1:  # nxd-pipeline's model: shard this rank's stage, keep its schedule
-        shard_model(model.local_module(), mesh, fsdp, pipeline_stage=True)
+        shard_model(model.local_module(), mesh, fsdp, pipeline_stage=True, experts=experts)
         return FSDPModel(model, nxd_config, mesh, fsdp)
-    return FSDPModel(shard_model(model, mesh, fsdp), nxd_config, mesh, fsdp)
+    return FSDPModel(shard_model(model, mesh, fsdp, experts=experts), nxd_config, mesh, fsdp)
 
 
 def make_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Optimizer], parameters: Any, *,

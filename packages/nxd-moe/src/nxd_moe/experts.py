@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nxd.errors import ConfigError
+from nxd_core_parallel.dtensor import full_rows, shard_like
 
 
 class ExpertMLPs(nn.Module):
@@ -71,7 +72,9 @@ class ExpertMLPs(nn.Module):
         if self.ep_size == 1:
             return
         for name in ("gate_up_proj", "down_proj"):
-            local = getattr(self, name).detach().contiguous()
+            # under FSDP (nxd-fsdp) the parameter is this rank's rows of its experts: gather them first
+            param = getattr(self, name)
+            local = full_rows(param.detach(), getattr(param, "expert_data_parallel_group", None)).contiguous()
             shards = [torch.empty_like(local) for _ in range(self.ep_size)]
             dist.all_gather(shards, local, group=self._ep_group)
             destination[prefix + name] = torch.cat(shards, dim=0)
@@ -82,7 +85,8 @@ class ExpertMLPs(nn.Module):
             for name in ("gate_up_proj", "down_proj"):
                 full = state_dict.get(prefix + name)
                 if full is not None and full.shape[0] == self.num_experts:
-                    state_dict[prefix + name] = full[first:first + self.num_local_experts]
+                    state_dict[prefix + name] = shard_like(full[first:first + self.num_local_experts],
+                                                           getattr(self, name))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property

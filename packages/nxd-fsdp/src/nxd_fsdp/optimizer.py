@@ -78,6 +78,7 @@ class FSDPOptimizer(torch.optim.Optimizer):
         self.context = context
         self.mesh = mesh
         self.grad_norm: torch.Tensor | None = None
+        self._plan: list | None = None
         self._optimizer_step_pre_hooks: dict = {}
         self._optimizer_step_post_hooks: dict = {}
 
@@ -98,25 +99,37 @@ class FSDPOptimizer(torch.optim.Optimizer):
         # our own mesh objects, never ``param.device_mesh`` (see nxd_core_parallel.dtensor.full_rows)
         return expert_mesh(self.context) if is_expert_parallel(param) else self.mesh
 
+    def _norm_plan(self) -> list[tuple[torch.Tensor, tuple[int, bool], DeviceMesh, bool | None]]:
+        """Per parameter, once: its partial's key (mesh, expert-parallel), its mesh, and whether its
+        whole gradient counts toward the norm (None: fused pieces, chosen per piece)."""
+        if self._plan is None:
+            self._plan = []
+            for p in self._params():
+                mesh = self._mesh_of(p)
+                counted = None if getattr(p, "fused_splits", None) is not None else counted_in_norm(p)
+                self._plan.append((p, (id(mesh), is_expert_parallel(p)), mesh, counted))
+        return self._plan
+
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Scale every gradient shard so the whole model's gradient norm is at most ``max_norm``;
         return the norm before clipping (``torch.nn.utils.clip_grad_norm_``'s convention)."""
-        params = [p for p in self._params() if p.grad is not None]
-        device = _local(params[0].grad).device if params else self.context.device
+        plan = self._norm_plan()
+        grads = [_local(p.grad) for p, *_ in plan if p.grad is not None]
+        device = grads[0].device if grads else self.context.device
         # squared sums per (mesh, expert-parallel): shards add up over their own mesh's shard group,
         # and expert weights (different experts per EP rank) then over the EP group
         # (every parameter makes its key, with a gradient or not: each rank runs the same collectives)
-        partials: dict[tuple[int, bool], tuple[DeviceMesh, torch.Tensor]] = {}
-        for p in self._params():
-            mesh = self._mesh_of(p)
-            key = (id(mesh), is_expert_parallel(p))
-            if key not in partials:
-                partials[key] = (mesh, torch.zeros((), dtype=torch.float32, device=device))
-            if p.grad is not None:
-                for piece in _norm_pieces(p, _local(p.grad), mesh):
-                    partials[key][1].add_(piece.float().pow(2).sum())
+        pieces: dict[tuple[int, bool], tuple[DeviceMesh, list[torch.Tensor]]] = {}
+        for p, key, mesh, counted in plan:
+            entry = pieces.setdefault(key, (mesh, []))
+            if p.grad is None or counted is False:
+                continue
+            grad = _local(p.grad)
+            entry[1].extend([grad] if counted else _norm_pieces(p, grad, mesh))
         total = torch.zeros((), dtype=torch.float32, device=device)
-        for (_, expert), (mesh, partial) in sorted(partials.items(), key=lambda kv: kv[0][1]):
+        for (_, expert), (mesh, tensors) in sorted(pieces.items(), key=lambda kv: kv[0][1]):
+            norms = torch._foreach_norm(tensors, 2.0, dtype=torch.float32) if tensors else []
+            partial = torch.stack(norms).pow(2).sum() if norms else torch.zeros((), dtype=torch.float32, device=device)
             if shard_coordinates(mesh)[1] > 1:
                 dist.all_reduce(partial, group=shard_group(mesh))
             if expert and self.context.ep.size > 1:
@@ -127,9 +140,11 @@ class FSDPOptimizer(torch.optim.Optimizer):
                 dist.all_reduce(total, group=group)
         total = total.sqrt()
         coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-        for p in params:
-            g = _local(p.grad)
-            g.mul_(coef.to(g.device, g.dtype))
+        by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for g in grads:
+            by_kind.setdefault((g.device, g.dtype), []).append(g)
+        for (dev, dtype), group_grads in by_kind.items():
+            torch._foreach_mul_(group_grads, coef.to(dev, dtype))
         return total
 
     @torch.no_grad()
@@ -216,6 +231,7 @@ class FSDPOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict) -> None:
         self.optimizer.add_param_group(param_group)
+        self._plan = None
 
     def __repr__(self) -> str:
         return f"FSDPOptimizer({self.optimizer!r})"

@@ -128,6 +128,8 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, config: FsdpConfig, *, pipel
         # inner units first: the block around them then leaves their parameters to them
         fully_shard(unit, **{**kwargs, "mesh": experts.mesh})
         unit.set_gradient_divide_factor(float(experts.divide_factor))
+        if experts.mesh.device_type == "cpu":  # a custom factor is NCCL's PREMUL_SUM, which gloo lacks: sum, then divide
+            unit.set_force_sum_reduction_for_comms(True)
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)

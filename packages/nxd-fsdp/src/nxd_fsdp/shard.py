@@ -128,7 +128,9 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, config: FsdpConfig, *, pipel
         # inner units first: the block around them then leaves their parameters to them
         fully_shard(unit, **{**kwargs, "mesh": experts.mesh})
         unit.set_gradient_divide_factor(float(experts.divide_factor))
-        if experts.mesh.device_type == "cpu":  # a custom factor is NCCL's PREMUL_SUM, which gloo lacks: sum, then divide
+        if experts.mesh.device_type == "cpu" and experts.mesh.size() > 1:
+            # a custom factor is NCCL's PREMUL_SUM, which gloo lacks: sum, then divide. (Not on one
+            # rank: there torch 2.13's FSDP divides in its copy and again after it when forced.)
             unit.set_force_sum_reduction_for_comms(True)
     for block in blocks:
         fully_shard(block, **kwargs)

@@ -1,7 +1,8 @@
 """One training step (forward + backward + AdamW) of an nxd model family at TP=1 next to its
 transformers twin: same weights, same batch, same optimizer settings, steps interleaved (order
 alternating) so that machine noise hits both alike. Ratio = nxd time / transformers time (goal <= 1.0).
-Shared by bench_llama.py and bench_gpt.py (each names its two models and its shape)."""
+Shared by bench_llama.py, bench_gpt.py, bench_qwen3.py and bench_deepseek.py (each names its two
+models and its shape)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,23 @@ def nxd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tens
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.item()
+
+
+def spec_builder(spec_name: str) -> Callable[[torch.nn.Module, str], torch.nn.Module]:
+    """``build_nxd`` for a registered model spec: built from the saved ``config.json`` at TP=1 and
+    loaded through ``spec.load_hf``."""
+    import json
+    from pathlib import Path
+
+    import nxd
+
+    def build(hf: torch.nn.Module, hf_dir: str) -> torch.nn.Module:
+        spec = nxd.get_model(spec_name)
+        model = spec.build(spec.config_from_dict(json.loads((Path(hf_dir) / "config.json").read_text())), None)
+        spec.load_hf(model, hf_dir)
+        return model
+
+    return build
 
 
 def compare(description: str, shape: str, vocab_size: int, build_hf: Callable[[], torch.nn.Module],

@@ -188,7 +188,7 @@ def shared_init_generator() -> torch.Generator:
     """A generator in the same state on every rank, seeded from global rank 0's default RNG (so
     ``torch.manual_seed`` still decides the adapter). Ranks' default RNGs need not agree: model
     building consumes them differently per TP/PP rank. Collective when torch.distributed is up."""
-    seed = [int(torch.randint(0, 2**62, (1,)).item())]
+    seed = [int(torch.randint(0, 2**62, (1,), device="cpu").item())]  # CPU RNG also under a meta default device
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(seed, src=0)
     return torch.Generator().manual_seed(seed[0])

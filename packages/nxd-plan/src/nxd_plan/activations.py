@@ -162,9 +162,26 @@ def measure_activations(config: Any, run: Any, layout: Any, grads_exist: bool = 
         text = str(exc)
         first = next((w.rstrip(":") for w in text.split() if w.startswith("aten::")),
                      "torch.nonzero" if "nonzero" in text else text.split(".")[0])
-        return ActivationProfile(measured=False, notes=[
-            f"activations NOT measured: the forward needs a data-dependent operator ({first}) that has no meta "
-            "kernel (MoE routing); peaks below exclude activations and are lower bounds"])
+        return _unmeasured(f"a data-dependent operator ({first}) that has no meta kernel (MoE routing)")
+    except RuntimeError as exc:
+        if "meta tensors" not in str(exc):
+            raise
+        # a value read back from a tensor (a bounds check like GPT's position ids): meta has no values
+        return _unmeasured(f"a tensor's value ({exc.__traceback__ and _innermost(exc)})")
+
+
+def _unmeasured(why: str) -> ActivationProfile:
+    return ActivationProfile(measured=False, notes=[
+        f"activations NOT measured: the forward needs {why}; peaks below exclude activations and are lower bounds"])
+
+
+def _innermost(exc: BaseException) -> str:
+    """Where the model read the value: the last frame outside torch and nxd-plan."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/torch/" not in f.filename
+              and "nxd_plan" not in f.filename]
+    return f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno} {frames[-1].line}" if frames else str(exc)
 
 
 def _measure(config: Any, run: Any, layout: Any, grads_exist: bool = True) -> ActivationProfile:

@@ -33,8 +33,13 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "nxd-training" / "tests"
 
 
 def model_config_override(path: Path, root: Path) -> list[str]:
-    """``model.model_config`` pointed at a local config.json of the architecture the file names."""
-    if "model_config" not in (read_yaml(path).get("model") or {}):
+    """``model.model_config`` pointed at a local config.json of the architecture the file names;
+    GPT-2's vocabulary size where the vocabulary comes from GPT-2's files on NxDT's machine."""
+    raw = read_yaml(path)
+    tokenizer = (raw.get("data") or {}).get("tokenizer")
+    if isinstance(tokenizer, dict) and tokenizer.get("type") == "GPT2BPETokenizer":
+        return ["model.vocab_size=50257"]
+    if "model_config" not in (raw.get("model") or {}):
         return []
     size = next((k for k in ARCHITECTURES if k.lower() in path.name.lower()), "8B")
     local = root / f"{size}.json"

@@ -6,8 +6,22 @@ from pathlib import Path
 
 import yaml
 
+import nxd
 from nxd.cli import main
+from nxd.resolved import NxdConfig
+from nxd_training.cli import layout
 from nxd_training.exp_manager import read_metrics
+
+
+class _SeenConfigs:
+    """A plugin that records every NxD config the ``nxd_validate_config`` hook is shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    @nxd.hookimpl
+    def nxd_validate_config(self, nxd_config) -> None:
+        self.seen.append(nxd_config)
 
 
 def test_single_device_run_in_process(make_config, tmp_path: Path, capsys) -> None:
@@ -16,9 +30,19 @@ def test_single_device_run_in_process(make_config, tmp_path: Path, capsys) -> No
                          generation={"prompts": ["The "], "max_new_tokens": 4})
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(config))
-    assert main(["train", str(path), "exp_manager.name=cli"]) == 0
+    seen = _SeenConfigs()
+    nxd.register_plugin(seen, name="seen-configs")
+    try:
+        assert main(["train", str(path), "exp_manager.name=cli"]) == 0
+    finally:
+        nxd.plugins.state().pm.unregister(name="seen-configs")
     out = capsys.readouterr().out
     assert "world size 1 = TP 1 x PP 1 x DP 1" in out and "--- samples ---" in out
+    # one chain: the NxD config `nxd train` validated and printed, and the one the rank built from
+    # the written config.yaml, are built by the same builder from the same resolution
+    validated, rank = seen.seen[0], seen.seen[-1]
+    assert len(seen.seen) == 2 and isinstance(rank, NxdConfig) and rank == validated
+    assert f"= {layout(rank, 1)}," in out
     run = Path(config["exp_manager"]["exp_dir"]) / "cli" / "version_0"
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     assert yaml.safe_load((run / "config.yaml").read_text())["exp_manager"]["name"] == "cli"

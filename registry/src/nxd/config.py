@@ -17,9 +17,9 @@ from nxd.resolved import (
     DEFAULT_DATA_PARALLEL_STRATEGY,
     DEFAULT_MODEL_INIT_CONFIG,
     DEFAULT_OPTIMIZER_CONFIG,
-    DEFAULT_PIPELINE_SCHEDULE,
     ZERO1_STRATEGY,
     NxdConfig,
+    default_data_parallel_strategy,
 )
 
 #: ``fsdp_config`` (an nxd addition) selects this strategy; its keys belong to the plugin (nxd-fsdp)
@@ -211,7 +211,7 @@ def _fsdp_config(value: Any) -> dict | None:
 
 def _data_parallel_strategy(name: Any, zero1: bool) -> str:
     if name is None:
-        return ZERO1_STRATEGY if zero1 else DEFAULT_DATA_PARALLEL_STRATEGY
+        return default_data_parallel_strategy(zero1)
     if not isinstance(name, str) or not name:
         raise ConfigError(f"data_parallel_strategy must be a registered strategy's name (e.g. 'ddp'), got {name!r}")
     if zero1 != (name == ZERO1_STRATEGY):
@@ -240,8 +240,7 @@ def _require_plugins(config: NxdConfig) -> None:
         get_component("model_transform", name, need=f"model_transforms[{name!r}]")
     pp = config.pipeline_parallel_size
     if pp > 1:
-        schedule = config.pipeline_config.get("schedule", DEFAULT_PIPELINE_SCHEDULE)
-        get_component("pipeline_schedule", schedule, need=f"pipeline_parallel_size={pp}")
+        get_component("pipeline_schedule", config.pipeline_schedule, need=f"pipeline_parallel_size={pp}")
     strategy = config.data_parallel_strategy
     if strategy != DEFAULT_DATA_PARALLEL_STRATEGY:  # the default comes with the runtime (nxd-core-parallel)
         need = ("optimizer_config.zero_one_enabled=True" if strategy == ZERO1_STRATEGY

@@ -29,6 +29,20 @@ DEFAULT_DATA_PARALLEL_STRATEGY = "ddp"
 ZERO1_STRATEGY = "zero1"
 #: the pipeline schedule when ``pipeline_config.schedule`` (YAML: ``distributed_strategy.pipeline_schedule``) is unset
 DEFAULT_PIPELINE_SCHEDULE = "1f1b"
+#: NxD picks the interleaved schedule whenever virtual stages are asked for and no schedule is named
+DEFAULT_VIRTUAL_PIPELINE_SCHEDULE = "interleaved_1f1b"
+
+
+def default_data_parallel_strategy(zero_one_enabled: bool) -> str:
+    """The strategy when none is named: NxD's ``zero_one_enabled`` flag picks ZeRO-1."""
+    return ZERO1_STRATEGY if zero_one_enabled else DEFAULT_DATA_PARALLEL_STRATEGY
+
+
+def pipeline_schedule(name: str | None, virtual_pipeline_size: int = 1) -> str:
+    """The registered pipeline schedule a run uses: ``name``, or the default when unset."""
+    if name:
+        return name
+    return DEFAULT_VIRTUAL_PIPELINE_SCHEDULE if virtual_pipeline_size > 1 else DEFAULT_PIPELINE_SCHEDULE
 
 
 class _Key(Generic[T]):
@@ -95,6 +109,12 @@ class NxdConfig(dict):
         return self.get("pipeline_config") or {}
 
     @property
+    def pipeline_schedule(self) -> str:
+        """The registered pipeline schedule that runs when ``pipeline_parallel_size > 1``."""
+        pipeline = self.pipeline_config
+        return pipeline_schedule(pipeline.get("schedule"), pipeline.get("virtual_pipeline_size") or 1)
+
+    @property
     def optimizer(self) -> OptimizerConfig:
         return OptimizerConfig(**{**DEFAULT_OPTIMIZER_CONFIG, **(self.get("optimizer_config") or {})})
 
@@ -110,10 +130,7 @@ class NxdConfig(dict):
     @property
     def data_parallel_strategy(self) -> str:
         """The registered data-parallel strategy that applies (``ddp``, ``zero1``, ...)."""
-        name = self.get("data_parallel_strategy")
-        if name:
-            return name
-        return ZERO1_STRATEGY if self.optimizer.zero_one_enabled else DEFAULT_DATA_PARALLEL_STRATEGY
+        return self.get("data_parallel_strategy") or default_data_parallel_strategy(self.optimizer.zero_one_enabled)
 
     def transform_options(self, name: str) -> dict[str, Any] | None:
         """The options ``neuronx_distributed_config(model_transforms={name: ...})`` gave the

@@ -13,6 +13,7 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.resolved import DEFAULT_PIPELINE_SCHEDULE as DEFAULT_SCHEDULE
+from nxd.resolved import pipeline_schedule
 
 #: NxD NxDPPModel arguments about FX tracing or XLA that have no meaning without tracing: accepted
 #: so NxD configs keep working, and ignored with a warning.
@@ -65,8 +66,7 @@ def parse_pipeline_config(raw: dict | None, pipeline_parallel_size: int = 1) -> 
     schedule = raw.get("schedule", DEFAULT_SCHEDULE)
     if not isinstance(schedule, str) or not schedule:
         raise ConfigError(f"pipeline_config.schedule must be a schedule name such as '1f1b', got {schedule!r}")
-    if v > 1 and schedule == DEFAULT_SCHEDULE and "schedule" not in raw:
-        schedule = "interleaved_1f1b"  # NxD picks the interleaved schedule whenever virtual stages are asked for
+    schedule = pipeline_schedule(raw.get("schedule"), v)
     cuts = raw.get("pipeline_cuts")
     if cuts is not None:
         if isinstance(cuts, (str, bytes)) or not isinstance(cuts, (list, tuple)):

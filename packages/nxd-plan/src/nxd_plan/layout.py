@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from nxd.parallel import rank_layout
+from nxd.resolved import pipeline_schedule
 from nxd_training.precision import BF16_PARAM_TYPES, uses_master_weights
 
 #: optimizer name -> fp32-or-param-dtype state tensors per parameter element (torch's optimizers)
@@ -99,14 +100,15 @@ def layout_of(config: Any, run: Any) -> Layout:
     grad_acc = p.fp32_grad_acc if p.fp32_grad_acc is not None else master
     return Layout(
         world_size=run.world_size, tp=run.tp, pp=run.pp, vpp=ds.virtual_pipeline_model_parallel_size or 1,
-        cp=ds.context_parallel_size, ep=ds.expert_model_parallel_size, dp=run.dp,
+        cp=run.cp, ep=run.ep, dp=run.dp,
         sequence_parallel=bool(ds.sequence_parallel), zero1=bool(ds.zero1), fsdp=fsdp_enabled(config),
         precision=p.type, param_bytes_per_element=2 if bf16 else 4, master_weights=bool(master),
         fp32_grad_acc=bool(grad_acc and bf16), optimizer=config.model.optim.name.lower(),
         momentum=float(config.model.optim.momentum or 0.0), recompute=recompute,
         micro_batch_size=config.data.micro_batch_size, global_batch_size=config.data.global_batch_size,
         num_microbatches=run.num_microbatches, seq_length=run.seq_length,
-        schedule=(ds.pipeline_schedule or "1f1b") if run.pp > 1 else "none",
+        schedule=pipeline_schedule(ds.pipeline_schedule, ds.virtual_pipeline_model_parallel_size or 1) if run.pp > 1
+        else "none",
     )
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
 import nxd
-from nxd import ConfigError
+from nxd.resolved import NxdConfig
+from nxd_training.config import peft
 from nxd_training.config.features import recompute_classes
 from nxd_training.config.plan import RunPlan, data_section
 from nxd_training.config.schema import TrainingConfig
@@ -34,39 +34,32 @@ def mixed_precision_config(config: TrainingConfig) -> dict[str, Any] | None:
 
 
 def lora_config(config: TrainingConfig, spec: Any) -> Any:
+    """NxD's LoraConfig of ``model_alignment_strategy.peft``, or None."""
     align = config.model_alignment_strategy
     if align is None or align.peft is None:
         return None
-    peft = align.peft
-    try:
-        from nxd_lora import LoraConfig
-    except ImportError:
-        raise ConfigError("model_alignment_strategy.peft needs LoRA: pip install nxd-lora") from None
-    targets = peft.target_modules or list(getattr(spec, "lora_target_modules", ()) or ())
-    # NxDT's YAML keys are LoraConfig's field names, except lora_bias (NxD: bias)
-    same = {f.name for f in dataclasses.fields(LoraConfig)}
-    fields = {k: v for k, v in peft.model_dump().items() if k in same}
-    # lora_verbose off: the trainer prints the trainable count itself, once (rank 0)
-    return LoraConfig(**{**fields, "enable_lora": True, "bias": peft.lora_bias, "target_modules": targets,
-                         "lora_verbose": False})
+    return peft.lora_config(align.peft, list(getattr(spec, "lora_target_modules", ()) or ()))
 
 
-def nxd_config(config: TrainingConfig, plan: RunPlan) -> dict:
-    ds, clip = config.distributed_strategy, config.trainer.gradient_clip_val
+def nxd_config(config: TrainingConfig, plan: RunPlan) -> NxdConfig:
+    """The run's :class:`nxd.resolved.NxdConfig`, built from its resolution by the one builder every
+    path uses (``--validate``, each rank, ``nxd plan``): sizes and micro-batches are the resolution's,
+    the strategy and precision are derived by ``neuronx_distributed_config`` from these arguments."""
+    ds, clip, r = config.distributed_strategy, config.trainer.gradient_clip_val, plan.resolution
     pipeline = {}
-    if plan.pp > 1:
-        pipeline = {"num_microbatches": plan.num_microbatches}
-        if ds.pipeline_schedule:
+    if r.pp > 1:
+        pipeline = {"num_microbatches": r.num_microbatches}
+        if ds.pipeline_schedule:  # unset: NxdConfig.pipeline_schedule's default
             pipeline["schedule"] = ds.pipeline_schedule
         if (ds.virtual_pipeline_model_parallel_size or 1) > 1:
             pipeline["virtual_pipeline_size"] = ds.virtual_pipeline_model_parallel_size
         if config.model.pipeline_cuts:
             pipeline["pipeline_cuts"] = list(config.model.pipeline_cuts)
     return nxd.neuronx_distributed_config(
-        tensor_parallel_size=plan.tp,
-        pipeline_parallel_size=plan.pp,
-        context_parallel_size=plan.cp,
-        expert_parallel_size=plan.ep,
+        tensor_parallel_size=r.tp,
+        pipeline_parallel_size=r.pp,
+        context_parallel_size=r.cp,
+        expert_parallel_size=r.ep,
         pipeline_config=pipeline or None,
         optimizer_config={"zero_one_enabled": ds.zero1, "grad_clipping": bool(clip), "max_grad_norm": float(clip or 1.0)},
         activation_checkpoint_config=recompute_classes(config, plan.spec),
@@ -85,8 +78,6 @@ def model_config_for_rank(config: TrainingConfig, plan: RunPlan) -> Any:
     if config.precision.type not in BF16_PARAM_TYPES:
         return plan.model_config
     return plan.spec.config_from_dict({**plan.model_dict, "dtype": "bfloat16"})
-
-
 
 
 def param_groups(config: TrainingConfig, model: torch.nn.Module) -> list[dict]:

@@ -40,6 +40,8 @@ class PreparedRun:
     plan: Any  # nxd_training.config.RunPlan
     log_dir: Path
     cluster_note: str | None = None
+    #: the nxd.resolved.NxdConfig built from the resolution (each rank builds the same from config.yaml)
+    nxd_config: Any = None
 
 
 def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
@@ -56,8 +58,8 @@ def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
     config = resolve_config(sections)  # the one resolution: validation, printing and every rank use it
     plan = make_plan(config)
     log_dir = resolve_log_dir(config)
-    preflight(config, log_dir, plan)
-    return PreparedRun(config, plan, log_dir, cluster_note)
+    nxd_config = preflight(config, log_dir, plan)
+    return PreparedRun(config, plan, log_dir, cluster_note, nxd_config)
 
 
 def _device_memory_flag(args: argparse.Namespace) -> None:
@@ -100,7 +102,7 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(config), end="")
     print(f"nxd train: {config.name}: model {config.resolved.architecture!r} ({config.resolved.architecture_reason}), "
-          f"world size {plan.world_size} = TP {plan.tp} x PP {plan.pp} x DP {plan.dp}, "
+          f"world size {plan.world_size} = {layout(run.nxd_config, plan.dp)}, "
           f"{plan.num_microbatches} micro-batch(es) per step, seq length {plan.seq_length}, "
           f"data module {plan.data_module!r}", file=info)
     for note in config.resolved.notes:
@@ -118,6 +120,14 @@ def _run_train(args: argparse.Namespace) -> int:
         print("config is valid" + ("; not training (--print-config)" if args.print_config else ""), file=info)
         return 0
     return launch(config, run.log_dir)  # says "writing to" once the run directory is its own
+
+
+def layout(nxd_config: Any, dp: int) -> str:
+    """``TP 2 x PP 1 x DP 2`` (CP, EP when used): the sizes of the run's NxD config, as printed."""
+    sizes = nxd_config.sizes()
+    parts = [f"TP {sizes['tp']}", f"PP {sizes['pp']}"] + [f"{d.upper()} {sizes[d]}" for d in ("cp",) if sizes[d] > 1]
+    parts.append(f"DP {dp}" + (f" (EP {sizes['ep']})" if sizes["ep"] > 1 else ""))
+    return " x ".join(parts)
 
 
 def _plot_arguments(parser: argparse.ArgumentParser) -> None:

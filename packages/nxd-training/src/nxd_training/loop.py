@@ -102,14 +102,15 @@ class Trainer:
     def __init__(self, config: TrainingConfig, log_dir: Path | None = None) -> None:
         self.config = config = resolve_config(config)
         self.plan: RunPlan = make_plan(config)  # from the resolution: nothing derived again
+        # the NxD config every hook and transform gets: the same builder and resolution `--validate` used
+        self.nxd_config = build.nxd_config(config, self.plan)
         self.backend = select_backend(config)
         self.owns_group = ensure_process_group(self.plan.world_size, self.backend, collective_timeout(config))
-        self.context = ensure_parallel_context(config, self.plan)
+        self.context = ensure_parallel_context(self.nxd_config, collective_timeout(config))
         self.rank = dist.get_rank()
         self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
         self.ckpt_dir = checkpoint_dir(config, self.log_dir)
         seed_everything(config.seed)
-        self.nxd_config = build.nxd_config(config, self.plan)
         from nxd_core_parallel import parallel_state
         from nxd_core_parallel.parallel_layers.random import model_parallel_manual_seed
 

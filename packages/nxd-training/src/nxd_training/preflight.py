@@ -12,6 +12,7 @@ import torch
 
 import nxd
 from nxd.errors import ConfigError
+from nxd.resolved import NxdConfig
 from nxd_training.build import nxd_config
 from nxd_training.config.plan import RunPlan, file_tokenizer, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
@@ -23,11 +24,11 @@ from nxd_training.runtime import select_backend
 _BYTES_PER_PARAM = 16
 
 
-def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> None:
+def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig:
     """Raise :class:`ConfigError` naming the key and what would be valid for anything that cannot work.
-    Also builds the run's NxD config, so every plugin's ``nxd_validate_config`` hook judges it now."""
+    Builds the run's NxD config (returned), so every plugin's ``nxd_validate_config`` hook judges it now."""
     world_size = plan.world_size
-    nxd_config(config, plan)
+    resolved = nxd_config(config, plan)
     _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
     backend = select_backend(config)  # the ranks' own choice, so an absent CUDA device is refused here first
     _accelerator(config.trainer.accelerator)
@@ -47,6 +48,7 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> None:
     _data_tokenizer(config)
     _generation_tokenizer(config)
     _memory(config, world_size)
+    return resolved
 
 
 def _writable_dir(path: Path, what: str) -> None:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import nxd
 from nxd import ConfigError
 from nxd.parallel import DEFAULT_TIMEOUT
-from nxd_training.config.plan import RunPlan
+from nxd.resolved import NxdConfig
 from nxd_training.config.schema import TrainingConfig
 
 
@@ -101,10 +101,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def ensure_parallel_context(config: TrainingConfig, plan: RunPlan) -> nxd.ParallelContext:
-    """Build the parallel groups with the configured timeout before anything else builds them and
-    return the context (``neuronx_distributed_config`` then keeps it: same sizes, no second start)."""
+def ensure_parallel_context(nxd_config: NxdConfig, timeout: timedelta) -> nxd.ParallelContext:
+    """Build the parallel groups of the run's NxD config, with the configured collective timeout,
+    before anything else builds them (``neuronx_distributed_config`` keeps a current context of the
+    same sizes: groups start once)."""
     from nxd_core_parallel import parallel_state
 
-    return parallel_state.initialize_model_parallel(plan.tp, plan.pp, plan.ep, context_parallel_size=plan.cp,
-                                                    timeout=collective_timeout(config))
+    sizes = nxd_config.sizes()
+    return parallel_state.initialize_model_parallel(sizes["tp"], sizes["pp"], sizes["ep"],
+                                                    context_parallel_size=sizes["cp"], timeout=timeout)

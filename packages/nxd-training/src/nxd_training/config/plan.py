@@ -7,14 +7,15 @@ naming the keys involved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
-from nxd.resolved import DEFAULT_PIPELINE_SCHEDULE
+from nxd.resolved import pipeline_schedule
+from nxd_training.config import peft
 from nxd_training.config.features import (
     check_features,
     explicit_value,
@@ -52,24 +53,26 @@ MODEL_KEY_MAP: dict[str, str] = {
 
 @dataclass
 class RunPlan:
-    world_size: int
-    tp: int
-    pp: int
-    dp: int
-    num_microbatches: int
-    seq_length: int
-    data_module: str
-    model_dict: dict[str, Any]
+    """The :class:`Resolution` of a run with the live objects it names (the model plugin's spec and
+    config object, the workflow). Every number comes from the resolution: nothing here is derived a
+    second time, so the sizes ``--validate`` prints and the sizes a rank builds with are one record."""
+
+    resolution: Resolution
     model_config: Any
     spec: Any
-    notes: list[str] = field(default_factory=list)
     #: the nxd.specs.Workflow of model_alignment_strategy.<name> (dpo, orpo, ...), or None
     workflow: Any = None
-    #: which key chose the model (model.architecture, model_source=megatron, ...)
-    architecture_reason: str = ""
-    #: context-parallel and expert-parallel sizes (every dimension of the parallel context is planned)
-    cp: int = 1
-    ep: int = 1
+
+    def __getattr__(self, name: str) -> Any:
+        # world_size, tp, pp, dp, cp, ep, num_microbatches, seq_length, data_module, notes, architecture_reason
+        if name != "resolution" and name in Resolution.model_fields:
+            return getattr(self.resolution, name)
+        raise AttributeError(f"RunPlan has no attribute {name!r}")
+
+    @property
+    def model_dict(self) -> dict[str, Any]:
+        """The model config as the model plugin's ``config_from_dict`` takes it (a copy)."""
+        return dict(self.resolution.model)
 
 
 def _world(config: TrainingConfig) -> tuple[int, int, int, int]:
@@ -369,7 +372,7 @@ def _precision(config: TrainingConfig) -> None:
 def _plugins(config: TrainingConfig, pp: int) -> None:
     ds = config.distributed_strategy
     if pp > 1:
-        schedule = ds.pipeline_schedule or DEFAULT_PIPELINE_SCHEDULE
+        schedule = pipeline_schedule(ds.pipeline_schedule, ds.virtual_pipeline_model_parallel_size or 1)
         _need("pipeline_schedule", schedule, "distributed_strategy.pipeline_model_parallel_size", "nxd-pipeline")
     if ds.zero1:
         _need("optimizer", "zero1", "distributed_strategy.zero1", "nxd-zero1")
@@ -385,6 +388,7 @@ def _plugins(config: TrainingConfig, pp: int) -> None:
                 raise ConfigError(f"model_alignment_strategy.peft: LoRA does not support pipeline parallelism "
                                   f"(pipeline_model_parallel_size={pp}); use tensor/data parallelism with LoRA")
             _need("adapter", "lora", "model_alignment_strategy.peft", "nxd-lora")
+            peft.lora_config(align.peft, [])  # every key checked now, not on the ranks
     if config.exp_manager.create_checkpoint_callback or config.exp_manager.resume_if_exists:
         _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")
 
@@ -420,11 +424,7 @@ def resolve_config(config: TrainingConfig, check_data: bool = True) -> ResolvedC
     sections = config.model_dump(by_alias=True)
     sections["model"]["architecture"] = plan.spec.name
     newer_keys(sections, config, plan.spec)  # keys of earlier NxDT releases written under their newer names
-    resolution = Resolution(
-        architecture=plan.spec.name, architecture_reason=plan.architecture_reason, model=plan.model_dict,
-        world_size=plan.world_size, tp=plan.tp, pp=plan.pp, dp=plan.dp, cp=plan.cp, ep=plan.ep,
-        num_microbatches=plan.num_microbatches, seq_length=plan.seq_length, data_module=plan.data_module, workflow=workflow_name(config), notes=list(plan.notes))
-    return ResolvedConfig.model_validate({**sections, "resolved": resolution})
+    return ResolvedConfig.model_validate({**sections, "resolved": plan.resolution})
 
 
 def plan_of(config: ResolvedConfig) -> RunPlan:
@@ -434,10 +434,7 @@ def plan_of(config: ResolvedConfig) -> RunPlan:
         spec = nxd.get_component("model", r.architecture, need=r.architecture_reason)
     except ComponentNotFound as exc:
         raise ConfigError(str(exc)) from None
-    model_config = spec.config_from_dict(dict(r.model))
-    return RunPlan(r.world_size, r.tp, r.pp, r.dp, r.num_microbatches, r.seq_length, r.data_module, dict(r.model),
-                   model_config, spec, notes=list(r.notes), workflow=build_workflow(config),
-                   architecture_reason=r.architecture_reason, cp=r.cp, ep=r.ep)
+    return RunPlan(r, spec.config_from_dict(dict(r.model)), spec, build_workflow(config))
 
 
 def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
@@ -480,8 +477,9 @@ def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     if needs and data_module != needs:
         raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} trains on the {needs!r} data module, but "
                           f"data.module={data_module!r}; remove data.module or set it to {needs!r}")
-    notes = check_legacy(config, spec) + neuron_only_notes(config)
-    ds = config.distributed_strategy
-    return RunPlan(world, tp, pp, dp, num_mb, seq, data_module, as_dict, model_config, spec, notes=notes,
-                   workflow=workflow, architecture_reason=reason, cp=ds.context_parallel_size,
-                   ep=ds.expert_model_parallel_size)
+    resolution = Resolution(
+        architecture=spec.name, architecture_reason=reason, model=as_dict, world_size=world, tp=tp, pp=pp, dp=dp,
+        cp=config.distributed_strategy.context_parallel_size, ep=config.distributed_strategy.expert_model_parallel_size,
+        num_microbatches=num_mb, seq_length=seq, data_module=data_module, workflow=workflow_name(config),
+        notes=check_legacy(config, spec) + neuron_only_notes(config))
+    return RunPlan(resolution, model_config, spec, workflow)

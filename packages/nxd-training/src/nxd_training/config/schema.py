@@ -276,23 +276,10 @@ class SFTConfig(Section):
     packing: bool = True
 
 
-class PEFTConfig(Section):
-    lora_rank: int = Field(16, ge=1)
-    lora_alpha: float = Field(32, gt=0)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
-    lora_bias: Literal["none", "all", "lora_only"] = "none"
-    lora_verbose: bool = False
-    target_modules: Union[list[str], None] = None
-    load_lora_from_ckpt: bool = False
-    save_lora_base: bool = False
-    merge_lora: bool = False
-    save_lora_config_adapter: bool = True
-    merge_sharded_lora: bool = False
-
-
 class ModelAlignmentConfig(Section):
     sft: Union[SFTConfig, None] = None
-    peft: Union[PEFTConfig, None] = None
+    #: NxD's LoraConfig fields with NxDT's defaults (nxd_training.config.peft; docs/config.md)
+    peft: Union[dict[str, Any], None] = None
     dpo: Union[dict[str, Any], None] = None
     orpo: Union[dict[str, Any], None] = None
 

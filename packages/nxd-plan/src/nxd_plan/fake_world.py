@@ -60,10 +60,10 @@ def build_rank_model(config: Any, run: Any) -> tuple[torch.nn.Module, nxd.Parall
     (:func:`_mesh_transforms`) run after the build on the same meta parameters with a CPU mesh over
     the fake group, so the shards are FSDP's own DTensors."""
     from nxd_training import build
-    from nxd_training.runtime import ensure_parallel_context
+    from nxd_training.runtime import collective_timeout, ensure_parallel_context
 
-    context = ensure_parallel_context(config, run)  # as nxd train: the groups first, then the NxD config
-    nxd_cfg = build.nxd_config(config, run)
+    nxd_cfg = build.nxd_config(config, run)  # as nxd train: the one NxD config, then its groups
+    context = ensure_parallel_context(nxd_cfg, collective_timeout(config))
     model_config = build.model_config_for_rank(config, run)
     build_fn = nxd.parallel.bind_context(run.spec.build, context)
     later = _mesh_transforms(context, nxd_cfg)

@@ -23,7 +23,8 @@ def example(repo_root, monkeypatch):
 
 def test_the_example_transform_runs_only_when_the_config_turns_it_on(example):
     spec = nxd.get_model("tinylm")
-    model = spec.build(spec.config_from_dict(spec.presets["tiny"]))
+    model = spec.build({"preset": "tiny", "hidden_size": 16})  # nxd.specs.config_reader: a preset, overridden
+    assert tuple(model.embed.weight.shape) == (spec.presets["tiny"]["vocab_size"], 16)
     plain = nxd.neuronx_distributed_config()
     assert nxd.transforms.apply_model_transforms(model, None, plain).head.weight.dtype == torch.float32
     config = nxd.neuronx_distributed_config(model_transforms={"tinylm_bf16": {"modules": ["head"]}})

@@ -11,14 +11,17 @@ from nxd.errors import NxdError
 from nxd.plugins import state
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The ``nxd`` parser; with ``verb`` (the command being run) only that verb's own arguments are
+    added (every verb is still listed), so running one verb never calls the other plugins."""
     parser = argparse.ArgumentParser(prog="nxd", description="nxd: hardware-neutral distributed training for PyTorch LLMs")
     parser.add_argument("--version", action="version", version=f"nxd {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     components = state().components
     for component in components.all("command"):
         sub = verbs.add_parser(component.name, help=component.obj.help, description=component.obj.help)
-        component.obj.add_arguments(sub)
+        if verb is None or component.name == verb:
+            component.obj.add_arguments(sub)
         sub.set_defaults(_run=component.obj.run)
     missing = sorted(set(CATALOG["command"]) - set(components.names("command")))
     if missing:
@@ -38,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    parser = build_parser()
+    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
     if argv and not argv[0].startswith("-") and argv[0] in CATALOG["command"] and argv[0] not in state().components.names("command"):
         parser.exit(2, f"nxd: '{argv[0]}' is provided by a plugin that is not installed: pip install {CATALOG['command'][argv[0]]}\n")
     args = parser.parse_args(argv)

@@ -18,6 +18,33 @@ import torch
 PLAN_STYLES = ("column", "row", "vocab", "gathered", "partial_grad", "sequence", "experts")
 
 
+def config_reader(from_dict: Callable[[Any], Any], preset: Callable[..., Any]) -> Callable[[Any], Any]:
+    """A :class:`ModelSpec` ``config_from_dict``: ``{"preset": name, ...}`` starts from the family's
+    preset ``name`` and overrides it; any other dict (or a config object) goes to ``from_dict``."""
+
+    def config_from_dict(data: Any) -> Any:
+        if isinstance(data, dict) and "preset" in data:
+            data = preset(data["preset"], **{k: v for k, v in data.items() if k != "preset"})
+        return from_dict(data)
+
+    return config_from_dict
+
+
+def model_builder(model_class: Callable[..., torch.nn.Module], read_config: Callable[[Any], Any]
+                  ) -> Callable[..., torch.nn.Module]:
+    """A :class:`ModelSpec` ``build``: ``model_class(config, sequence_parallel=..., context=...)``,
+    a dict config read with ``read_config``, ``sequence_parallel`` from the NxD config."""
+
+    def build(config: Any, nxd_config: dict | None = None, context: Any = None) -> torch.nn.Module:
+        """This rank's model for ``context`` (``None``: the current context) and ``nxd_config``."""
+        from nxd.resolved import NxdConfig
+
+        cfg = read_config(config) if isinstance(config, dict) else config
+        return model_class(cfg, sequence_parallel=NxdConfig.of(nxd_config).sequence_parallel, context=context)
+
+    return build
+
+
 @dataclass(frozen=True)
 class ParallelPlan:
     """How a model family's modules are parallelised, as data (qualified-name patterns, ``fnmatch``

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +35,8 @@ class TinyBlock(nn.Module):
 class TinyLM(nn.Module):
     nxd_transformer_layer_classes = (TinyBlock,)
 
-    def __init__(self, config: TinyLMConfig) -> None:
+    def __init__(self, config: TinyLMConfig, sequence_parallel: bool = False, context: Any = None) -> None:
+        # the spec's build passes the run's sequence_parallel and parallel context; plain layers need neither
         super().__init__()
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.block = TinyBlock(config)

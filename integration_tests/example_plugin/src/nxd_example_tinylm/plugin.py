@@ -12,18 +12,29 @@ from __future__ import annotations
 import torch
 
 import nxd
-from nxd.specs import ModelSpec, ParallelPlan
+from nxd.specs import ModelSpec, ParallelPlan, config_reader, model_builder
 from nxd.transforms import LOW_PRECISION, ModelTransform
 from nxd_example_tinylm.model import TinyBlock, TinyLM, TinyLMConfig
 
 NXD_PLUGIN_API = (2, 2)
 
+PRESETS = {"tiny": {"vocab_size": 128, "hidden_size": 32, "num_heads": 4}}
+
+
+def _config(data: dict | TinyLMConfig) -> TinyLMConfig:
+    return data if isinstance(data, TinyLMConfig) else TinyLMConfig(**data)
+
+
+#: {"preset": "tiny", ...} or the config's keys (the core's helper: presets handled the same way in every family)
+config_from_dict = config_reader(_config, lambda name, **overrides: {**PRESETS[name], **overrides})
+
 SPEC = ModelSpec(
     name="tinylm",
-    config_from_dict=lambda d: TinyLMConfig(**d),
-    build=lambda config, nxd_config=None: TinyLM(config),
+    config_from_dict=config_from_dict,
+    # TinyLM(config, sequence_parallel=..., context=...): replicated layers, nothing to shard
+    build=model_builder(TinyLM, config_from_dict),
     transformer_layer_classes=(TinyBlock,),
-    presets={"tiny": {"vocab_size": 128, "hidden_size": 32, "num_heads": 4}},
+    presets=PRESETS,
     # plain layers, replicated on every rank; a pipeline may cut before the block
     parallel_plan=ParallelPlan(pipeline_blocks=("block",)),
 )

@@ -40,30 +40,16 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ save
     def save(
-        self,
-        path: str,
-        tag: str = "",
-        model: Any = None,
-        optimizer: Any = None,
-        scheduler: Any = None,
-        user_content: Any = None,
-        num_workers: int = 8,
-        use_xser: bool = False,
-        num_kept_ckpts: int | None = None,
-        async_save: bool = False,
-        zero1_optimizer: bool = False,
-        *,
-        format: str | None = None,
-        storage_options: dict | None = None,
-        save_rng: bool = True,
-        overlap_snapshot: bool = False,
-        on_snapshot_wait: Callable[[float], None] | None = None,
-        context: ParallelContext | None,
-        **unused: Any,
+        self, path: str, tag: str = "", *, context: ParallelContext | None, model: Any = None, optimizer: Any = None,
+        scheduler: Any = None, user_content: Any = None, use_xser: bool = False, num_kept_ckpts: int | None = None,
+        async_save: bool = False, zero1_optimizer: bool = False, format: str | None = None,
+        storage_options: dict | None = None, save_rng: bool = True, overlap_snapshot: bool = False,
+        on_snapshot_wait: Callable[[float], None] | None = None, **unused: Any,
     ) -> None:
-        """Save ``path/tag``. ``use_xser=True`` selects the safetensors format (one addressable
-        record per tensor, like NxD's xser) unless ``format`` names one. ``num_workers`` is accepted
-        for NxD compatibility; each rank writes its own files.
+        """Save ``path/tag`` (NxD's positional signature is ``nxd.save_checkpoint``'s, written there
+        once; the component takes keywords). ``use_xser=True`` selects the safetensors format (one
+        addressable record per tensor, like NxD's xser) unless ``format`` names one. NxD's
+        ``num_workers`` is accepted and unused: each rank writes its own files.
 
         ``overlap_snapshot=True`` (with ``async_save``): return before copying parameters and
         optimizer state; the next optimizer step waits for that copy (see ``nxd_ckpt.staging``),
@@ -132,19 +118,9 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ load
     def load(
-        self,
-        path: str,
-        tag: str | None = None,
-        model: Any = None,
-        optimizer: Any = None,
-        scheduler: Any = None,
-        num_workers: int = 8,
-        strict: bool = True,
-        *,
-        storage_options: dict | None = None,
-        load_rng: bool = True,
-        context: ParallelContext | None,
-        **unused: Any,
+        self, path: str, tag: str | None = None, *, context: ParallelContext | None, model: Any = None,
+        optimizer: Any = None, scheduler: Any = None, strict: bool = True, storage_options: dict | None = None,
+        load_rng: bool = True, **unused: Any,
     ) -> Any:
         """Load ``path/tag`` (``tag=None``: newest complete, after removing interrupted saves) and
         return its user content."""

@@ -4,9 +4,8 @@ by the config's names and attention layout, ``generate``) for DeepSeek-V3's conf
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-from nxd.specs import ParallelPlan
+from nxd.specs import ParallelPlan, config_reader
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_deepseek.modeling import DeepseekV3DecoderLayer, DeepseekV3ForCausalLM
@@ -15,13 +14,7 @@ from nxd_models_llama import LlamaCoreAttention
 from nxd_models_mixtral.spec import SPEC as MIXTRAL_SPEC
 from nxd_models_mixtral.spec import builder
 
-
-def config_from_dict(data: dict[str, Any] | DeepseekV3Config) -> DeepseekV3Config:
-    if isinstance(data, dict) and "preset" in data:
-        data = preset(data["preset"], **{k: v for k, v in data.items() if k != "preset"})
-    return DeepseekV3Config.from_dict(data)
-
-
+config_from_dict = config_reader(DeepseekV3Config.from_dict, preset)
 build = builder(DeepseekV3ForCausalLM, config_from_dict)
 
 

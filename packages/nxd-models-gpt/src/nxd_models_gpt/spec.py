@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
 
-from torch import nn
-
-from nxd.parallel import ParallelContext
-from nxd.resolved import NxdConfig
-from nxd.specs import ModelSpec, ParallelPlan
+from nxd.specs import ModelSpec, ParallelPlan, config_reader, model_builder
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.generate import generate
 from nxd_models_gpt.hf_io import load_hf_checkpoint, save_hf_checkpoint
@@ -29,20 +24,11 @@ NXDT_FEATURES = frozenset(f"model.{key}" for key in (
 #: NxDT ``activations_checkpoint_recompute`` names -> the classes they select in this model.
 RECOMPUTE_MODULES = {"CoreAttention": (GPTCoreAttention,), "ParallelTransformerLayer": (GPTTransformerLayer,)}
 
-def config_from_dict(data: dict[str, Any] | GPTConfig) -> GPTConfig:
-    """Megatron/NeMo/NxDT or Hugging Face (GPT-2, GPT-NeoX) keys -> :class:`GPTConfig`;
-    ``{"preset": name, ...}`` starts from a preset and overrides it."""
-    if isinstance(data, dict) and "preset" in data:
-        rest = {k: v for k, v in data.items() if k != "preset"}
-        data = preset(data["preset"], **rest)
-    return GPTConfig.from_dict(data)
-
-
-def build(config: GPTConfig | dict, nxd_config: dict | None = None, context: ParallelContext | None = None
-          ) -> nn.Module:
-    """This rank's model for ``context`` (``sequence_parallel`` from ``nxd_config``)."""
-    cfg = config_from_dict(config) if isinstance(config, dict) else config
-    return GPTForCausalLM(cfg, sequence_parallel=NxdConfig.of(nxd_config).sequence_parallel, context=context)
+#: Megatron/NeMo/NxDT or Hugging Face (GPT-2, GPT-NeoX) keys -> :class:`GPTConfig`;
+#: ``{"preset": name, ...}`` starts from a preset and overrides it
+config_from_dict = config_reader(GPTConfig.from_dict, preset)
+#: this rank's model for ``context`` (``sequence_parallel`` from ``nxd_config``)
+build = model_builder(GPTForCausalLM, config_from_dict)
 
 
 def flops_per_token(config: GPTConfig | dict, seq_length: int | None = None) -> float:

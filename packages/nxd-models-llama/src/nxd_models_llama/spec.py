@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
-from nxd.parallel import ParallelContext
-from nxd.resolved import NxdConfig
-from nxd.specs import ModelSpec, ParallelPlan
+from nxd.specs import ModelSpec, ParallelPlan, config_reader, model_builder
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.generate import generate
@@ -37,23 +33,17 @@ RECOMPUTE_MODULES: dict[str, tuple[type, ...]] = {
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def config_from_dict(data: dict[str, Any] | LlamaConfig) -> LlamaConfig:
-    """nxd or Hugging Face ``config.json`` keys -> :class:`LlamaConfig`; ``{"preset": name, ...}``
-    starts from a preset and overrides it."""
-    if isinstance(data, dict) and "preset" in data:
-        from nxd_models_llama.presets import preset
+def _preset(name: str, **overrides: Any) -> dict[str, Any]:
+    from nxd_models_llama.presets import preset
 
-        rest = {k: v for k, v in data.items() if k != "preset"}
-        data = preset(data["preset"], **rest)
-    return LlamaConfig.from_dict(data)
+    return preset(name, **overrides)
 
 
-def build(config: LlamaConfig | dict, nxd_config: dict | None = None, context: ParallelContext | None = None
-          ) -> nn.Module:
-    """This rank's model for ``context`` (``sequence_parallel`` from ``nxd_config``)."""
-    cfg = config_from_dict(config) if isinstance(config, dict) else config
-    sequence_parallel = NxdConfig.of(nxd_config).sequence_parallel
-    return LlamaForCausalLM(cfg, sequence_parallel=sequence_parallel, context=context)
+#: nxd or Hugging Face ``config.json`` keys -> :class:`LlamaConfig`; ``{"preset": name, ...}`` starts
+#: from a preset and overrides it
+config_from_dict = config_reader(LlamaConfig.from_dict, _preset)
+#: this rank's model for ``context`` (``sequence_parallel`` from ``nxd_config``)
+build = model_builder(LlamaForCausalLM, config_from_dict)
 
 
 def flops_per_token(config: LlamaConfig | dict, seq_length: int | None = None) -> float:

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-from torch import nn
-
-from nxd.parallel import ParallelContext
-from nxd.resolved import NxdConfig
-from nxd.specs import ModelSpec, ParallelPlan
+from nxd.specs import ModelSpec, ParallelPlan, config_reader, model_builder
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention, generate
 from nxd_models_mixtral.config import MixtralConfig
@@ -31,27 +24,11 @@ RECOMPUTE_MODULES = {
 }
 
 
-def config_from_dict(data: dict[str, Any] | MixtralConfig) -> MixtralConfig:
-    """Hugging Face ``config.json`` keys (plus a ``moe`` section of NxDT keys) -> :class:`MixtralConfig`;
-    ``{"preset": name, ...}`` starts from a preset."""
-    if isinstance(data, dict) and "preset" in data:
-        data = preset(data["preset"], **{k: v for k, v in data.items() if k != "preset"})
-    return MixtralConfig.from_dict(data)
-
-
-def builder(model_class: type[MixtralForCausalLM], read_config: Callable[[dict], MixtralConfig]) -> Callable[..., nn.Module]:
-    """A spec's ``build`` for ``model_class`` (Mixtral or a family on its model), reading dict
-    configs with ``read_config``."""
-
-    def build(config: MixtralConfig | dict, nxd_config: dict | None = None,
-              context: ParallelContext | None = None) -> nn.Module:
-        """This rank's model for ``context`` (its EP groups; ``None``: the current context), TP and
-        ``sequence_parallel``."""
-        cfg = read_config(config) if isinstance(config, dict) else config
-        return model_class(cfg, sequence_parallel=NxdConfig.of(nxd_config).sequence_parallel,
-                           context=context)
-
-    return build
+#: Hugging Face ``config.json`` keys (plus a ``moe`` section of NxDT keys) -> :class:`MixtralConfig`;
+#: ``{"preset": name, ...}`` starts from a preset
+config_from_dict = config_reader(MixtralConfig.from_dict, preset)
+#: a spec's ``build`` for a model class on Mixtral's model (the name families on it import)
+builder = model_builder
 
 
 build = builder(MixtralForCausalLM, config_from_dict)

@@ -45,7 +45,10 @@ def _buckets(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Ten
     return buckets
 
 
-def _allreduce_flat(tensors: list[torch.Tensor], group: Any, average: bool, cap_bytes: int) -> None:
+def allreduce_coalesced(tensors: list[torch.Tensor], group: Any, average: bool = False,
+                        cap_bytes: int = BUCKET_CAP_BYTES) -> None:
+    """All-reduce ``tensors`` in place over ``group`` (summed, or averaged), packed per dtype and
+    device into flat buckets of at most ``cap_bytes``: one collective per bucket."""
     size = dist.get_world_size(group)
     if size == 1 or not tensors:
         return
@@ -72,7 +75,7 @@ def bucket_allreduce_gradients(grads: Iterable[torch.Tensor], group: Any = None,
         if ctx is None:
             return
         group = gradient_reduction_group(ctx)
-    _allreduce_flat(list(grads)[::-1], group, average=True, cap_bytes=bucket_cap_bytes)
+    allreduce_coalesced(list(grads)[::-1], group, average=True, cap_bytes=bucket_cap_bytes)
 
 
 def allreduce_context_parallel_gradients(parameters: Any, bucket_cap_bytes: int = BUCKET_CAP_BYTES, *,
@@ -84,7 +87,7 @@ def allreduce_context_parallel_gradients(parameters: Any, bucket_cap_bytes: int 
     if ctx is None or ctx.cp.size == 1:
         return
     grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
-    _allreduce_flat(grads[::-1], ctx.cp.group, average=True, cap_bytes=bucket_cap_bytes)
+    allreduce_coalesced(grads[::-1], ctx.cp.group, average=True, cap_bytes=bucket_cap_bytes)
 
 
 def gradient_reduction_group(context: ParallelContext | None = None) -> Any:
@@ -106,7 +109,7 @@ def allreduce_sequence_parallel_gradients(parameters: Any, *, context: ParallelC
     # gradient is the same as summing before the reduction, both linear)
     grads = [dtensor.local(p.grad) for p in _as_list(parameters)
              if getattr(p, "sequence_parallel_enabled", False) and p.grad is not None]
-    _allreduce_flat(grads, ctx.tp.group, average=False, cap_bytes=BUCKET_CAP_BYTES)
+    allreduce_coalesced(grads, ctx.tp.group, average=False, cap_bytes=BUCKET_CAP_BYTES)
 
 
 def is_expert_parallel(param: torch.Tensor) -> bool:
@@ -131,7 +134,7 @@ def allreduce_expert_parallel_gradients(parameters: Any, *, context: ParallelCon
             by_group.setdefault(id(group), (group, []))[1].append(p.grad)
     dp = expert_gradient_divisor(ctx)
     for group, grads in by_group.values():
-        _allreduce_flat(grads, group, average=False, cap_bytes=BUCKET_CAP_BYTES)
+        allreduce_coalesced(grads, group, average=False, cap_bytes=BUCKET_CAP_BYTES)
         for g in grads:
             g.div_(dp)
 

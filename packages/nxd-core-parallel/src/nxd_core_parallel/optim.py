@@ -11,6 +11,14 @@ import torch
 from torch.optim import Optimizer
 
 
+def run_closure(closure: Callable[[], Any] | None) -> Any:
+    """torch.optim's step convention: the loss the closure re-evaluates (with gradients on), or None."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class AdamW_FP32OptimParams(Optimizer):  # noqa: N801 - NxD's name
     """Decoupled-weight-decay Adam. ``exp_avg``/``exp_avg_sq`` are fp32 (fp64 for fp64 parameters)
     whatever the parameter dtype; the update is computed in that precision and written back in the
@@ -32,10 +40,7 @@ class AdamW_FP32OptimParams(Optimizer):  # noqa: N801 - NxD's name
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = run_closure(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:

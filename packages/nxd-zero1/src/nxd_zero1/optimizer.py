@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from nxd.parallel import ParallelContext, resolve_context
-from nxd_core_parallel.grads import allreduce_sequence_parallel_gradients
+from nxd_core_parallel.grads import allreduce_coalesced, allreduce_sequence_parallel_gradients
+from nxd_core_parallel.optim import run_closure
 from nxd_zero1 import checkpoint as _ckpt
 from nxd_zero1.groups import GroupComm, backend_name, group_rank, group_size, resolve_group
 from nxd_zero1.layout import FlatLayout, flatten_into
@@ -292,13 +293,7 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         bufs = [g for g in self._grads(params) if g is not None]
         if not bufs:
             return
-        flat = torch.cat([b.reshape(-1) for b in bufs])
-        dist.all_reduce(flat, group=cp.group)
-        flat.div_(cp.size)
-        off = 0
-        for b in bufs:
-            b.copy_(flat[off:off + b.numel()].view_as(b))
-            off += b.numel()
+        allreduce_coalesced(bufs, cp.group, average=True)
 
     def _allreduce_sequence_parallel(self) -> None:
         sp = [p for p in self._all_params() if getattr(p, "sequence_parallel_enabled", False)]
@@ -307,13 +302,7 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         if not any(hasattr(p, "main_grad") for p in sp):
             allreduce_sequence_parallel_gradients(sp, context=self.parallel_context)
             return
-        bufs = [p.main_grad for p in sp]
-        flat = torch.cat([b.reshape(-1) for b in bufs])
-        dist.all_reduce(flat, group=self.grad_norm_group)
-        off = 0
-        for b in bufs:
-            b.copy_(flat[off:off + b.numel()].view_as(b))
-            off += b.numel()
+        allreduce_coalesced([p.main_grad for p in sp], self.grad_norm_group)
 
     def _sync_grad_views(self, gi: int, zero: bool = False) -> None:
         """Make fp32 params' ``.grad`` views of the group's grad buffer again where user code
@@ -423,10 +412,7 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ optimizer API
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = run_closure(closure)
         if self.sequence_parallel:
             self._allreduce_sequence_parallel()
         self._allreduce_context_parallel()

@@ -49,3 +49,14 @@ def test_nxdt_70b_ranks_at_both_ends(nxdt_conf) -> None:
     plan = make_run_plan(source, overrides)
     result = dry_run(plan, source, overrides, ranks=[0, 31, 255, 480, 511])
     assert not result.problems, result.problems
+
+
+def test_nxdt_lora_config_ranks(nxdt_conf) -> None:
+    """NxD Training's LoRA SFT config: the adapters' init seed is shared from rank 0 by a collective
+    the fake group carries no data for (rank 1 read an unset object size and failed before)."""
+    overrides = ["model.model_config=null", "+model.preset=llama3-8b", "model.encoder_seq_length=512",
+                 "data.seq_length=512"]
+    source = nxdt_conf / "hf_llama3_8B_SFT_lora_config.yaml"
+    plan = make_run_plan(source, overrides)
+    result = dry_run(plan, source, overrides, ranks=[0, 1, 31])
+    assert not result.problems, result.problems

@@ -189,7 +189,9 @@ def shared_init_generator() -> torch.Generator:
     ``torch.manual_seed`` still decides the adapter). Ranks' default RNGs need not agree: model
     building consumes them differently per TP/PP rank. Collective when torch.distributed is up."""
     seed = [int(torch.randint(0, 2**62, (1,), device="cpu").item())]  # CPU RNG also under a meta default device
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    # torch's "fake" backend (shape-only dry runs such as ``nxd plan --dry-run``) moves no data: an
+    # object broadcast would read an unset size on rank > 0. Each rank keeps its own seed there.
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() != "fake":
         dist.broadcast_object_list(seed, src=0)
     return torch.Generator().manual_seed(seed[0])
 

@@ -150,7 +150,7 @@ class SafetensorsCheckpoint:
                 raise ValueError(f"{self.dir}: {piece.hf_key} has shape {list(shape)}, expected "
                                  f"{list(expected[piece.hf_key])} for this config")
             parts.append(self.read(piece))
-            used.add(piece.hf_key)
+            used.add(self.resolve(piece.hf_key))  # as stored: check_unused compares stored names
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=pieces[0].dim)
 
 
@@ -178,10 +178,12 @@ def place_piece(out: dict[str, torch.Tensor], shape: tuple[int, ...], piece: Sli
                 dtype: torch.dtype | None = None) -> None:
     """Write ``chunk`` (the part of a shard ``piece`` names) into the full HF tensor
     ``out[piece.hf_key]``, created with ``shape`` and ``dtype`` (default: the chunk's) on first use;
-    TP padding rows (``piece.zeros``) are dropped."""
+    TP padding rows (``piece.zeros``) are dropped, a ``piece.transpose`` chunk is transposed back."""
     zeros = getattr(piece, "zeros", 0)
     if zeros:
         chunk = chunk.narrow(piece.dim, 0, len(piece.index))
+    if getattr(piece, "transpose", False):  # stored transposed (GPT-2's Conv1D)
+        chunk = chunk.t()
     target = out.get(piece.hf_key)
     if target is None:
         target = out[piece.hf_key] = torch.empty(shape, dtype=dtype or chunk.dtype)

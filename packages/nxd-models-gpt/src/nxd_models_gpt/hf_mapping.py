@@ -11,29 +11,18 @@ one description.
   QKV is per head ``[q_h; k_h; v_h]``, so the piece is a gather of columns.
 * GPT-NeoX's ``query_key_value`` already is Megatron's per-head interleaved layout: a TP rank's
   rows are one contiguous slice.
-* Padded vocabulary rows (Megatron padding) have no HF rows: ``Piece(None, ...)`` means zeros on
-  import and is dropped on export.
+* Padded vocabulary rows (Megatron padding) have no HF rows: a vocabulary piece's ``zeros`` rows
+  are zeros on import and dropped on export.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from nxd_core_parallel.hf_pipeline import Piece
 from nxd_models_gpt.config import GPTConfig
 
 LAYOUTS = ("gpt2", "gpt_neox")
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Rows (``dim=0``) / columns (``dim=1``) ``index`` of ``hf_key``; ``dim=None``: the whole tensor;
-    ``hf_key=None``: ``len(index)`` zero rows (vocabulary padding)."""
-
-    hf_key: str | None
-    dim: int | None
-    index: tuple[int, ...] = ()
-    transpose: bool = False
 
 
 def _rows(key: str, start: int, stop: int, dim: int = 0, transpose: bool = False) -> Piece:
@@ -76,11 +65,8 @@ def default_layout(config: GPTConfig) -> str:
 def _vocab_rows(key: str, config: GPTConfig, padded: int, tp: int, rank: int) -> list[Piece]:
     per = padded // tp
     lo, hi = rank * per, (rank + 1) * per
-    real_hi = min(hi, config.vocab_size)
-    pieces = [_rows(key, lo, real_hi)] if real_hi > lo else []
-    if hi > max(lo, real_hi):
-        pieces.append(Piece(None, 0, tuple(range(max(lo, real_hi), hi))))
-    return pieces
+    real = range(lo, max(lo, min(hi, config.vocab_size)))
+    return [Piece(key, 0, tuple(real), zeros=per - len(real))]
 
 
 def hf_output_key(layout: str) -> str:

@@ -23,21 +23,10 @@ Layout notes (also published as ``spec.extras["hf_key_mapping"]``):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from nxd_core_parallel.hf_pipeline import Piece
 from nxd_core_parallel.parallel_layers import get_padding_length
 from nxd_models_llama.config import LlamaConfig
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Rows (``dim=0``) or columns (``dim=1``) ``index`` of HF tensor ``hf_key``; ``dim=None``: all of it."""
-
-    hf_key: str
-    dim: int | None
-    index: tuple[int, ...] = ()
-    #: zero rows after ``index`` in the local shard (TP padding; not in the HF checkpoint)
-    zeros: int = 0
 
 
 def _rows(key: str, start: int, stop: int, dim: int = 0) -> Piece:

@@ -15,33 +15,24 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from nxd_core_parallel.hf_interop import (
     SafetensorsCheckpoint,
-    assembles_stage,
-    check_config_fields,
-    check_unused,
     clean_param_name,
     exported_parameters,
     gather_over,
-    gather_pipeline_stages,
     gather_shards,
     loadable_parameters,
-    place_piece,
-    split_by_pieces,
     tp_size_and_rank,
     unwrap_local_module,
-    write_hf_dir,
-    writes_files,
 )
+from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping, Part, Piece
 from nxd_core_parallel.vocab_padding import real_vocab_rows
 from nxd_models_llama.hf_io import kv_size_multiplier
-from nxd_models_llama.hf_mapping import Piece, tied_hf_key
+from nxd_models_llama.hf_mapping import tied_hf_key
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_moe import expert_parallel_groups
 
@@ -107,8 +98,9 @@ def plain_pieces(name: str, config: MixtralConfig, tp: int, tp_rank: int, multip
     if match:
         return [Piece(f"model.layers.{match.group(1)}.{config.MOE_MODULE}.gate.{match.group(2)}", None)]
     padded = config.padded_vocab_size(tp)
-    if name in _VOCAB and padded != config.vocab_size:  # only the real rows of this rank's padded slice
-        return [Piece(tied_hf_key(name, config), 0, tuple(real_vocab_rows(config.vocab_size, padded, tp, tp_rank)))]
+    if name in _VOCAB and padded != config.vocab_size:  # the real rows of this rank's padded slice, then zeros
+        rows = tuple(real_vocab_rows(config.vocab_size, padded, tp, tp_rank))
+        return [Piece(tied_hf_key(name, config), 0, rows, zeros=padded // tp - len(rows))]
     return config.hf_pieces(name, tp, tp_rank, multiplier)
 
 
@@ -140,98 +132,57 @@ def hf_shapes(config: MixtralConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-@torch.no_grad()
+def hf_mapping(module: nn.Module) -> HfMapping:
+    """An (unwrapped) Mixtral model's mapping at the current TP/EP sizes: Llama's attention and norms
+    (``config.hf_pieces``), the routers, and the experts (each EP rank holds its own)."""
+    context = module.parallel_context
+    config, (tp, tp_rank), multiplier = module.config, tp_size_and_rank(context), kv_size_multiplier(module)
+    groups = expert_parallel_groups(context)
+    shapes = hf_shapes(config)
+
+    def ep_of(name: str) -> tuple[int, int]:
+        return (groups.ep_size, groups.ep_rank) if _is_routed_expert(name, config) else (1, 0)  # shared: never split
+
+    def read(ckpt: SafetensorsCheckpoint, name: str, param: torch.Tensor, used: set[str]) -> torch.Tensor | None:
+        per_expert = expert_pieces(name, config, tp, tp_rank, *ep_of(name))
+        if per_expert is None:
+            return None
+        # [local experts (1 for the shared experts), rows, columns]
+        return torch.stack([ckpt.read_pieces(pieces, shapes, used) for pieces in per_expert])
+
+    def gather(name: str, param: torch.Tensor) -> list[Part] | None:
+        if not _expert_re(config).match(name):
+            return None
+        ep = ep_of(name)[0]
+        by_rank = [gather_over(shard, ep, groups.ep_group) if ep > 1 else [shard] for shard in gather_shards(param, tp, context)]
+        return [part for r in range(tp) for q in range(ep)
+                for part in zip(expert_pieces(name, config, tp, r, ep, q), by_rank[r][q])]
+
+    def read_elsewhere(ckpt: SafetensorsCheckpoint) -> set[str]:  # other EP ranks read the other experts
+        return {k for k in ckpt.keys() if f".{config.MOE_MODULE}.experts." in k} if groups.ep_size > 1 else set()
+
+    return HfMapping(pieces=lambda name, rank: plain_pieces(name, config, tp, rank, multiplier), shapes=shapes,
+                     hf_config=config.to_hf_dict, context=context, tied=config.tie_word_embeddings, tensors=hf_tensors,
+                     read=read,
+                     gather=gather, read_elsewhere=read_elsewhere)
+
+
+HF_IO = HfFamilyIO(unwrap_model, hf_mapping, _SHAPE_FIELDS)
+
+
 def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool = True) -> None:
     """Load a Hugging Face Mixtral directory into ``model`` at the current TP/EP degrees; each rank
     reads only the rows/columns of its shards and only its own experts."""
-    module = unwrap_model(model)
-    context = module.parallel_context
-    config, hf_dir = module.config, Path(hf_dir)
-    check_config_fields(config, hf_dir, type(config).from_dict, _SHAPE_FIELDS)
-    tp, tp_rank = tp_size_and_rank(context)
-    groups = expert_parallel_groups(context)
-    multiplier = kv_size_multiplier(module)
-    expected = hf_shapes(config)
-    used: set[str] = set()
-    with SafetensorsCheckpoint(hf_dir) as ckpt:
-        for name, param in hf_tensors(module):
-            routed = _is_routed_expert(name, config)
-            per_expert = expert_pieces(name, config, tp, tp_rank, groups.ep_size if routed else 1,
-                                       groups.ep_rank if routed else 0)
-            if per_expert is not None:  # [local experts (1 for the shared experts), rows, columns]
-                tensor = torch.stack([ckpt.read_pieces(pieces, expected, used) for pieces in per_expert])
-            else:
-                pieces = plain_pieces(name, config, tp, tp_rank, multiplier)
-                if name in _VOCAB and len(pieces[0].index) < param.shape[0]:  # padding rows start at zero
-                    tensor = param.new_zeros(param.shape)
-                    used.add(pieces[0].hf_key)  # a rank may hold only padding
-                    if pieces[0].index:
-                        tensor[:len(pieces[0].index)] = ckpt.read_pieces(pieces, expected, used)
-                else:
-                    tensor = ckpt.read_pieces(pieces, expected, used)
-            if tensor.shape != param.shape:
-                raise ValueError(f"{name}: checkpoint slices give shape {list(tensor.shape)}, the parameter has "
-                                 f"{list(param.shape)}")
-            param.copy_(tensor.to(param.dtype))
-        if config.tie_word_embeddings:
-            used.add("lm_head.weight")
-        if groups.ep_size > 1:  # other EP ranks read the other experts
-            used |= {k for k in ckpt.keys() if f".{config.MOE_MODULE}.experts." in k}
-        check_unused(ckpt, used, strict, context=context)
+    HF_IO.load(model, hf_dir, strict)
 
 
-@torch.no_grad()
 def collect_hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The full HF-named state dict, gathered over TP and EP and, under pipeline parallelism, from
     every stage's layers (collective: every rank calls it); returned on global rank 0, empty elsewhere."""
-    module = unwrap_model(model)
-    context = module.parallel_context
-    config = module.config
-    tp, _ = tp_size_and_rank(context)
-    groups = expert_parallel_groups(context)
-    multiplier = kv_size_multiplier(module)
-    assembler = assembles_stage(context)  # of this pipeline stage's tensors
-    out: dict[str, torch.Tensor] = {}
-    shapes = hf_shapes(config)
-
-    def put(piece: Piece, chunk: torch.Tensor) -> None:
-        place_piece(out, shapes[piece.hf_key], piece, chunk, dtype)
-
-    for name, param in hf_tensors(module, export=True):  # this stage's layers, under their global indices
-        tp_shards = gather_shards(param, tp, context)
-        if _expert_re(config).match(name):
-            ep = groups.ep_size if _is_routed_expert(name, config) else 1  # shared experts are never split
-            by_rank = [gather_over(shard, ep, groups.ep_group) if ep > 1 else [shard] for shard in tp_shards]
-            if not assembler:
-                continue
-            for r in range(tp):
-                for q in range(ep):
-                    for experts, matrix in zip(expert_pieces(name, config, tp, r, ep, q), by_rank[r][q]):
-                        for piece, chunk in zip(experts, split_by_pieces(matrix, experts)):
-                            put(piece, chunk)
-            continue
-        if not assembler:
-            continue
-        for r, shard in enumerate(tp_shards):
-            pieces = plain_pieces(name, config, tp, r, multiplier)
-            if name in _VOCAB:
-                shard = shard[:len(pieces[0].index)]  # drop the vocabulary padding
-                if not pieces[0].index:
-                    continue
-            for piece, chunk in zip(pieces, split_by_pieces(shard, pieces)):
-                put(piece, chunk)
-    out = gather_pipeline_stages(out, context)
-    if writes_files(context) and set(out) != set(shapes):
-        raise RuntimeError(f"export is missing HF tensors {sorted(set(shapes) - set(out))[:5]}")
-    return out
+    return HF_IO.collect(model, dtype)
 
 
 def save_hf_checkpoint(model: nn.Module, out_dir: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` that ``transformers.MixtralForCausalLM``
     loads (collective over all ranks, every pipeline stage included; global rank 0 writes)."""
-    module = unwrap_model(model)
-    tensors = collect_hf_state_dict(module, dtype)
-    if tensors:
-        write_hf_dir(out_dir, module.config.to_hf_dict(), tensors, dtype)
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+    HF_IO.save(model, out_dir, dtype)

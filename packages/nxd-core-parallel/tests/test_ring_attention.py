@@ -1,5 +1,6 @@
 """Ring attention against torch SDPA on the whole sequence (fp32, forward and q/k/v gradients), on
-real gloo ranks: CP=2 and CP=4, load-balanced and contiguous layouts, causal and full, GQA."""
+real gloo ranks: CP=2 and CP=4, load-balanced and contiguous layouts, causal and full, GQA, values
+with their own head size (DeepSeek's MLA: q/k 20 wide, v 10 wide; and v wider than q/k)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.detach() - b.detach()).abs().max() / b.detach().abs().max().clamp_min(1e-12))
 
 
-def reference(b: int, hq: int, hkv: int, s: int, d: int, causal: bool):
+def reference(b: int, hq: int, hkv: int, s: int, d: int, causal: bool, dv: int | None = None):
     g = torch.Generator().manual_seed(7)
-    q, k, v, grad = (torch.randn(b, h, s, d, generator=g) for h in (hq, hkv, hkv, hq))
+    dv = d if dv is None else dv
+    q, k, v, grad = (torch.randn(b, h, s, w, generator=g) for h, w in ((hq, d), (hkv, d), (hkv, dv), (hq, dv)))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     rep = hq // hkv
     out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=causal)
@@ -30,9 +32,10 @@ def reference(b: int, hq: int, hkv: int, s: int, d: int, causal: bool):
     return q, k, v, grad, out
 
 
-def ring_body(cp: int, hq: int, hkv: int, causal: bool, load_balance: bool) -> dict[str, float]:
+def ring_body(cp: int, hq: int, hkv: int, causal: bool, load_balance: bool, d: int = 4,
+              dv: int | None = None) -> dict[str, float]:
     s = 8 * cp
-    q, k, v, grad, out = reference(2, hq, hkv, s, 4, causal)
+    q, k, v, grad, out = reference(2, hq, hkv, s, d, causal, dv)
     world, rank = dist.get_world_size(), dist.get_rank()
     # CP groups of `cp` consecutive ranks (the other ranks run their own ring at the same time)
     group = None
@@ -59,6 +62,14 @@ def test_ring_attention_cp2_matches_sdpa(rank_pool, causal: bool, load_balance: 
     assert worst < TOL, results
 
 
+@pytest.mark.parametrize("d, dv", [(20, 10), (6, 10)], ids=["mla_v_narrower", "v_wider"])
+def test_ring_attention_value_head_dim_differs(rank_pool, d: int, dv: int) -> None:
+    results = rank_pool(2).run(ring_body, 2, 4, 4, True, True, d, dv)
+    worst = max(max(r.values()) for r in results)
+    print(f"worst rel {worst:.2e}")
+    assert worst < TOL, results
+
+
 @pytest.mark.four_ranks
 @pytest.mark.parametrize("cp", [4, 2])
 def test_ring_attention_cp4_and_two_rings_match_sdpa(rank_pool, cp: int) -> None:
@@ -74,7 +85,7 @@ def test_single_rank_ring_is_plain_attention(monkeypatch, fused: bool) -> None:
     # torch's fused CPU kernels or the explicit fp32 path other devices take
     module = importlib.import_module("nxd_core_parallel.context_parallel.ring_attention")  # the package exports the function
     monkeypatch.setattr(module, "_fused", lambda t: fused)
-    q, k, v, grad, out = reference(1, 4, 2, 8, 4, True)
+    q, k, v, grad, out = reference(1, 4, 2, 8, 4, True, dv=6)
     lq, lk, lv = (t.detach().clone().requires_grad_() for t in (q, k, v))
     local = ring_attention(lq, lk, lv, causal=True, load_balance=True)
     local.backward(grad)

@@ -1,6 +1,6 @@
 """``nxd train hub:deepseek-v3-tiny`` (EP=2, DP=2; the expert bias moves after every step) on 2
 gloo ranks through nxd-training's train path, shrunk to a few steps on a small prepared corpus: it
-learns (the last losses are below the first); context parallelism is refused before launch."""
+learns (the last losses are below the first); it validates with context parallelism."""
 
 from __future__ import annotations
 
@@ -42,13 +42,15 @@ def test_hub_deepseek_v3_tiny_learns(rank_pool, corpus, tmp_path):
     assert last < first - 0.2, losses
 
 
-def test_hub_deepseek_v3_tiny_refuses_context_parallelism(corpus, tmp_path):
+def test_hub_deepseek_v3_tiny_takes_context_parallelism(corpus, tmp_path):
+    """MLA runs under CP (tests/test_context_parallel.py): the config validates with CP=2 x EP=2; a
+    sequence that does not cut into 2 x CP chunks is refused by name."""
     from nxd_training.config import load_config
 
-    overrides = _overrides(corpus, tmp_path) + ["distributed_strategy.context_parallel_size=2",
-                                                "distributed_strategy.expert_model_parallel_size=1"]
-    with pytest.raises(ConfigError, match="context_parallel_size=2.*deepseek_v3"):
-        load_config("hub:deepseek-v3-tiny", overrides)
+    overrides = _overrides(corpus, tmp_path) + ["distributed_strategy.context_parallel_size=2"]
+    assert load_config("hub:deepseek-v3-tiny", overrides).distributed_strategy.context_parallel_size == 2
+    with pytest.raises(ConfigError, match="seq_length=30 must be divisible by 2 x context_parallel_size"):
+        load_config("hub:deepseek-v3-tiny", overrides + ["data.seq_length=30"])
 
 
 def test_nxd_plan_of_the_hub_config():

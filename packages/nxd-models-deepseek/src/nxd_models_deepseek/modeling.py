@@ -40,6 +40,11 @@ class DeepseekV3ForCausalLM(MixtralForCausalLM):
         if self.config.seq_aux_loss_coef and dim_size(self.parallel_context, "pp") > 1:
             raise ConfigError("deepseek_v3: seq_aux_loss_coef > 0 is not implemented under pipeline parallelism "
                               "(the per-layer losses do not travel between stages); set it to 0 or use PP=1")
+        if self.config.seq_aux_loss_coef and dim_size(self.parallel_context, "cp") > 1:
+            raise ConfigError("deepseek_v3: seq_aux_loss_coef > 0 is not implemented under context parallelism "
+                              "(the sequence-wise balance loss needs each sequence's expert counts and affinities "
+                              "summed over the CP ranks holding its chunks); set it to 0 or use "
+                              "context_parallel_size=1")
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 **kwargs: object) -> MoECausalLMOutput:

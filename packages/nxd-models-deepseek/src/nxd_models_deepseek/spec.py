@@ -47,7 +47,8 @@ def hf_param_plan(model: DeepseekV3ForCausalLM, name: str, tp: int, rank: int) -
 
 #: heads over TP (``q_b_proj``, or ``q_proj`` without ``q_lora_rank``, and ``kv_b_proj`` column,
 #: ``o_proj`` row); the down projections and their norms are replicated (not named); routed experts
-#: split over EP, shared ones (also ``ExpertMLPs``, ``ep_size`` 1) never; no context parallelism
+#: split over EP, shared ones (also ``ExpertMLPs``, ``ep_size`` 1) never; under context parallelism
+#: the attention's keys ([k_nope | k_rope]) and values travel around the CP ring
 DEEPSEEK_PLAN = ParallelPlan(
     column=("model.layers.*.self_attn.q_[bp]*", "model.layers.*.self_attn.kv_b_proj", "model.layers.*.mlp.gate_up_proj",
             "lm_head"),
@@ -56,6 +57,7 @@ DEEPSEEK_PLAN = ParallelPlan(
     sequence=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"),
     experts=("model.layers.*.mlp.experts", "model.layers.*.mlp.shared_experts"),
     pipeline_blocks=("model.layers.*",),
+    context_parallel=("model.layers.*.self_attn",),
 )
 
 SPEC = dataclasses.replace(
@@ -65,7 +67,7 @@ SPEC = dataclasses.replace(
                        "DeepseekV3DecoderLayer": (DeepseekV3DecoderLayer,)},
     implements=MIXTRAL_SPEC.implements - {"model.sliding_window"},
     lora_target_modules=("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
-    flops_per_token=flops_per_token, presets=PRESETS, context_parallel=False, parallel_plan=DEEPSEEK_PLAN,
+    flops_per_token=flops_per_token, presets=PRESETS, context_parallel=True, parallel_plan=DEEPSEEK_PLAN,
     extras={**MIXTRAL_SPEC.extras, "hf_module_to_nxd": HF_MODULE_TO_NXD, "hf_param_plan": hf_param_plan,
             "model_class": DeepseekV3ForCausalLM, "config_class": DeepseekV3Config},
 )

@@ -15,12 +15,12 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_rank, dim_size, resolve_context
+from nxd_core_parallel.context_parallel import context_parallel_token_mean
 from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding
 from nxd_core_parallel.vocab_padding import mask_padded_vocab
 from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention, LlamaMLP
-from nxd_models_llama.attention_mask import build_attention_mask
 from nxd_models_llama.modeling import LlamaModel
 from nxd_models_llama.rope import RotaryEmbedding
 from nxd_models_mixtral.config import MixtralConfig
@@ -143,16 +143,15 @@ class MixtralModel(nn.Module):
     def layer_inputs(self, input_ids: torch.Tensor, dtype: torch.dtype, position_ids: torch.Tensor | None = None,
                      attention_mask: torch.Tensor | None = None, past: int = 0
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Llama's (positions of this CP rank's chunks, RoPE, mask) plus HF's sliding window."""
+        cos, sin, mask = LlamaModel.layer_inputs(self, input_ids, dtype, position_ids, attention_mask, past)
         b, s = input_ids.shape
-        tp = dim_size(self.parallel_context, "tp")
-        if self.sequence_parallel and s % tp:
-            raise ValueError(f"sequence length {s} must be divisible by tensor_parallel_size {tp} with sequence "
-                             "parallelism")
-        if position_ids is None:
-            position_ids = torch.arange(past, past + s, device=input_ids.device).unsqueeze(0).expand(b, s)
-        cos, sin = self.rotary_emb(position_ids, dtype)
-        mask = build_attention_mask(attention_mask, b, s, past, dtype, input_ids.device)
-        return cos, sin, sliding_window_mask(mask, b, s, past, self.config.sliding_window, input_ids.device)
+        cp, window = dim_size(self.parallel_context, "cp"), self.config.sliding_window
+        if cp > 1 and window is not None and s * cp > window:
+            raise ValueError(f"sliding_window={window} is shorter than the sequence ({s * cp} tokens over "
+                             f"context_parallel_size={cp}): ring attention runs plain causal attention only; use "
+                             "context_parallel_size=1 or sequences no longer than the window")
+        return cos, sin, sliding_window_mask(mask, b, s, past, window, input_ids.device)
 
     #: Llama's decoder loop, unchanged (this model's ``layer_inputs`` adds the sliding window)
     forward = LlamaModel.forward
@@ -227,6 +226,12 @@ class MixtralForCausalLM(nn.Module):
         loss = causal_lm_loss(logits, labels, loss_mask, self.parallel_context)
         if not self.config.output_router_logits:
             return MoECausalLMOutput(loss=loss, logits=logits)
+        if dim_size(self.parallel_context, "cp") > 1:
+            # the statistics are means over this CP rank's tokens; the losses want every token of the
+            # sequences (their product is not a sum over ranks). Token-weighted mean over CP, with
+            # the CP loss convention (each rank's gradient CP times its share, averaged after)
+            tokens = torch.tensor(float(labels.numel()), device=stats.device)
+            stats = context_parallel_token_mean(stats * tokens, tokens, self.parallel_context.cp.group)
         terms, extra = self.router_losses(stats)
         return MoECausalLMOutput(loss=loss + extra, logits=logits, aux_loss=terms["aux_loss"],
                                  loss_terms={"lm_loss": loss, **terms})

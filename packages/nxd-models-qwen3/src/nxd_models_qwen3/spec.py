@@ -70,6 +70,7 @@ QWEN3_MOE_PLAN = dataclasses.replace(
     column=(*MIXTRAL_SPEC.parallel_plan.column, "model.layers.*.mlp.gate_up_proj"),
     row=(*MIXTRAL_SPEC.parallel_plan.row, "model.layers.*.mlp.down_proj"),
     experts=("model.layers.*.mlp.experts",),
+    context_parallel=("model.layers.*.self_attn",),
 )
 
 #: Mixtral's spec (MoE model, HF import/export by the config's names, generate) for Qwen3-MoE, plus
@@ -79,7 +80,7 @@ QWEN3_MOE_SPEC = dataclasses.replace(
     transformer_layer_classes=(Qwen3MoeDecoderLayer,), hf_model_types=("qwen3_moe",),
     recompute_modules={**_RECOMPUTE, "Qwen3MoeDecoderLayer": (Qwen3MoeDecoderLayer,)},
     implements=MIXTRAL_SPEC.implements - {"model.sliding_window"}, flops_per_token=qwen3_moe_flops_per_token,
-    presets=QWEN3_MOE_PRESETS, parallel_plan=QWEN3_MOE_PLAN,
+    presets=QWEN3_MOE_PRESETS, parallel_plan=QWEN3_MOE_PLAN, context_parallel=True,
     extras={**MIXTRAL_SPEC.extras, "hf_module_to_nxd": LLAMA_SPEC.extras["hf_module_to_nxd"],
             "hf_param_plan": LLAMA_SPEC.extras["hf_param_plan"], "model_class": Qwen3MoeForCausalLM,
             "config_class": Qwen3MoeConfig},

@@ -9,7 +9,11 @@ full when the key chunk comes first, triangular when it is the same chunk and sk
 comes later. The backward pass sends each block's key/value gradient along with the block, so it
 arrives back at its owner after a full turn.
 
-The arithmetic runs in fp32 whatever the input dtype (the log-sum-exp merge needs it).
+The arithmetic runs in fp32 whatever the input dtype (the log-sum-exp merge needs it). Values may
+have another head size than queries/keys (DeepSeek's multi-head latent attention: ``qk_nope +
+qk_rope`` vs ``v_head_dim``): keys and values travel as one ``[k | v]`` tensor, and torch's fused
+CPU kernel, which wants one head size, sees them zero-padded to the larger (exact: a zero value
+column gives a zero output column; zero query/key columns add nothing to the scores).
 """
 
 from __future__ import annotations
@@ -69,13 +73,20 @@ def _fused(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
+def _pad_to(t: torch.Tensor, size: int) -> torch.Tensor:
+    """``t`` with zero columns appended to its last dimension up to ``size``."""
+    return t if t.shape[-1] == size else torch.nn.functional.pad(t, (0, size - t.shape[-1]))
+
+
 def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                    diag: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of one block (fp32, equal head counts); ``diag``: causal within the block."""
     if _fused(q):
+        d = max(q.shape[-1], v.shape[-1])  # the fused kernel wants one head size (module docstring)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q.contiguous(), k.contiguous(), v.contiguous(), 0.0, diag, scale=scale)
-        return out, lse
+            _pad_to(q, d).contiguous(), _pad_to(k, d).contiguous(), _pad_to(v, d).contiguous(), 0.0, diag,
+            scale=scale)
+        return out[..., :v.shape[-1]], lse
     s = _scores(q, k, scale, diag)
     lse = torch.logsumexp(s, dim=-1)
     return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v), lse
@@ -86,10 +97,11 @@ def _block_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                     diag: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` of one block given the *merged* output and log-sum-exp of its query rows."""
     if _fused(q):
+        dqk, dv_size = q.shape[-1], v.shape[-1]
+        d = max(dqk, dv_size)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(), lse.contiguous(),
-            0.0, diag, scale=scale)
-        return dq, dk, dv
+            *(_pad_to(t, d).contiguous() for t in (grad, q, k, v, out)), lse.contiguous(), 0.0, diag, scale=scale)
+        return dq[..., :dqk], dk[..., :dqk], dv[..., :dv_size]
     p = torch.exp(_scores(q, k, scale, diag) - lse.unsqueeze(-1))
     dv = torch.matmul(p.transpose(-1, -2), grad)
     ds = p * (torch.matmul(grad, v.transpose(-1, -2)) - delta.unsqueeze(-1))
@@ -129,11 +141,12 @@ class _RingAttention(torch.autograd.Function):
         q_ids = chunk_ids(ring.rank, ring.size, load_balance)
         outs: list[torch.Tensor | None] = [None] * n
         lses: list[torch.Tensor | None] = [None] * n
-        kv = torch.stack([k, v])
+        split = [k.shape[-1], v.shape[-1]]
+        kv = torch.cat([k, v], dim=-1)  # one message per hop; the head sizes may differ
         for step in range(ring.size):
             pending = ring.shift(kv, tag=step) if step < ring.size - 1 else None
             k_ids = chunk_ids(ring.source(step), ring.size, load_balance)
-            k_chunks, v_chunks = kv[0].float().chunk(n, dim=2), kv[1].float().chunk(n, dim=2)
+            k_chunks, v_chunks = (t.float().chunk(n, dim=2) for t in kv.split(split, dim=-1))
             for i, qi in enumerate(q_ids):
                 for j, kj in enumerate(k_ids):
                     kind = _kind(qi, kj, causal)
@@ -166,13 +179,14 @@ class _RingAttention(torch.autograd.Function):
         q_ids = chunk_ids(ring.rank, ring.size, ctx.load_balance)
         dq = torch.zeros_like(qf)
         dq_chunks = dq.chunk(n, dim=2)
-        kv = torch.stack([k, v])
+        split = [k.shape[-1], v.shape[-1]]
+        kv = torch.cat([k, v], dim=-1)
         dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
         for step in range(ring.size):
             pending = ring.shift(kv, tag=2 * step) if step < ring.size - 1 else None
             k_ids = chunk_ids(ring.source(step), ring.size, ctx.load_balance)
-            k_chunks, v_chunks = kv[0].float().chunk(n, dim=2), kv[1].float().chunk(n, dim=2)
-            dk_chunks, dv_chunks = dkv[0].chunk(n, dim=2), dkv[1].chunk(n, dim=2)
+            k_chunks, v_chunks = (t.float().chunk(n, dim=2) for t in kv.split(split, dim=-1))
+            dk_chunks, dv_chunks = (t.chunk(n, dim=2) for t in dkv.split(split, dim=-1))
             for i, qi in enumerate(q_ids):
                 for j, kj in enumerate(k_ids):
                     kind = _kind(qi, kj, causal)
@@ -193,21 +207,22 @@ class _RingAttention(torch.autograd.Function):
                 kv, works = pending
                 for work in works:
                     work.wait()
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
+        dk, dv = dkv.split(split, dim=-1)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None, *, causal: bool = True,
                    load_balance: bool = True, scale: float | None = None) -> torch.Tensor:
     """Attention of this CP rank's queries over the whole (CP-split) sequence.
 
-    ``q`` ``[batch, heads, local_seq, head_dim]``, ``k``/``v`` ``[batch, kv_heads, local_seq, head_dim]``
-    (GQA: ``heads`` a multiple of ``kv_heads``), holding this rank's chunks in the order of
+    ``q``/``k`` ``[batch, heads | kv_heads, local_seq, head_dim]``, ``v`` ``[batch, kv_heads, local_seq,
+    v_head_dim]`` (GQA: ``heads`` a multiple of ``kv_heads``; ``v_head_dim`` may differ), holding this rank's chunks in the order of
     :func:`~nxd_core_parallel.context_parallel.layout.chunk_ids` (``load_balance`` as the batch was
     split). ``group``: the CP process group (``None``: the default group). Returns ``[batch, heads,
-    local_seq, head_dim]`` in ``q``'s dtype; differentiable in ``q``, ``k`` and ``v``.
+    local_seq, v_head_dim]`` in ``q``'s dtype; differentiable in ``q``, ``k`` and ``v``.
     """
-    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
-        raise ValueError(f"ring_attention expects q [b, heads, s, d] and k, v [b, kv_heads, s, d]; got "
+    if q.dim() != 4 or k.shape[:3] != v.shape[:3] or k.dim() != 4:
+        raise ValueError(f"ring_attention expects q, k [b, heads | kv_heads, s, d] and v [b, kv_heads, s, d_v]; got "
                          f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if q.shape[1] % k.shape[1] or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
         raise ValueError(f"ring_attention: heads ({q.shape[1]}) must be a multiple of kv_heads ({k.shape[1]}) and "

@@ -185,7 +185,10 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
             f"{where}: no optimizer state for tp_rank {topo.tp_rank} pp_rank {topo.pp_rank} (the checkpoint "
             "has no metadata.json to say what was saved; pass optimizer=None to load the weights only)"
         )
-    saved_zero1 = bool(meta["zero1"]) if meta is not None else len(mine) > 1
+    if meta is not None:
+        saved_zero1 = bool(meta["zero1"])
+    else:  # written by NxD: one shard per DP rank, or at DP=1 torch-xla's ZeRO-1 keys
+        saved_zero1 = len(mine) > 1 or _is_torch_xla_zero1(reader.load(f"optim/{shard_name(mine[0], topo.tp_rank, topo.pp_rank)}"))
     if not zero1_now:
         if saved_zero1:
             raise CheckpointError(f"{where}: saved by a ZeRO-1 optimizer (one shard per DP rank); load it into a "
@@ -195,11 +198,17 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
     if not saved_zero1:
         raise CheckpointError(f"{where}: saved by a non-ZeRO optimizer; the current optimizer is ZeRO-1")
     saved_ep = meta["degrees"].get("ep", 1) if meta is not None else topo.ep
-    if len(mine) == topo.dp and saved_ep == topo.ep:
+    # NxD's own ZeRO-1 shards each hold rows of every parameter: a DP rank reads all of them
+    if len(mine) == topo.dp and saved_ep == topo.ep and meta is not None:
         optimizer.load_state_dict(reader.load(f"optim/{shard_name(topo.dp_rank, topo.tp_rank, topo.pp_rank)}"))
     else:
         shards = [reader.load(f"optim/{shard_name(d, topo.tp_rank, topo.pp_rank)}") for d in mine]
         optimizer.load_state_dict_from_shards(shards)
+
+
+def _is_torch_xla_zero1(state: Any) -> bool:
+    """NxD's ZeRO-1 state (torch-xla's ``ZeroRedundancyOptimizer.state_dict()``: its own keys)."""
+    return isinstance(state, dict) and "base_state" in state and "shape_info" in state
 
 
 def restore_rng(reader: Reader, meta: dict | None, topo: Topology) -> None:

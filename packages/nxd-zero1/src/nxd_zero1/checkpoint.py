@@ -58,8 +58,8 @@ def build_state_dict(opt: NeuronZero1Optimizer) -> dict:
 
 def _check_shard(i: int, sd: Any) -> None:
     if not isinstance(sd, dict) or FORMAT_KEY not in sd:
-        raise ValueError(f"shard {i} is not a ZeRO-1 optimizer state dict (no {FORMAT_KEY!r} key); it must come "
-                         "from NeuronZero1Optimizer.state_dict(); NxD's torch-xla ZeRO-1 state is not read by nxd-zero1)")
+        raise ValueError(f"shard {i} is not a ZeRO-1 optimizer state dict (no {FORMAT_KEY!r} key, nor NxD's "
+                         "base_state/shape_info); it must come from NeuronZero1Optimizer.state_dict()")
     if sd[FORMAT_KEY] != FORMAT_VERSION:
         raise ValueError(f"shard {i} has ZeRO-1 format {sd[FORMAT_KEY]}, this nxd-zero1 reads {FORMAT_VERSION}")
 
@@ -112,8 +112,14 @@ def _assemble(opt: NeuronZero1Optimizer, gi: int, pieces: list[tuple[int, int, t
 
 
 def load_from_shards(opt: NeuronZero1Optimizer, shards: list[dict], allow_partial: bool = False) -> None:
+    from nxd_zero1.xla_layout import is_xla_state, nxd_shard_from_xla
+
     if not shards:
         raise ValueError("load_state_dict_from_shards got no shards")
+    if any(is_xla_state(sd) for sd in shards):  # NxD's own (torch-xla) layout: every DP rank's shard
+        if not all(is_xla_state(sd) for sd in shards):
+            raise ValueError("shards mix NxD's torch-xla ZeRO-1 layout and nxd-zero1's; pass the shards of one save")
+        shards, allow_partial = [nxd_shard_from_xla(opt, shards)], False
     for i, sd in enumerate(shards):
         _check_shard(i, sd)
     shards = sorted(shards, key=lambda sd: sd["dp_rank"])
@@ -186,11 +192,23 @@ def _older_filename(opt: NeuronZero1Optimizer) -> str:
     return f"dp_rank_*_tp_rank_{group_rank(opt.grad_norm_group):02d}_pp_rank_{group_rank(opt.pipeline_group):02d}.pt"
 
 
-def save_sharded(opt: NeuronZero1Optimizer, output_dir: str, save_serially: bool = True) -> None:
+#: ``save_sharded``'s layouts: nxd-zero1's self-describing shards, or NxD's own (torch-xla's)
+LAYOUTS = ("zero1", "torch_xla")
+
+
+def save_sharded(opt: NeuronZero1Optimizer, output_dir: str, save_serially: bool = True,
+                 layout: str = "zero1") -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, shard_filename(opt))
-    sd = opt.state_dict()
-    sd["tp_rank"] = group_rank(opt.grad_norm_group)  # NxD records both ranks in the shard
+    if layout == "torch_xla":
+        from nxd_zero1.xla_layout import xla_state_dict
+
+        sd = xla_state_dict(opt)  # collective: every DP rank gathers before any writes
+    else:
+        sd = opt.state_dict()
+        sd["tp_rank"] = group_rank(opt.grad_norm_group)  # NxD records both ranks in the shard
     for turn in range(opt.dp_size if save_serially else 1):
         if not save_serially or turn == opt.dp_rank:
             tmp = f"{path}.tmp{os.getpid()}"

@@ -17,6 +17,7 @@ from nxd_zero1 import checkpoint as _ckpt
 from nxd_zero1.groups import GroupComm, backend_name, group_rank, group_size, resolve_group
 from nxd_zero1.layout import FlatLayout, flatten_into
 from nxd_zero1.rounding import stochastic_round_to_bf16
+from nxd_zero1.xla_layout import is_xla_state, xla_state_dict
 
 #: torch-xla/NxD constructor options that only tune XLA graph building; accepted and ignored.
 XLA_ONLY_OPTIONS = frozenset({
@@ -455,8 +456,21 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         """This DP rank's shard: inner optimizer state slices plus global flat offsets."""
         return _ckpt.build_state_dict(self)
 
+    def xla_state_dict(self) -> dict:
+        """This DP rank's shard in NxD's own (torch-xla ``ZeroRedundancyOptimizer``) layout;
+        collective over the DP group."""
+        return xla_state_dict(self)
+
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load a shard saved by the same DP rank at the same DP size."""
+        """Load a shard saved by the same DP rank at the same DP size (NxD's own layout: at DP=1 only,
+        its shards each hold rows of every parameter; load_state_dict_from_shards takes them all)."""
+        if is_xla_state(state_dict):
+            if self.dp_size > 1:
+                raise ValueError("this is one DP rank's shard in NxD's torch-xla ZeRO-1 layout, whose shards each "
+                                 "hold rows of every parameter; pass every DP rank's shard to "
+                                 "load_state_dict_from_shards (or load_sharded_state_dict / nxd.load_checkpoint)")
+            _ckpt.load_from_shards(self, [state_dict])
+            return
         _ckpt.check_same_layout(self, state_dict)
         _ckpt.load_from_shards(self, [state_dict], allow_partial=True)
 
@@ -464,10 +478,13 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         """Load from the complete list of shards saved at any DP size (resharding as needed)."""
         _ckpt.load_from_shards(self, shards)
 
-    def save_sharded_state_dict(self, output_dir: str, save_serially: bool = True) -> None:
-        """Every DP rank writes its shard to ``output_dir`` (NxD's API; one rank at a time when
-        ``save_serially``)."""
-        _ckpt.save_sharded(self, output_dir, save_serially)
+    def save_sharded_state_dict(self, output_dir: str, num_workers_per_step: int = 8, save_serially: bool = True,
+                                *, layout: str = "zero1") -> None:
+        """Every DP rank writes its shard to ``output_dir`` (NxD's API and file names; one rank at a
+        time when ``save_serially``). ``layout="torch_xla"`` writes NxD's own ZeRO-1 state
+        (:mod:`nxd_zero1.xla_layout`, which NxD's ``load_sharded_state_dict`` reads); the default
+        writes nxd-zero1's self-describing shards. Both load here at any DP size."""
+        _ckpt.save_sharded(self, output_dir, save_serially, layout)
 
     def load_sharded_state_dict(self, output_dir: str, num_workers_per_step: int = 8) -> None:
         """Load the shards in ``output_dir`` saved at any DP size."""

@@ -14,7 +14,13 @@ parameters + gradients + optimizer state this rank holds after a step (DTensors:
 shards), against the unsharded total; and the peak resident memory the run added
 (``ru_maxrss`` after the steps minus before the model was built; glibc keeps freed pages, so this
 is the high-water mark of the process, noisy at small sizes).
-Run: python benchmarks/bench_fsdp.py [--width 1024] [--layers 4] [--dp 2 4]
+Build memory: per rank, the CPU allocator's high-water mark (torch.profiler ``profile_memory``: the
+running sum of tensor allocations and frees, not the process's resident size) while
+``initialize_parallel_model`` builds the FSDP model, without and with ``meta_device_init`` (built on
+the meta device, sharded, then only this rank's shards materialised), and the parameter bytes the
+rank holds afterwards.
+Run: python benchmarks/bench_fsdp.py [--width 1024] [--layers 4] [--dp 2 4] [--skip-time] [--skip-memory]
+[--skip-build]
 """
 
 from __future__ import annotations
@@ -146,6 +152,22 @@ def memory_body(strategy: str, width: int, layers: int) -> dict[str, int]:
     return held
 
 
+def build_memory_body(meta: bool, width: int, layers: int) -> dict[str, int]:
+    import nxd
+    from nxd_core_parallel.model_init import reset_parameters
+    from nxd_training.profiling import allocator_high_water
+
+    torch.set_num_threads(1)
+    init = {"meta_device_init": True, "param_init_fn": reset_parameters} if meta else None
+    cfg = nxd.neuronx_distributed_config(fsdp_config=True, model_init_config=init)
+    nxd.initialize_parallel_model(cfg, Net, False, 64, layers)  # the same code path first: imports, lazy inits
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        model = nxd.initialize_parallel_model(cfg, Net, False, width, layers)
+    return {"peak": allocator_high_water(prof), "held": sum(_local(p).numel() * 4 for p in model.parameters()),
+            "rss_added": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--width", type=int, default=512)
@@ -153,6 +175,7 @@ def main() -> None:
     parser.add_argument("--dp", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--skip-time", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-build", action="store_true")
     args = parser.parse_args()
     n_params = sum(p.numel() for p in Net(args.width, args.layers).parameters())
     print(f"model: {args.layers} blocks of width {args.width}: {n_params / 1e6:.2f}M fp32 params; torch {torch.__version__}")
@@ -160,9 +183,19 @@ def main() -> None:
         bare, ours, ratio = run_on_ranks(2, time_body, args.width, args.layers)[0]
         print(f"step DP=2: median bare fully_shard {bare * 1e3:.1f} ms, nxd FSDP {ours * 1e3:.1f} ms; "
               f"median of per-iteration nxd / bare = {ratio:.3f} (goal <= 1.02)")
+    total = n_params * 4
+    if not args.skip_build:
+        print(f"FSDP build (initialize_parallel_model), per rank; the whole model's parameters: {total} B")
+        print("| DP | meta_device_init | allocator peak B/rank | params held B/rank | peak / whole model | peak RSS added MB |")
+        print("|---|---|---|---|---|---|")
+        for dp in args.dp:
+            for meta in (False, True):
+                got = run_on_ranks(dp, build_memory_body, meta, args.width, args.layers)
+                peak, held = max(r["peak"] for r in got), got[0]["held"]
+                print(f"| {dp} | {meta} | {peak} | {held} | {peak / total:.3f} | "
+                      f"{max(r['rss_added'] for r in got) / 2**20:.0f} |")
     if args.skip_memory:
         return
-    total = n_params * 4
     print(f"unsharded: params {total} B, grads {total} B, AdamW state {2 * total} B")
     print("| strategy | DP | params B/rank | grads B/rank | state B/rank | sum / unsharded sum | peak RSS added MB |")
     print("|---|---|---|---|---|---|---|")

@@ -1,6 +1,8 @@
 """FSDP2 through the YAML (``distributed_strategy.fsdp``, nxd-fsdp) on 2 real gloo ranks at DP=2: fp32
 losses and clipping norms equal plain data parallelism, and the run's checkpoint exports to HF
-(``nxd ckpt convert --from nxd --to hf RUN_DIR``) with the weights plain DP's run exports."""
+(``nxd ckpt convert --from nxd --to hf RUN_DIR``) with the weights plain DP's run exports; with
+``model.meta_device_init`` (built on the meta device, each rank materialising its shards only) the
+losses are the same bit for bit."""
 
 from __future__ import annotations
 
@@ -33,6 +35,12 @@ def test_fsdp_yaml_matches_plain_dp_and_exports_to_hf(rank_pool, make_config, tm
     fsdp_cfg = make_config(distributed_strategy={"tensor_model_parallel_size": 1,
                                                  "fsdp": {"reshard_after_forward": True}}, **common)
     fsdp = pool.run(_train, fsdp_cfg, str(tmp_path / "fsdp"))[0]["losses"]
+    # model.meta_device_init: built on meta, sharded, then each rank materialises its shards only;
+    # the same initial weights, so the same computation: every loss bit for bit
+    meta_cfg = make_config(distributed_strategy={"tensor_model_parallel_size": 1, "fsdp": True},
+                           model={"meta_device_init": True}, trainer={"max_steps": 4})
+    meta = pool.run(_train, meta_cfg, str(tmp_path / "meta"))[0]["losses"]
+    assert meta == fsdp, (meta, fsdp)
     rel = max(abs(fsdp[s] - plain[s]) / abs(plain[s]) for s in plain)
     norms = [(p["grad_norm"], f["grad_norm"]) for p, f in zip(read_metrics(tmp_path / "plain"),
                                                               read_metrics(tmp_path / "fsdp"))]

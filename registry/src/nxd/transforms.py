@@ -11,7 +11,11 @@ kind ``model_transform``) with
 * ``apply(model, context, config) -> nn.Module | None``: the rewritten model (``None``: changed in place);
 * data-parallel strategies only (order :data:`DATA_PARALLEL`): ``make_optimizer(config,
   optimizer_class, parameters, *, context, **defaults) -> torch.optim.Optimizer``, the optimizer
-  side of the same strategy (gradient sync, sharding, clipping).
+  side of the same strategy (gradient sync, sharding, clipping);
+* optional ``materialises_meta(context, config) -> bool``: True when the transform, run over a model
+  whose parameters are still on the meta device (``model_init_config.meta_device_init``), shards it
+  and then materialises and initialises only what this rank holds (nxd-fsdp). The build then leaves
+  such a model on the meta device for it instead of materialising every parameter whole.
 
 ``context`` is the :class:`nxd.parallel.ParallelContext` the model is for (``None`` without
 ``torch.distributed``); ``config`` is the resolved NxD config. The trainer and
@@ -61,6 +65,9 @@ class ModelTransform:
     #: data-parallel strategies: ``(config, optimizer_class, parameters, *, context, **defaults)``
     make_optimizer: Callable[..., Any] | None = None
     description: str = ""
+    #: ``(context, config) -> bool``: this transform materialises a meta-device model's parameters
+    #: itself, after sharding them (see the module docstring)
+    materialises_meta: Callable[[Any, Any], bool] | None = None
 
 
 def check_transform(name: str, transform: Any) -> None:
@@ -121,6 +128,15 @@ def apply_model_transforms(model: Any, context: Any, config: Any, *, until: int 
         if result is not None:
             model = result
     return model
+
+
+def meta_materialiser(context: Any, config: Any) -> Any:
+    """The applicable transform that materialises a meta-device model after sharding it, or None."""
+    for transform in applicable_transforms(context, config):
+        takes_meta = getattr(transform, "materialises_meta", None)
+        if takes_meta is not None and takes_meta(context, config):
+            return transform
+    return None
 
 
 def data_parallel_strategy(context: Any, config: Any) -> Any:

@@ -11,6 +11,7 @@ from nxd import ConfigError, ParallelContext
 from nxd.resolved import NxdConfig
 from nxd.transforms import DATA_PARALLEL, ModelTransform
 from nxd_core_parallel.grads import expert_gradient_divisor
+from nxd_core_parallel.model_init import materialize_deferred
 from nxd_core_parallel.transforms import strategy_selected
 from nxd_fsdp.config import FsdpConfig, check_fsdp, resolve_fsdp_config
 from nxd_fsdp.mesh import expert_mesh, fsdp_mesh
@@ -47,8 +48,21 @@ def check_context(fsdp: FsdpConfig, context: ParallelContext | None, nxd_config:
     return context
 
 
+def materialises_meta(context: ParallelContext | None, nxd_config: dict) -> bool:
+    """Whether a ``meta_device_init`` build is left on the meta device for :func:`shard` to cut first
+    and then materialise only this rank's shards. Not with pipeline parallelism (the stage keeps
+    some modules only, and the global RNG must be drawn for every module in order to give the
+    unsharded build's weights), LoRA (its adapters initialise from their own shared generator) or
+    ``pad_model`` (which rebuilds parameters): those materialise the whole model first, as before."""
+    cfg = NxdConfig.of(nxd_config)
+    return (cfg.model_init.meta_device_init and context is not None and context.pp.size == 1
+            and cfg.lora_config is None and not cfg.pad_model)
+
+
 def shard(model: torch.nn.Module, context: ParallelContext | None, nxd_config: dict) -> FSDPModel:
-    """The model side: ``fully_shard`` ``model`` over ``context``'s DP mesh and wrap it."""
+    """The model side: ``fully_shard`` ``model`` over ``context``'s DP mesh and wrap it. A model the
+    build left on the meta device (:func:`materialises_meta`) is materialised after sharding: each
+    rank allocates its shards only, and they hold the unsharded build's initial weights."""
     fsdp = fsdp_settings(nxd_config)
     context = check_context(fsdp, context, nxd_config)
     if isinstance(model, FSDPModel):
@@ -59,7 +73,9 @@ def shard(model: torch.nn.Module, context: ParallelContext | None, nxd_config: d
     if context.pp.size > 1:  # nxd-pipeline's model: shard this rank's stage, keep its schedule
         shard_model(model.local_module(), mesh, fsdp, pipeline_stage=True, experts=experts)
         return FSDPModel(model, nxd_config, mesh, fsdp)
-    return FSDPModel(shard_model(model, mesh, fsdp, experts=experts), nxd_config, mesh, fsdp)
+    shard_model(model, mesh, fsdp, experts=experts)
+    materialize_deferred(model)
+    return FSDPModel(model, nxd_config, mesh, fsdp)
 
 
 def make_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Optimizer], parameters: Any, *,
@@ -75,4 +91,5 @@ def make_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Optimizer
 #: the registered data-parallel strategy (``neuronx_distributed_config(fsdp_config=...)`` or
 #: ``data_parallel_strategy="fsdp"``; YAML ``distributed_strategy.fsdp``)
 FSDP_TRANSFORM = ModelTransform(NAME, DATA_PARALLEL, shard, strategy_selected(NAME), make_optimizer=make_optimizer,
-                                description="FSDP2: fully_shard over the data-parallel mesh (ZeRO-3/ZeRO-2, HSDP)")
+                                description="FSDP2: fully_shard over the data-parallel mesh (ZeRO-3/ZeRO-2, HSDP)",
+                                materialises_meta=materialises_meta)

@@ -218,6 +218,10 @@ class ModelConfig(Section):
     pipeline_cuts: Union[list[str], None] = None
     use_cpu_initialization: bool = True
     weight_init_only: bool = False
+    meta_device_init: bool = Field(
+        False, description="nxd addition: build the model on the meta device, then materialise it with each "
+                           "module's reset_parameters(); with distributed_strategy.fsdp each rank allocates and "
+                           "initialises only its own shards. The initial weights are the same as without it")
     pretrained_checkpoint: Union[str, None] = Field(
         None, description="nxd addition: a Hugging Face model folder (config.json + *.safetensors) whose weights "
                           "initialise the run (the optimizer starts fresh); its config.json is the model_config")

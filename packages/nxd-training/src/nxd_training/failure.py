@@ -70,10 +70,14 @@ def first_failure(config: TrainingConfig, log_dir: Path, stderr_tail: str) -> st
     # this node's rendezvous group: that of the ranks its torchrun reported, or that left its node's records
     mine = {r // per_node for r in reported} | {
         rec.get("group") for rec in records.values() if multi and me is not None and rec.get("node") == me}
-    causes, consequences, elsewhere = [], [], []
+    causes, consequences, elsewhere, waited = [], [], [], {}
     for rank in range(world):
         record, failed = records.get(rank), reported.get(rank)
         how = None
+        if record is not None and record.get("collective") is not None:  # it waited for another rank
+            waited[rank] = record
+            consequences.append((record["time"], rank, f"raised {record['what']}", record))
+            continue
         if record is not None and record["how"] == "exception":
             how = f"raised {record['what']}"
             (consequences if _CONSEQUENCE.search(record["what"]) else causes).append((record["time"], rank, how, record))
@@ -92,6 +96,8 @@ def first_failure(config: TrainingConfig, log_dir: Path, stderr_tail: str) -> st
             causes.append((float("inf"), rank, "exited with code 0", None))
     if not causes and not consequences:
         return None
+    if not causes and waited:
+        return hang_line(config, log_dir, waited)
     if not causes and elsewhere:
         _, rank, how, record = min(consequences)
         others = ("rank " if len(elsewhere) == 1 else "ranks ") + ", ".join(map(str, elsewhere))
@@ -107,6 +113,33 @@ def first_failure(config: TrainingConfig, log_dir: Path, stderr_tail: str) -> st
     where = f"rank {rank} (node {_node(record, me, rank, per_node)}, local rank {rank % per_node})" if multi \
         else f"rank {rank}"
     return f"nxd train: {where} failed first: it {how}{at}"
+
+
+def hang_line(config: TrainingConfig, log_dir: Path, waited: dict[int, dict]) -> str:
+    """No rank failed, some timed out in a collective: name the rank(s) of those collectives that
+    never came (with where each was when stopped), or, when every rank of them waited, the
+    different collectives they waited in (the ranks disagree on the order of collectives)."""
+    from nxd_training.hang import describe, stopped_at
+
+    seconds = config.distributed_strategy.collective_timeout
+    world = range(config.trainer.devices * config.trainer.num_nodes)  # a group of unknown ranks: any rank
+    members = sorted({r for rec in waited.values() for r in (rec["collective"].get("ranks") or world)})
+    hung = [r for r in members if r not in waited]
+    first = min(waited, key=lambda r: waited[r]["time"])
+    record = waited[first]
+    step, total = record.get("step"), record.get("max_steps")
+    at = f" at step {step}" + (f" of {total}" if total else "") if step else ""
+    if hung:
+        who = ("rank " if len(hung) == 1 else "ranks ") + ", ".join(map(str, hung))
+        where = "; ".join(f"rank {r} was in {s}" for r in hung if (s := stopped_at(log_dir, r)))
+        return (f"nxd train: {who} stopped taking part first (hung: {'it' if len(hung) == 1 else 'they'} reported "
+                f"no error): rank {first} waited distributed_strategy.collective_timeout={seconds:g}s for "
+                f"{'it' if len(hung) == 1 else 'them'} in {describe(record['collective'])}{at}"
+                + (f"; when stopped, {where}" if where else ""))
+    each = "; ".join(f"rank {r} in {describe(rec['collective'])}" for r, rec in sorted(waited.items()))
+    return (f"nxd train: ranks {', '.join(map(str, sorted(waited)))} each waited distributed_strategy."
+            f"collective_timeout={seconds:g}s{at}, in different collectives: {each} (the ranks called collectives "
+            "in different orders; no rank failed)")
 
 
 def _node(record: dict | None, me: int | None, rank: int, per_node: int) -> int:

@@ -29,6 +29,7 @@ from nxd_training.exp_manager import (
     should_save,
     split_checkpoint_path,
 )
+from nxd_training.hang import COLLECTIVE_ATTR, locate_collective
 from nxd_training.precision import autocast_dtype
 from nxd_training.profiling import StepProfiler
 from nxd_training.readback import StepReadback
@@ -533,5 +534,10 @@ def train(config: TrainingConfig, log_dir: str | Path | None = None) -> TrainRes
     trainer = Trainer(config, Path(log_dir) if log_dir is not None else None)
     try:
         return trainer.fit()
+    except RuntimeError as exc:
+        site = locate_collective(exc)  # now: close() destroys the groups that name its ranks
+        if site is not None:
+            setattr(exc, COLLECTIVE_ATTR, site)
+        raise
     finally:
         trainer.close()

@@ -30,10 +30,12 @@ def identity() -> dict[str, int | str]:
             "local_rank": int(env.get("LOCAL_RANK", 0)), "host": socket.gethostname()}
 
 
-def write(run_dir: Path, how: str, what: str = "", code: int | None = None) -> None:
-    """Record how this rank ended (``finished``, ``exception``, ``exit``); never raises."""
+def write(run_dir: Path, how: str, what: str = "", code: int | None = None, collective: dict | None = None) -> None:
+    """Record how this rank ended (``finished``, ``exception``, ``exit``); never raises. ``collective``:
+    the collective that timed out on this rank (:func:`nxd_training.hang.locate_collective`)."""
     record = {**identity(), "how": how, "what": what, "code": code, "time": time.time(),
-              "step": progress["step"], "done": progress["done"], "max_steps": progress["max_steps"]}
+              "step": progress["step"], "done": progress["done"], "max_steps": progress["max_steps"],
+              "collective": collective}
     try:
         folder = run_dir / STATUS_DIR
         folder.mkdir(exist_ok=True)
@@ -66,7 +68,7 @@ def completed_step(run_dir: Path) -> int | None:
 
 def clear(run_dir: Path) -> None:
     """Forget a previous launch's records (the launcher, before it starts the ranks)."""
-    for path in (run_dir / STATUS_DIR).glob("rank_*.json*"):
+    for path in (run_dir / STATUS_DIR).glob("rank_*"):  # records and stack dumps (nxd_training.hang)
         try:
             path.unlink()
         except OSError:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 from datetime import timedelta
 
 import numpy as np
@@ -37,32 +36,6 @@ def select_backend(config: TrainingConfig) -> str:
 def collective_timeout(config: TrainingConfig) -> timedelta:
     """``distributed_strategy.collective_timeout``: the default group's and every parallel group's timeout."""
     return timedelta(seconds=config.distributed_strategy.collective_timeout)
-
-
-class CollectiveTimeout(RuntimeError):
-    """A collective on this rank waited longer than ``distributed_strategy.collective_timeout``."""
-
-
-#: how the backends word a timed-out collective: gloo raises on the waiting rank; NCCL's watchdog
-#: reports (and, with TORCH_NCCL_ASYNC_ERROR_HANDLING, tears the process down) on its own thread
-_TIMEOUT_PATTERN = re.compile(r"Timed out waiting \d+ms for (recv|send) operation|collective operation timeout")
-
-
-def explain_collective_timeout(exc: BaseException, config: TrainingConfig) -> CollectiveTimeout | None:
-    """A :class:`CollectiveTimeout` naming this rank and the configured timeout when ``exc`` is a
-    backend's collective timeout, else None."""
-    if not isinstance(exc, RuntimeError) or not _TIMEOUT_PATTERN.search(str(exc)):
-        return None
-    from nxd_training.rank_status import identity
-
-    me = identity()
-    where = f"rank {me['rank']} (node {me['node']}, local rank {me['local_rank']})"
-    seconds = config.distributed_strategy.collective_timeout
-    return CollectiveTimeout(
-        f"{where}: a collective did not complete within distributed_strategy.collective_timeout={seconds:g}s: "
-        "another rank stopped taking part (hung, stopped or dead; a hung rank reports no error of its own). "
-        "If a step may legitimately wait longer (a slow checkpoint save, a long first compile), raise "
-        f"distributed_strategy.collective_timeout. Backend: {str(exc).strip()}")
 
 
 def ensure_process_group(world_size: int, backend: str, timeout: timedelta = DEFAULT_TIMEOUT) -> bool:

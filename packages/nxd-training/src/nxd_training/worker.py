@@ -20,15 +20,16 @@ def main(argv: list[str] | None = None) -> int:
 
     die_with_parent()  # a rank never outlives torchrun's agent (SIGKILL: nothing to clean up that a save needs)
     from nxd_training import rank_status
-    from nxd_training.runtime import explain_collective_timeout
+    from nxd_training.hang import CollectiveTimeout, dump_stack_on_sigterm, explain_collective_timeout
 
     run_dir = Path(argv[0]).parent
+    stack_out = dump_stack_on_sigterm(run_dir, rank_status.identity()["rank"])  # noqa: F841 - kept open
     try:
         config = load_resolved(argv[0])  # the config `nxd train` resolved, deserialised: never resolved again
         try:
             train(config)
         except RuntimeError as exc:
-            timed_out = explain_collective_timeout(exc, config)
+            timed_out = explain_collective_timeout(exc, config.distributed_strategy.collective_timeout)
             if timed_out is None:
                 raise
             raise timed_out from exc  # the error file then names this rank and the configured timeout
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except BaseException as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
-        rank_status.write(run_dir, "exception", f"{type(exc).__name__}: {first}"[:300])
+        # a timeout records its collective: the launcher's last line then names the rank that never came
+        timeout = (exc.site or {}) if isinstance(exc, CollectiveTimeout) else None
+        rank_status.write(run_dir, "exception", f"{type(exc).__name__}: {first}"[:300], collective=timeout)
         raise
     rank_status.write(run_dir, "finished")
     return 0

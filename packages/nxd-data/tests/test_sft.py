@@ -160,6 +160,21 @@ def test_truncation_and_resume(tmp_path: Path, tok_dir: Path, write_jsonl) -> No
         assert all(torch.equal(g[k], w[k]) for k in w)
 
 
+def test_dev_choose_samples_trains_on_the_head(tmp_path: Path, tok_dir: Path, write_jsonl) -> None:
+    """NxDT's data.dev_choose_samples (its SFT configs set 2250): the first N records of each split,
+    exactly the rows of a file holding only those records."""
+    data = write_jsonl(tmp_path / "train.jsonl", RECORDS)
+    head = write_jsonl(tmp_path / "head.jsonl", RECORDS[:3])
+    base = {"tokenizer": str(tok_dir), "packing": False, "shuffle": False}
+    chosen = _module({**base, "train_dir": str(data), "val_dir": str(data), "dev_choose_samples": 3})
+    alone = _module({**base, "train_dir": str(head), "val_dir": str(head)})
+    assert chosen.info["examples"] == 3 and chosen.info["rows"] == 3
+    for got, want in zip(_rows(chosen, 6), _rows(alone, 6)):  # two epochs of the three records
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    with pytest.raises(ConfigError, match="data.dev_choose_samples must be a positive integer or null, got 0"):
+        sft.validate({**base, "train_dir": str(data), "dev_choose_samples": 0})
+
+
 def test_bad_sft_input(tmp_path: Path, tok_dir: Path, write_jsonl) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": \n', encoding="utf-8")

@@ -16,6 +16,8 @@ from nxd_training.config.features import implemented_keys
 CONF = Path(__file__).parent / "data" / "nxdt_conf"
 #: configs of earlier NxDT releases (keys later releases renamed), vendored with their commit
 EARLIER = Path(__file__).parent / "data" / "nxdt_conf_earlier"
+#: every other distinct version in NxDT's git history (``<config>@<date>_<commit>``; test_nxdt_history.py)
+HISTORY = Path(__file__).parent / "data" / "nxdt_conf_history"
 NAMES = sorted(p.name[: -len(".yaml")] for p in CONF.glob("*.yaml"))
 
 #: What each config needs beyond a Llama install: ("model", name), ("workflow", name) components,
@@ -45,6 +47,20 @@ LLAMA3_8B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "voca
              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
              "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu",
              "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001}
+LLAMA3_70B = {**LLAMA3_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+              "num_attention_heads": 64}
+LLAMA3_405B = {**LLAMA3_8B, "hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 126,
+               "num_attention_heads": 128}
+#: Llama 3.1's config.json: the same shapes, a 128K context through "llama3" RoPE scaling
+LLAMA31 = {"max_position_embeddings": 131072, "rope_scaling": {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}}
+LLAMA2_7B = {**LLAMA3_8B, "vocab_size": 32000, "intermediate_size": 11008, "num_key_value_heads": 32,
+             "max_position_embeddings": 4096, "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2}
+#: mistralai/Mistral-7B-v0.1's config.json (hf_mistral_7B_SFT_config names that folder)
+MISTRAL_7B = {**LLAMA3_8B, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "vocab_size": 32000,
+              "max_position_embeddings": 32768, "rope_theta": 10000.0, "sliding_window": 4096, "bos_token_id": 1,
+              "eos_token_id": 2}
 MIXTRAL_8X7B = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 32000,
                 "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
                 "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
@@ -54,6 +70,14 @@ TINY_LLAMA = {**LLAMA3_8B, "vocab_size": 512, "intermediate_size": 64, "num_atte
               "num_key_value_heads": 2, "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 2}
 TINY_MIXTRAL = {**MIXTRAL_8X7B, "vocab_size": 512, "intermediate_size": 64, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "max_position_embeddings": 64, "num_local_experts": 4}
+
+
+def nxdt_name(stem: str) -> str:
+    """The NxDT config a vendored version is of (``sdk2.20.0_megatron_gpt_config``,
+    ``megatron_gpt_config@2024-10-04_cc3260b`` -> ``megatron_gpt_config``)."""
+    if (EARLIER / f"{stem}.yaml").exists():
+        return stem.split("_", 1)[1]
+    return stem.split("@", 1)[0]
 
 
 @cache
@@ -98,6 +122,10 @@ class Files:
         self.root, self.corpus = root, corpus
         self.llama_json = self._json("llama3_8b", LLAMA3_8B)
         self.mixtral_json = self._json("mixtral_8x7b", MIXTRAL_8X7B)
+        self.real_json = {name: self._json(name, data) for name, data in (
+            ("llama3_70b", LLAMA3_70B), ("llama3_405b", LLAMA3_405B), ("llama3.1_8b", {**LLAMA3_8B, **LLAMA31}),
+            ("llama3.1_70b", {**LLAMA3_70B, **LLAMA31}), ("llama3.1_405b", {**LLAMA3_405B, **LLAMA31}),
+            ("llama2_7b", LLAMA2_7B), ("mistral_7b", MISTRAL_7B))}
         self.tiny_json = self._json("tiny_llama", TINY_LLAMA)
         self.tiny_mixtral_json = self._json("tiny_mixtral", TINY_MIXTRAL)
         self.sft_jsonl = root / "sft.jsonl"
@@ -117,6 +145,20 @@ class Files:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data))
         return str(path)
+
+    def model_json(self, name: str, raw: dict[str, Any]) -> str:
+        """The stand-in for the Hugging Face config.json the config names: the model its name and
+        hidden_size say (the YAML's own keys override the file's, as in NxDT)."""
+        model = raw.get("model", {})
+        if "moe" in model or "mixtral" in name:
+            return self.mixtral_json
+        if "mistral" in name:
+            return self.real_json["mistral_7b"]
+        if name.startswith("hf_llama_7B"):
+            return self.real_json["llama2_7b"]
+        size = {8192: "70b", 16384: "405b"}.get(model.get("hidden_size"), "8b")
+        version = "llama3.1" if "llama3.1" in name else "llama3"
+        return self.llama_json if (version, size) == ("llama3", "8b") else self.real_json[f"{version}_{size}"]
 
     def tokenized(self, seq_length: int, rows: int = 8) -> str:
         """A pre-tokenized HF dataset like NxDT's ``wikicorpus_llama3_tokenized_8k`` (rows of seq_length)."""
@@ -138,14 +180,14 @@ class Files:
         if raw.get("exp_manager", {}).get("resume_from_checkpoint"):
             out.append("exp_manager.resume_from_checkpoint=null")  # their pretrained checkpoint
         if "model_config" in model:
-            out.append(f"model.model_config={model_json or (self.mixtral_json if 'moe' in model else self.llama_json)}")
+            out.append(f"model.model_config={model_json or self.model_json(name, raw)}")
         if isinstance(data.get("tokenizer"), dict) and data["tokenizer"].get("type", "").startswith("/"):
             out.append(f"data.tokenizer.type={self.corpus['tokenizer']}")
         if isinstance(data.get("tokenizer"), dict) and data["tokenizer"].get("type") == "GPT2BPETokenizer":
             out += [f"data.tokenizer.vocab_file={self.gpt2_vocab}", f"data.tokenizer.merge_file={self.gpt2_merges}"]
         if "data_prefix" in data:
             out.append(f"data.data_prefix={self.corpus['data_prefix']}")
-        align = raw.get("model_alignment_strategy") or {}
+        align = raw.get("model_alignment_strategy") or data.get("alignment_strategy") or {}  # NxDT's earlier place
         records = self.preference_jsonl if ("dpo" in align or "orpo" in align) else self.sft_jsonl
         if "train_dir" in data:
             if align or data.get("use_sft_style_data_module"):

@@ -21,16 +21,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nxdt_files import CONF, EARLIER, NAMES, Files, unmet
+from nxdt_files import CONF, EARLIER, HISTORY, NAMES, Files, nxdt_name, unmet
 
 import nxd
 from nxd import ConfigError
 from nxd.cli import main
 from nxd_training.config import hub_names, read_yaml, resolve
 
-#: (case id, config source): NxDT's current configs, earlier releases', the hub's
+#: versions from NxDT's history (data/nxdt_conf_history/) that read a key or file no current config
+#: does: data.alignment_strategy (SFT, DPO), dpo.max_dpo_prompt_length, Mistral's config.json, and
+#: the deleted hf_llama3_405B_config; test_nxdt_history.py resolves all of them
+HISTORY_SAMPLE = ("hf_llama3_8B_SFT_config@2024-10-01_12d8a5b", "hf_llama3_8B_DPO_config@2024-10-23_7a0258b",
+                  "hf_llama3_8B_DPO_config@2025-04-04_dfd395d", "hf_mistral_7B_SFT_config@2024-11-22_791c65d",
+                  "hf_llama3_405B_config@2024-10-02_311afcc")
+#: (case id, config source): NxDT's current configs, earlier releases', the history sample, the hub's
 CASES = ([(name, str(CONF / f"{name}.yaml")) for name in NAMES]
          + [(p.stem, str(p)) for p in sorted(EARLIER.glob("*.yaml"))]
+         + [(stem, str(HISTORY / f"{stem}.yaml")) for stem in HISTORY_SAMPLE]
          + [(f"hub:{name}", f"hub:{name}") for name in hub_names()])
 STEPS = 2
 
@@ -107,20 +114,18 @@ def shrink(raw: dict[str, Any], files: Files, corpus: dict[str, str], source: st
             out.append(f"model.{key}={value}")
     if "preset" in model:  # a model plugin's preset gives the full sizes: head size and vocabulary too
         out += ["model.vocab_size=512", "model.kv_channels=8"]
-    for workflow in ("dpo", "orpo"):
-        if workflow in (raw.get("model_alignment_strategy") or {}):
-            out.append(f"model_alignment_strategy.{workflow}.max_prompt_length=16")
+    for place in ("model_alignment_strategy", "data.alignment_strategy"):  # the later place, NxDT's earlier one
+        section = raw.get("data", {}) if place.startswith("data.") else raw
+        for workflow, options in (section.get(place.split(".")[-1]) or {}).items():
+            if workflow in ("dpo", "orpo"):  # the prompt limit under the name this version uses
+                key = "max_dpo_prompt_length" if "max_dpo_prompt_length" in (options or {}) else "max_prompt_length"
+                out.append(f"{place}.{workflow}.{key}=16")
     if data.get("prepare") == "quickstart":
         out.append(f"data.prepare_dir={Path(corpus['tokenizer']).parent}")
     tiny_json = files.tiny_mixtral_json if model.get("moe") else files.tiny_json
     paths = files.path_overrides(Path(source).stem.replace("hub:", ""), {**raw, "data": {**data, "seq_length": 32}},
                                  tiny_json)
     return paths + out
-
-
-def nxdt_name(case: str) -> str:
-    """The current NxDT config an earlier one descends from (``sdk2.20.0_megatron_gpt_config``)."""
-    return case.split("_", 1)[1] if (EARLIER / f"{case}.yaml").exists() else case
 
 
 @pytest.mark.parametrize("case,source", CASES, ids=[c for c, _ in CASES])

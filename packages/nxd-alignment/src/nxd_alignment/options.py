@@ -19,8 +19,19 @@ def _number(options: dict, key: str, where: str, default: float) -> float:
     return float(value)
 
 
+#: NxDT's earlier name of max_prompt_length (its DPO configs up to release 2.22 wrote max_dpo_prompt_length)
+EARLIER_MAX_PROMPT = "max_dpo_prompt_length"
+
+
 def _common(options: dict, where: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    if EARLIER_MAX_PROMPT in options:
+        earlier = options.pop(EARLIER_MAX_PROMPT)
+        if "max_prompt_length" in options and options["max_prompt_length"] != earlier:
+            raise ConfigError(f"{where}: {EARLIER_MAX_PROMPT}={earlier} (NxD Training's earlier name of "
+                              f"max_prompt_length) and max_prompt_length={options['max_prompt_length']} disagree; "
+                              "keep max_prompt_length")
+        options["max_prompt_length"] = earlier
     if "max_prompt_length" in options:
         value = options["max_prompt_length"]
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -49,8 +60,8 @@ class DPOOptions:
     @classmethod
     def parse(cls, options: dict[str, Any] | None) -> DPOOptions:
         where, options = "model_alignment_strategy.dpo", dict(options or {})
-        _unknown(options, {"kl_beta", "beta", "loss_type", "max_prompt_length", "precompute_ref_log_probs",
-                           "truncation_mode"}, where)
+        _unknown(options, {"kl_beta", "beta", "loss_type", "max_prompt_length", EARLIER_MAX_PROMPT,
+                           "precompute_ref_log_probs", "truncation_mode"}, where)
         if "kl_beta" in options and "beta" in options and options["kl_beta"] != options["beta"]:
             raise ConfigError(f"{where}: kl_beta={options['kl_beta']} and beta={options['beta']} disagree; set one")
         beta = _number(options, "kl_beta" if "kl_beta" in options else "beta", where, 0.1)

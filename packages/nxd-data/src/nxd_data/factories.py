@@ -18,7 +18,7 @@ from nxd_data.indexed import IndexedDataset
 from nxd_data.module import StreamDataModule, check_geometry
 from nxd_data.prepare import read_metadata
 from nxd_data.sft import SFTSource, jsonl_files, load_examples, pack
-from nxd_data.sources import read_jsonl
+from nxd_data.sources import dev_choose_samples, read_jsonl
 from nxd_data.streams import BlendedStream, ConcatSource, EpochStream, MappedSource
 from nxd_data.tokenizers import load_tokenizer
 
@@ -177,6 +177,7 @@ class SFTDataModuleFactory:
         for key in ("packing", "shuffle", "attention_mask"):
             _bool(config, key, True)
         self._keys(config)
+        dev_choose_samples(config)
         load_tokenizer(config["tokenizer"])
         for key in ("train_dir", "val_dir"):
             if config.get(key) is not None:
@@ -198,7 +199,8 @@ class SFTDataModuleFactory:
         keys = self._keys(config)
 
         def build(key: str, order_seed: int) -> tuple[SFTSource, Any]:
-            examples, stats = load_examples(jsonl_files(config[key], f"data.{key}"), tok, seq_length, **keys)
+            examples, stats = load_examples(jsonl_files(config[key], f"data.{key}"), tok, seq_length,
+                                            limit=dev_choose_samples(config), **keys)
             if packing:
                 order = np.random.default_rng([order_seed, 0x9AC]).permutation(len(examples))
                 rows = pack(examples, seq_length, order)

@@ -23,6 +23,7 @@ import torch
 from nxd.errors import ConfigError
 from nxd_data.module import StreamDataModule
 from nxd_data.preference import RESPONSES, PreferenceSource
+from nxd_data.sources import dev_choose_samples
 from nxd_data.streams import EpochStream
 
 #: splits a reference can be computed for
@@ -128,9 +129,7 @@ class PreferenceDataModuleFactory:
         mode = config.get("truncation_mode", "keep_start")
         if mode not in TRUNCATION_MODES:
             raise ConfigError(f"truncation_mode={mode!r}: valid values are {', '.join(TRUNCATION_MODES)}")
-        limit = config.get("dev_choose_samples")
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
-            raise ConfigError(f"data.dev_choose_samples must be a positive integer or null, got {limit!r}")
+        limit = dev_choose_samples(config)
         shuffle = config.get("shuffle", True)
         if not isinstance(shuffle, bool):
             raise ConfigError(f"data.shuffle must be true or false, got {shuffle!r}")

@@ -98,22 +98,26 @@ def tokenize_record(
     return Example(np.asarray(ids, dtype=np.int64), np.asarray(flags, dtype=bool))
 
 
-def load_examples(files: Sequence[Path], tok: Tokenizer, seq_length: int, **keys: Any) -> tuple[list[Example], SFTStats]:
-    """Tokenize every record; truncate to ``seq_length + 1`` tokens; drop examples left with no
-    trainable label (they would contribute nothing, and an all-masked row divides by zero)."""
+def load_examples(files: Sequence[Path], tok: Tokenizer, seq_length: int, limit: int | None = None,
+                  **keys: Any) -> tuple[list[Example], SFTStats]:
+    """Tokenize every record (the first ``limit`` records: NxDT's ``dev_choose_samples``); truncate
+    to ``seq_length + 1`` tokens; drop examples left with no trainable label (they would contribute
+    nothing, and an all-masked row divides by zero)."""
     stats = SFTStats()
     examples = []
-    for path in files:
-        for lineno, record in read_jsonl(path):
-            ex = tokenize_record(record, tok, f"{path}:{lineno}", **keys)
-            stats.examples += 1
-            if len(ex.tokens) > seq_length + 1:
-                stats.truncated += 1
-                ex = Example(ex.tokens[: seq_length + 1], ex.trainable[: seq_length + 1])
-            if len(ex.tokens) < 2 or not ex.trainable[1:].any():
-                stats.dropped_no_target += 1
-                continue
-            examples.append(ex)
+    records = ((path, lineno, record) for path in files for lineno, record in read_jsonl(path))
+    for n, (path, lineno, record) in enumerate(records):
+        if limit is not None and n >= limit:
+            break
+        ex = tokenize_record(record, tok, f"{path}:{lineno}", **keys)
+        stats.examples += 1
+        if len(ex.tokens) > seq_length + 1:
+            stats.truncated += 1
+            ex = Example(ex.tokens[: seq_length + 1], ex.trainable[: seq_length + 1])
+        if len(ex.tokens) < 2 or not ex.trainable[1:].any():
+            stats.dropped_no_target += 1
+            continue
+        examples.append(ex)
     if not examples:
         raise ConfigError(f"empty SFT dataset: no usable examples in {', '.join(map(str, files))}")
     return examples, stats

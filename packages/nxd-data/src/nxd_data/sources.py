@@ -62,6 +62,15 @@ def read_jsonl(path: Path, encoding: str = "utf-8", errors: str = "strict") -> I
             yield lineno, record
 
 
+def dev_choose_samples(config: dict[str, Any]) -> int | None:
+    """NxDT's ``data.dev_choose_samples``: train (and validate) on the first N records of each
+    split only (NxDT selects them before tokenising); null: every record."""
+    limit = config.get("dev_choose_samples")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
+        raise ConfigError(f"data.dev_choose_samples must be a positive integer or null, got {limit!r}")
+    return limit
+
+
 def field(record: dict[str, Any], key: str, where: str) -> str:
     if key not in record:
         raise ConfigError(f"{where}: missing field {key!r} (fields present: {', '.join(sorted(record)) or 'none'})")

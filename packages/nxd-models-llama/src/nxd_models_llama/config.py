@@ -159,7 +159,8 @@ class LlamaConfig:
         known = {f.name for f in fields(cls)} - {"extra"}
         kwargs = {k: v for k, v in data.items() if k in known}
         extra = {k: v for k, v in data.items() if k not in known and k not in _IGNORED}
-        unknown_structural = [k for k in extra if k in ("num_experts", "sliding_window", "moe")]
+        # null means absent (Mistral v0.2+ config.json writes sliding_window: null)
+        unknown_structural = [k for k in extra if k in ("num_experts", "sliding_window", "moe") and extra[k] is not None]
         if unknown_structural:
             raise ConfigError(f"llama config: keys {unknown_structural} describe a model this plugin does not build")
         return cls(**kwargs, extra=extra)

@@ -85,7 +85,9 @@ SPEC = ModelSpec(
     transformer_layer_classes=(LlamaDecoderLayer,),
     core_attention_classes=(LlamaCoreAttention,),
     recompute_modules=RECOMPUTE_MODULES,
-    hf_model_types=("llama",),
+    # Mistral 7B is Llama's architecture plus a sliding window (nxd-training refuses a window shorter
+    # than the training sequence; NxDT trains its Mistral config with its Llama model too)
+    hf_model_types=("llama", "mistral"),
     lora_target_modules=DEFAULT_LORA_TARGETS,
     load_hf=load_hf_checkpoint,
     save_hf=save_hf_checkpoint,

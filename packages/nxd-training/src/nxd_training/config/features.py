@@ -69,6 +69,11 @@ FEATURE_KEYS: tuple[Feature, ...] = (
 )
 
 
+#: Hugging Face config.json keys (``model.model_config``) that ask for a FEATURE_KEYS feature when
+#: the YAML leaves its key null: Mistral-7B-v0.1's config.json sets ``sliding_window: 4096``
+HF_FEATURE_KEYS: dict[str, str] = {"model.sliding_window": "sliding_window"}
+
+
 def value_at(config: TrainingConfig, dotted: str) -> Any:
     node: Any = config
     for part in dotted.split("."):
@@ -172,19 +177,48 @@ def implemented_keys(spec: Any) -> set[str]:
     return implemented
 
 
-def check_features(config: TrainingConfig, spec: Any) -> None:
-    """Refuse every feature key the selected model does not implement (one error, all keys)."""
+def _feature_value(config: TrainingConfig, feature: Feature, hf: dict[str, Any] | None) -> tuple[str, Any]:
+    """(the key to name, its value): the YAML key, else the config.json key that carries the feature."""
+    value = value_at(config, feature.key)
+    hf_key = HF_FEATURE_KEYS.get(feature.key)
+    if value is None and hf_key and hf and hf.get(hf_key) is not None:
+        return f"model.model_config's {hf_key}", hf[hf_key]
+    return feature.key, value
+
+
+def covered_hf_features(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None) -> dict[str, str]:
+    """config.json keys of features the model does not implement whose value leaves its model
+    unchanged (a sliding window covering the training sequence): hf key -> why. The model is
+    given the config without them; the resolved notes say so."""
+    out = {}
+    implemented = implemented_keys(spec)
+    for feature in FEATURE_KEYS:
+        hf_key = HF_FEATURE_KEYS.get(feature.key)
+        if not hf_key or not hf or hf_key not in hf or feature.key in implemented:
+            continue
+        key, value = _feature_value(config, feature, hf)
+        if key != feature.key and feature.neutral(value, config):
+            seq = config.data.seq_length or config.model.encoder_seq_length
+            out[hf_key] = (f"{key}={value!r} covers the training sequence ({seq} tokens), so no position is masked "
+                           f"beyond the causal mask: the {spec.name!r} model (full causal attention) trains the same "
+                           "model; a longer sequence would need sliding-window attention")
+    return out
+
+
+def check_features(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None = None) -> None:
+    """Refuse every feature key the selected model does not implement (one error, all keys);
+    ``hf`` is the model_config file, whose HF_FEATURE_KEYS count as the YAML keys they stand for."""
     implemented = implemented_keys(spec)
     problems = []
     for feature in FEATURE_KEYS:
-        value = value_at(config, feature.key)
+        key, value = _feature_value(config, feature, hf)
         if feature.neutral(value, config) or feature.key in implemented:
             continue
         if feature.provider and feature.provider != spec.name:
             hint = f"the {feature.provider!r} model provides it ({_install_hint('model', feature.provider)})"
         else:
             hint = "no installed model plugin implements it"
-        problems.append(f"{feature.key}={value!r}: {feature.what} is not implemented by the {spec.name!r} model; "
+        problems.append(f"{key}={value!r}: {feature.what} is not implemented by the {spec.name!r} model; "
                         f"{hint}")
     if problems:
         raise ConfigError(problems[0] if len(problems) == 1 else

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from nxd import ConfigError
 from nxd_training.config.compose import hub_names, hub_path, read_yaml, resolve
 from nxd_training.config.errors import config_error
+from nxd_training.config.legacy import lift_alignment
 from nxd_training.config.resolved import RESOLVED_KEY, ResolvedConfig, dump_resolved
 from nxd_training.config.schema import TrainingConfig
 
@@ -26,11 +27,12 @@ def parse_config(raw: dict[str, Any], overrides: Sequence[str] = (), source: str
         raw = {k: v for k, v in raw.items() if k != RESOLVED_KEY}
     resolved = resolve(raw, overrides, source)
     try:
-        return TrainingConfig.model_validate(resolved)
+        config = TrainingConfig.model_validate(resolved)
     except ValidationError as exc:
         raise config_error(TrainingConfig, exc, source) from None
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # odd YAML shapes pydantic did not expect
         raise ConfigError(f"invalid {source}: {exc}") from None
+    return lift_alignment(config)  # NxDT's earlier data.alignment_strategy, read where later releases put it
 
 
 def load_config(source: str | Path | dict[str, Any], overrides: Sequence[str] = (),

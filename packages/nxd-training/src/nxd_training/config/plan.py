@@ -18,6 +18,7 @@ from nxd.resolved import pipeline_schedule
 from nxd_training.config import peft
 from nxd_training.config.features import (
     check_features,
+    covered_hf_features,
     explicit_value,
     hf_config_file,
     model_spec,
@@ -152,7 +153,8 @@ def model_dict(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None = No
             raise ConfigError(f"model.preset: unknown preset {m.preset!r}{suggest(m.preset, list(presets))}; "
                               f"available: {', '.join(sorted(presets)) or 'none'}")
         result.update(presets[m.preset])
-    result.update(hf if hf is not None else (hf_config_file(config) or {}))
+    hf = hf if hf is not None else (hf_config_file(config) or {})
+    result.update({k: v for k, v in hf.items() if k not in covered_hf_features(config, spec, hf)})
     for ours, theirs in MODEL_KEY_MAP.items():
         value = getattr(m, ours)
         if value is not None:
@@ -187,7 +189,7 @@ def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str]:
     hf = hf_config_file(config)
     spec = model_spec(config, hf)
     reason = select_model(config, hf)[1]
-    check_features(config, spec)
+    check_features(config, spec, hf)
     recompute_classes(config, spec)
     as_dict = model_dict(config, spec, hf)
     try:
@@ -280,7 +282,7 @@ def file_tokenizer(config: TrainingConfig) -> dict[str, Any] | None:
 def data_section(config: TrainingConfig, seq_length: int) -> dict[str, Any]:
     """The ``data`` section as the data module sees it (common keys included)."""
     section = config.data.model_dump(mode="json", exclude_none=True)
-    for key in ("module", "prepare", "prepare_dir"):
+    for key in ("module", "prepare", "prepare_dir", "alignment_strategy"):  # nxd's keys; NxDT's earlier alignment place
         section.pop(key, None)
     path = tokenizer_path(config)
     if path is not None:
@@ -481,5 +483,6 @@ def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
         architecture=spec.name, architecture_reason=reason, model=as_dict, world_size=world, tp=tp, pp=pp, dp=dp,
         cp=config.distributed_strategy.context_parallel_size, ep=config.distributed_strategy.expert_model_parallel_size,
         num_microbatches=num_mb, seq_length=seq, data_module=data_module, workflow=workflow_name(config),
-        notes=check_legacy(config, spec) + neuron_only_notes(config))
+        notes=check_legacy(config, spec) + neuron_only_notes(config)
+        + list(covered_hf_features(config, spec, hf_config_file(config)).values()))
     return RunPlan(resolution, model_config, spec, workflow)

@@ -26,7 +26,7 @@ from nxd_training.config.features import (
     select_model,
 )
 from nxd_training.config.legacy import check_legacy, newer_keys
-from nxd_training.config.neuron_keys import neuron_only_notes
+from nxd_training.config.neuron_keys import neuron_only_notes, no_effect_notes
 from nxd_training.config.resolved import Resolution, ResolvedConfig
 from nxd_training.config.schema import TokenizerConfig, TrainingConfig
 from nxd_training.optimizers import OPTIMIZERS
@@ -483,6 +483,6 @@ def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
         architecture=spec.name, architecture_reason=reason, model=as_dict, world_size=world, tp=tp, pp=pp, dp=dp,
         cp=config.distributed_strategy.context_parallel_size, ep=config.distributed_strategy.expert_model_parallel_size,
         num_microbatches=num_mb, seq_length=seq, data_module=data_module, workflow=workflow_name(config),
-        notes=check_legacy(config, spec) + neuron_only_notes(config)
+        notes=check_legacy(config, spec) + neuron_only_notes(config) + no_effect_notes(config)
         + list(covered_hf_features(config, spec, hf_config_file(config)).values()))
     return RunPlan(resolution, model_config, spec, workflow)

@@ -5,8 +5,9 @@ DeepSeek's layout, the MTP modules as ``model.layers.{num_hidden_layers + k}.*``
 is the paper's (section 2.2), written out here: main cross-entropy + lambda x the mean over the D
 depths of each depth's cross-entropy, depth k reading the main model's final hidden state (depth 1)
 or the previous depth's, and the embeddings of the tokens k places ahead (teacher forcing). Loss and
-every gradient (the MTP modules' and the shared embedding/head's) within 1e-5 relative (fp32);
-export writes the checkpoint back tensor for tensor; a checkpoint without MTP weights is refused by
+every gradient (the MTP modules' and the shared embedding/head's) within 1e-5 relative (fp32), in
+one process and on 2 gloo ranks at TP=2 with sequence parallelism (heads split, ``eh_proj`` and the
+MTP norms see a sequence slice: their gradients are summed over TP); export writes the checkpoint back tensor for tensor; a checkpoint without MTP weights is refused by
 name (MTP under CP: test_context_parallel.py)."""
 
 from __future__ import annotations
@@ -129,11 +130,44 @@ def test_mtp_matches_transformers_mtp_layers_and_round_trips(tmp_path):
     _build(src)  # mtp_depth 0 reads the main model and leaves the MTP tensors, as transformers does
 
 
-def _build(src: Path, **overrides):
+def mtp_rank_body(hf_dir: str, data: dict[str, torch.Tensor]) -> dict | None:
+    """TP=2 + SP on every rank: forward/backward with MTP, NxDOptimizer's gradient sync, HF-named grads."""
+    import torch.distributed as dist
+
+    from nxd_core_parallel import parallel_state
+    from nxd_core_parallel.trainer import NxDOptimizer
+    from nxd_models_deepseek.hf_io import collect_hf_state_dict
+
+    context = parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    _, model = _build(Path(hf_dir), {"sequence_parallel": True}, mtp_depth=DEPTH, mtp_loss_scaling_factor=WEIGHT)
+    out = model(data["input_ids"], labels=data["labels"])
+    out.loss.backward()
+    NxDOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), {"optimizer_config": {"grad_clipping": False},
+                 "sequence_parallel": True}, overlap_grad_sync=False, context=context).sync_gradients()
+    loss = out.loss.detach().clone()
+    oracle.grads_into_parameters(model)
+    grads = {k: v for k, v in collect_hf_state_dict(model).items() if not k.endswith(BUFFERS)}
+    return {"loss": loss, "grads": grads} if dist.get_rank() == 0 else None
+
+
+def test_mtp_tp2_sp_matches_the_reference(rank_pool, tmp_path):
+    src = save_mtp_checkpoint(tmp_path / "hf", seed=1)
+    data = batch(seed=8)
+    ref = reference(src, data)
+    got = rank_pool(2).run(mtp_rank_body, str(src), data, timeout=600)[0]
+    errors = {"loss": oracle.rel_err(got["loss"], ref["loss"])}
+    assert set(got["grads"]) == set(ref["grads"]), set(got["grads"]) ^ set(ref["grads"])
+    errors.update({k: oracle.rel_err(got["grads"][k], g) for k, g in ref["grads"].items()})
+    worst = max(errors, key=errors.get)
+    print(f"\ndeepseek_v3 MTP D={DEPTH} TP=2 + SP: worst relative error {errors[worst]:.3g} ({worst})")
+    assert errors[worst] <= 1e-5, (worst, errors[worst])
+
+
+def _build(src: Path, nxd_config: dict | None = None, **overrides):
     import nxd
 
     spec = nxd.get_model("deepseek_v3")
-    model = spec.build(spec.config_from_dict({**json.loads((src / "config.json").read_text()), **overrides}))
+    model = spec.build(spec.config_from_dict({**json.loads((src / "config.json").read_text()), **overrides}), nxd_config)
     spec.load_hf(model, str(src))
     return spec, model
 

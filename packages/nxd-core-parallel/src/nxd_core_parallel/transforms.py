@@ -66,11 +66,13 @@ def wrap_nxd_model(model: torch.nn.Module, context: ParallelContext | None, conf
     return model if isinstance(model, NxDModel) else NxDModel(model, config)
 
 
-def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, context: ParallelContext | None,
+def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, context: ParallelContext | None = None,
                   **defaults: Any) -> torch.optim.Optimizer:
-    from nxd_core_parallel.plugin import default_optimizer
+    """The optimizer side of ``ddp`` (and the registered optimizer ``default``): NxD's
+    ``NxDOptimizer`` around ``optimizer_class(parameters, **defaults)`` (DP gradient sync, clipping)."""
+    from nxd_core_parallel.trainer import NxDOptimizer
 
-    return default_optimizer(config, optimizer_class, parameters, context=context, **defaults)
+    return NxDOptimizer(optimizer_class(parameters, **defaults), config, context=context)
 
 
 TRANSFORMS = (

@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     except NxdError as exc:  # nxd's own errors say what is wrong; a traceback would bury it
         print(f"nxd: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handling (still importing, validating)
+        print("nxd: interrupted", file=sys.stderr)
+        return 130
 
 
 def _main(argv: list[str]) -> int:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import nxd
 from nxd.plugins import PluginWarning, plugin_infos
 
 GOOD_MODEL_PLUGIN = """
 import nxd
-NXD_PLUGIN_API = (1, 1)
+NXD_PLUGIN_API = (3, 3)
 
 class Spec:
     name = "{name}"
@@ -94,13 +93,13 @@ def test_misspelled_hook_is_caught(fake_distribution, monkeypatch, load_only):
 
 
 def test_incompatible_plugin_api_is_refused(fake_distribution, monkeypatch, load_only):
-    fake_distribution("future-plugin", "future_plugin", "NXD_PLUGIN_API = (3, 4)\n")
+    fake_distribution("future-plugin", "future_plugin", "NXD_PLUGIN_API = (4, 5)\n")
     load_only("future_plugin")
-    with pytest.warns(PluginWarning, match=r"supports plugin-API versions 3\.\.4.*speaks version 2 \(and accepts 1\.\.2\)"):
+    with pytest.warns(PluginWarning, match=r"supports plugin-API versions 4\.\.5.*speaks version 3 \(and accepts 2\.\.3\)"):
         list(plugin_infos())
     monkeypatch.setenv("NXD_STRICT_PLUGINS", "1")
     nxd.plugins.reset()
-    with pytest.raises(nxd.PluginError, match="plugin-API versions 3..4"):
+    with pytest.raises(nxd.PluginError, match="plugin-API versions 4..5"):
         list(plugin_infos())
 
 
@@ -135,17 +134,22 @@ def test_in_process_registration():
         nxd.register_plugin(Plugin(), name="mem", distribution="tests-again")
 
 
-def test_a_plugin_for_plugin_api_1_still_loads_and_its_wrap_phases_still_run(fake_distribution, load_only):
-    fake_distribution("old-plugin", "old_plugin", """
+def test_a_plugin_for_plugin_api_1_is_refused_naming_the_versions(fake_distribution, load_only):
+    fake_distribution("old-plugin", "old_plugin", "NXD_PLUGIN_API = (1, 1)\n")
+    load_only("old_plugin")
+    with pytest.warns(PluginWarning, match=r"supports plugin-API versions 1\.\.1.*speaks version 3 \(and accepts 2\.\.3\)"):
+        assert [i.status for i in plugin_infos() if i.name == "old_plugin"] == ["skipped"]
+
+
+def test_a_plugin_still_implementing_nxd_wrap_model_is_told_what_replaces_it(fake_distribution, load_only):
+    # undeclared (so not refused for its version): the removed hook itself is named, not "misspelled?"
+    fake_distribution("old-wrapper", "old_wrapper", """
         import nxd
-        NXD_PLUGIN_API = (1, 1)
         @nxd.hookimpl
         def nxd_wrap_model(nxd_config, model, phase):
-            if phase == "adapter":
-                model.seen = "adapter"
+            return None
     """)
-    load_only("old_plugin")
-    assert [i.status for i in plugin_infos() if i.name == "old_plugin"] == ["loaded"]
-    model = nxd.transforms.apply_model_transforms(torch.nn.Linear(1, 1), None,
-                                                  nxd.neuronx_distributed_config())
-    assert model.seen == "adapter"
+    load_only("old_wrapper")
+    with pytest.warns(PluginWarning, match=r"implements nxd_wrap_model, removed in plugin-API 3: register a model "
+                      r"transform instead \(nxd_register_model_transforms"):
+        assert [i.status for i in plugin_infos() if i.name == "old_wrapper"] == ["skipped"]

@@ -1,4 +1,4 @@
-"""The third-party template (integration_tests/example_plugin) follows plugin-API 2: its model
+"""The third-party template (integration_tests/example_plugin) follows plugin-API 3: its model
 family and its low-precision transform work through the core alone."""
 
 from __future__ import annotations

@@ -137,13 +137,6 @@ class RecordingPlugin:
         return model_fn(*model_args, **model_kwargs)
 
     @nxd.hookimpl
-    def nxd_wrap_model(self, nxd_config, model, phase):
-        self.calls.append(("wrap", phase, type(model).__name__))
-        if phase == "adapter":
-            return torch.nn.Sequential(model)
-        return None
-
-    @nxd.hookimpl
     def nxd_wrap_optimizer(self, nxd_config, optimizer):
         self.calls.append(("wrap_optimizer", type(optimizer).__name__))
 
@@ -170,16 +163,6 @@ def _world_context() -> nxd.parallel.ParallelContext:
     return nxd.parallel.ParallelContext(world, rank, None, torch.device("cpu"), nxd.parallel.DEFAULT_TIMEOUT, **dims)
 
 
-class SecondWrapper:
-    """A second plugin in the same phase sees the first one's result (the chain)."""
-
-    @nxd.hookimpl
-    def nxd_wrap_model(self, model, phase):
-        if phase == "wrapper":
-            return torch.nn.ModuleDict({"wrapped": model})
-        return None
-
-
 def test_test_plugin_implements_every_hookspec():
     implemented = {name for name in dir(RecordingPlugin) if name.startswith("nxd_")}
     assert implemented == _hookspec_names()
@@ -188,7 +171,6 @@ def test_test_plugin_implements_every_hookspec():
 def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
     plugin = RecordingPlugin()
     nxd.register_plugin(plugin, name="recording", distribution="tests")
-    nxd.register_plugin(SecondWrapper(), name="second", distribution="tests")
     for kind, name in [("backend", "toy-backend"), ("model", "toy-model"), ("pipeline_schedule", "1f1b"),
                        ("adapter", "lora"), ("checkpoint_format", "toy-format"), ("storage", "toy-storage"),
                        ("data_module", "toy-data"), ("workflow", "toy-workflow"),
@@ -203,10 +185,9 @@ def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
 
     model = nxd.initialize_parallel_model(config, torch.nn.Linear, False, 3, 2, bias=False)
     assert ("build", (3, 2), {"bias": False}) in plugin.calls
-    phases = [call[1] for call in plugin.calls if call[0] in ("wrap", "transform")]
-    # the registered transforms in order, plugin-API 1's nxd_wrap_model phases among them
-    assert phases == ["plan", "adapter", "checkpointing", "pipeline", "wrapper", "ddp"]
-    assert isinstance(model, torch.nn.ModuleDict) and isinstance(model["wrapped"][0], torch.nn.Linear)
+    phases = [call[1] for call in plugin.calls if call[0] == "transform"]
+    assert phases == ["plan", "ddp"]  # the registered transforms, in order
+    assert isinstance(model, torch.nn.Linear)
 
     optimizer = nxd.initialize_parallel_optimizer(config, torch.optim.SGD, model.parameters(), lr=0.5)
     assert isinstance(optimizer, torch.optim.SGD) and ("optimizer", {"lr": 0.5}) in plugin.calls
@@ -216,7 +197,7 @@ def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
     assert nxd.has_checkpoint(str(tmp_path))
     assert nxd.load_checkpoint(str(tmp_path), model=model) == {"step": 3}
     extras = [call for call in plugin.calls if call[0] == "checkpoint_extras"]
-    assert extras == [("checkpoint_extras", "ModuleDict", str(tmp_path), "t", phase) for phase in ("saved", "loaded")]
+    assert extras == [("checkpoint_extras", "Linear", str(tmp_path), "t", phase) for phase in ("saved", "loaded")]
     with pytest.raises(ValueError, match="phase must be one of"):
         nxd.trainer.checkpoint_extras(model, str(tmp_path), "t", "written")
     assert plugin.saved[str(tmp_path)]["num_kept_ckpts"] == 2
@@ -281,10 +262,6 @@ class ContextRecorder:
         self.seen.append(("build", context))
 
     @nxd.hookimpl
-    def nxd_wrap_model(self, phase, context):
-        self.seen.append((f"wrap:{phase.value}", context))
-
-    @nxd.hookimpl
     def nxd_wrap_optimizer(self, context):
         self.seen.append(("wrap_optimizer", context))
 
@@ -313,8 +290,7 @@ def _context_reaches_hooks(tmp: str) -> list[str]:
 
 
 def test_lifecycle_hooks_receive_the_parallel_context(rank_pool, tmp_path):
-    names = ["build", *(f"wrap:{p.value}" for p in nxd.trainer.WRAP_PHASES), "wrap_optimizer", "extras:saved",
-             "extras:loaded"]
+    names = ["build", "wrap_optimizer", "extras:saved", "extras:loaded"]
     assert rank_pool(2).run(_context_reaches_hooks_on_rank, str(tmp_path)) == [names] * 2
 
 
@@ -338,72 +314,3 @@ def test_docs_describe_every_hook(repo_root):
     for name in sorted(_hookspec_names()):
         params = ", ".join(inspect.signature(getattr(hookspecs, name)).parameters)
         assert re.search(rf"^### `{name}\({re.escape(params)}\)`", text, re.M), f"docs/hooks.md lacks '### `{name}({params})`'"
-
-
-def test_wrap_phase_is_an_enum_the_core_validates():
-    from nxd.trainer import WrapPhase, wrap_phase
-
-    assert [p.value for p in nxd.trainer.WRAP_PHASES] == ["adapter", "checkpointing", "pipeline", "wrapper"]
-    assert wrap_phase("adapter") is WrapPhase.ADAPTER and WrapPhase.ADAPTER == "adapter"
-    with pytest.raises(nxd.ConfigError, match="phase must be one of adapter, checkpointing, pipeline, wrapper, got 'adaptor'"):
-        wrap_phase("adaptor")
-
-
-class Transforms:
-    """Third-party transforms: any order, any object with the contract's attributes."""
-
-    def __init__(self, *transforms) -> None:
-        self.transforms = transforms
-
-    @nxd.hookimpl
-    def nxd_register_model_transforms(self, registry):
-        for transform in self.transforms:
-            registry.add(transform.name, transform)
-
-
-def _tag(tag):
-    def apply(model, context, config):
-        model.tags = [*getattr(model, "tags", []), tag]
-
-    return apply
-
-
-def test_model_transforms_run_in_order_and_only_when_they_apply():
-    T = nxd.transforms.ModelTransform
-    nxd.register_plugin(Transforms(
-        T("b-fp8", nxd.transforms.LOW_PRECISION, _tag("fp8")),
-        T("a-skip", nxd.transforms.ADAPTER, _tag("never"), applies=lambda context, config: False),
-        T("c-between", nxd.transforms.ADAPTER + 1, _tag("between")),
-        T("ddp", nxd.transforms.DATA_PARALLEL, _tag("ddp"), make_optimizer=lambda *a, **k: None),
-    ), name="t", distribution="tests")
-    config = nxd.neuronx_distributed_config()
-    model = torch.nn.Linear(2, 2)
-    out = nxd.transforms.apply_model_transforms(model, None, config)
-    assert out is model and model.tags == ["fp8", "between", "ddp"]
-    assert nxd.transforms.data_parallel_strategy(None, config).name == "ddp"
-    assert config["data_parallel_strategy"] == "ddp"
-
-
-def test_a_data_parallel_strategy_is_selected_by_name_and_refused_when_missing():
-    with pytest.raises(nxd.ComponentNotFound, match="optimizer_config.zero_one_enabled=True needs the model transform "
-                                                    "'zero1': pip install nxd-zero1"):
-        nxd.neuronx_distributed_config(optimizer_config={"zero_one_enabled": True})
-    with pytest.raises(nxd.ComponentNotFound, match="data_parallel_strategy='fsdp' needs the model transform 'fsdp'"):
-        nxd.neuronx_distributed_config(data_parallel_strategy="fsdp")
-    with pytest.raises(nxd.ConfigError, match="contradicts optimizer_config.zero_one_enabled=True"):
-        nxd.neuronx_distributed_config(data_parallel_strategy="fsdp", optimizer_config={"zero_one_enabled": True})
-    T = nxd.transforms.ModelTransform
-    nxd.register_plugin(Transforms(
-        T("ddp", nxd.transforms.DATA_PARALLEL, _tag("ddp"), applies=lambda c, cfg: True, make_optimizer=print),
-        T("fsdp", nxd.transforms.DATA_PARALLEL, _tag("fsdp"), applies=lambda c, cfg: True, make_optimizer=print),
-    ), name="t", distribution="tests")
-    config = nxd.neuronx_distributed_config(data_parallel_strategy="fsdp")
-    with pytest.raises(nxd.PluginError, match="two data-parallel strategies apply to one config: ddp, fsdp"):
-        nxd.transforms.data_parallel_strategy(None, config)
-
-
-def test_a_malformed_transform_rejects_its_plugin():
-    with pytest.warns(nxd.plugins.PluginWarning, match="model transform 'bad' has no 'apply'"):
-        nxd.register_plugin(Transforms(type("Bad", (), {"name": "bad", "order": 1, "applies": None})()),
-                            name="bad", distribution="tests")
-    assert "bad" not in nxd.list_components("model_transform")

@@ -52,7 +52,7 @@ def register_storage(scheme: str, factory: Any) -> None:
         registry.add(scheme, factory)
 
     module.nxd_register_storages = nxd_register_storages
-    module.NXD_PLUGIN_API = (1, 1)
+    module.NXD_PLUGIN_API = (3, 3)
     sys.modules[module.__name__] = module
     nxd.register_plugin(module, name=module.__name__)
 

@@ -77,7 +77,7 @@ def _register_model() -> None:
     if "ckpt-test-net" in nxd.list_components("model"):
         return
     module = types.ModuleType("nxd_ckpt_test_model")
-    module.NXD_PLUGIN_API = (1, 1)
+    module.NXD_PLUGIN_API = (3, 3)
     module.nxd_register_models = nxd.hookimpl(lambda registry: registry.add("ckpt-test-net", SPEC))
     module.nxd_register_models.__name__ = "nxd_register_models"
     sys.modules[module.__name__] = module

@@ -268,6 +268,8 @@ def test_disk_full_names_the_cause(tmp_path):
     with pytest.raises(CheckpointError, match="No space left on device") as err:
         nxd.save_checkpoint(f"devfull://{tmp_path}", "a", model=big)
     assert "unexpected pos" not in str(err.value)
+    # the kernel's ENOSPC on write() names no file: the error names the one being written
+    assert f"writing {tmp_path}/a/model/dp_rank_00_tp_rank_00_pp_rank_00.pt failed" in str(err.value), err.value
     assert not (tmp_path / "a" / "done").exists()
 
 

@@ -56,3 +56,22 @@ def test_newest_never_names_a_deleted_tag_after_enospc(tmp_path: Path, monkeypat
     with pytest.warns(UserWarning, match=r"newest names 'a', which does not exist; using the newest complete "
                                          r"checkpoint 'b'"):
         assert nxd.load_checkpoint(str(tmp_path), model=TinyNet()) == {"step": 2}
+
+
+def test_a_pointer_warning_is_printed_by_one_rank_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank of a node reads the same checkpoints: the warning comes from local rank 0 only
+    (a resume printed each warning once per rank)."""
+    import warnings
+
+    from nxd_ckpt import layout
+
+    nxd.save_checkpoint(str(tmp_path), "a", model=TinyNet(), user_content={"step": 1})
+    (tmp_path / "newest").write_text("gone")
+    monkeypatch.setattr(layout, "_warned", set())
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        assert nxd.load_checkpoint(str(tmp_path), model=TinyNet()) == {"step": 1}
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.warns(UserWarning, match="newest names 'gone', which does not exist"):
+        assert nxd.load_checkpoint(str(tmp_path), model=TinyNet()) == {"step": 1}

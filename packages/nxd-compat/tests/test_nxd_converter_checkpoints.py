@@ -119,3 +119,28 @@ def test_nxd_checkpoint_converts_back_with_nxd_converter(rank_pool, tmp_path):
     original = hf.state_dict()
     assert sorted(merged) == sorted(original)
     assert [k for k in original if not torch.equal(merged[k], original[k])] == []
+
+
+def other_tp_body(root: str, config: str) -> str:
+    import nxd
+    from nxd_ckpt import CheckpointError
+    from nxd_core_parallel import parallel_state
+    from nxd_models_llama import LlamaForCausalLM
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    model = LlamaForCausalLM(json.loads(Path(config).read_text()))
+    try:
+        nxd.load_checkpoint(root, tag="fused", model=model)
+    except CheckpointError as err:
+        return str(err)
+    return "loaded"
+
+
+def test_nxd_checkpoint_at_another_tp_is_refused_by_name(rank_pool, tmp_path):
+    # NxD's files carry no sharding description: loading its TP=2 layout at TP=1 must say so (not
+    # fail on a shape, nor load one rank's half of every tensor)
+    full, config = _write_hf(_hf_model(2), tmp_path / "hf")
+    _nxd_converter(*COMMON, "--input_dir", str(full), "--config", str(config), "--output_dir",
+                   str(tmp_path / "ckpts" / "fused"), *LAYOUTS["fused_qkv"][1])
+    message = rank_pool(1).run(other_tp_body, str(tmp_path / "ckpts"), str(config))[0]
+    assert "written by NxD at TP=2 PP=1" in message and "this run is TP=1" in message, message

@@ -122,6 +122,13 @@ def test_bad_configs_are_reported_before_training(tmp_path: Path, marked_dataset
         indexed.validate({"data_prefix": str(prefix), "splits_string": "a,b"})
     with pytest.raises(ConfigError, match="alternates numbers and paths"):
         indexed.validate({"data_prefix": [0.5, str(prefix), 0.5]})
+    # NxDT's Megatron data keys: its configs' values are what this module does; others are refused
+    nxdt = {"data_impl": "mmap", "dataloader_type": "single", "no_seqlen_plus_one_input_tokens": False,
+            "pad_samples_to_global_batch_size": False, "validation_drop_last": True, "skip_warmup": True}
+    indexed.validate({"data_prefix": str(prefix), "splits_string": "1,0,0", **nxdt})
+    with pytest.raises(ConfigError, match=r"data.dataloader_type='cyclic' is not supported: nxd's sampler is "
+                                          r"Megatron's sequential 'single' sampler"):
+        indexed.validate({"data_prefix": str(prefix), **nxdt, "dataloader_type": "cyclic"})
     with pytest.raises(ConfigError, match="global_batch_size=6 must be a multiple"):
         _module({"data_prefix": str(prefix)}, seq=4, mbs=2, gbs=6, dp=2)
     # a .bin that does not match its .idx

@@ -50,3 +50,12 @@ def nxd_forward_backward(hf_dir: str, data: dict[str, torch.Tensor], sequence_pa
 
     _, model = oracle.build_from_hf(SPEC[0], hf_dir, sequence_parallel)
     return oracle.forward_backward_result(model, data, gather_logits=gather_vocab_logits, export_grads=export)
+
+
+def build_tiny_under_cp(**overrides) -> None:
+    """Build the tiny preset (with ``overrides``) under context parallelism 2 (a rank body)."""
+    import nxd
+
+    nxd.neuronx_distributed_config(context_parallel_size=2)
+    spec = nxd.get_model("deepseek_v3")
+    spec.build(spec.config_from_dict({"preset": "deepseek-v3-tiny", **overrides}))

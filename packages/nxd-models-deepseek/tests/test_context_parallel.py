@@ -7,7 +7,7 @@ CP=2: each rank holds two chunks of every sequence; ring attention carries the k
 ``[k_nope | k_rope]`` (20 wide) and the values (10 wide) around the ring, and the decoupled RoPE
 rotates each chunk at its global positions. CP=2 x EP=2: the same two ranks also split the routed
 experts (tokens of both CP ranks reach every expert through the all-to-all). The sequence-wise
-balance loss under CP is refused by name."""
+balance loss and multi-token prediction under CP are refused by name."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from deepseek_test_utils import BUFFERS, SPEC, batch, save_hf  # noqa: E402
+from deepseek_test_utils import BUFFERS, SPEC, batch, build_tiny_under_cp, save_hf  # noqa: E402
 
 from nxd_testing.reference import assert_parallel_parity, hf_lm_reference, parallel_grads_body, quiet_transformers
 
@@ -35,16 +35,12 @@ def test_deepseek_v3_mla_cp2_and_cp2_ep2_match_one_process(rank_pool, tmp_path):
     print(f"\ndeepseek_v3 MLA CP=2: worst relative error {worst:.3g}; CP=2 x EP=2: {worst_ep:.3g}")
 
 
-def _build_with_seq_aux_under_cp() -> None:
-    import nxd
-
-    nxd.neuronx_distributed_config(context_parallel_size=2)
-    spec = nxd.get_model("deepseek_v3")
-    spec.build(spec.config_from_dict({"preset": "deepseek-v3-tiny", "seq_aux_loss_coef": 0.001}))
-
-
-def test_seq_aux_loss_under_cp_is_refused(rank_pool):
+@pytest.mark.parametrize("overrides, refusal", [
+    ({"seq_aux_loss_coef": 0.001}, "seq_aux_loss_coef > 0 is not implemented under context parallelism"),
+    ({"mtp_depth": 1}, "mtp_depth=1 is not implemented with cp_size 2"),
+], ids=["seq_aux_loss", "mtp"])
+def test_cp_refusals_name_the_field(rank_pool, overrides, refusal):
     from nxd_testing.ranks import RankError
 
-    with pytest.raises(RankError, match="seq_aux_loss_coef > 0 is not implemented under context parallelism"):
-        rank_pool(2).run(_build_with_seq_aux_under_cp, timeout=120)
+    with pytest.raises(RankError, match=refusal):
+        rank_pool(2).run(build_tiny_under_cp, **overrides, timeout=120)

@@ -55,7 +55,8 @@ def test_hub_deepseek_v3_tiny_takes_context_parallelism(corpus, tmp_path):
 
 def test_nxd_plan_of_the_hub_config():
     """``nxd plan hub:deepseek-v3-tiny``: the planned parameters are the model's (MLA's narrower values
-    shape the meta attention's output); activations are reported unmeasured (MoE routing)."""
+    shape the meta attention's output); activations are measured with the most routed rows per
+    rank (nxd_moe.max_routed_rows), and the plan says so."""
     import torch
 
     import nxd
@@ -67,3 +68,5 @@ def test_nxd_plan_of_the_hub_config():
         model = spec.build(spec.config_from_dict({"preset": "deepseek-v3-tiny"}))
     assert plan.parameters_total == sum(p.numel() for p in model.parameters())
     assert plan.layout.world_size == 2 and len(plan.ranks) == 2
+    assert plan.activation_profile.measured
+    assert any("max_routed_rows" in note for note in plan.activation_profile.notes)

@@ -151,6 +151,12 @@ def test_yaml_file_errors(tmp_path) -> None:
     latin.write_bytes("name: caf\u00e9\n".encode("latin-1"))
     with pytest.raises(ConfigError, match=r"latin.yaml: not UTF-8 text \(byte 0xe9 at offset 9, line 1\)"):
         load_config(latin)
+    # an empty file (or only comments) is named as such, not as its first missing key (data.seq_length)
+    for text in ("", "\n# nothing yet\n---\n"):
+        empty = tmp_path / "empty.yaml"
+        empty.write_text(text)
+        with pytest.raises(ConfigError, match=r"empty.yaml: the file is empty \(no config sections\)"):
+            load_config(empty)
 
 
 @pytest.mark.parametrize("name", ["quickstart", "llama3.2-1b", "llama2-7b", "llama3-8b", "llama3.1-8b", "llama3-70b"])

@@ -119,6 +119,9 @@ def test_earlier_keys_are_read_with_nxdts_meaning(files: Files, capsys) -> None:
     out = capsys.readouterr().out
     assert "nxd train: note: trainer.vnc=2 (NxD Training's earlier name) read as trainer.lnc=2" in out
     assert "config is valid" in out
+    assert ("nxd train: note: exp_manager.log_parameter_norm=True: NxD Training logs the parameters' global norm every "
+            "step; nxd logs the gradient norm (log_gradient_norm) but not the parameter norm, so it has no effect on "
+            "this run") in out
     with pytest.raises(ConfigError, match="keep trainer.lnc"):
         load_config(source, [*files.path_overrides("hf_llama3_70B_trn2_config", raw), "trainer.lnc=1"])
 
@@ -171,10 +174,13 @@ def test_neuron_only_keys_get_one_note_each_at_validate_time(files: Files, capsy
                  "model.num_layers=2", "model.hidden_size=1024", "--validate"]) == 0  # sized to fit this machine
     out = capsys.readouterr().out
     noted = [line.split("note: ", 1)[1].split("=", 1)[0] for line in out.splitlines()
-             if "nxd train: note: " in line and "has no effect on this run" in line]
+             if "nxd train: note: " in line and ": on Neuron, NxD Training sets" in line]
     assert noted == ["compiler_flags", "compiler_cache_url", "aync_exec_max_inflight_requests",
                      "bucket_size_collectives", "neuron_rt_exec_timeout", "model.fusions.softmax"], out
     assert set(noted) <= set(NEURON_ONLY_KEYS)
     assert ("nxd train: note: compiler_flags='--model-type transformer': on Neuron, NxD Training sets neuronx-cc's "
             "flags (NEURON_CC_FLAGS) from it; nxd does not pass it on, so it has no effect on this run") in out
     assert "config is valid" in out
+    assert ("nxd train: note: exp_manager.log_parameter_norm=True: NxD Training logs the parameters' global norm every "
+            "step; nxd logs the gradient norm (log_gradient_norm) but not the parameter norm, so it has no effect on "
+            "this run") in out

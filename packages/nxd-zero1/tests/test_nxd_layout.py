@@ -53,7 +53,8 @@ def nxd_rule_shards(params: list[torch.Tensor], state: list[dict], groups: list[
     """Every DP rank's ``NeuronZero1Optimizer.state_dict()`` for full per-parameter ``state``."""
     shards = []
     for r in range(dp):
-        base = {i: {k: (xla_chunk(v, dp, r) if k in KEYS else v.clone()) for k, v in s.items()}
+        # NxD's AdamW_FP32OptimParams keeps ``step`` as a Python int
+        base = {i: {k: (xla_chunk(v, dp, r) if k in KEYS else int(v)) for k, v in s.items()}
                 for i, s in enumerate(state)}
         shards.append({"state": {}, "param_groups": copy.deepcopy(groups), "base_state": base,
                        "shape_info": {i: p.shape for i, p in enumerate(params)},

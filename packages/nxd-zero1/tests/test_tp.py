@@ -1,6 +1,6 @@
 """ZeRO-1 with TP=2 x DP=2 (4 ranks) through the NxD API, against one process with torch AdamW.
 
-The model uses nxd-core-parallel's layers with every kind of parameter the grad norm must count
+The model (nxd_testing.tiny_tp_lm, one block) uses nxd-core-parallel's layers with every kind of parameter the grad norm must count
 exactly once: column/row-sharded weights, TP-replicated row biases and RMSNorm weights (also under
 sequence parallelism, so their grads need the SP all-reduce), and a fused GQA QKV weight whose K/V
 piece is replicated across TP ranks (kv_size_multiplier=2)."""
@@ -9,56 +9,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 import nxd
 from nxd_core_parallel import parallel_state as ps
-from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
-from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.parallel_layers import (
-    ColumnParallelLinear,
-    ParallelEmbedding,
-    RowParallelLinear,
-    parallel_cross_entropy,
-)
 from nxd_testing.reference import max_rel, token_chain_batch, train_data_parallel, train_reference
+from nxd_testing.tiny_tp_lm import TinyDims, TinyLM
 
 VOCAB, HID, HEADS, KV_HEADS, FFN = 32, 16, 4, 1, 24
+DIMS = TinyDims(vocab=VOCAB, hidden=HID, heads=HEADS, kv_heads=KV_HEADS, ffn=FFN)
 BATCH, SEQ, STEPS, LR, MAX_NORM = 4, 8, 20, 3e-3, 1.0
-
-
-class TinyLM(nn.Module):
-    def __init__(self, sp: bool = False) -> None:
-        super().__init__()
-        tp = ps.get_tensor_model_parallel_size()
-        kw = {"sequence_parallel_enabled": sp, "sequence_dimension": 1}
-        self.head_dim = HID // HEADS
-        self.embed = ParallelEmbedding(VOCAB, HID, **kw)
-        self.attn_norm = RMSNorm(HID, sequence_parallel_enabled=sp)
-        self.qkv = GQAQKVColumnParallelLinear(HID, [HID, KV_HEADS * self.head_dim], bias=False, gather_output=False,
-                                              kv_size_multiplier=max(tp // KV_HEADS, 1), **kw)
-        self.o_proj = RowParallelLinear(HID, HID, bias=True, input_is_parallel=True, **kw)
-        self.mlp_norm = RMSNorm(HID, sequence_parallel_enabled=sp)
-        self.up = ColumnParallelLinear(HID, FFN, bias=True, gather_output=False, **kw)
-        self.down = RowParallelLinear(FFN, HID, bias=True, input_is_parallel=True, **kw)
-        self.lm_head = ColumnParallelLinear(HID, VOCAB, bias=False, gather_output=False, **kw)
-
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        h = self.embed(ids)
-        q, k, v = self.qkv(self.attn_norm(h))
-        b, s = q.shape[:2]
-        q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
-        h = h + self.o_proj(a)
-        h = h + self.down(F.silu(self.up(self.mlp_norm(h))))
-        return parallel_cross_entropy(self.lm_head(h), labels).mean()
 
 
 def build(sp: bool) -> TinyLM:
     torch.manual_seed(1234)  # the parallel layers initialise shards of the same full weights
-    return TinyLM(sp)
+    return TinyLM(DIMS, sp, layers=1)
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nxd import __version__
+from nxd import __version__, warning_lines
 from nxd.catalog import CATALOG
 from nxd.errors import NxdError
 from nxd.plugins import state
@@ -33,11 +33,15 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    warning_lines.install()
     try:
         return _main(argv)
     except NxdError as exc:  # nxd's own errors say what is wrong; a traceback would bury it
         print(f"nxd: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handling (still importing, validating)
+        print("nxd: interrupted", file=sys.stderr)
+        return 130
 
 
 def _main(argv: list[str]) -> int:

@@ -24,11 +24,20 @@ import pluggy
 
 PROJECT_NAME = "nxd"
 #: The plugin-API version this core speaks. Plugins declare ``NXD_PLUGIN_API = (min, max)``.
-#: 2: model transforms (``nxd_register_model_transforms``), the typed ``NxdConfig``; see the
-#: migration note in docs/hooks.md.
-PLUGIN_API_VERSION = 2
-#: The oldest plugin-API version still accepted: version 1's ``nxd_wrap_model`` still runs.
-OLDEST_PLUGIN_API = 1
+#: 2: model transforms (``nxd_register_model_transforms``), the typed ``NxdConfig``.
+#: 3: the context is passed everywhere (layers, losses, grads, HF import/export, ``nxd.save/load``
+#: take it; the one fallback is ``nxd.parallel.resolve_context``), a family's parallel plan is data
+#: applied by transforms, ``nxd_plan_run``; version 1's ``nxd_wrap_model`` is gone. Migration notes
+#: in docs/hooks.md.
+PLUGIN_API_VERSION = 3
+#: The oldest plugin-API version still accepted (its hooks are all still called).
+OLDEST_PLUGIN_API = 2
+#: Hooks an older plugin-API had, -> what replaces them (a plugin still implementing one is refused
+#: with this advice rather than as a misspelling).
+REMOVED_HOOKS = {
+    "nxd_wrap_model": "removed in plugin-API 3: register a model transform instead (nxd_register_model_transforms "
+                      "with nxd.transforms.ModelTransform at the phase's order anchor; docs/hooks.md, migrating to 3)",
+}
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -139,23 +148,10 @@ def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kw
 
 
 @hookspec
-def nxd_wrap_model(nxd_config: dict, model: Any, phase: str, context: Any) -> Any:
-    """Deprecated (plugin-API 1): register a model transform instead (``nxd_register_model_transforms``).
-    Transform the model during ``initialize_parallel_model``; the core still runs these
-    implementations, each phase just after the transforms of its order anchor.
-
-    The core calls this hook once per phase, in the order of :data:`nxd.trainer.WRAP_PHASES`
-    (``adapter`` → ``checkpointing`` → ``pipeline`` → ``wrapper``). Within a phase the
-    implementations run as a chain: each receives the model returned by the previous one and
-    returns a replacement, or ``None`` to leave it unchanged. ``context``: the parallel context
-    the model is built for (``None`` without ``torch.distributed``).
-    """
-
-
-@hookspec
 def nxd_wrap_optimizer(nxd_config: dict, optimizer: Any, context: Any) -> Any:
-    """Transform the optimizer returned by the registered optimizer factory (chained like
-    ``nxd_wrap_model``; return a replacement or ``None``). ``context``: the parallel context."""
+    """Transform the optimizer returned by the registered optimizer factory. The implementations
+    run as a chain: each receives the optimizer the previous one returned and returns a replacement,
+    or ``None`` to leave it unchanged. ``context``: the parallel context."""
 
 
 @hookspec

@@ -202,6 +202,10 @@ class PluginState:
 
 
 def _api_problem(plugin: Any) -> str:
+    removed = [name for name in hookspecs.REMOVED_HOOKS
+               if getattr(getattr(plugin, name, None), f"{hookspecs.PROJECT_NAME}_impl", None) is not None]
+    if removed:
+        return f"it implements {removed[0]}, {hookspecs.REMOVED_HOOKS[removed[0]]}"
     declared = getattr(plugin, "NXD_PLUGIN_API", None)
     if declared is None:
         return ""  # undeclared plugins are assumed to speak the current API

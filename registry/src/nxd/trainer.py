@@ -16,17 +16,6 @@ from nxd.plugins import state
 from nxd.transforms import apply_model_transforms, data_parallel_strategy
 
 
-class WrapPhase(str, Enum):
-    """The ``phase`` of plugin-API 1's ``nxd_wrap_model`` (deprecated: register a model transform,
-    :mod:`nxd.transforms`, whose ``order`` is open). A ``str`` enum: ``phase == "adapter"`` holds,
-    but compare with the members (``phase is WrapPhase.ADAPTER``) so a misspelling fails loudly."""
-
-    ADAPTER = "adapter"
-    CHECKPOINTING = "checkpointing"
-    PIPELINE = "pipeline"
-    WRAPPER = "wrapper"
-
-
 class CheckpointPhase(str, Enum):
     """The ``phase`` of ``nxd_checkpoint_extras``."""
 
@@ -34,17 +23,7 @@ class CheckpointPhase(str, Enum):
     LOADED = "loaded"
 
 
-WRAP_PHASES: tuple[WrapPhase, ...] = tuple(WrapPhase)
 CHECKPOINT_PHASES: tuple[CheckpointPhase, ...] = tuple(CheckpointPhase)
-
-
-def wrap_phase(value: Any) -> WrapPhase:
-    """``value`` as a :class:`WrapPhase`; a ``ConfigError`` naming the valid phases otherwise."""
-    try:
-        return WrapPhase(value)
-    except ValueError:
-        raise ConfigError(f"nxd_wrap_model phase must be one of {', '.join(p.value for p in WrapPhase)}, "
-                          f"got {value!r}") from None
 
 
 def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn.Module], include_buffers: bool = False,

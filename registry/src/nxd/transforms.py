@@ -83,34 +83,11 @@ def check_transform(name: str, transform: Any) -> None:
 
 
 def model_transforms() -> list[Any]:
-    """Every registered transform, in the order they run (``order``, then name), with plugin-API 1's
-    ``nxd_wrap_model`` phases among them when a plugin still implements that hook."""
+    """Every registered transform, in the order they run (``order``, then name)."""
     from nxd.plugins import state
 
-    plugins = state()
-    named = [(r.obj.order, r.name, r.obj) for r in plugins.components.all(KIND)]
-    if plugins.pm.hook.nxd_wrap_model.get_hookimpls():
-        named += [(t.order, t.name, t) for t in _legacy_wrap_phases()]
+    named = [(r.obj.order, r.name, r.obj) for r in state().components.all(KIND)]
     return [t for _, _, t in sorted(named, key=lambda item: (item[0], item[1]))]
-
-
-#: plugin-API 1's ``nxd_wrap_model`` phases -> where they run now (just after their anchor's transforms)
-LEGACY_WRAP_PHASES: dict[str, int] = {"adapter": ADAPTER + 50, "checkpointing": ACTIVATION_CHECKPOINTING + 50,
-                                      "pipeline": PIPELINE + 20, "wrapper": DATA_PARALLEL - 20}
-
-
-def _legacy_wrap_phases() -> list[ModelTransform]:
-    from nxd.plugins import state
-    from nxd.trainer import wrap_phase
-
-    def phase_transform(phase: str, order: int) -> ModelTransform:
-        def apply(model: Any, context: Any, config: Any) -> Any:
-            return state().call_chain("nxd_wrap_model", "model", model, nxd_config=config, phase=wrap_phase(phase),
-                                      context=context)
-
-        return ModelTransform(f"nxd_wrap_model:{phase}", order, apply, description="plugin-API 1 hook")
-
-    return [phase_transform(phase, order) for phase, order in LEGACY_WRAP_PHASES.items()]
 
 
 def applicable_transforms(context: Any, config: Any) -> list[Any]:

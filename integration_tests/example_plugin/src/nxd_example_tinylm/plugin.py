@@ -16,7 +16,7 @@ from nxd.specs import ModelSpec, ParallelPlan, config_reader, model_builder
 from nxd.transforms import LOW_PRECISION, ModelTransform
 from nxd_example_tinylm.model import TinyBlock, TinyLM, TinyLMConfig
 
-NXD_PLUGIN_API = (2, 2)
+NXD_PLUGIN_API = (3, 3)
 
 PRESETS = {"tiny": {"vocab_size": 128, "hidden_size": 32, "num_heads": 4}}
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -132,9 +133,13 @@ _warned: set[str] = set()
 
 
 def warn_once(message: str) -> None:
-    """A warning this process prints once, however many readers come across the same thing."""
+    """A warning this process prints once, however many readers come across the same thing; in a
+    job of several ranks per node only local rank 0 prints it (the ranks of a node read the same
+    storage: the same line from each would only repeat it)."""
     import warnings
 
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return
     if message not in _warned:
         _warned.add(message)
         warnings.warn(message, UserWarning, stacklevel=3)

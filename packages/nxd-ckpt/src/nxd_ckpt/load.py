@@ -14,7 +14,7 @@ from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
 from nxd_ckpt.formats import format_for_file, get_format
 from nxd_ckpt.layout import parse_shard_name, rng_name, shard_name
 from nxd_ckpt.metadata import shardings_of
-from nxd_ckpt.nxd_layouts import adapt_qkv_names
+from nxd_ckpt.nxd_layouts import adapt_qkv_names, nxd_written_degrees
 from nxd_ckpt.rng import restore_rng_state
 from nxd_ckpt.sharding import Sharding, global_shape, merge_shards, split_full
 from nxd_ckpt.snapshot import unwrap_model
@@ -109,6 +109,8 @@ def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, st
     module = unwrap_model(model)
     target = module.state_dict()
     shardings = shardings_of(module)
+    if meta is None:
+        _check_nxd_written_degrees(reader, topo)
     if meta is None or (meta["degrees"]["tp"], meta["degrees"]["pp"]) == (topo.tp, topo.pp):
         rel, fmt = model_file(meta, reader, topo.tp_rank, topo.pp_rank)
         state = reader.load(rel, fmt)
@@ -136,6 +138,19 @@ def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, st
         warnings.warn(f"{where}: strict=False left {len(missing)} model tensor(s) at their initial values (not in "
                       f"the checkpoint): {missing}", stacklevel=4)
     module.load_state_dict({k: v for k, v in state.items() if k in target}, strict=False)
+
+
+def _check_nxd_written_degrees(reader: Reader, topo: Topology) -> None:
+    """An NxD-written tag records no sharding (no metadata.json), so it loads at the TP/PP it was
+    written at only: refuse another layout by name rather than fail on a shape or a missing file."""
+    tp, pp = nxd_written_degrees(reader.storage, reader.tag)
+    if (tp, pp) != (topo.tp, topo.pp):
+        raise CheckpointError(
+            f"{reader.storage.describe(reader.tag)} was written by NxD at TP={tp} PP={pp} (its model/ shard names) "
+            f"and this run is TP={topo.tp} PP={topo.pp}: NxD's checkpoints carry no sharding description, so nxd "
+            f"loads them at the TP/PP they were written at. Load it at TP={tp} PP={pp} and save it with "
+            "nxd.save_checkpoint (which reshards on load), or merge it with NxD's checkpoint_converter "
+            "--convert_to_full_state and load the full state")
 
 
 def _reshard(reader: Reader, meta: dict, target: dict[str, Any], shardings: dict[str, Sharding | None],

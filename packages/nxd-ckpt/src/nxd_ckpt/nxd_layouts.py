@@ -34,6 +34,12 @@ def is_nxd_written(storage: Storage, tag: str) -> bool:
     return any(parse_shard_name(n) for n in storage.list_files(f"{tag}/model"))
 
 
+def nxd_written_degrees(storage: Storage, tag: str) -> tuple[int, int]:
+    """``(tp, pp)`` an NxD-written tag was saved at: the TP and PP ranks its model files name."""
+    parsed = [p for p in (parse_shard_name(n) for n in storage.list_files(f"{tag}/model")) if p]
+    return 1 + max((p[1] for p in parsed), default=0), 1 + max((p[2] for p in parsed), default=0)
+
+
 def _qkv_modules(module: torch.nn.Module) -> list[tuple[str, Any]]:
     from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 

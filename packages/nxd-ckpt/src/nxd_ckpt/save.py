@@ -139,6 +139,7 @@ def write_files(storage: Storage, tag: str, plan: SavePlan) -> tuple[str | None,
     is synced."""
     rank = plan.topo.rank
     sums: dict[str, dict] = {}
+    path = CHECKPOINT_MARKER  # the file being written: a full disk's error names no file of its own
     try:
         if rank == 0:
             with storage.open_write(f"{tag}/{CHECKPOINT_MARKER}") as f:
@@ -155,7 +156,7 @@ def write_files(storage: Storage, tag: str, plan: SavePlan) -> tuple[str | None,
                 out.hash_in_background()  # while the file is flushed and synced
             sums[path] = out.digest()
     except Exception as exc:  # noqa: BLE001 - reported to every rank by commit()
-        return f"rank {rank}: writing {storage.describe(tag)} failed: {type(exc).__name__}: {exc}", sums
+        return f"rank {rank}: writing {storage.describe(f'{tag}/{path}')} failed: {type(exc).__name__}: {exc}", sums
     return None, sums
 
 

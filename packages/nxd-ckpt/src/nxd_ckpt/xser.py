@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nxd_ckpt.errors import CheckpointError
 from nxd_ckpt.storage import Storage
 
 TENSORS_SUFFIX = ".tensors"
@@ -118,9 +119,14 @@ def load(path: str, weights_only: bool = True) -> Any:
     return _map(ref_data, fetch)
 
 
+#: NxD's ``save_checkpoint(use_xser=True)`` writes this beside each reference file (tensor shapes/dtypes)
+NXD_INFO_SUFFIX = ".info.pt"
+
+
 def is_xser_in_storage(storage: Storage, path: str) -> bool:
-    """``path`` in ``storage`` is an xser reference file (its ``.tensors`` folder holds files)."""
-    return bool(storage.list_files(path + TENSORS_SUFFIX))
+    """``path`` in ``storage`` is an xser reference file (its ``.tensors`` folder holds files, or
+    NxD's ``.info.pt`` sits beside it)."""
+    return bool(storage.list_files(path + TENSORS_SUFFIX)) or storage.exists(path + NXD_INFO_SUFFIX)
 
 
 def load_from_storage(storage: Storage, path: str) -> Any:
@@ -137,7 +143,14 @@ def load_from_storage(storage: Storage, path: str) -> Any:
 
     def fetch(value: Any) -> Any:
         if isinstance(value, TensorReference):
-            return read(f"{path}{TENSORS_SUFFIX}/tensor_{value.tid}.pt")
+            rel = f"{path}{TENSORS_SUFFIX}/tensor_{value.tid}.pt"
+            if not storage.exists(rel):
+                raise CheckpointError(
+                    f"{storage.describe(rel)}: missing. NxD writes xser references without their tensors when "
+                    "save_checkpoint(avoid_saving_lower_precision_weights=True) keeps the model only as ZeRO-1 "
+                    "master weights in optim/; nxd cannot rebuild the model from those (which optimizer index is "
+                    "which parameter is not recorded): save the NxD checkpoint without that option")
+            return read(rel)
         return value
 
     return _map(ref_data, fetch)

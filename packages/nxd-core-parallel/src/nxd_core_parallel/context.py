@@ -68,3 +68,22 @@ def build_parallel_context(
     kv_shared = {m: make.dim("kv_shared", kv_shared_layout(layout["tp"], m)) for m in range(2, tp + 1) if tp % m == 0}
     return ParallelContext(world_size=world, rank=rank, backend=backend, device=backend.device(), timeout=timeout,
                            kv_shared=kv_shared, **dims)
+
+
+def start_parallel_context(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, *,
+                           timeout: timedelta | None = None) -> ParallelContext:
+    """The current context when it has these sizes (and ``timeout``, when given), else a new one
+    built and made current (the old one's groups destroyed). Every rank must call it with the same
+    sizes. NxD's ``parallel_state.initialize_model_parallel`` is this under NxD's argument names."""
+    from nxd.parallel import current_parallel_context, destroy_parallel_context, set_parallel_context
+
+    sizes = (int(tp), int(pp), int(cp), int(ep))
+    current = current_parallel_context()
+    if current is not None:
+        same_timeout = timeout is None or current.timeout == timeout
+        if (current.tp.size, current.pp.size, current.cp.size, current.ep.size) == sizes and same_timeout:
+            return current
+        destroy_parallel_context()
+    context = build_parallel_context(*sizes, timeout=timeout)
+    set_parallel_context(context)
+    return context

@@ -20,7 +20,6 @@ from nxd.parallel import (
     current_parallel_context,
     destroy_parallel_context,
     get_parallel_context,
-    set_parallel_context,
 )
 
 
@@ -42,20 +41,10 @@ def initialize_model_parallel(
     the same sizes; calling it again with the same sizes (and no other ``timeout``) keeps the
     existing groups. ``timeout`` bounds every collective on every group (default 30 minutes).
     Returns the context (NxD returns nothing; nxd's callers pass it on instead of reading it back)."""
-    from nxd_core_parallel.context import build_parallel_context
+    from nxd_core_parallel.context import start_parallel_context
 
-    sizes = (int(tensor_model_parallel_size), int(pipeline_model_parallel_size),
-             int(context_parallel_size), int(expert_model_parallel_size))
-    current = current_parallel_context()
-    if current is not None:
-        same_timeout = timeout is None or current.timeout == timeout
-        if (current.tp.size, current.pp.size, current.cp.size, current.ep.size) == sizes and same_timeout:
-            return current
-        destroy_parallel_context()
-    tp, pp, cp, ep = sizes
-    context = build_parallel_context(tp, pp, cp, ep, timeout=timeout)
-    set_parallel_context(context)
-    return context
+    return start_parallel_context(tensor_model_parallel_size, pipeline_model_parallel_size,
+                                  context_parallel_size, expert_model_parallel_size, timeout=timeout)
 
 
 def model_parallel_is_initialized() -> bool:

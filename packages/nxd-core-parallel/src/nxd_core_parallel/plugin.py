@@ -8,7 +8,7 @@ from typing import Any
 import nxd
 from nxd.resolved import NxdConfig
 
-NXD_PLUGIN_API = (2, 2)  # plugin-API versions this plugin supports (inclusive range)
+NXD_PLUGIN_API = (3, 3)  # plugin-API versions this plugin supports (inclusive range)
 
 
 @nxd.hookimpl
@@ -21,25 +21,18 @@ def nxd_register_backends(registry: Any) -> None:
 
 @nxd.hookimpl
 def nxd_register_optimizers(registry: Any) -> None:
-    registry.add("default", default_optimizer)
+    from nxd_core_parallel.transforms import ddp_optimizer
 
-
-def default_optimizer(nxd_config: NxdConfig, optimizer_class: type, parameters: Any,
-                      context: nxd.ParallelContext | None = None, **defaults: Any) -> Any:
-    from nxd_core_parallel.trainer import NxDOptimizer
-
-    return NxDOptimizer(optimizer_class(parameters, **defaults), nxd_config, context=context)
+    registry.add("default", ddp_optimizer)  # the ddp strategy's optimizer side, also by name
 
 
 @nxd.hookimpl
 def nxd_initialize_parallel(nxd_config: NxdConfig) -> Any:
     """Build (or keep, when the sizes match) the parallel context and return it."""
-    from nxd_core_parallel import parallel_state
+    from nxd_core_parallel.context import start_parallel_context
 
-    return parallel_state.initialize_model_parallel(
-        nxd_config.tensor_parallel_size, nxd_config.pipeline_parallel_size, nxd_config.expert_parallel_size,
-        context_parallel_size=nxd_config.context_parallel_size,
-    )
+    return start_parallel_context(nxd_config.tensor_parallel_size, nxd_config.pipeline_parallel_size,
+                                  nxd_config.context_parallel_size, nxd_config.expert_parallel_size)
 
 
 @nxd.hookimpl

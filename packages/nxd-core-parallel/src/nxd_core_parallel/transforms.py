@@ -9,13 +9,13 @@ from typing import Any
 import torch
 
 from nxd import ParallelContext
+from nxd.parallel import dim_size
 from nxd.resolved import NxdConfig
 from nxd.transforms import ACTIVATION_CHECKPOINTING, COMPILE, DATA_PARALLEL, PARALLEL_PLAN, ModelTransform
 
 
 def _plan_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
-    # at any TP: a model carrying a plan (nxd's families built plain) gets its layers at TP=1 too
-    return True
+    return dim_size(context, "tp") > 1
 
 
 def _apply_plan(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module | None:
@@ -66,17 +66,18 @@ def wrap_nxd_model(model: torch.nn.Module, context: ParallelContext | None, conf
     return model if isinstance(model, NxDModel) else NxDModel(model, config)
 
 
-def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, context: ParallelContext | None,
+def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, context: ParallelContext | None = None,
                   **defaults: Any) -> torch.optim.Optimizer:
-    from nxd_core_parallel.plugin import default_optimizer
+    """The optimizer side of ``ddp`` (and the registered optimizer ``default``): NxD's
+    ``NxDOptimizer`` around ``optimizer_class(parameters, **defaults)`` (DP gradient sync, clipping)."""
+    from nxd_core_parallel.trainer import NxDOptimizer
 
-    return default_optimizer(config, optimizer_class, parameters, context=context, **defaults)
+    return NxDOptimizer(optimizer_class(parameters, **defaults), config, context=context)
 
 
 TRANSFORMS = (
     ModelTransform("parallel_plan", PARALLEL_PLAN, _apply_plan, _plan_applies,
-                   description="a model's nxd_parallel_plan (a family's, or a plain model's): nn.Linear/nn.Embedding/QKVLinear "
-                               "-> TP/SP layers with their shards"),
+                   description="a plain model's nxd_parallel_plan: nn.Linear/nn.Embedding -> TP layers with their shards"),
     ModelTransform("activation_checkpointing", ACTIVATION_CHECKPOINTING, _checkpoint, _checkpointing_applies,
                    description="full or selective (module classes) activation checkpointing"),
     ModelTransform("compile", COMPILE, _compile, _compile_applies, description="torch.compile per transformer block"),

@@ -24,6 +24,16 @@ from nxd_data.tokenizers import load_tokenizer
 
 SPLITS = ("train", "validation", "test")
 
+#: Megatron data keys of NxDT's megatron configs -> (the one value nxd's indexed module behaves
+#: as, why): another value would change the samples or their order, so it is refused
+MEGATRON_VALUES: dict[str, tuple[Any, str]] = {
+    "data_impl": ("mmap", "nxd reads Megatron's memory-mapped .bin/.idx datasets"),
+    "dataloader_type": ("single", "nxd's sampler is Megatron's sequential 'single' sampler"),
+    "no_seqlen_plus_one_input_tokens": (False, "each sample holds seq_length+1 tokens (inputs and shifted labels)"),
+    "pad_samples_to_global_batch_size": (False, "training batches are always whole"),
+    "validation_drop_last": (True, "validation uses whole micro-batches only"),
+}
+
 
 def _bool(config: dict, key: str, default: bool) -> bool:
     value = config.get(key, default)
@@ -79,6 +89,9 @@ class IndexedDataModuleFactory:
             parse_splits(splits)
         for key in ("shuffle", "reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
             _bool(config, key, False)
+        for key, (value, why) in MEGATRON_VALUES.items():
+            if key in config and config[key] != value:
+                raise ConfigError(f"data.{key}={config[key]!r} is not supported: {why} ({key}={value!r})")
         seq = config.get("seq_length")
         if seq is not None and (not isinstance(seq, int) or seq <= 0):
             raise ConfigError(f"data.seq_length must be a positive integer, got {seq!r}")

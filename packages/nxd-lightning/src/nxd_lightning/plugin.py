@@ -2,4 +2,4 @@
 
 from __future__ import annotations
 
-NXD_PLUGIN_API = (2, 2)  # plugin-API versions this plugin supports (inclusive range)
+NXD_PLUGIN_API = (3, 3)  # plugin-API versions this plugin supports (inclusive range)

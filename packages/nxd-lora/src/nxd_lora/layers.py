@@ -13,6 +13,12 @@ Sharding follows the base layer (the rule PEFT and NxD share):
   reduced like the base output (all-reduce, or reduce-scatter over the sequence under SP) before B.
 * fused bases (q/k/v, gate/up) get one A/B pair per projection; GQA K/V replicas
   (``kv_size_multiplier``) sum their B gradients over the ranks that share a KV head, as the base does.
+* ``nn.Embedding`` / vocabulary-parallel ``ParallelEmbedding`` (PEFT's ``Embedding`` layout and
+  rule: ``lora_embedding_A`` ``[r, num_embeddings]`` starts at zero, ``lora_embedding_B``
+  ``[embedding_dim, r]`` at N(0, 1); the update ``scale * embedding(ids, A^T) B^T``, no dropout). Under
+  TP A's columns follow the table's vocabulary rows: each rank looks up its own ids (others zero)
+  and the partial ``h`` is reduced like the base output (all-reduce, or reduce-scatter over the
+  sequence under SP) before the replicated B.
 * ``nn.Conv1d/2d/3d`` (PEFT's layout): ``lora_A`` a conv with the base's kernel, stride and padding
   (``[r, in, *kernel]``), ``lora_B`` a 1x1 conv with the base's groups (``[out, r / groups, 1, ...]``).
   Convolutions are never TP-sharded: under TP they are replicated, like a plain ``nn.Linear``.
@@ -26,9 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nxd.errors import ConfigError
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import (
     ColumnParallelLinear,
+    ParallelEmbedding,
     RowParallelLinear,
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -49,6 +57,10 @@ _CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 def layer_kind(module: nn.Module) -> str:
     if isinstance(module, CONV_LAYERS):
         return "conv"
+    if isinstance(module, ParallelEmbedding):
+        return "parallel_embedding"
+    if isinstance(module, nn.Embedding):
+        return "embedding"
     if isinstance(module, GQAQKVColumnParallelLinear):
         return "qkv"
     if isinstance(module, ColumnParallelLinear):
@@ -74,15 +86,28 @@ def check_conv(base: nn.Module, rank: int, name: str = "") -> None:
                          "so its update is not the merged weight's; nxd-lora adapts padding_mode='zeros' only")
 
 
+def check_embedding(base: nn.Module, name: str = "") -> None:
+    """Refuse the embedding layouts whose adapter this module does not compute."""
+    what = f"{name} ({type(base).__name__})" if name else type(base).__name__
+    if isinstance(base, ParallelEmbedding) and (base.shard_across_embedding or not base.collect_output):
+        raise ConfigError(f"LoRA on {what}: only vocabulary-parallel tables that reduce their output are adapted "
+                          "(shard_across_embedding=False, collect_output=True)")
+    if getattr(base, "max_norm", None) is not None or getattr(base, "sparse", False):
+        raise ConfigError(f"LoRA on {what} with max_norm or sparse=True is not supported; leave it out of "
+                          "target_modules")
+
+
 class LoraPiece(nn.Module):
     """``lora_A`` ``[r, in (local)]`` and ``lora_B`` ``[out (local), r]`` for one HF module; for a
-    convolution ``[r, in, *kernel]`` and ``[out, r / groups, 1, ...]`` (PEFT's conv layout)."""
+    convolution ``[r, in, *kernel]`` and ``[out, r / groups, 1, ...]`` (PEFT's conv layout); for an
+    embedding ``in`` is the vocabulary and ``out`` the embedding size (PEFT's ``lora_embedding_A/B``)."""
 
     def __init__(self, slot: Slot, in_full: int, in_local: int, out_local: int, config: LoraConfig,
                  dtype: torch.dtype, device: torch.device | None, generator: torch.Generator | None = None,
-                 kernel: tuple[int, ...] = (), groups: int = 1) -> None:
+                 kernel: tuple[int, ...] = (), groups: int = 1, embedding: bool = False) -> None:
         super().__init__()
         self.slot = slot
+        self.embedding = embedding
         r = config.lora_rank
         self.lora_A = nn.Parameter(torch.empty(r, in_local, *kernel, dtype=dtype, device=device))
         self.lora_B = nn.Parameter(torch.zeros(out_local, r // groups, *(1,) * len(kernel), dtype=dtype,
@@ -98,6 +123,11 @@ class LoraPiece(nn.Module):
         at any TP size; B starts at zero (PEFT's defaults). ``generator`` must be in the same state
         on every rank (see :func:`nxd_lora.model.shared_init_generator`): a replicated A that
         differed between TP or DP ranks would train a model no export can describe."""
+        if self.embedding:  # PEFT's rule for embeddings: A zero, B as nn.Embedding's default N(0, 1)
+            self.lora_A.zero_()
+            full_b = torch.empty(self.lora_B.shape, dtype=torch.float32)
+            self.lora_B.copy_(nn.init.normal_(full_b, generator=generator).to(self.lora_B.dtype))
+            return
         full = torch.empty(self.lora_A.shape[0], in_full, *self.lora_A.shape[2:], dtype=torch.float32)
         if init == "gaussian":
             nn.init.normal_(full, std=1.0 / self.lora_A.shape[0], generator=generator)
@@ -142,6 +172,9 @@ class LoraAdapter(nn.Module):
         if self.kind == "conv":
             check_conv(base, config.lora_rank, slots[0].hf_module)
             conv = dict(kernel=tuple(base.kernel_size), groups=base.groups)
+        if self.kind in ("embedding", "parallel_embedding"):
+            check_embedding(base, slots[0].hf_module)
+            conv = dict(embedding=True)
         for i, (slot, on) in enumerate(zip(slots, targeted)):
             if not on:
                 continue
@@ -155,6 +188,8 @@ class LoraAdapter(nn.Module):
     def _local_out_sizes(base: nn.Module, slots: list[Slot]) -> list[int]:
         if isinstance(base, GQAQKVColumnParallelLinear):
             sizes = [base.q_local, base.kv_local, base.kv_local]
+        elif isinstance(base, (nn.Embedding, ParallelEmbedding)):
+            sizes = [base.embedding_dim]
         elif isinstance(base, ColumnParallelLinear):
             local = base.weight.shape[0]
             sizes = [len(s.index) if s.dim == 0 else local // len(slots) for s in slots]
@@ -203,7 +238,9 @@ class LoraAdapter(nn.Module):
             return self._apply_qkv(base, x, output)
         main, rest = (output[0], output[1:]) if isinstance(output, tuple) else (output, None)
         pieces = self._piece_list()
-        if self.kind == "conv":
+        if self.kind in ("embedding", "parallel_embedding"):
+            main = self._add(main, self._embedding_h(base, pieces[0], x), pieces[0].lora_B)
+        elif self.kind == "conv":
             p, conv = pieces[0], _CONV_FN[len(base.kernel_size)]
             h = conv(p.dropout(x), p.lora_A, stride=base.stride, padding=base.padding)
             main = main + conv(h, p.lora_B, groups=base.groups) * self.scaling
@@ -235,6 +272,24 @@ class LoraAdapter(nn.Module):
             else:
                 main = self._add(main, h, b)
         return (main, *rest) if rest is not None else main
+
+    def _embedding_h(self, base: nn.Module, piece: LoraPiece, ids: torch.Tensor) -> torch.Tensor:
+        """``embedding(ids, A^T)`` (PEFT's lookup, with the base's padding_idx and options); a
+        vocabulary-parallel table looks up its own ids and reduces like its output."""
+        if self.kind == "embedding":
+            return F.embedding(ids, piece.lora_A.t(), base.padding_idx, None, base.norm_type, base.scale_grad_by_freq)
+        outside = (ids < base.vocab_start_index) | (ids >= base.vocab_end_index)
+        local_ids = (ids - base.vocab_start_index).masked_fill(outside, 0)
+        pad = base.padding_idx
+        local_pad = pad - base.vocab_start_index if pad is not None and base.vocab_start_index <= pad < \
+            base.vocab_end_index else None
+        h = F.embedding(local_ids, piece.lora_A.t(), local_pad, None, base.norm_type, base.scale_grad_by_freq)
+        h = h.masked_fill(outside.unsqueeze(-1), 0.0)
+        group = tensor_parallel_group_of(base)
+        if base.sequence_parallel_enabled:
+            h, dim = base.sequence_layout(h)
+            return reduce_scatter_to_sequence_parallel_region(h, dim, process_group=group)
+        return reduce_from_tensor_model_parallel_region(h, process_group=group)
 
     def _apply_qkv(self, base: GQAQKVColumnParallelLinear, x: torch.Tensor, output: tuple) -> tuple:
         pieces = self._piece_list()
@@ -274,7 +329,9 @@ class LoraAdapter(nn.Module):
             row = 0
             for i in idx:
                 size = self.out_sizes[i] if self.kind in ("column", "qkv") else weight.shape[0]
-                if pieces[i] is not None:
+                if pieces[i] is not None and pieces[i].embedding:  # PEFT: (B A)^T for a [vocab, dim] table
+                    new += pieces[i].delta_weight(self.scaling).t()
+                elif pieces[i] is not None:
                     new[row:row + size] += pieces[i].delta_weight(self.scaling)
                 row += size if self.kind in ("column", "qkv") else 0
             out[name] = new.to(weight.dtype)
@@ -303,6 +360,8 @@ def _in_sizes(base: nn.Module, kind: str) -> tuple[int, int]:
         return base.in_channels, base.in_channels
     if kind == "linear":
         return base.in_features, base.in_features
+    if kind in ("embedding", "parallel_embedding"):
+        return base.num_embeddings, base.weight.shape[0]
     if kind == "row":
         return base.input_size, base.weight.shape[1]
     return base.input_size, base.input_size
@@ -312,12 +371,12 @@ def _tag(piece: LoraPiece, kind: str, slot: Slot, sp: bool, kv: bool, multiplier
     """Parameter attributes that checkpoint resharding, grad clipping and SP grad sync read."""
     a, b = piece.lora_A, piece.lora_B
     sharded_b = kind in ("column", "qkv") and slot.dim == 0
-    sharded_a = kind == "row" and slot.dim == 1
+    sharded_a = kind in ("row", "parallel_embedding") and slot.dim == 1
     set_tensor_model_parallel_attributes(a, sharded_a, 1 if sharded_a else -1, 1)
     set_tensor_model_parallel_attributes(b, sharded_b, 0 if sharded_b else -1, 1)
     if kv:
         b.kv_size_multiplier = multiplier
     if sp and kind in ("column", "qkv"):
         a.sequence_parallel_enabled = True  # h is computed on a sequence shard: dA is partial per rank
-    if sp and kind == "row":
+    if sp and kind in ("row", "parallel_embedding"):
         b.sequence_parallel_enabled = True  # B sees only this rank's sequence shard of h

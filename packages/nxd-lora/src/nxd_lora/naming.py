@@ -23,14 +23,18 @@ from torch import nn
 
 from nxd.parallel import ParallelContext, dim_rank, dim_size
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
-from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear
 
 #: Convolutions LoRA adapts as PEFT does (never sharded over TP: replicated, like a plain nn.Linear).
 CONV_LAYERS: tuple[type, ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
+#: Embeddings LoRA adapts as PEFT does (``lora_embedding_A`` ``[r, num_embeddings]``, ``lora_embedding_B``
+#: ``[embedding_dim, r]``); a vocabulary-parallel table shards A's columns as it shards its rows.
+EMBEDDING_LAYERS: tuple[type, ...] = (nn.Embedding, ParallelEmbedding)
+
 #: The layer classes LoRA knows how to adapt.
 SUPPORTED_LAYERS: tuple[type, ...] = (nn.Linear, ColumnParallelLinear, RowParallelLinear, GQAQKVColumnParallelLinear,
-                                      *CONV_LAYERS)
+                                      *CONV_LAYERS, *EMBEDDING_LAYERS)
 
 
 @dataclass(frozen=True)
@@ -99,8 +103,12 @@ def weight_names(module: nn.Module) -> list[str]:
 def generic_slots(name: str, module: nn.Module, tp: int, rank: int) -> list[Slot]:
     """Slots under the generic rule: the module name is the HF name; GQA pieces become siblings
     ``q_proj``/``k_proj``/``v_proj``."""
-    if isinstance(module, (nn.Linear, *CONV_LAYERS)) or tp == 1 and not isinstance(module, GQAQKVColumnParallelLinear):
+    if isinstance(module, (nn.Linear, nn.Embedding, *CONV_LAYERS)) or tp == 1 and not isinstance(
+            module, GQAQKVColumnParallelLinear):
         return [Slot(name, None)]
+    if isinstance(module, ParallelEmbedding):  # vocabulary rows of the table = columns of LoRA's A
+        per = module.vocab_end_index - module.vocab_start_index
+        return [Slot(name, 1, tuple(range(rank * per, (rank + 1) * per)))]
     if isinstance(module, ColumnParallelLinear):
         return [Slot(name, 0, _shard_indices(module.output_size, module.stride, tp, rank))]
     if isinstance(module, RowParallelLinear):
@@ -115,13 +123,15 @@ def generic_slots(name: str, module: nn.Module, tp: int, rank: int) -> list[Slot
 
 def slots_for(name: str, module: nn.Module, plan: Plan | None, tp: int, rank: int) -> list[Slot]:
     """The HF modules that make up layer ``name`` on TP ``rank``, in local output order."""
-    if plan is None or isinstance(module, CONV_LAYERS):  # a model's layout maps TP layers; convs keep their names
+    if plan is None or isinstance(module, (*CONV_LAYERS, nn.Embedding)):  # a model's layout maps TP layers
         return generic_slots(name, module, tp, rank)
     slots: list[Slot] = []
     for weight in weight_names(module):
         for hf_key, dim, index in plan(f"{name}.{weight}", tp, rank):
             if not hf_key.endswith(".weight"):
                 raise ValueError(f"model layout maps {name}.{weight} to {hf_key!r}, expected a '.weight' tensor")
+            if isinstance(module, ParallelEmbedding) and dim == 0:
+                dim = 1  # the table's vocabulary rows are LoRA A's columns
             slots.append(Slot(hf_key[: -len(".weight")], dim, tuple(index)))
     return slots
 

@@ -2,7 +2,9 @@
 
 Tensor keys are ``base_model.model.<HF module>.lora_A.weight`` (``[r, in]``) and ``...lora_B.weight``
 (``[out, r]``) with Hugging Face module names: fused q/k/v and gate/up are written as separate
-modules, TP shards are gathered, GQA KV replicas are written once. Only configuration keys that
+modules, TP shards are gathered, GQA KV replicas are written once. An adapted embedding is
+``...lora_embedding_A`` (``[r, num_embeddings]``) / ``...lora_embedding_B`` (``[embedding_dim, r]``),
+PEFT's names for its ``Embedding`` layer (no ``.weight``). Only configuration keys that
 PEFT has long accepted are written, so older PEFT releases load the files too.
 """
 
@@ -21,7 +23,7 @@ from safetensors.torch import save_file
 from nxd.errors import ConfigError
 from nxd.parallel import dim_group, dim_size
 from nxd_lora.config import LoraConfig
-from nxd_lora.naming import bias_pieces, model_spec_for, slots_for, tp_size_rank
+from nxd_lora.naming import EMBEDDING_LAYERS, bias_pieces, model_spec_for, slots_for, tp_size_rank
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -139,11 +141,18 @@ def _assemble(key: str, parts: list[tuple[int | None, tuple[int, ...], torch.Ten
     return out
 
 
+def adapter_key(hf_module: str, which: str, embedding: bool) -> str:
+    """PEFT's file key of ``which`` (``"lora_A"``/``"lora_B"``) adapting ``hf_module``."""
+    if embedding:
+        return f"{PREFIX}{hf_module}.{which.replace('lora_', 'lora_embedding_')}"
+    return f"{PREFIX}{hf_module}.{which}.weight"
+
+
 def _lora_pieces(name: str, base: torch.nn.Module, plan: Any, tp: int, short: str, which: str
                  ) -> Callable[[int], Pieces]:
     def pieces(rank: int) -> Pieces:
         slot = next(s for s in slots_for(name, base, plan, tp, rank) if s.short_name == short)
-        key = f"{PREFIX}{slot.hf_module}.{which}.weight"
+        key = adapter_key(slot.hf_module, which, isinstance(base, EMBEDDING_LAYERS))
         sharded_dim = 1 if which == "lora_A" else 0
         if slot.dim == sharded_dim:
             return [(key, sharded_dim, slot.index)]
@@ -232,7 +241,29 @@ def _read_tensors(adapter_dir: Path) -> dict[str, torch.Tensor]:
 
 def _normalise_key(key: str) -> str:
     # PEFT strips the adapter name on save; tolerate files that kept ".default".
-    return key.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+    key = key.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+    for tail in (".default", ".weight"):  # PEFT's embedding adapter tensors carry neither
+        if key.endswith((f".lora_embedding_A{tail}", f".lora_embedding_B{tail}")):
+            key = key[:-len(tail)]
+    return key
+
+
+def _load_saved_embedding(tensors: dict[str, torch.Tensor], name: str, base: torch.nn.Module, plan: Any, tp: int,
+                          rank: int) -> list[str]:
+    """PEFT saves an adapted embedding's base table too (``save_embedding_layers``, on by default
+    for transformers models: ``<module>.base_layer.weight``) and loads it into the base: so does
+    this (this rank's vocabulary rows)."""
+    [slot] = slots_for(name, base, plan, tp, rank)
+    key = f"{PREFIX}{slot.hf_module}.base_layer.weight"
+    if key not in tensors:
+        return []
+    full = tensors[key]
+    local = full if slot.dim is None else full.index_select(0, torch.tensor(slot.index, dtype=torch.long))
+    if tuple(local.shape) != tuple(base.weight.shape):
+        raise ValueError(f"{key} has shape {list(full.shape)}, which gives {list(local.shape)} on TP rank {rank}; "
+                         f"the embedding here has {list(base.weight.shape)}")
+    base.weight.copy_(local.to(base.weight.dtype))
+    return [key]
 
 
 @torch.no_grad()
@@ -257,6 +288,8 @@ def load_adapter(lora_model: Any, adapter_dir: str | Path, strict: bool = True) 
                                      f"{list(local.shape)} on TP rank {rank}; the adapter here needs {list(param.shape)}")
                 param.copy_(local.to(param.dtype))
                 used.add(key)
+        if isinstance(base, EMBEDDING_LAYERS):
+            used.update(_load_saved_embedding(tensors, name, base, plan, tp, rank))
     if lora_model.lora_config.bias != "none":
         adapted = _adapted_modules(lora_model)
         for pname, param in lora_model.module.named_parameters():

@@ -11,7 +11,7 @@ from nxd.resolved import NxdConfig
 from nxd.trainer import CheckpointPhase
 from nxd.transforms import ADAPTER, ModelTransform
 
-NXD_PLUGIN_API = (2, 2)  # plugin-API versions this plugin supports (inclusive range)
+NXD_PLUGIN_API = (3, 3)  # plugin-API versions this plugin supports (inclusive range)
 
 
 def lora_adapter(model: Any, adapter_config: Any, context: nxd.ParallelContext | None = None) -> Any:

@@ -79,8 +79,15 @@ class DeepseekV3Config(MixtralConfig):
     seq_aux_loss_coef: float = 0.0
     #: the expert-bias update speed gamma (the paper: 0.001)
     bias_update_rate: float = 0.001
-    #: multi-token prediction modules: not built (transformers does not build them either)
+    #: multi-token prediction modules the checkpoint holds (``model.layers.{num_hidden_layers + k}.*``;
+    #: transformers' main model ignores them, and writes 1 whether or not it saved them)
     num_nextn_predict_layers: int = 0
+    #: multi-token prediction (DeepSeek-V3 paper, section 2.2): the depth D of MTP modules nxd builds
+    #: and trains (0: none); each predicts one more token ahead from the previous depth's hidden
+    #: state and the next token's embedding, sharing the embedding and output head
+    mtp_depth: int = 0
+    #: the MTP loss weight lambda: loss = main + lambda x mean over the D depths (the paper: 0.3, then 0.1)
+    mtp_loss_scaling_factor: float = 0.1
 
     def validate(self) -> None:
         self.head_dim = self.qk_rope_head_dim  # RoPE acts on this part of each head only
@@ -89,6 +96,11 @@ class DeepseekV3Config(MixtralConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"deepseek_v3 config: {name} must be a positive integer, got {value!r}")
+        if isinstance(self.mtp_depth, bool) or not isinstance(self.mtp_depth, int) or self.mtp_depth < 0:
+            raise ConfigError(f"deepseek_v3 config: mtp_depth must be a non-negative integer, got {self.mtp_depth!r}")
+        if self.mtp_loss_scaling_factor < 0:
+            raise ConfigError("deepseek_v3 config: mtp_loss_scaling_factor must be >= 0, got "
+                              f"{self.mtp_loss_scaling_factor!r}")
         if self.num_key_value_heads != self.num_attention_heads:
             raise ConfigError("deepseek_v3 config: multi-head latent attention gives every head its own keys "
                               f"(num_key_value_heads must equal num_attention_heads={self.num_attention_heads})")
@@ -116,6 +128,8 @@ class DeepseekV3Config(MixtralConfig):
                     "n_routed_experts": self.num_local_experts, "qk_head_dim": self.qk_head_dim,
                     **{f.name: getattr(self, f.name) for f in dataclasses.fields(DeepseekV3Config)
                        if f.name in _HF_FIELDS}})
+        if self.mtp_depth:  # an export holds the MTP modules nxd trained
+            out["num_nextn_predict_layers"] = self.mtp_depth
         return out
 
     # -- HF checkpoint layout of the attention (nxd-models-mixtral's hf_io asks the config)

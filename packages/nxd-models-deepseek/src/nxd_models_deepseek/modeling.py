@@ -1,7 +1,8 @@
 """DeepSeek-V3 on nxd-models-mixtral's MoE model: its block takes multi-head latent attention, its
 feed-forward is Llama's dense MLP in the first ``first_k_dense_replace`` layers and, after them, an
 nxd-moe layer with routed + shared experts, sigmoid group-limited routing and the expert bias.
-The loss adds DeepSeek-V3's sequence-wise balance loss when ``seq_aux_loss_coef`` is set."""
+The loss adds DeepSeek-V3's sequence-wise balance loss when ``seq_aux_loss_coef`` is set, and the
+multi-token prediction loss with ``mtp_depth`` MTP modules (:mod:`nxd_models_deepseek.mtp`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_size
+from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_models_deepseek.attention import DeepseekV3Attention
 from nxd_models_deepseek.config import DeepseekV3Config
-from nxd_models_deepseek.plan import DEEPSEEK_PLAN
+from nxd_models_deepseek.mtp import mtp_hidden, mtp_module, shift_left
 from nxd_models_mixtral import MixtralForCausalLM
 from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralModel, MoECausalLMOutput
 
@@ -25,6 +27,15 @@ class DeepseekV3DecoderLayer(MixtralDecoderLayer):
 
 class DeepseekV3Model(MixtralModel):
     decoder_layer_class = DeepseekV3DecoderLayer
+    #: the final hidden state of the last forward, kept for the MTP modules when ``keep_hidden``
+    keep_hidden = False
+    last_hidden_state: torch.Tensor | None = None
+
+    def forward(self, *args: object, **kwargs: object) -> torch.Tensor:
+        hidden = super().forward(*args, **kwargs)
+        if self.keep_hidden:
+            self.last_hidden_state = hidden
+        return hidden
 
 
 class DeepseekV3ForCausalLM(MixtralForCausalLM):
@@ -35,26 +46,61 @@ class DeepseekV3ForCausalLM(MixtralForCausalLM):
     nxd_transformer_layer_classes = (DeepseekV3DecoderLayer,)
     model_class = DeepseekV3Model
     config_class = DeepseekV3Config
-    nxd_parallel_plan = DEEPSEEK_PLAN
 
-    def __init__(self, config: DeepseekV3Config | dict, *args: object, **kwargs: object) -> None:
-        super().__init__(config, *args, **kwargs)
-        if self.config.seq_aux_loss_coef and dim_size(self.parallel_context, "pp") > 1:
+    def __init__(self, config: DeepseekV3Config | dict, sequence_parallel: bool = False,
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+        super().__init__(config, sequence_parallel, device, context)
+        c, context = self.config, self.parallel_context
+        if c.seq_aux_loss_coef and dim_size(context, "pp") > 1:
             raise ConfigError("deepseek_v3: seq_aux_loss_coef > 0 is not implemented under pipeline parallelism "
                               "(the per-layer losses do not travel between stages); set it to 0 or use PP=1")
-        if self.config.seq_aux_loss_coef and dim_size(self.parallel_context, "cp") > 1:
+        if c.seq_aux_loss_coef and dim_size(context, "cp") > 1:
             raise ConfigError("deepseek_v3: seq_aux_loss_coef > 0 is not implemented under context parallelism "
                               "(the sequence-wise balance loss needs each sequence's expert counts and affinities "
                               "summed over the CP ranks holding its chunks); set it to 0 or use "
                               "context_parallel_size=1")
+        for dim, why in (("pp", "the MTP modules need the embedding and output head, which sit on the first and "
+                                "last pipeline stages"),
+                         ("cp", "each depth shifts the tokens one place, across the CP ranks' chunk boundaries")):
+            if c.mtp_depth and dim_size(context, dim) > 1:
+                raise ConfigError(f"deepseek_v3: mtp_depth={c.mtp_depth} is not implemented with {dim}_size "
+                                  f"{dim_size(context, dim)} ({why}); set mtp_depth=0 or use {dim}_size 1")
+        #: multi-token prediction modules, depth 1..D (checkpoint: model.layers.{num_hidden_layers + k})
+        self.mtp = nn.ModuleList(mtp_module(DeepseekV3DecoderLayer, c, k, sequence_parallel, device, context)
+                                 for k in range(c.mtp_depth))
+        self.model.keep_hidden = bool(c.mtp_depth)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                **kwargs: object) -> MoECausalLMOutput:
-        out = super().forward(input_ids, labels=labels, **kwargs)
-        if labels is None or not (self.config.seq_aux_loss_coef and self.training):
+                position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                loss_mask: torch.Tensor | None = None, **kwargs: object) -> MoECausalLMOutput:
+        out = super().forward(input_ids, labels=labels, position_ids=position_ids, attention_mask=attention_mask,
+                              loss_mask=loss_mask, **kwargs)
+        hidden, self.model.last_hidden_state = self.model.last_hidden_state, None
+        if labels is None:
             return out
-        seq = sum(layer.mlp.last_seq_aux_loss for layer in self.model.layers
-                  if getattr(layer.mlp, "last_seq_aux_loss", None) is not None)
-        out.loss_terms = {**(out.loss_terms or {"lm_loss": out.loss}), "seq_aux_loss": seq}
-        out.loss = out.loss + self.config.seq_aux_loss_coef * seq
+        terms, extra = {}, []
+        if self.config.seq_aux_loss_coef and self.training:
+            seq = sum(layer.mlp.last_seq_aux_loss for layer in self.model.layers
+                      if getattr(layer.mlp, "last_seq_aux_loss", None) is not None)
+            terms["seq_aux_loss"] = seq
+            extra.append(self.config.seq_aux_loss_coef * seq)
+        if self.mtp:
+            mtp = self.mtp_loss(hidden, input_ids, labels, loss_mask, position_ids, attention_mask)
+            terms["mtp_loss"] = mtp
+            extra.append(self.config.mtp_loss_scaling_factor * mtp)
+        if terms:
+            out.loss_terms = {**(out.loss_terms or {"lm_loss": out.loss}), **terms}
+            out.loss = out.loss + sum(extra)
         return out
+
+    def mtp_loss(self, hidden: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor,
+                 loss_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+                 attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The mean over the D depths of each depth's cross-entropy (:mod:`nxd_models_deepseek.mtp`)."""
+        cos, sin, mask = self.model.layer_inputs(input_ids, hidden.dtype, position_ids, attention_mask)
+        losses = []
+        for block in self.mtp:
+            input_ids, labels, loss_mask = shift_left(input_ids, 0), shift_left(labels, -100), shift_left(loss_mask, 0)
+            hidden = mtp_hidden(block, hidden, self.model.embed_tokens(input_ids), cos, sin, mask)
+            losses.append(causal_lm_loss(self.logits(hidden), labels, loss_mask, self.parallel_context))
+        return torch.stack(losses).mean()

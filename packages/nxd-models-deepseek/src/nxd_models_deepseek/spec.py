@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from nxd.specs import config_reader
+from nxd.specs import ParallelPlan, config_reader
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_deepseek.config import DeepseekV3Config
+from nxd_models_deepseek.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_deepseek.modeling import DeepseekV3DecoderLayer, DeepseekV3ForCausalLM
-from nxd_models_deepseek.plan import DEEPSEEK_PLAN
 from nxd_models_deepseek.presets import PRESETS, preset
 from nxd_models_llama import LlamaCoreAttention
 from nxd_models_mixtral.spec import SPEC as MIXTRAL_SPEC
@@ -31,7 +31,9 @@ def flops_per_token(config: DeepseekV3Config | dict, seq_length: int | None = No
     moe = h * c.num_local_experts + 3 * h * c.moe_intermediate_size * (c.num_experts_per_tok + c.n_shared_experts)
     params = h * c.vocab_size + sum(attn + (moe if c.is_moe_layer(i) else 3 * h * c.intermediate_size)
                                     for i in range(c.num_hidden_layers))
-    scores = 6.0 * c.num_hidden_layers * n * (c.qk_head_dim + c.v_head_dim) * seq_length if seq_length else 0.0
+    params += c.mtp_depth * (2 * h * h + attn + moe + h * c.vocab_size)  # per MTP depth: eh_proj, block, head
+    layers = c.num_hidden_layers + c.mtp_depth
+    scores = 6.0 * layers * n * (c.qk_head_dim + c.v_head_dim) * seq_length if seq_length else 0.0
     return 6.0 * params + scores
 
 
@@ -46,6 +48,35 @@ def hf_param_plan(model: DeepseekV3ForCausalLM, name: str, tp: int, rank: int) -
     return [(p.hf_key, p.dim, tuple(p.index)) for p in model.config.hf_pieces(name, tp, rank, 1)]
 
 
+#: heads over TP (``q_b_proj``, or ``q_proj`` without ``q_lora_rank``, and ``kv_b_proj`` column,
+#: ``o_proj`` row); the down projections and their norms are replicated (not named); routed experts
+#: split over EP, shared ones (also ``ExpertMLPs``, ``ep_size`` 1) never; under context parallelism
+#: the attention's keys ([k_nope | k_rope]) and values travel around the CP ring
+_PLAN = dict(
+    column=("model.layers.*.self_attn.q_[bp]*", "model.layers.*.self_attn.kv_b_proj", "model.layers.*.mlp.gate_up_proj"),
+    row=("model.layers.*.self_attn.o_proj", "model.layers.*.mlp.down_proj"),
+    sequence=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm"),
+    experts=("model.layers.*.mlp.experts", "model.layers.*.mlp.shared_experts"),
+)
+#: the MTP modules (``mtp.{k}``, built with ``mtp_depth``) are decoder blocks too (MoE ones: they
+#: come after the last layer, past ``first_k_dense_replace``), plus their norms
+_MTP_PLAN = {style: tuple(p.replace("model.layers.*", "mtp.*") for p in patterns
+                          if not p.endswith((".mlp.gate_up_proj", ".mlp.down_proj")))
+             for style, patterns in _PLAN.items()}
+_MTP_PLAN["sequence"] += ("mtp.*.enorm", "mtp.*.hnorm", "mtp.*.shared_head.norm")
+DEEPSEEK_PLAN = ParallelPlan(
+    column=(*_PLAN["column"], "lm_head"),
+    row=_PLAN["row"],
+    vocab=("model.embed_tokens",),
+    sequence=(*_PLAN["sequence"], "model.norm"),
+    experts=_PLAN["experts"],
+    pipeline_blocks=("model.layers.*",),
+    context_parallel=("model.layers.*.self_attn",),
+)
+#: the plan of a model built with ``mtp_depth`` > 0
+DEEPSEEK_MTP_PLAN = dataclasses.replace(
+    DEEPSEEK_PLAN, **{style: (*getattr(DEEPSEEK_PLAN, style), *_MTP_PLAN[style]) for style in _MTP_PLAN})
+
 SPEC = dataclasses.replace(
     MIXTRAL_SPEC, name="deepseek_v3", config_from_dict=config_from_dict, build=build,
     transformer_layer_classes=(DeepseekV3DecoderLayer,), hf_model_types=("deepseek_v3",),
@@ -54,6 +85,7 @@ SPEC = dataclasses.replace(
     implements=MIXTRAL_SPEC.implements - {"model.sliding_window"},
     lora_target_modules=("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
     flops_per_token=flops_per_token, presets=PRESETS, context_parallel=True, parallel_plan=DEEPSEEK_PLAN,
+    load_hf=load_hf_checkpoint, save_hf=save_hf_checkpoint,
     extras={**MIXTRAL_SPEC.extras, "hf_module_to_nxd": HF_MODULE_TO_NXD, "hf_param_plan": hf_param_plan,
             "model_class": DeepseekV3ForCausalLM, "config_class": DeepseekV3Config},
 )

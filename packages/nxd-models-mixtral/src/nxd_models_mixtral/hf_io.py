@@ -132,11 +132,14 @@ def hf_shapes(config: MixtralConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def hf_mapping(module: nn.Module) -> HfMapping:
+def hf_mapping(module: nn.Module, config: MixtralConfig | None = None) -> HfMapping:
     """An (unwrapped) Mixtral model's mapping at the current TP/EP sizes: Llama's attention and norms
-    (``config.hf_pieces``), the routers, and the experts (each EP rank holds its own)."""
+    (``config.hf_pieces``), the routers, and the experts (each EP rank holds its own). ``config``:
+    the layers to map when not the model's (DeepSeek's MTP blocks are checkpoint layers past
+    ``num_hidden_layers``)."""
     context = module.parallel_context
-    config, (tp, tp_rank), multiplier = module.config, tp_size_and_rank(context), kv_size_multiplier(module)
+    config = module.config if config is None else config
+    (tp, tp_rank), multiplier = tp_size_and_rank(context), kv_size_multiplier(module)
     groups = expert_parallel_groups(context)
     shapes = hf_shapes(config)
 

@@ -9,7 +9,7 @@ from nxd_moe.balancer import (
     routers_of_optimizer,
     update_expert_biases,
 )
-from nxd_moe.capacity import expert_capacity, kept_assignments
+from nxd_moe.capacity import expert_capacity, kept_assignments, max_routed_rows
 from nxd_moe.config import ROUTING_ALGORITHMS, MoEConfig
 from nxd_moe.dispatch import DispatchPlan, all_to_all, combine, dispatch
 from nxd_moe.experts import ExpertMLPs, grouped_mm_runs
@@ -32,7 +32,7 @@ __all__ = [
     "ROUTING_ALGORITHMS", "DispatchPlan", "attach_expert_bias_update", "biased_routers", "expert_bias_update",
     "group_limited_scores", "grouped_mm_runs", "innermost_optimizer", "routers_of_optimizer", "sequence_balance_loss",
     "update_expert_biases", "ExpertMLPs", "ExpertParallelGroups", "MoEConfig", "MoELayer",
-    "RouterSinkhorn", "RouterTopK", "all_to_all", "combine", "dispatch", "expert_capacity",
+    "RouterSinkhorn", "RouterTopK", "all_to_all", "combine", "dispatch", "expert_capacity", "max_routed_rows",
     "expert_parallel_groups", "kept_assignments", "load_balancing_loss", "losses_from_router_statistics",
     "make_router", "pack_router_statistics", "router_statistics", "router_statistics_size", "router_z_loss",
     "sinkhorn", "unpack_router_statistics",

@@ -21,3 +21,17 @@ def kept_assignments(expert_index: torch.Tensor, num_experts: int, capacity: int
     onehot.scatter_(1, expert_index, 1)
     position = onehot.cumsum(dim=0)  # [T, E], 1-based position of each token in each expert
     return position.gather(1, expert_index) <= capacity
+
+
+def max_routed_rows(num_tokens: int, num_experts: int, top_k: int, ep_size: int = 1,
+                    capacity_factor: float | None = None) -> int:
+    """The most (token, expert) rows one EP rank's experts can receive when every EP rank routes
+    ``num_tokens`` tokens: each source rank sends at most ``min(tokens * top_k, local experts x
+    per-expert limit)`` rows to one rank (the limit: the capacity with ``capacity_factor``, else
+    ``tokens``, a token choosing an expert once). At EP=1 without capacity it is exactly
+    ``tokens * top_k``; with EP > 1 it is the worst case (every source's choices on this rank's
+    experts), what a memory plan must hold."""
+    local = num_experts // ep_size
+    per_expert = num_tokens if capacity_factor is None else expert_capacity(num_tokens, num_experts, top_k,
+                                                                            capacity_factor)
+    return ep_size * min(num_tokens * top_k, local * per_expert)

@@ -19,7 +19,7 @@ from nxd_core_parallel.parallel_layers.mappings import (
     reduce_from_tensor_model_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
 )
-from nxd_moe.capacity import expert_capacity, kept_assignments
+from nxd_moe.capacity import expert_capacity, kept_assignments, max_routed_rows
 from nxd_moe.config import MoEConfig
 from nxd_moe.dispatch import combine, dispatch
 from nxd_moe.experts import ExpertMLPs
@@ -79,6 +79,32 @@ class MoELayer(nn.Module):
         #: DeepSeek-V3's sequence-wise balance loss of the last training forward (``seq_aux_loss_coef`` > 0)
         self.last_seq_aux_loss: torch.Tensor | None = None
 
+    def nxd_plan_note(self) -> str:
+        """What ``nxd plan`` assumed for this layer's routed tokens (it collects one note per kind)."""
+        factor = self.config.effective_capacity_factor
+        limit = f"capacity_factor {factor:g}" if factor is not None else "dropless"
+        if self.ep_size == 1 and factor is None:
+            return "MoE activations planned for exactly tokens x top_k routed rows per rank (EP=1, dropless)"
+        return (f"MoE activations planned for the most routed rows an EP rank can receive (EP={self.ep_size}, "
+                f"{limit}: nxd_moe.max_routed_rows); a balanced load needs less")
+
+    def _routed_at_most(self, tokens: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The routed experts' output on the meta device (``nxd plan`` measures activations there:
+        no values, so no routing decisions): this rank's experts receive :func:`max_routed_rows`
+        rows, split evenly over them, the same ops as the real path on those shapes (gather, expert
+        MLPs, weighting, scatter back), so the activations planned hold the most routed tokens.
+        The all-to-alls of EP are not issued."""
+        cfg, t = self.config, tokens.shape[0]
+        rows = max_routed_rows(t, cfg.num_experts, cfg.top_k, self.ep_size, cfg.effective_capacity_factor)
+        local = cfg.num_experts // self.ep_size
+        counts = [rows // local + (e < rows % local) for e in range(local)]
+        index = torch.empty(rows, dtype=torch.long, device=tokens.device)
+        out = self.experts(tokens.index_select(0, index), counts)
+        sent = weights.numel()  # this rank's assignments come back to its tokens
+        back = out.index_select(0, torch.empty(sent, dtype=torch.long, device=tokens.device))
+        token_ids = torch.empty(sent, dtype=torch.long, device=tokens.device)
+        return torch.zeros_like(tokens).index_add(0, token_ids, back * weights.reshape(-1, 1).to(back.dtype))
+
     def route(self, probs: torch.Tensor, index: torch.Tensor, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights [T, k], kept [T, k])`` from the softmax ``probs`` and chosen ``index``."""
         cfg = self.config
@@ -123,14 +149,17 @@ class MoELayer(nn.Module):
         weights, kept = self.route(probs, index, b, s)
         if self.config.seq_aux_loss_coef and self.training:
             self.last_seq_aux_loss = sequence_balance_loss(probs, index, b, self.config.num_experts)
-        token_ids = torch.arange(b * s, device=tokens.device).unsqueeze(1).expand_as(index)[kept]
-        expert_ids, weights = index[kept], weights[kept]
-        groups = expert_parallel_groups(self.parallel_context)
-        grouped, plan = dispatch(tokens, token_ids, expert_ids, self.config.num_experts, groups.ep_size,
-                                 groups.ep_group)
-        out = combine(self.experts(grouped, plan.local_counts), plan)  # rows in plan.order
-        weights = weights[plan.order].unsqueeze(1).to(out.dtype)
-        out = torch.zeros_like(tokens).index_add(0, token_ids[plan.order], out * weights)
+        if tokens.is_meta:
+            out = self._routed_at_most(tokens, weights)
+        else:
+            token_ids = torch.arange(b * s, device=tokens.device).unsqueeze(1).expand_as(index)[kept]
+            expert_ids, weights = index[kept], weights[kept]
+            groups = expert_parallel_groups(self.parallel_context)
+            grouped, plan = dispatch(tokens, token_ids, expert_ids, self.config.num_experts, groups.ep_size,
+                                     groups.ep_group)
+            out = combine(self.experts(grouped, plan.local_counts), plan)  # rows in plan.order
+            weights = weights[plan.order].unsqueeze(1).to(out.dtype)
+            out = torch.zeros_like(tokens).index_add(0, token_ids[plan.order], out * weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens, [b * s])
         out = out.view(b, s, h)

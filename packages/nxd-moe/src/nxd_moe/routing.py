@@ -82,7 +82,9 @@ class RouterTopK(_RouterBase):
             scores = group_limited_scores(scores, self.n_group, self.topk_group)
         index = torch.topk(scores, self.top_k, dim=-1).indices
         if self.e_score_correction_bias is not None and self.training:
-            self.expert_load += torch.bincount(index.reshape(-1), minlength=self.num_experts).to(self.expert_load)
+            # a count per expert (index_add, not bincount: it also runs on the meta device nxd plan uses)
+            flat = index.reshape(-1)
+            self.expert_load.index_add_(0, flat, torch.ones(flat.shape, dtype=self.expert_load.dtype, device=flat.device))
         return index
 
 

@@ -10,7 +10,7 @@ from nxd.transforms import PIPELINE, ModelTransform
 from nxd_pipeline.config import parse_pipeline_config
 from nxd_pipeline.schedules import BUILTIN_SCHEDULES
 
-NXD_PLUGIN_API = (2, 2)  # plugin-API versions this plugin supports (inclusive range)
+NXD_PLUGIN_API = (3, 3)  # plugin-API versions this plugin supports (inclusive range)
 
 
 @nxd.hookimpl

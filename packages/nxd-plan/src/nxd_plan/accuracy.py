@@ -23,6 +23,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+#: a tiny Mixtral (NxDT's dropless ``model.moe`` section, 4 experts, top-2) on :func:`measurable_config`'s
+#: run: EP=1 (routed rows exact) and EP=2 (the plan holds the worst case, every choice on one rank)
+MOE_VARIANTS: dict[str, dict[str, Any]] = {
+    f"moe_ep{ep}": {
+        "distributed_strategy": {"expert_model_parallel_size": ep},
+        "model": {"architecture": "mixtral", "ffn_hidden_size": 512,
+                  "moe": {"num_experts": 4, "top_k": 2, "dropless": True, "capacity_factor": 0.0,
+                          "routing_algorithm": "top_k", "output_router_logits": True, "router_aux_loss_coef": 0.02,
+                          "normalize_top_k_affinities": True}},
+    } for ep in (1, 2)
+}
+
+
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in extra.items():

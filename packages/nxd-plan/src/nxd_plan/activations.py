@@ -191,6 +191,8 @@ def _measure(config: Any, run: Any, layout: Any, grads_exist: bool = True) -> Ac
     profile = ActivationProfile()
     with fake_rank(0, run.world_size):
         model, context, _ = build_rank_model(config, run)
+        # modules whose meta forward rests on an assumption say which (MoE: the routed rows)
+        profile.notes += sorted({m.nxd_plan_note() for m in model.modules() if callable(getattr(m, "nxd_plan_note", None))})
         layer_classes = tuple(run.spec.transformer_layer_classes)
         where: list[Any] = ["embed"]
         for name, module in model.named_modules():

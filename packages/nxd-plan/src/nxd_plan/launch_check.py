@@ -21,7 +21,7 @@ def known_device(config: Any, memory_gib: float | None) -> tuple[Device, bool, s
     """The device the ranks will run on, whether its memory is known, and where that came from."""
     from nxd_training.runtime import select_backend
 
-    backend = select_backend(config)
+    backend = select_backend(config.trainer)
     if backend == "cuda":
         props = torch.cuda.get_device_properties(0)
         name = "h200" if props.total_memory > 100e9 else "h100"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nxd
 
-NXD_PLUGIN_API = (2, 2)  # plugin-API versions this plugin supports (inclusive range)
+NXD_PLUGIN_API = (3, 3)  # plugin-API versions this plugin supports (inclusive range)
 
 
 @nxd.hookimpl

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.schema import CheckpointCallbackParams, ExpManagerConfig, TrainingConfig
 
 DEFAULT_EXP_DIR = "nxd_experiments"
 _VERSION = re.compile(r"^version_(\d+)$")
@@ -49,10 +49,10 @@ def is_url(path: str | Path) -> bool:
     return "://" in str(path)
 
 
-def checkpoint_dir(config: TrainingConfig, log_dir: Path) -> str:
+def checkpoint_dir(em: ExpManagerConfig, log_dir: Path) -> str:
     """Where checkpoints go: ``dirpath`` as given (a URL such as ``s3://bucket/run`` stays a URL;
     ``Path()`` would turn it into the local folder ``s3:/bucket/run``), else ``log_dir/checkpoints``."""
-    dirpath = config.exp_manager.checkpoint_callback_params.dirpath
+    dirpath = em.checkpoint_callback_params.dirpath
     return str(dirpath) if dirpath else str(log_dir / "checkpoints")
 
 
@@ -62,24 +62,24 @@ def split_checkpoint_path(path: str) -> tuple[str, str]:
     return parent, tag
 
 
-def checkpoint_tag(config: TrainingConfig, step: int, consumed_samples: int, epoch: int) -> str:
-    params = config.exp_manager.checkpoint_callback_params
-    tag = params.filename.format(name=config.name, step=step, consumed_samples=consumed_samples, epoch=epoch)
+def checkpoint_tag(params: CheckpointCallbackParams, name: str, step: int, consumed_samples: int, epoch: int) -> str:
+    """The tag of a checkpoint: ``prefix`` + ``filename`` formatted with the run ``name`` and progress."""
+    tag = params.filename.format(name=name, step=step, consumed_samples=consumed_samples, epoch=epoch)
     return (params.prefix or "") + tag
 
 
-def should_save(config: TrainingConfig, step: int, last_save_time: float, now: float) -> bool:
-    params = config.exp_manager.checkpoint_callback_params
-    if not config.exp_manager.create_checkpoint_callback:
+def should_save(em: ExpManagerConfig, step: int, last_save_time: float, now: float) -> bool:
+    params = em.checkpoint_callback_params
+    if not em.create_checkpoint_callback:
         return False
     if params.every_n_train_steps and step % params.every_n_train_steps == 0:
         return True
     return bool(params.train_time_interval and now - last_save_time >= params.train_time_interval)
 
 
-def kept_checkpoints(config: TrainingConfig) -> int | None:
+def kept_checkpoints(params: CheckpointCallbackParams) -> int | None:
     """``save_top_k`` (monitor=step, mode=max: the newest K) -> nxd-ckpt's ``num_kept_ckpts``."""
-    k = config.exp_manager.checkpoint_callback_params.save_top_k
+    k = params.save_top_k
     return None if k < 0 else max(k, 1)
 
 
@@ -88,11 +88,11 @@ class MetricsLogger:
 
     Opened by :meth:`start` once the run knows the step it continues from."""
 
-    def __init__(self, config: TrainingConfig, log_dir: Path, enabled: bool) -> None:
+    def __init__(self, em: ExpManagerConfig, log_dir: Path, enabled: bool) -> None:
         self.enabled = enabled
-        self.config = config
+        self.em = em
         self.log_dir = log_dir
-        self.path = log_dir / config.exp_manager.metrics_file
+        self.path = log_dir / em.metrics_file
         self._writer: Any = None
         self._file: Any = None
 
@@ -105,7 +105,7 @@ class MetricsLogger:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         truncate_records_after(self.path, resumed_step)
         self._file = self.path.open("a", buffering=1)
-        em = self.config.exp_manager
+        em = self.em
         if em.create_tensorboard_logger:
             from torch.utils.tensorboard import SummaryWriter
 

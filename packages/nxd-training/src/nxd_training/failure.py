@@ -105,9 +105,12 @@ def first_failure(config: TrainingConfig, log_dir: Path, stderr_tail: str) -> st
                 f"failed first is on another node ({others} left nothing here); this node's rank {rank} only "
                 f"lost its peers (it {how}): see the other node's output")
     when, rank, how, record = min(causes or consequences)
-    step = (record or {}).get("step") or _logged_step(config, log_dir)
     total = (record or {}).get("max_steps") or (config.trainer.max_steps if config.trainer.max_steps > 0 else None)
-    at = f" at step {step}" + (f" of {total}" if total else "") if step else ""
+    if record is not None and not record.get("step"):  # its own record: no step of this launch began
+        at = " before its first step (starting up or resuming)"
+    else:  # no record (a signal): the step rank 0 logged last, + 1
+        step = (record or {}).get("step") or _logged_step(config, log_dir)
+        at = f" at step {step}" + (f" of {total}" if total else "") if step else ""
     if how == "exited with code 0":
         at += " without finishing"
     where = f"rank {rank} (node {_node(record, me, rank, per_node)}, local rank {rank % per_node})" if multi \

@@ -83,7 +83,7 @@ def _write_stderr(chunk: bytes) -> None:
 
 def _last_checkpoint(config: TrainingConfig, log_dir: Path) -> tuple[str, int | None] | None:
     """``(tag, step)`` of the newest complete checkpoint of the run, or None."""
-    path = checkpoint_dir(config, log_dir)
+    path = checkpoint_dir(config.exp_manager, log_dir)
     if not is_url(path) and not Path(path).is_dir():
         return None
     from nxd_ckpt.convert import read_user_content

@@ -105,12 +105,13 @@ class Trainer:
         self.plan: RunPlan = make_plan(config)  # from the resolution: nothing derived again
         # the NxD config every hook and transform gets: the same builder and resolution `--validate` used
         self.nxd_config = build.nxd_config(config, self.plan)
-        self.backend = select_backend(config)
-        self.owns_group = ensure_process_group(self.plan.world_size, self.backend, collective_timeout(config))
-        self.context = ensure_parallel_context(self.nxd_config, collective_timeout(config))
+        self.backend = select_backend(config.trainer)
+        timeout = collective_timeout(config.distributed_strategy)
+        self.owns_group = ensure_process_group(self.plan.world_size, self.backend, timeout)
+        self.context = ensure_parallel_context(self.nxd_config, timeout)
         self.rank = dist.get_rank()
         self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
-        self.ckpt_dir = checkpoint_dir(config, self.log_dir)
+        self.ckpt_dir = checkpoint_dir(config.exp_manager, self.log_dir)
         seed_everything(config.seed)
         from nxd_core_parallel import parallel_state
         from nxd_core_parallel.parallel_layers.random import model_parallel_manual_seed
@@ -121,7 +122,7 @@ class Trainer:
         model_config = build.model_config_for_rank(config, self.plan)
         build_fn = nxd.parallel.bind_context(self.plan.spec.build, self.context)  # the model spec gets the context
         self.model = nxd.initialize_parallel_model(self.nxd_config, build_fn, False, model_config, self.nxd_config)
-        self.lora = lora_export.lora_enabled(config)
+        self.lora = lora_export.lora_enabled(config.model_alignment_strategy)
         self.trainable = lora_export.trainable_counts(self.model)
         if self.lora and dist.get_rank() == 0:
             print(f"nxd train: LoRA: {lora_export.describe(self.trainable)}", flush=True)
@@ -144,7 +145,7 @@ class Trainer:
         self.step_metrics: dict[str, float] = {}
         self.valid_metrics: dict[str, float] = {}
         self.step = 0
-        self.logger = MetricsLogger(config, self.log_dir, enabled=self.rank == 0)
+        self.logger = MetricsLogger(config.exp_manager, self.log_dir, enabled=self.rank == 0)
         self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config, self.plan.seq_length)
         self.peak = metrics.peak_tflops(self.backend, config.exp_manager.peak_tflops_per_device)
         self.tokens_per_step = config.data.global_batch_size * self.plan.seq_length
@@ -328,10 +329,10 @@ class Trainer:
 
     def save(self, wall_start: float) -> None:
         consumed = self.step * self.config.data.global_batch_size
-        tag = checkpoint_tag(self.config, self.step, consumed, 0)
+        em = self.config.exp_manager
+        tag = checkpoint_tag(em.checkpoint_callback_params, self.config.name, self.step, consumed, 0)
         content = {"step": self.step, "consumed_samples": consumed, "data": self._data_states(),
                    "config_name": self.config.name, MODEL_RECORD_KEY: self.model_record}
-        em = self.config.exp_manager
         record = {"async": int(em.async_checkpointing)}
 
         def snapshot_waited(seconds: float, step: int = self.step) -> None:
@@ -345,7 +346,8 @@ class Trainer:
         # backward: this loop changes them only in optimizer.step(), which waits for the copy
         nxd.save_checkpoint(
             self.ckpt_dir, tag=tag, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-            user_content=content, num_kept_ckpts=kept_checkpoints(self.config), async_save=em.async_checkpointing,
+            user_content=content, num_kept_ckpts=kept_checkpoints(em.checkpoint_callback_params),
+            async_save=em.async_checkpointing,
             zero1_optimizer=self.config.distributed_strategy.zero1, format=em.checkpoint_format,
             overlap_snapshot=em.async_checkpointing, on_snapshot_wait=snapshot_waited, context=self.context,
         )
@@ -420,7 +422,7 @@ class Trainer:
                 trace = self.profiler.after_step(self.step)
                 if trace is not None and self.rank == 0:
                     print(f"nxd train: profiler trace written to {trace}", flush=True)
-                if (val_every and self.step % val_every == 0) or should_save(self.config, self.step, last_save,
+                if (val_every and self.step % val_every == 0) or should_save(self.config.exp_manager, self.step, last_save,
                                                                              time.monotonic()):
                     self._record(pending, result, bar, max_steps)  # logged before valid/checkpoint
                     pending = None
@@ -429,7 +431,7 @@ class Trainer:
                     if vloss is not None:
                         result.valid_losses[self.step] = vloss
                         self.logger.log(self.step, {"loss": vloss, **self.valid_metrics}, prefix="valid")
-                if should_save(self.config, self.step, last_save, time.monotonic()):
+                if should_save(self.config.exp_manager, self.step, last_save, time.monotonic()):
                     self.save(wall_start)
                     last_save = time.monotonic()
                 if self._stop_for_time(wall_start, max_time):

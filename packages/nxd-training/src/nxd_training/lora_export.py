@@ -12,14 +12,14 @@ from pathlib import Path
 
 from torch import nn
 
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.schema import ModelAlignmentConfig
 
 #: where a run without checkpoints writes its final adapter: ``<log dir>/<FINAL_TAG>/``
 FINAL_TAG = "lora"
 
 
-def lora_enabled(config: TrainingConfig) -> bool:
-    align = config.model_alignment_strategy
+def lora_enabled(align: ModelAlignmentConfig | None) -> bool:
+    """Whether ``model_alignment_strategy.peft`` asks for LoRA adapters."""
     return align is not None and align.peft is not None
 
 

@@ -39,6 +39,6 @@ def model_transforms(config: Any) -> dict[str, dict] | None:
         return None
     from nxd_training.runtime import select_backend
 
-    backend = select_backend(config)
+    backend = select_backend(config.trainer)
     device = torch.accelerator.current_accelerator().type if backend == "accelerator" else backend
     return {FP8_TRANSFORM: {**(config.precision.fp8 or {}), "device": device}}

@@ -30,7 +30,7 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
     world_size = plan.world_size
     resolved = nxd_config(config, plan)
     _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
-    backend = select_backend(config)  # the ranks' own choice, so an absent CUDA device is refused here first
+    backend = select_backend(config.trainer)  # the ranks' own choice, so an absent CUDA device is refused here first
     _accelerator(config.trainer.accelerator)
     _fused_kernels(config, backend)
     parse_max_time(config.trainer.max_time)

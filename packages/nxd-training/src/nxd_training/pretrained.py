@@ -13,7 +13,7 @@ from typing import Any
 
 from nxd.errors import ConfigError
 from nxd_training.config.plan import MODEL_KEY_MAP, RunPlan
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.schema import ModelConfig, TrainingConfig
 
 KEY = "model.pretrained_checkpoint"
 
@@ -57,14 +57,14 @@ def check_pretrained(config: TrainingConfig, plan: RunPlan) -> None:
     if model_type and model_type not in types:
         raise ConfigError(f"{KEY}: {path}/config.json has model_type {model_type!r}, which model.architecture="
                           f"{plan.spec.name!r} does not build (it builds {', '.join(types)})")
-    _same_shape(config, plan.model_dict, hf, path)
+    _same_shape(config.model, plan.model_dict, hf, path)
 
 
-def _same_shape(config: TrainingConfig, ours: dict[str, Any], hf: dict[str, Any], path: Path) -> None:
+def _same_shape(model: ModelConfig, ours: dict[str, Any], hf: dict[str, Any], path: Path) -> None:
     for key, hf_key in MODEL_KEY_MAP.items():
         if hf_key not in hf or hf_key not in ours or ours[hf_key] == hf[hf_key]:
             continue
-        set_here = getattr(config.model, key, None) is not None
+        set_here = getattr(model, key, None) is not None
         field = f"model.{key}={ours[hf_key]}" if set_here else f"model.model_config's {hf_key}={ours[hf_key]}"
         raise ConfigError(f"{KEY}: {field} disagrees with {path}/config.json ({hf_key}={hf[hf_key]}); remove the "
                           f"key from the model section (the folder's config.json is the model's) or fix it")

@@ -30,6 +30,15 @@ def identity() -> dict[str, int | str]:
             "local_rank": int(env.get("LOCAL_RANK", 0)), "host": socket.gethostname()}
 
 
+def brief(text: str, limit: int = 480) -> str:
+    """``text`` within ``limit`` characters, its middle elided: an error's cause is often at its end
+    (a long path first, ``... No space left on device`` last)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"
+
+
 def write(run_dir: Path, how: str, what: str = "", code: int | None = None, collective: dict | None = None) -> None:
     """Record how this rank ended (``finished``, ``exception``, ``exit``); never raises. ``collective``:
     the collective that timed out on this rank (:func:`nxd_training.hang.locate_collective`)."""

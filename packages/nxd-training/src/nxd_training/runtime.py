@@ -14,13 +14,13 @@ import nxd
 from nxd import ConfigError
 from nxd.parallel import DEFAULT_TIMEOUT
 from nxd.resolved import NxdConfig
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.schema import DistributedStrategyConfig, TrainerConfig
 
 
-def select_backend(config: TrainingConfig) -> str:
+def select_backend(trainer: TrainerConfig) -> str:
     """``trainer.accelerator`` -> the nxd backend name. The process group starts with that
     backend's ``process_group_backend``, and the parallel context picks the backend from it."""
-    choice = config.trainer.accelerator
+    choice = trainer.accelerator
     if choice == "auto":  # cuda by name; any other torch.accelerator device (XPU, MPS, out-of-tree) generically
         choice = "cuda" if torch.cuda.is_available() else "accelerator" if torch.accelerator.is_available() else "cpu"
     if choice == "accelerator" and not torch.accelerator.is_available():
@@ -33,9 +33,9 @@ def select_backend(config: TrainingConfig) -> str:
     return choice
 
 
-def collective_timeout(config: TrainingConfig) -> timedelta:
+def collective_timeout(strategy: DistributedStrategyConfig) -> timedelta:
     """``distributed_strategy.collective_timeout``: the default group's and every parallel group's timeout."""
-    return timedelta(seconds=config.distributed_strategy.collective_timeout)
+    return timedelta(seconds=strategy.collective_timeout)
 
 
 def ensure_process_group(world_size: int, backend: str, timeout: timedelta = DEFAULT_TIMEOUT) -> bool:
@@ -78,8 +78,7 @@ def ensure_parallel_context(nxd_config: NxdConfig, timeout: timedelta) -> nxd.Pa
     """Build the parallel groups of the run's NxD config, with the configured collective timeout,
     before anything else builds them (``neuronx_distributed_config`` keeps a current context of the
     same sizes: groups start once)."""
-    from nxd_core_parallel import parallel_state
+    from nxd_core_parallel.context import start_parallel_context
 
     sizes = nxd_config.sizes()
-    return parallel_state.initialize_model_parallel(sizes["tp"], sizes["pp"], sizes["ep"],
-                                                    context_parallel_size=sizes["cp"], timeout=timeout)
+    return start_parallel_context(sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], timeout=timeout)

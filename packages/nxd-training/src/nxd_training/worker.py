@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     from nxd_training.parent_death import die_with_parent
 
     die_with_parent()  # a rank never outlives torchrun's agent (SIGKILL: nothing to clean up that a save needs)
+    from nxd import warning_lines
+
+    warning_lines.install()
     from nxd_training import rank_status
     from nxd_training.hang import CollectiveTimeout, dump_stack_on_sigterm, explain_collective_timeout
 
@@ -41,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         first = (str(exc).strip().splitlines() or [""])[0]
         # a timeout records its collective: the launcher's last line then names the rank that never came
         timeout = (exc.site or {}) if isinstance(exc, CollectiveTimeout) else None
-        rank_status.write(run_dir, "exception", f"{type(exc).__name__}: {first}"[:300], collective=timeout)
+        rank_status.write(run_dir, "exception", rank_status.brief(f"{type(exc).__name__}: {first}"),
+                          collective=timeout)
         raise
     rank_status.write(run_dir, "finished")
     return 0

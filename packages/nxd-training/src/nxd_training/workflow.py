@@ -12,14 +12,14 @@ from typing import Any
 
 import nxd
 from nxd import ComponentNotFound, ConfigError
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.schema import ModelAlignmentConfig, TrainingConfig
 
 #: keys of model_alignment_strategy the trainer handles itself
 BUILTIN_KEYS = ("sft", "peft")
 
 
-def workflow_name(config: TrainingConfig) -> str | None:
-    align = config.model_alignment_strategy
+def workflow_name(align: ModelAlignmentConfig | None) -> str | None:
+    """The registered workflow ``model_alignment_strategy`` names (``None``: plain pretraining or SFT)."""
     if align is None:
         return None
     names = [k for k in align.model_dump(exclude_none=True) if k not in BUILTIN_KEYS]
@@ -33,7 +33,7 @@ def workflow_name(config: TrainingConfig) -> str | None:
 def build_workflow(config: TrainingConfig) -> Any:
     """The workflow object for this config, or ``None``; a missing plugin or a bad option is a
     :class:`nxd.ConfigError` naming the key (and what to install)."""
-    name = workflow_name(config)
+    name = workflow_name(config.model_alignment_strategy)
     if name is None:
         return None
     key = f"model_alignment_strategy.{name}"

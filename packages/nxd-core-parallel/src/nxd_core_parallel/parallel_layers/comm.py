@@ -10,9 +10,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nxd.parallel import dim_group, resolve_context
+
 
 def group_size(group: Any) -> int:
     return dist.get_world_size(group)
+
+
+def trivial(group: Any) -> bool:
+    """No collective is needed over ``group``: there is none (one process, no model parallelism)
+    or it has one rank."""
+    return group is None or dist.get_world_size(group) == 1
+
+
+def tp_group(process_group: Any = None) -> Any:
+    """``process_group``, else (NxD's call without one: user code) the current context's TP group;
+    ``None`` without model parallelism."""
+    return process_group if process_group is not None else dim_group(resolve_context(), "tp")
 
 
 def group_rank(group: Any) -> int:

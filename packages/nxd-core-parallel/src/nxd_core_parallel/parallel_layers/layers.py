@@ -385,7 +385,9 @@ class ParallelEmbedding(nn.Module):
                 with torch.no_grad():
                     self.weight[local].zero_()
 
-    def _sequence_layout(self, out: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def sequence_layout(self, out: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """``out`` in the layout split under sequence parallelism, and the dimension split (what
+        an adapter added to this layer's output, e.g. LoRA, follows)."""
         if self.sequence_dimension is None:
             return out.transpose(0, 1).contiguous(), 0  # [b, s, h] -> NxD's [s, b, h]
         return out, self.sequence_dimension
@@ -403,7 +405,7 @@ class ParallelEmbedding(nn.Module):
             if self.pad_size:
                 out = out.narrow(-1, 0, self.embedding_dim)
             if self.sequence_parallel_enabled:
-                out, dim = self._sequence_layout(out)
+                out, dim = self.sequence_layout(out)
                 out = scatter_to_sequence_parallel_region(out, dim, process_group=group)
             return out
         outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)
@@ -416,7 +418,7 @@ class ParallelEmbedding(nn.Module):
         if not self.collect_output:
             return out
         if self.sequence_parallel_enabled:
-            out, dim = self._sequence_layout(out)
+            out, dim = self.sequence_layout(out)
             return reduce_scatter_to_sequence_parallel_region(out, dim, process_group=group)
         return reduce_from_tensor_model_parallel_region(out, process_group=group)
 

@@ -11,18 +11,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nxd.parallel import dim_group, resolve_context
 from nxd_core_parallel.parallel_layers import comm
-
-
-def _tp_group(process_group: Any) -> Any:
-    """``process_group``, else (NxD's call without one) the current context's TP group; ``None``
-    without model parallelism."""
-    return process_group if process_group is not None else dim_group(resolve_context(), "tp")
+from nxd_core_parallel.parallel_layers.comm import tp_group as _tp_group
 
 
 def _all_reduce(t: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    return t if group is None or comm.group_size(group) == 1 else comm.all_reduce(t, group, op)
+    return t if comm.trivial(group) else comm.all_reduce(t, group, op)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

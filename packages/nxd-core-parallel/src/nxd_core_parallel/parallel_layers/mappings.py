@@ -10,20 +10,11 @@ from typing import Any
 
 import torch
 
-from nxd.parallel import dim_group, resolve_context
 from nxd_core_parallel.parallel_layers import comm
+from nxd_core_parallel.parallel_layers.comm import tp_group as _tp_group
+from nxd_core_parallel.parallel_layers.comm import trivial as _trivial
 
-
-def _tp_group(process_group: Any) -> Any:
-    if process_group is not None:
-        return process_group
-    # NxD's call without a group (user code): the current context's TP group; without model
-    # parallelism (a single process, or TP not set up) every mapping is the identity.
-    return dim_group(resolve_context(), "tp")
-
-
-def _trivial(group: Any) -> bool:
-    return group is None or comm.group_size(group) == 1
+# without model parallelism (a single process, or TP not set up) every mapping is the identity
 
 
 class _Copy(torch.autograd.Function):

@@ -93,8 +93,11 @@ def read_yaml(source: str | Path) -> dict[str, Any]:
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError(f"{path}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}, line {line}); "
                           "save the config as UTF-8") from None
+    if not any(line.strip() and not line.lstrip().startswith(("#", "---")) for line in text.splitlines()):
+        raise ConfigError(f"{path}: the file is empty (no config sections); give a config YAML, e.g. hub:quickstart "
+                          "(`nxd train hub:quickstart --print-config` prints one)")
     try:
-        node = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
+        node = OmegaConf.create(text)
     except yaml.YAMLError as exc:
         raise _yaml_error(path, exc) from None
     except (OmegaConfBaseException, AssertionError, ValueError, TypeError) as exc:

@@ -26,7 +26,7 @@ from nxd_training.config.features import (
     select_model,
 )
 from nxd_training.config.legacy import check_legacy, newer_keys
-from nxd_training.config.neuron_keys import neuron_only_notes
+from nxd_training.config.neuron_keys import neuron_only_notes, no_effect_notes
 from nxd_training.config.resolved import Resolution, ResolvedConfig
 from nxd_training.config.schema import TokenizerConfig, TrainingConfig
 from nxd_training.optimizers import OPTIMIZERS
@@ -466,23 +466,23 @@ def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     _pipeline_model(spec, pp)
     workflow = build_workflow(config)
     if workflow is not None and pp > 1 and not getattr(workflow, "supports_pipeline", False):
-        raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} does not support pipeline parallelism "
+        raise ConfigError(f"model_alignment_strategy.{workflow_name(config.model_alignment_strategy)} does not support pipeline parallelism "
                           f"(pipeline_model_parallel_size={pp}): the pipeline schedule computes the next-token loss "
                           "itself; use tensor/data parallelism")
     cp = config.distributed_strategy.context_parallel_size
     if workflow is not None and cp > 1:
-        raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} does not support context parallelism "
+        raise ConfigError(f"model_alignment_strategy.{workflow_name(config.model_alignment_strategy)} does not support context parallelism "
                           f"(context_parallel_size={cp}): its loss reads whole sequences (pairs of responses), "
                           "which CP splits over ranks; use context_parallel_size=1")
     data_module = _data(config, seq) if check_data else default_data_module(config)
     needs = getattr(workflow, "data_module", None)
     if needs and data_module != needs:
-        raise ConfigError(f"model_alignment_strategy.{workflow_name(config)} trains on the {needs!r} data module, but "
+        raise ConfigError(f"model_alignment_strategy.{workflow_name(config.model_alignment_strategy)} trains on the {needs!r} data module, but "
                           f"data.module={data_module!r}; remove data.module or set it to {needs!r}")
     resolution = Resolution(
         architecture=spec.name, architecture_reason=reason, model=as_dict, world_size=world, tp=tp, pp=pp, dp=dp,
         cp=config.distributed_strategy.context_parallel_size, ep=config.distributed_strategy.expert_model_parallel_size,
-        num_microbatches=num_mb, seq_length=seq, data_module=data_module, workflow=workflow_name(config),
-        notes=check_legacy(config, spec) + neuron_only_notes(config)
+        num_microbatches=num_mb, seq_length=seq, data_module=data_module, workflow=workflow_name(config.model_alignment_strategy),
+        notes=check_legacy(config, spec) + neuron_only_notes(config) + no_effect_notes(config)
         + list(covered_hf_features(config, spec, hf_config_file(config)).values()))
     return RunPlan(resolution, model_config, spec, workflow)

@@ -1,4 +1,4 @@
-"""The last line of a job that ended in a collective timeout names the rank that never came, the
+"""nxd train's last line, from the records ranks leave. A job that ended in a collective timeout names the rank that never came, the
 collective the others waited in and where the hung rank was when stopped; when every rank waited,
 in different collectives, it says so. The records are what the ranks leave (``rank_status``);
 tests/test_launch_faults.py checks the same line through `nxd train` with a hung rank."""
@@ -66,3 +66,15 @@ def test_a_rank_that_failed_is_still_the_cause_when_another_timed_out(make_confi
     _record(tmp_path, 0, {"op": "all_reduce", "ranks": [0, 1], "caller": None})
     line = first_failure(config, tmp_path, TORCHRUN.replace("-15 (pid: 12)", "-9 (pid: 12)"))
     assert line == "nxd train: rank 1 failed first: it was killed by SIGKILL (exit code -9)"
+
+
+def test_a_rank_that_failed_while_resuming_is_not_placed_at_a_step(make_config, tmp_path: Path) -> None:
+    """Rank 1 raised before its first step (a corrupt checkpoint at resume): the previous launch's
+    log ends at step 12, but the line must not say "at step 13"."""
+    config = load_config(make_config(trainer={"max_steps": 13}))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 12, "loss": 1.0}) + "\n")
+    _record(tmp_path, 1, None, what="CorruptCheckpointError: x/metadata.json: content checksum mismatch", step=0,
+            max_steps=None)
+    line = first_failure(config, tmp_path, TORCHRUN)
+    assert line == ("nxd train: rank 1 failed first: it raised CorruptCheckpointError: x/metadata.json: content "
+                    "checksum mismatch before its first step (starting up or resuming)")

@@ -1,4 +1,7 @@
-"""A one-block causal LM in plain PyTorch, following nxd's model forward contract."""
+"""A one-block causal LM in plain PyTorch, following nxd's model forward contract.
+
+It is written for one device; its parallel plan (:data:`PLAN`, data) says which modules nxd shards
+over tensor-parallel ranks, and nxd-core-parallel's ``parallel_plan`` transform applies it."""
 
 from __future__ import annotations
 
@@ -9,6 +12,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from nxd.specs import ParallelPlan
+
+#: the MLP's first linear is column-parallel (its output rows sharded), the second row-parallel
+#: (its input columns sharded, outputs summed over TP); attention, embedding and head stay
+#: replicated; a pipeline may cut before the block
+PLAN = ParallelPlan(column=("block.mlp.0",), row=("block.mlp.2",), pipeline_blocks=("block",))
 
 
 @dataclass
@@ -34,10 +44,14 @@ class TinyBlock(nn.Module):
 
 class TinyLM(nn.Module):
     nxd_transformer_layer_classes = (TinyBlock,)
+    #: the plan the ``parallel_plan`` transform applies (at TP > 1) to a model carrying it
+    nxd_parallel_plan = PLAN
 
     def __init__(self, config: TinyLMConfig, sequence_parallel: bool = False, context: Any = None) -> None:
-        # the spec's build passes the run's sequence_parallel and parallel context; plain layers need neither
+        # the spec's build passes the run's sequence_parallel and parallel context; one-device layers
+        # need neither, the model keeps the context it was built for (plugin-API 3)
         super().__init__()
+        self.parallel_context = context
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.block = TinyBlock(config)
         self.head = nn.Linear(config.hidden_size, config.vocab_size)

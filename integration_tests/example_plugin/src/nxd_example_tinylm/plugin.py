@@ -1,7 +1,8 @@
 """Entry point module: nxd imports it and calls the hooks it implements.
 
 It shows the three places a third party extends nxd (docs/contributing.md, "Where a new piece goes"):
-a model family (``nxd_register_models``: a ModelSpec with its parallel plan as data) and a model
+a model family (``nxd_register_models``: a ModelSpec whose model is written for one device, with its
+tensor-parallel plan as data that nxd applies) and a model
 transform (``nxd_register_model_transforms``), here a low-precision recipe that runs at the
 ``LOW_PRECISION`` anchor when the config turns it on:
 ``nxd.neuronx_distributed_config(model_transforms={"tinylm_bf16": {"modules": ["head"]}})``.
@@ -12,9 +13,9 @@ from __future__ import annotations
 import torch
 
 import nxd
-from nxd.specs import ModelSpec, ParallelPlan, config_reader, model_builder
+from nxd.specs import ModelSpec, config_reader, model_builder
 from nxd.transforms import LOW_PRECISION, ModelTransform
-from nxd_example_tinylm.model import TinyBlock, TinyLM, TinyLMConfig
+from nxd_example_tinylm.model import PLAN, TinyBlock, TinyLM, TinyLMConfig
 
 NXD_PLUGIN_API = (3, 3)
 
@@ -31,12 +32,12 @@ config_from_dict = config_reader(_config, lambda name, **overrides: {**PRESETS[n
 SPEC = ModelSpec(
     name="tinylm",
     config_from_dict=config_from_dict,
-    # TinyLM(config, sequence_parallel=..., context=...): replicated layers, nothing to shard
+    # TinyLM(config, sequence_parallel=..., context=...): one-device layers, sharded by the plan
     build=model_builder(TinyLM, config_from_dict),
     transformer_layer_classes=(TinyBlock,),
     presets=PRESETS,
-    # plain layers, replicated on every rank; a pipeline may cut before the block
-    parallel_plan=ParallelPlan(pipeline_blocks=("block",)),
+    # the same data the model class carries: MLP column/row-parallel, a pipeline may cut before the block
+    parallel_plan=PLAN,
 )
 
 

@@ -28,12 +28,17 @@ from nxd import ConfigError
 from nxd.cli import main
 from nxd_training.config import hub_names, read_yaml, resolve
 
-#: versions from NxDT's history (data/nxdt_conf_history/) that read a key or file no current config
-#: does: data.alignment_strategy (SFT, DPO), dpo.max_dpo_prompt_length, Mistral's config.json, and
-#: the deleted hf_llama3_405B_config; test_nxdt_history.py resolves all of them
-HISTORY_SAMPLE = ("hf_llama3_8B_SFT_config@2024-10-01_12d8a5b", "hf_llama3_8B_DPO_config@2024-10-23_7a0258b",
-                  "hf_llama3_8B_DPO_config@2025-04-04_dfd395d", "hf_mistral_7B_SFT_config@2024-11-22_791c65d",
-                  "hf_llama3_405B_config@2024-10-02_311afcc")
+#: NxDT's history (data/nxdt_conf_history/; test_nxdt_history.py resolves every version): the
+#: oldest version of each config, and the versions that read a key or file no current config does
+#: (data.alignment_strategy for SFT and DPO, dpo.max_dpo_prompt_length, Mistral's config.json)
+READS_EARLIER_KEYS = ("hf_llama3_8B_SFT_config@2024-10-01_12d8a5b", "hf_llama3_8B_DPO_config@2024-10-23_7a0258b",
+                      "hf_llama3_8B_DPO_config@2025-04-04_dfd395d", "hf_mistral_7B_SFT_config@2024-11-22_791c65d")
+NXDT_FAILS = ("hf_llama3_70B_trn2_config@2024-10-23_92bf188",)  # refused as NxDT fails (test_nxdt_history.py)
+_OLDEST = {}
+for _path in sorted(HISTORY.glob("*.yaml"), key=lambda p: p.stem.split("@")[1]):  # by date
+    if _path.stem not in NXDT_FAILS:
+        _OLDEST.setdefault(nxdt_name(_path.stem), _path.stem)
+HISTORY_SAMPLE = sorted(set(_OLDEST.values()) | set(READS_EARLIER_KEYS))
 #: (case id, config source): NxDT's current configs, earlier releases', the history sample, the hub's
 CASES = ([(name, str(CONF / f"{name}.yaml")) for name in NAMES]
          + [(p.stem, str(p)) for p in sorted(EARLIER.glob("*.yaml"))]

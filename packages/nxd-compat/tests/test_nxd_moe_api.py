@@ -50,17 +50,17 @@ def moe_body(state: dict, x: torch.Tensor) -> dict:
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     rank, i = parallel_state.get_tensor_model_parallel_rank(), INTER // 2
     moe = _nxd_moe_as_mixtral_example()
-    with torch.no_grad():
-        moe.router.weight.copy_(state["gate.weight"])
+    with torch.no_grad():  # NxD's names and layouts: gate_up [E, H, 2I/tp] (gate | up columns), down [E, I/tp, H]
+        moe.router.linear_router.weight.copy_(state["gate.weight"])
         gu, down = state["experts.gate_up_proj"], state["experts.down_proj"]
         local_gu = torch.cat([gu[:, rank * i:(rank + 1) * i], gu[:, INTER + rank * i:INTER + (rank + 1) * i]], dim=1)
-        moe.expert_mlps.experts.gate_up_proj.copy_(local_gu)
-        moe.expert_mlps.experts.down_proj.copy_(down[:, :, rank * i:(rank + 1) * i])
+        moe.expert_mlps.mlp_op.gate_up_proj.weight.copy_(local_gu.transpose(1, 2))
+        moe.expert_mlps.mlp_op.down_proj.weight.copy_(down[:, :, rank * i:(rank + 1) * i].transpose(1, 2))
     x = x.clone().requires_grad_(True)
     out, logits = moe(x)  # NxD's layout [s, b, h]
     (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
     return {"out": out.detach(), "logits": logits.detach(), "router_grad": moe.router.weight.grad,
-            "down_grad": moe.expert_mlps.experts.down_proj.grad, "x_grad": x.grad}
+            "down_grad": moe.expert_mlps.mlp_op.down_proj.weight.grad.transpose(1, 2), "x_grad": x.grad}
 
 
 def test_nxd_moe_signature_matches_hf_mixtral_block(rank_pool):

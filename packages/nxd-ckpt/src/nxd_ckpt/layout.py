@@ -40,13 +40,20 @@ def shard_name(dp_rank: int, tp_rank: int, pp_rank: int, suffix: str = ".pt") ->
     return f"dp_rank_{dp_rank:02d}_tp_rank_{tp_rank:02d}_pp_rank_{pp_rank:02d}{suffix}"
 
 
-_SHARD_RE = re.compile(r"^dp_rank_(\d+)(?:_ep_rank_\d+)?_tp_rank_(\d+)_pp_rank_(\d+)(\.\w+)$")
+_SHARD_RE = re.compile(r"^dp_rank_(\d+)(?:_ep_rank_(\d+))?_tp_rank_(\d+)_pp_rank_(\d+)(\.\w+)$")
 
 
 def parse_shard_name(name: str) -> tuple[int, int, int, str] | None:
     """``(dp, tp, pp, suffix)`` of a shard file name, or None for other files."""
     m = _SHARD_RE.match(name)
-    return (int(m[1]), int(m[2]), int(m[3]), m[4]) if m else None
+    return (int(m[1]), int(m[3]), int(m[4]), m[5]) if m else None
+
+
+def shard_ep_rank(name: str) -> int | None:
+    """The EP rank in an NxD shard file name (``dp_rank_00_ep_rank_EE_...``: NxD writes one model
+    file per expert-parallel rank, holding that rank's experts), or None when it has none."""
+    m = _SHARD_RE.match(name)
+    return int(m[2]) if m and m[2] is not None else None
 
 
 def rng_name(rank: int) -> str:

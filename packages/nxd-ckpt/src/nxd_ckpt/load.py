@@ -12,7 +12,7 @@ import torch
 from nxd_ckpt.checksum import verify
 from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
 from nxd_ckpt.formats import format_for_file, get_format
-from nxd_ckpt.layout import parse_shard_name, rng_name, shard_name
+from nxd_ckpt.layout import parse_shard_name, rng_name, shard_ep_rank, shard_name
 from nxd_ckpt.metadata import shardings_of
 from nxd_ckpt.nxd_layouts import adapt_qkv_names, nxd_written_degrees
 from nxd_ckpt.rng import restore_rng_state
@@ -62,20 +62,42 @@ class Reader:
         self._cache.clear()
 
 
-def model_file(meta: dict | None, reader: Reader, tp_rank: int, pp_rank: int) -> tuple[str, str | None]:
+def model_file(meta: dict | None, reader: Reader, tp_rank: int, pp_rank: int, ep_rank: int = 0) -> tuple[str, str | None]:
+    """The model file of ``(tp_rank, pp_rank)``; in a checkpoint NxD wrote with expert
+    parallelism (one file per EP rank, each holding that rank's experts) the one of ``ep_rank``."""
     if meta is not None:
         fmt = get_format(meta.get("model_format", "torch"))
         return f"model/{shard_name(0, tp_rank, pp_rank, fmt.suffix)}", fmt.name
-    for name in reader.storage.list_files(f"{reader.tag}/model"):
-        parsed = parse_shard_name(name)
-        if parsed and parsed[1:3] == (tp_rank, pp_rank):
+    candidates = [name for name in reader.storage.list_files(f"{reader.tag}/model")
+                  if (parsed := parse_shard_name(name)) and parsed[1:3] == (tp_rank, pp_rank)]
+    for name in candidates:
+        if shard_ep_rank(name) in (None, ep_rank):
             return f"model/{name}", None
+    if candidates:
+        raise CheckpointError(f"checkpoint {reader.storage.describe(reader.tag)}: NxD wrote its model files per "
+                              f"expert-parallel rank ({', '.join(sorted(candidates))}) and none is EP rank {ep_rank}'s; "
+                              "load it at the expert_parallel_size it was saved with, or merge it with NxD's "
+                              "checkpoint_converter --convert_to_full_state first")
     return f"model/{shard_name(0, tp_rank, pp_rank)}", None
 
 
-def _first_shape_mismatch(target: dict[str, Any], saved_shape: dict[str, list[int]], expected: dict[str, list[int]]) -> None:
+def _rank_model_state(meta: dict | None, reader: Reader, topo: Topology) -> tuple[str, dict[str, Any]]:
+    """This rank's model file and its state. NxD's per-EP-rank files hold the non-expert tensors
+    in EP rank 0's file only (as its converter writes them; NxD's loader reads them from there):
+    another EP rank's state is its own file over EP rank 0's."""
+    rel, fmt = model_file(meta, reader, topo.tp_rank, topo.pp_rank, topo.ep_rank)
+    state = reader.load(rel, fmt)
+    if meta is None and shard_ep_rank(rel.rsplit("/", 1)[-1]):
+        first, _ = model_file(meta, reader, topo.tp_rank, topo.pp_rank, 0)
+        state = {**reader.load(first, fmt), **state}
+    return rel, state
+
+
+def _first_shape_mismatch(target: dict[str, Any], saved_shape: dict[str, list[int]], expected: dict[str, list[int]],
+                          also: dict[str, list[int]] | None = None) -> None:
+    """Raise on the first tensor whose saved shape is not the model's (nor its ``also`` shape)."""
     for name in target:
-        if name in saved_shape and list(saved_shape[name]) != list(expected[name]):
+        if name in saved_shape and list(saved_shape[name]) not in (list(expected[name]), (also or {}).get(name)):
             raise CheckpointError(
                 f"tensor {name!r}: checkpoint has shape {list(saved_shape[name])}, the model expects "
                 f"{list(expected[name])} (first mismatching tensor; was the checkpoint saved from a different model config?)"
@@ -103,8 +125,7 @@ def check_shard(where: str, state: dict[str, Any], meta: dict, topo: Topology) -
 
 def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, strict: bool) -> None:
     if isinstance(model, dict):  # NxD's Lightning path passes a dict to be filled
-        rel, fmt = model_file(meta, reader, topo.tp_rank, topo.pp_rank)
-        model.update(reader.load(rel, fmt))
+        model.update(_rank_model_state(meta, reader, topo)[1])
         return
     module = unwrap_model(model)
     target = module.state_dict()
@@ -112,14 +133,15 @@ def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, st
     if meta is None:
         _check_nxd_written_degrees(reader, topo)
     if meta is None or (meta["degrees"]["tp"], meta["degrees"]["pp"]) == (topo.tp, topo.pp):
-        rel, fmt = model_file(meta, reader, topo.tp_rank, topo.pp_rank)
-        state = reader.load(rel, fmt)
+        rel, state = _rank_model_state(meta, reader, topo)
         if meta is not None:
             check_shard(reader.storage.describe(f"{reader.tag}/{rel}"), state, meta, topo)
         else:  # written by NxD: its modules' Q/K/V naming may differ from this model's
             state = adapt_qkv_names(state, module)
         saved = {k: list(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
-        _first_shape_mismatch(target, saved, {k: list(v.shape) for k, v in target.items()})
+        # an expert-parallel parameter's state holds every expert; NxD's EP files hold the rank's own
+        local = {k: list(p.shape) for k, p in module.named_parameters() if getattr(p, "expert_model_parallel", False)}
+        _first_shape_mismatch(target, saved, {k: list(v.shape) for k, v in target.items()}, local)
     else:
         state = _reshard(reader, meta, target, shardings, topo, strict)
     missing = [k for k in target if k not in state]

@@ -29,6 +29,8 @@ class Topology:
     cp_rank: int = 0
     #: expert-parallel degree: ZeRO-1 shards of expert state are laid out per EP rank
     ep: int = 1
+    #: expert-parallel rank: which of NxD's per-EP-rank model files (``_ep_rank_EE``) this rank reads
+    ep_rank: int = 0
 
     @property
     def distributed(self) -> bool:
@@ -51,7 +53,8 @@ def topology_of(context: ParallelContext | None) -> Topology:
     if context is None:
         return Topology(rank, world, 1, 1, world, 0, 0, rank)
     return Topology(rank, world, context.tp.size, context.pp.size, context.dp.size,
-                    context.tp.rank, context.pp.rank, context.dp.rank, context.cp.rank, context.ep.size)
+                    context.tp.rank, context.pp.rank, context.dp.rank, context.cp.rank, context.ep.size,
+                    context.ep.rank)
 
 
 class GroupGone(CheckpointError):

@@ -12,7 +12,7 @@ from nxd_moe.balancer import (
 from nxd_moe.capacity import expert_capacity, kept_assignments, max_routed_rows
 from nxd_moe.config import ROUTING_ALGORITHMS, MoEConfig
 from nxd_moe.dispatch import DispatchPlan, all_to_all, combine, dispatch
-from nxd_moe.experts import ExpertMLPs, grouped_mm_runs
+from nxd_moe.experts import ExpertMLPs, gather_experts, grouped_mm_runs, local_experts
 from nxd_moe.groups import ExpertParallelGroups, expert_parallel_groups
 from nxd_moe.layer import MoELayer
 from nxd_moe.losses import (
@@ -33,7 +33,8 @@ __all__ = [
     "group_limited_scores", "grouped_mm_runs", "innermost_optimizer", "routers_of_optimizer", "sequence_balance_loss",
     "update_expert_biases", "ExpertMLPs", "ExpertParallelGroups", "MoEConfig", "MoELayer",
     "RouterSinkhorn", "RouterTopK", "all_to_all", "combine", "dispatch", "expert_capacity", "max_routed_rows",
-    "expert_parallel_groups", "kept_assignments", "load_balancing_loss", "losses_from_router_statistics",
+    "expert_parallel_groups", "gather_experts", "kept_assignments", "local_experts", "load_balancing_loss",
+    "losses_from_router_statistics",
     "make_router", "pack_router_statistics", "router_statistics", "router_statistics_size", "router_z_loss",
     "sinkhorn", "unpack_router_statistics",
 ]

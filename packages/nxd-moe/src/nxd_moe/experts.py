@@ -69,24 +69,15 @@ class ExpertMLPs(nn.Module):
     # rank's experts. A checkpoint saved at one EP degree therefore loads at any other.
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        if self.ep_size == 1:
-            return
         for name in ("gate_up_proj", "down_proj"):
-            # under FSDP (nxd-fsdp) the parameter is this rank's rows of its experts: gather them first
-            param = getattr(self, name)
-            local = full_rows(param.detach(), getattr(param, "expert_data_parallel_group", None)).contiguous()
-            shards = [torch.empty_like(local) for _ in range(self.ep_size)]
-            dist.all_gather(shards, local, group=self._ep_group)
-            destination[prefix + name] = torch.cat(shards, dim=0)
+            if self.ep_size > 1:
+                destination[prefix + name] = gather_experts(getattr(self, name), self.ep_size, self._ep_group)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object, **kwargs: object) -> None:
-        if self.ep_size > 1:
-            first = self.first_local_expert
-            for name in ("gate_up_proj", "down_proj"):
-                full = state_dict.get(prefix + name)
-                if full is not None and full.shape[0] == self.num_experts:
-                    state_dict[prefix + name] = shard_like(full[first:first + self.num_local_experts],
-                                                           getattr(self, name))
+        for name in ("gate_up_proj", "down_proj"):
+            if self.ep_size > 1 and prefix + name in state_dict:
+                state_dict[prefix + name] = local_experts(state_dict[prefix + name], getattr(self, name),
+                                                          self.first_local_expert, self.num_experts)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
@@ -128,6 +119,25 @@ class ExpertMLPs(nn.Module):
             # rank's backward produces the same set of gradients for the collectives that follow
             return tokens.new_zeros(0, self.hidden_size) + 0 * (self.gate_up_proj.sum() + self.down_proj.sum())
         return torch.cat(outputs, dim=0)
+
+
+def gather_experts(param: torch.Tensor, ep_size: int, ep_group: object) -> torch.Tensor:
+    """Every expert of an expert-parallel ``param`` (dimension 0: this rank's experts), gathered
+    over the EP group in EP-rank order (collective). Under FSDP (nxd-fsdp) ``param`` is this rank's
+    rows of its experts: those are gathered over its expert-data-parallel group first."""
+    local = full_rows(param.detach(), getattr(param, "expert_data_parallel_group", None)).contiguous()
+    shards = [torch.empty_like(local) for _ in range(ep_size)]
+    dist.all_gather(shards, local, group=ep_group)
+    return torch.cat(shards, dim=0)
+
+
+def local_experts(value: torch.Tensor, param: torch.Tensor, first: int, num_experts: int) -> torch.Tensor:
+    """``value`` cut to this rank's experts (``param``'s ``len(param)`` experts from ``first``) when
+    it holds all ``num_experts`` (a checkpoint saved at another EP degree), shaped as ``param`` is
+    (a DTensor under FSDP); a value that holds only this rank's experts is returned as is."""
+    if value.shape[0] != num_experts:
+        return value
+    return shard_like(value[first:first + param.shape[0]], param)
 
 
 def grouped_mm_runs(tokens: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -61,6 +61,7 @@ class MoE(torch.nn.Module):
         if padding_mask is not None or residual is not None:
             raise NotProvidedError("MoE.forward(padding_mask / residual) is not provided by nxd-compat")
         self._layer.train(self.training)
+        self._layer.experts = self.expert_mlps.experts  # views of the parameters as they are now
         seq_first = self.sequence_dimension == 0
         x = hidden_states.transpose(0, 1) if seq_first else hidden_states
         out, router_logits = self._layer(x)

@@ -1,6 +1,7 @@
 """``neuronx_distributed.modules.moe.routing``: NxD's routers with NxD's constructor arguments, on
-nxd-moe's (one replicated ``weight`` ``[num_experts, hidden]``; ``forward`` returns
-``(router_logits, expert_affinities, expert_index)`` as NxD's)."""
+nxd-moe's (one replicated weight ``[num_experts, hidden]``, held as NxD holds it:
+``linear_router.weight``; ``forward`` returns ``(router_logits, expert_affinities, expert_index)``
+as NxD's)."""
 
 from typing import Any
 
@@ -31,6 +32,17 @@ class _NxDRouter:
     sequence_dimension: int | None = None
     jitter_eps: float = 0.0
 
+    def _hold_weight_as_nxd(self) -> None:
+        """Move nxd-moe's ``weight`` parameter into ``linear_router`` (NxD's ``torch.nn.Linear``,
+        bias-free), so the router's state-dict name is NxD's; ``weight`` reads it from there."""
+        weight = self._parameters.pop("weight")
+        self.linear_router = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        self.linear_router.weight = weight
+
+    @property
+    def weight(self) -> torch.nn.Parameter:
+        return self.linear_router.weight
+
     def logits_and_probs(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.training and self.jitter_eps:
             noise = torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_eps, 1.0 + self.jitter_eps)
@@ -48,6 +60,7 @@ class RouterTopK(_NxDRouter, nxd_moe.RouterTopK):
         _refuse("RouterTopK", bias=bias, apply_act_fn_over_topk=apply_act_fn_over_topk,
                 store_transposed_weights=store_transposed_weights)
         super().__init__(num_experts, top_k, hidden_size, dtype=dtype, device=device, activation=act_fn)
+        self._hold_weight_as_nxd()
         self.sequence_parallel_enabled, self.sequence_dimension = sequence_parallel_enabled, sequence_dimension
         self.jitter_eps = float(jitter_eps)
 
@@ -59,4 +72,5 @@ class RouterSinkhorn(_NxDRouter, nxd_moe.RouterSinkhorn):
                  sinkhorn_iterations: int | None = None, sinkhorn_tol: float | None = None) -> None:
         super().__init__(num_experts, top_k, hidden_size, sinkhorn_iterations=sinkhorn_iterations or 30,
                          sinkhorn_tol=sinkhorn_tol, dtype=dtype, device=device, activation=act_fn)
+        self._hold_weight_as_nxd()
         self.sequence_parallel_enabled, self.sequence_dimension = sequence_parallel_enabled, sequence_dimension

@@ -29,7 +29,7 @@ def _hf_block():
     return block
 
 
-def _nxd_moe_as_mixtral_example(config_capacity_factor=None):
+def _nxd_moe_as_mixtral_example(config_capacity_factor=None, **moe_options):
     """Verbatim arguments of NxD's examples/training/mixtral/modeling_mixtral_moe_nxd.py."""
     from neuronx_distributed.modules.moe.expert_mlps import ExpertMLPs
     from neuronx_distributed.modules.moe.model import MoE
@@ -41,7 +41,7 @@ def _nxd_moe_as_mixtral_example(config_capacity_factor=None):
                              glu_mlp=True, capacity_factor=config_capacity_factor, normalize_top_k_affinities=True,
                              init_method=init_method, output_layer_init_method=init_method)
     return MoE(router=router, expert_mlps=expert_mlps, return_router_logits=True, return_expert_index=False,
-               sequence_parallel_enabled=False, sequence_dimension=0)
+               sequence_parallel_enabled=False, sequence_dimension=0, **moe_options)
 
 
 def moe_body(state: dict, x: torch.Tensor) -> dict:
@@ -80,6 +80,42 @@ def test_nxd_moe_signature_matches_hf_mixtral_block(rank_pool):
         torch.testing.assert_close(g["down_grad"], hf.experts.down_proj.grad[:, :, rank * i:(rank + 1) * i],
                                    rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(g["x_grad"], xb.grad.transpose(0, 1), rtol=1e-5, atol=1e-6)
+
+
+def shuffle_body(x: torch.Tensor) -> dict:
+    from nxd_core_parallel import parallel_state
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)  # DP=2
+    x = x[torch.distributed.get_rank()]  # each DP rank its own tokens
+    out = {}
+    for size in (1, 2):
+        torch.manual_seed(0)  # the same weights
+        moe = _nxd_moe_as_mixtral_example(token_shuffle_group_size=size, token_shuffle_seed=7 if size > 1 else None)
+        xs = x.clone().requires_grad_(True)
+        y = moe(xs)[0]
+        loss = (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum()
+        loss.backward()
+        grads = [p.grad.clone() for p in moe.parameters()]
+        for g in grads:  # what data parallelism's reduction sums
+            torch.distributed.all_reduce(g)
+        out[size] = {"loss": loss.detach(), "out": y.detach(), "x_grad": xs.grad, "grads": grads,
+                     "permutation": moe.shuffle_permutation}
+    return out
+
+
+def test_token_shuffling_is_a_permutation(rank_pool):
+    """NxD's token shuffling (``MoE(token_shuffle_group_size=2)`` over DP=2): each rank's tokens are
+    routed on the ranks of its group and come back in place, so output, loss and gradients (after
+    the data-parallel sum) are the unshuffled layer's: the same per-token products, grouped
+    differently into expert batches (fp32, ~1e-7)."""
+    x = torch.randn(2, S, B, H, generator=torch.Generator().manual_seed(2))
+    for rank, got in enumerate(rank_pool(2).run(shuffle_body, x)):
+        plain, shuffled = got[1], got[2]
+        assert not torch.equal(shuffled["permutation"], torch.arange(S * B)), rank
+        for key in ("loss", "out", "x_grad"):
+            torch.testing.assert_close(shuffled[key], plain[key], rtol=1e-5, atol=1e-6, msg=f"{key} rank {rank}")
+        for a, b in zip(shuffled["grads"], plain["grads"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"grads rank {rank}")
 
 
 def test_unsupported_nxd_options_are_refused():

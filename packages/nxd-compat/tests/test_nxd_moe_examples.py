@@ -9,7 +9,8 @@ also zeroes padded expert columns through ``expert_mlps.mlp_op``, and its router
 A tiny ``config.json`` per model (given by ``--model_path``, as the scripts' .sh do with their
 configs) and a tokenized dataset are ours. ``--use_zero_1`` as the .sh sets it (NxD's mixed-precision config needs
 it). TP=2 against the same script in one process: per-step losses within 1e-5 relative (fp32; the
-example's init is NxD's master-weight init, which is the same model at every TP degree).
+example's init is NxD's master-weight init, which is the same model at every TP degree); EP=2
+(``--expert_parallel_size 2``) against the same 2 data-parallel ranks without EP.
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ def prepare(python: Path, run: Path, example: str) -> str:
     return script
 
 
-def train(python: Path, run: Path, script: str, tp: int) -> list[float]:
-    done = torchrun(python, run, tp, script, *COMMON, "--tensor_parallel_size", str(tp), "--log_dir", f"logs_tp{tp}")
+def train(python: Path, run: Path, script: str, tp: int, nproc: int | None = None, ep: int = 1) -> list[float]:
+    done = torchrun(python, run, nproc or tp, script, *COMMON, "--tensor_parallel_size", str(tp),
+                    "--expert_parallel_size", str(ep), "--log_dir", f"logs_tp{tp}_ep{ep}_n{nproc or tp}")
     return [float(x) for x in re.findall(r"step \d+ loss is ([0-9.eE+-]+)", done.stdout)]
 
 
@@ -70,4 +72,19 @@ def test_moe_example_tp2_matches_one_process(legacy_python, tmp_path, example):
     assert len(reference) == STEPS and len(losses) == STEPS
     print(f"\n{example} example TP=2 + ZeRO-1 losses {losses} vs one process {reference}: "
           f"max rel {rel(losses, reference):.2e}")
+    assert rel(losses, reference) <= 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", sorted(MOE_EXAMPLES))
+def test_moe_example_expert_parallel_matches_data_parallel(legacy_python, tmp_path, example):
+    """``--expert_parallel_size 2`` (the scripts' flag) on 2 data-parallel ranks against the same 2
+    ranks without EP: each rank routes its own tokens either way (the router loss is per rank in
+    both), and EP moves them to the experts' ranks and back; the model is the same at both degrees
+    (nxd draws every expert, unlike NxD). The same products summed in another order: within 1e-5."""
+    script = prepare(legacy_python, tmp_path / "run", example)
+    reference = train(legacy_python, tmp_path / "run", script, 1, nproc=2)
+    losses = train(legacy_python, tmp_path / "run", script, 1, nproc=2, ep=2)
+    assert len(reference) == STEPS and len(losses) == STEPS
+    print(f"\n{example} example DP=2 EP=2 losses {losses} vs EP=1 {reference}: max rel {rel(losses, reference):.2e}")
     assert rel(losses, reference) <= 1e-5

@@ -12,6 +12,7 @@ from nxd_compat.optional import require
 require("nxd_moe", "neuronx_distributed.modules.moe.model", "nxd-moe")
 
 import nxd_moe  # noqa: E402
+from neuronx_distributed.modules.moe import token_shuffling  # noqa: E402
 from neuronx_distributed.modules.moe.expert_mlps import ExpertMLPs  # noqa: E402
 from nxd_compat.surface import NotProvidedError  # noqa: E402
 
@@ -26,8 +27,7 @@ class MoE(torch.nn.Module):
                  tensor_model_parallel_group: Any = None, init_tkg_module: bool = False, tkg_config: Any = None) -> None:
         super().__init__()
         for name, value in (("shared_experts", shared_experts), ("rmsnorm", rmsnorm),
-                            ("return_expert_index", return_expert_index), ("init_tkg_module", init_tkg_module),
-                            ("token_shuffle_group_size", token_shuffle_group_size if token_shuffle_group_size != 1 else None)):
+                            ("return_expert_index", return_expert_index), ("init_tkg_module", init_tkg_module)):
             if value:
                 raise NotProvidedError(f"neuronx_distributed.modules.moe.MoE({name}={value!r}) is not provided by "
                                        "nxd-compat (nxd-moe: shared experts through MoELayer(shared_intermediate_size))")
@@ -38,6 +38,10 @@ class MoE(torch.nn.Module):
         self.sequence_dimension = sequence_dimension if sequence_dimension is not None else (
             0 if sequence_parallel_enabled else 1)
         self.return_router_logits = return_router_logits
+        self.token_shuffle_group_size, self.token_shuffle_seed = token_shuffle_group_size, token_shuffle_seed
+        self.shuffle_permutation = None  # kept when a seed is given (NxD keeps it for debugging)
+        if token_shuffle_group_size > 1:
+            token_shuffling.initialize_token_shuffle_group(token_shuffle_group_size)
         algorithm = "sinkhorn" if isinstance(router, nxd_moe.RouterSinkhorn) else "top_k"
         config = nxd_moe.MoEConfig(num_experts=router.num_experts, top_k=router.top_k,
                                    capacity_factor=expert_mlps.capacity_factor, dropless=expert_mlps.capacity_factor is None,
@@ -62,8 +66,15 @@ class MoE(torch.nn.Module):
             raise NotProvidedError("MoE.forward(padding_mask / residual) is not provided by nxd-compat")
         self._layer.train(self.training)
         self._layer.experts = self.expert_mlps.experts  # views of the parameters as they are now
+        if self.token_shuffle_group_size > 1:
+            token_shuffling.initialize_token_shuffle_group(self.token_shuffle_group_size)  # this MoE's group
+            hidden_states, permutation = token_shuffling.token_shuffle(hidden_states, seed=self.token_shuffle_seed)
+            if self.token_shuffle_seed is not None:
+                self.shuffle_permutation = permutation
         seq_first = self.sequence_dimension == 0
         x = hidden_states.transpose(0, 1) if seq_first else hidden_states
         out, router_logits = self._layer(x)
         out = out.transpose(0, 1) if seq_first else out
+        if self.token_shuffle_group_size > 1:
+            out = token_shuffling.token_unshuffle(out, permutation)
         return (out, router_logits) if self.return_router_logits else (out,)

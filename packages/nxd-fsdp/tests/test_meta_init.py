@@ -5,6 +5,7 @@ rank keeps its piece), at every DP size."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from fsdp_models import build, full_params, params_rel
 
@@ -27,9 +28,9 @@ def build_body(meta: bool, tp: int = 1) -> tuple[dict | None, dict[str, torch.Te
     return (whole if ctx.rank == 0 else None), shards, not_sharded
 
 
-def test_meta_build_dp2_equals_the_plain_build(rank_pool):
-    pool = rank_pool(2)
-    plain, meta = pool.run(build_body, False), pool.run(build_body, True)
+def check_meta_equals_plain(pool, tp: int = 1) -> None:
+    plain = pool.run(build_body, False, tp, timeout=900)  # a busy 2-core host is slow
+    meta = pool.run(build_body, True, tp, timeout=900)
     whole = {k: v.detach() for k, v in build().state_dict().items()}  # one process, no FSDP, no meta
     for rank, ((_, want, _), (_, got, not_sharded)) in enumerate(zip(plain, meta)):
         assert not not_sharded, (rank, not_sharded)
@@ -37,3 +38,14 @@ def test_meta_build_dp2_equals_the_plain_build(rank_pool):
         for name in want:
             assert torch.equal(got[name], want[name]), (rank, name)  # each rank's shard, bit for bit
     assert params_rel(meta[0][0], whole) == 0.0
+
+
+def test_meta_build_dp2_equals_the_plain_build(rank_pool):
+    check_meta_equals_plain(rank_pool(2))
+
+
+@pytest.mark.four_ranks
+@pytest.mark.parametrize("tp", [1, 2], ids=["dp4", "tp2_dp2"])
+def test_meta_build_on_four_ranks_equals_the_plain_build(rank_pool, tp: int):
+    # DP=4: the same weights cut in 4; TP=2 x FSDP=2: the TP layers' own sharded init on whole TP-local tensors
+    check_meta_equals_plain(rank_pool(4), tp)

@@ -11,7 +11,8 @@ from nxd.resolved import NxdConfig
 from nxd_training.config import peft
 from nxd_training.config.features import recompute_classes
 from nxd_training.config.plan import RunPlan, data_section
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.schema import ModelAlignmentConfig, TrainingConfig
+from nxd_training.lora_export import lora_enabled
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import BF16_PARAM_TYPES, STOCHASTIC_ROUNDING_TYPES, model_transforms, uses_master_weights
 from nxd_training.schedules import make_lr_fn, make_scheduler
@@ -33,10 +34,9 @@ def mixed_precision_config(config: TrainingConfig) -> dict[str, Any] | None:
     }
 
 
-def lora_config(config: TrainingConfig, spec: Any) -> Any:
+def lora_config(align: ModelAlignmentConfig | None, spec: Any) -> Any:
     """NxD's LoraConfig of ``model_alignment_strategy.peft``, or None."""
-    align = config.model_alignment_strategy
-    if align is None or align.peft is None:
+    if not lora_enabled(align):
         return None
     return peft.lora_config(align.peft, list(getattr(spec, "lora_target_modules", ()) or ()))
 
@@ -76,7 +76,7 @@ def nxd_config(config: TrainingConfig, plan: RunPlan) -> NxdConfig:
         activation_checkpoint_config=recompute_classes(config, plan.spec),
         sequence_parallel=ds.sequence_parallel,
         model_init_config=model_init_config(config),
-        lora_config=lora_config(config, plan.spec),
+        lora_config=lora_config(config.model_alignment_strategy, plan.spec),
         mixed_precision_config=mixed_precision_config(config),
         compile_config=config.trainer.compile,
         fsdp_config=ds.fsdp or None,

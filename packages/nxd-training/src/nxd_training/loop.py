@@ -129,7 +129,7 @@ class Trainer:
         self.lora_exports: list[str] = []
         self.initialised_from: str | None = None
         #: what the checkpoints record of the model, so `nxd ckpt convert RUN_DIR` needs no arguments
-        lora = build.lora_config(config, self.plan.spec) if self.lora else None
+        lora = build.lora_config(config.model_alignment_strategy, self.plan.spec) if self.lora else None
         self.model_record = model_record(self.plan.spec.name, self.plan.model_dict, tokenizer_path(config),
                                          lora.to_dict() if lora is not None else None)
         if self.lora and is_url(self.ckpt_dir):

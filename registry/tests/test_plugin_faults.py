@@ -97,3 +97,48 @@ def test_a_plugin_name_clash_never_disables_a_built_in(fake_distribution, load_o
     assert "nxd-lora" in out and "aaa-lora" in out and "[skipped]" in out
     assert nxd.list_components("model") == ["builtin_model"]
     assert main(["plugins", "--json"]) == 0
+
+
+RAISING_PLANNER = """
+import nxd
+@nxd.hookimpl(tryfirst=True)
+def nxd_plan_run(config, device_memory_gib):
+    raise RuntimeError("plan boom")
+"""
+
+RAISING_WRAPPERS = """
+import nxd
+@nxd.hookimpl
+def nxd_wrap_optimizer(nxd_config, optimizer, context):
+    raise RuntimeError("wrap boom")
+@nxd.hookimpl
+def nxd_checkpoint_extras(model, path, tag, phase, context):
+    raise RuntimeError("extras boom")
+"""
+
+
+def test_a_crashing_planner_is_named_and_skipped(fake_distribution, load_only, capsys):
+    """`nxd train --validate` ended with the plugin's traceback; planning never blocks a run."""
+    fake_distribution("acme-planner", "acme_planner", RAISING_PLANNER)
+    load_only("acme_planner")
+    with pytest.warns(PluginWarning, match=r"nxd plugin 'acme_planner' from acme-planner: its nxd_plan_run hook "
+                                           r"raised RuntimeError\('plan boom'\); skipped it"):
+        assert nxd.trainer.plan_run({"any": "config"}) is None
+
+
+def test_a_crashing_wrap_or_extras_hook_names_its_plugin(fake_distribution, load_only, tmp_path):
+    """In a rank, these failed as a bare RuntimeError ('wrap boom'): the last line of `nxd train`
+    named no plugin. They are not optional (the optimizer or an export would silently differ)."""
+    import torch
+
+    from nxd.errors import PluginError
+
+    fake_distribution("acme-wrappers", "acme_wrappers", RAISING_WRAPPERS)
+    load_only("acme_wrappers")
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(PluginError, match=r"nxd plugin 'acme_wrappers' from acme-wrappers: its nxd_wrap_optimizer "
+                                          r"hook raised RuntimeError\('wrap boom'\)"):
+        nxd.plugins.state().call_chain("nxd_wrap_optimizer", "optimizer", optimizer, nxd_config={}, context=None)
+    with pytest.raises(PluginError, match=r"'acme_wrappers' from acme-wrappers: its nxd_checkpoint_extras hook "
+                                          r"raised RuntimeError\('extras boom'\)"):
+        nxd.trainer.checkpoint_extras(torch.nn.Linear(1, 1), str(tmp_path), "t", "saved", context=object())

@@ -178,6 +178,21 @@ class PluginState:
                 results.append(result)
         return results
 
+    def call_first(self, hook_name: str, *, optional: bool, **kwargs: Any) -> Any:
+        """A ``firstresult`` hook called like :meth:`call_each`: implementations in pluggy's order
+        until one returns a value, a failing one named (and, when ``optional``, skipped)."""
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            try:
+                result = impl.function(**{k: kwargs[k] for k in impl.argnames})
+            except NxdError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a plugin's bug is reported as the plugin's
+                self.report_failure(impl.plugin_name, hook_name, exc, optional=optional)
+                continue
+            if result is not None:
+                return result
+        return None
+
     def report_failure(self, plugin_name: str, hook_name: str, exc: BaseException, *, optional: bool) -> None:
         dist = self._distribution_of.get(plugin_name, "?")
         reason = f"its {hook_name} hook raised {exc!r}"
@@ -195,7 +210,12 @@ class PluginState:
         hook = getattr(self.pm.hook, hook_name)
         for impl in reversed(hook.get_hookimpls()):
             args = {value_name: value, **kwargs}
-            result = impl.function(**{k: args[k] for k in impl.argnames})
+            try:
+                result = impl.function(**{k: args[k] for k in impl.argnames})
+            except NxdError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - named: the traceback alone shows only a plugin's file
+                self.report_failure(impl.plugin_name, hook_name, exc, optional=False)
             if result is not None:
                 value = result
         return value

@@ -133,13 +133,16 @@ def checkpoint_extras(model: Any, path: str, tag: str, phase: str, context: Para
     if model is None:
         return
     context = resolve_context(context)
-    state().pm.hook.nxd_checkpoint_extras(model=model, path=str(path), tag=str(tag), phase=phase, context=context)
+    # not optional (a plugin's export would be missing without a word), but named when it fails
+    state().call_each("nxd_checkpoint_extras", optional=False, model=model, path=str(path), tag=str(tag), phase=phase,
+                      context=context)
 
 
 def plan_run(config: Any, device_memory_gib: float | None = None) -> str | None:
     """The ``nxd_plan_run`` hook: an installed planner's one-line summary of a resolved training
     config (``None`` without one); raises :class:`ConfigError` when the plan proves it cannot fit."""
-    return state().pm.hook.nxd_plan_run(config=config, device_memory_gib=device_memory_gib)
+    # a planner that crashes is named and skipped: planning never blocks a run (a refusal is a ConfigError)
+    return state().call_first("nxd_plan_run", optional=True, config=config, device_memory_gib=device_memory_gib)
 
 
 def has_checkpoint(path: str, context: ParallelContext | None = None) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -19,6 +20,8 @@ from nxd_training.exp_manager import checkpoint_dir, is_url, read_metrics
 
 #: exit code of a run stopped with Ctrl-C (128 + SIGINT, as a shell reports it)
 INTERRUPTED = 130
+#: exit codes of a job stopped by a signal to `nxd train` (SIGINT, SIGTERM, SIGHUP): 128 + the signal
+STOPPED = (INTERRUPTED, 128 + signal.SIGTERM, 128 + signal.SIGHUP)
 INTERRUPTED_LOG = "interrupted.log"
 
 
@@ -101,8 +104,9 @@ def _last_checkpoint(config: TrainingConfig, log_dir: Path) -> tuple[str, int | 
     return tag, int(step) if step is not None else None
 
 
-def stopped_message(config: TrainingConfig, log_dir: Path) -> str:
-    """``nxd train: stopped at step N; last complete checkpoint: step M (<tag>); resume: nxd train ...``"""
+def stopped_message(config: TrainingConfig, log_dir: Path, by: str = "") -> str:
+    """``nxd train: stopped at step N; last complete checkpoint: step M (<tag>); resume: nxd train ...``
+    (``stopped by SIGTERM at step N`` when ``by`` names the signal; Ctrl-C's line names none)."""
     from nxd_training.rank_status import completed_step
 
     step = completed_step(log_dir)  # the ranks' own count: metrics.jsonl lags by up to log_every_n_steps - 1
@@ -117,7 +121,7 @@ def stopped_message(config: TrainingConfig, log_dir: Path) -> str:
         command += " exp_manager.resume_if_exists=true"
     last = _last_checkpoint(config, log_dir)
     if last is None:
-        return f"nxd train: stopped at step {step}; no complete checkpoint yet, so a rerun starts over: {command}"
+        return f"nxd train: stopped{by and ' by ' + by} at step {step}; no complete checkpoint yet, so a rerun starts over: {command}"
     tag, saved = last
     where = f"step {saved} ({tag})" if saved is not None else tag
-    return f"nxd train: stopped at step {step}; last complete checkpoint: {where}; resume with: {command}"
+    return f"nxd train: stopped{by and ' by ' + by} at step {step}; last complete checkpoint: {where}; resume with: {command}"

@@ -64,7 +64,7 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
     """Run training; returns the exit code (torchrun's for multi-rank runs). The run directory is
     locked against a second live writer (on multi-node runs, by node 0 only: one shared directory).
     Ctrl-C ends it with one line (:mod:`nxd_training.interrupt`) and exit code 130."""
-    from nxd_training.interrupt import INTERRUPTED, INTERRUPTED_LOG, stopped_message
+    from nxd_training.interrupt import INTERRUPTED, INTERRUPTED_LOG, STOPPED, stopped_message
 
     lock = run_dir_lock(log_dir) if not config.launcher.node_rank else nullcontext()
     with lock:
@@ -88,12 +88,13 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
                 env[rank_status.NODE_ENV] = str(config.launcher.node_rank)
             code, stderr_tail = run_forwarding_signals(torchrun_command(config, config_path), env,
                                                        log_dir / INTERRUPTED_LOG, with_tail=True)
-            if code not in (0, INTERRUPTED):
+            if code not in (0, *STOPPED):
                 line = rendezvous_failure(config, stderr_tail) or first_failure(config, log_dir, stderr_tail)
                 if line:
                     print(line, file=sys.stderr, flush=True)
-    if code == INTERRUPTED:
-        print(stopped_message(config, log_dir), file=sys.stderr, flush=True)
+    if code in STOPPED:  # stopped by the user or the scheduler: no rank failed, nothing to blame
+        by = "" if code == INTERRUPTED else signal.Signals(code - 128).name
+        print(stopped_message(config, log_dir, by), file=sys.stderr, flush=True)
     return code
 
 
@@ -102,10 +103,11 @@ def run_forwarding_signals(cmd: list[str], env: dict[str, str], interrupted_log:
     """Run torchrun and pass SIGTERM/SIGINT/SIGHUP on to it, so stopping ``nxd train`` stops the
     agent and, through it, every rank (a plain wait would leave them training as orphans).
 
-    torchrun runs in its own session, so a terminal's Ctrl-C reaches it once, through us. After a
-    SIGINT, the job's stderr (its ranks' and its own tracebacks) goes to ``interrupted_log`` and
-    the exit code is 130 (INTERRUPTED). ``with_tail``: also the end of its stderr."""
-    from nxd_training.interrupt import INTERRUPTED, StderrRelay
+    torchrun runs in its own session, so a terminal's Ctrl-C reaches it once, through us. After any
+    of these signals the job's stderr (its ranks' and torchrun's own tracebacks: torchrun raises a
+    SignalException) goes to ``interrupted_log`` and the exit code is 128 + the signal (130,
+    INTERRUPTED, for SIGINT; 143 SIGTERM; 129 SIGHUP). ``with_tail``: also the end of its stderr."""
+    from nxd_training.interrupt import StderrRelay
 
     # SIGTERM when nxd train dies, even by SIGKILL: the agent then stops its ranks, which also die with it
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True,
@@ -114,9 +116,8 @@ def run_forwarding_signals(cmd: list[str], env: dict[str, str], interrupted_log:
     interrupted = []
 
     def forward(signum: int, _frame: object) -> None:
-        if signum == signal.SIGINT:
-            relay.mute()
-            interrupted.append(signum)
+        relay.mute()
+        interrupted.append(signum)
         proc.send_signal(signum)
 
     forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -127,5 +128,5 @@ def run_forwarding_signals(cmd: list[str], env: dict[str, str], interrupted_log:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     relay.join()
-    code = INTERRUPTED if interrupted else code
+    code = 128 + interrupted[0] if interrupted else code
     return (code, relay.tail()) if with_tail else code

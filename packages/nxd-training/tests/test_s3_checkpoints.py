@@ -54,3 +54,23 @@ def test_train_checkpoints_to_s3_and_resumes(make_config, tmp_path: Path, s3_buc
     assert second.resumed_from.startswith(url)
     tags = [p.rsplit("/", 1)[-1] for p in fs.ls(f"{s3_bucket}/run", refresh=True) if fs.exists(f"{p}/done")]
     assert tags == ["tiny--step=4-consumed_samples=16"]  # save_top_k=1 kept the newest in the bucket
+
+
+def test_a_bucket_that_does_not_exist_is_refused_before_launch(make_config, tmp_path: Path, s3_bucket: str) -> None:
+    """The battery's `nxd train` into s3://no-such-bucket trained until its first save and failed
+    there; the storage now takes a probe write before any rank starts."""
+    import s3fs
+
+    from nxd import ConfigError
+    from nxd_training.config import load_config
+    from nxd_training.preflight import remote_checkpoints_writable
+
+    def config(url: str):
+        return load_config(make_config(exp_manager={"checkpoint_callback_params": {"dirpath": url}}))
+
+    with pytest.raises(ConfigError, match=r"dirpath=s3://no-such-bucket-[0-9a-f]+/run: cannot write there "
+                                          r"\(.*\); check that the bucket exists"):
+        remote_checkpoints_writable(config(f"s3://no-such-bucket-{uuid.uuid4().hex[:6]}/run"), tmp_path)
+    remote_checkpoints_writable(config(f"s3://{s3_bucket}/run"), tmp_path)  # an existing bucket takes it
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    assert not fs.exists(f"{s3_bucket}/run") or fs.ls(f"{s3_bucket}/run", refresh=True) == []  # probe removed

@@ -30,6 +30,7 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
     world_size = plan.world_size
     resolved = nxd_config(config, plan)
     _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
+    remote_checkpoints_writable(config, log_dir)
     backend = select_backend(config.trainer)  # the ranks' own choice, so an absent CUDA device is refused here first
     _accelerator(config.trainer.accelerator)
     _fused_kernels(config, backend)
@@ -61,6 +62,31 @@ def _writable_dir(path: Path, what: str) -> None:
         raise ConfigError(f"{what}: {probe} is a file, not a directory; choose another path")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"{what}: cannot write under {probe} (permission denied)")
+
+
+def remote_checkpoints_writable(config: TrainingConfig, log_dir: Path) -> None:
+    """Checkpoints to a URL (``dirpath: s3://bucket/run``): one small object written and removed
+    before any rank starts, so a missing bucket or wrong credentials are refused now, not at the
+    first save hours into the run (local folders: :func:`_writable_dir`)."""
+    from nxd_training.exp_manager import checkpoint_dir, is_url
+
+    url = checkpoint_dir(config.exp_manager, log_dir)
+    if not config.exp_manager.create_checkpoint_callback or not is_url(url):
+        return
+    import uuid
+
+    from nxd_ckpt.storage import open_storage
+
+    probe = f".nxd-preflight-{uuid.uuid4().hex[:8]}"  # names starting with "." are never tags
+    try:
+        storage = open_storage(url)
+        with storage.open_write(probe) as f:
+            f.write(b"nxd")
+        storage.remove_file(probe)
+    except Exception as exc:  # noqa: BLE001 - any storage error: the run could not save there
+        raise ConfigError(f"exp_manager.checkpoint_callback_params.dirpath={url}: cannot write there "
+                          f"({type(exc).__name__}: {exc}); check that the bucket exists and the credentials "
+                          "(e.g. AWS_* variables) allow writing") from None
 
 
 def _accelerator(name: str) -> None:

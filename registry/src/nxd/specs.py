@@ -77,6 +77,14 @@ class ParallelPlan:
     pipeline_blocks: tuple[str, ...] = ()
     #: context parallelism: attention modules that exchange K/V over ``cp`` (ring attention)
     context_parallel: tuple[str, ...] = ()
+    #: sharded modules whose sharded size is padded at its end to a multiple of the TP size when
+    #: TP does not divide it (NxD's ``pad=True``: a vocabulary of any size at any TP)
+    padded: tuple[str, ...] = ()
+    #: column-parallel layers fed the whole sequence under sequence parallelism (the model gathers
+    #: it before them, e.g. after replicated down projections): no sequence gather inside
+    whole_sequence: tuple[str, ...] = ()
+    #: the activations' sequence dimension that sequence parallelism splits (batch-first: 1)
+    sequence_dimension: int = 1
 
     def style_of(self, name: str) -> str | None:
         """The style that names the module ``name`` (``"column"``, ...), or ``None``."""

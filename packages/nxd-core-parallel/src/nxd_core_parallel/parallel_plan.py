@@ -24,7 +24,8 @@ def plan_mismatches(model: nn.Module, plan: ParallelPlan, layer_styles: dict[typ
     classes of other packages (e.g. nxd-moe's ``ExpertMLPs`` -> ``"experts"``)."""
     styles = {**LAYER_STYLES, **(layer_styles or {})}
     problems = [f"{style} pattern {pattern!r} names no module" for style in (*PLAN_STYLES, "pipeline_blocks",
-                                                                              "context_parallel")
+                                                                              "context_parallel", "padded",
+                                                                              "whole_sequence")
                 for pattern in getattr(plan, style) if not ParallelPlan(**{style: (pattern,)}).modules(model, style)]
     for name, module in model.named_modules():
         want = next((style for cls, style in styles.items() if type(module) is cls), None)

@@ -27,14 +27,18 @@ plan); modules already parallel (nxd's families) are left as they are.
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
 from nxd.specs import ParallelPlan
+from nxd_core_parallel.modules.plain import QKVLinear
+from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import comm
 from nxd_core_parallel.parallel_layers.layers import (
     ColumnParallelLinear,
@@ -52,7 +56,7 @@ _HF_STYLES = {"colwise": "column", "rowwise": "row", "colwise_gather_output": "g
 
 #: the styles that swap a module for a parallel layer
 _SWAPPED = ("column", "row", "vocab", "gathered")
-_PARALLEL_LAYERS = (ColumnParallelLinear, RowParallelLinear, ParallelEmbedding)
+_PARALLEL_LAYERS = (ColumnParallelLinear, RowParallelLinear, ParallelEmbedding, GQAQKVColumnParallelLinear)
 
 #: attention head-count attributes divided by the TP size when the module's projections are sharded
 _HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads")
@@ -62,55 +66,97 @@ def _skip_init(weight: torch.Tensor) -> None:
     """The parallel layers' init is replaced by the plain weight's shard."""
 
 
-def _copy_shard(param: torch.Tensor, full: torch.Tensor, dim: int, context: ParallelContext | None) -> None:
-    if param.is_meta or full.is_meta:  # a model built on meta is materialised later (reset_parameters)
-        return
-    with torch.no_grad():
-        param.copy_(shard_of(full.detach(), dim, 1, dim_rank(context, "tp"), dim_size(context, "tp")))
-
-
 def _check_divisible(name: str, what: str, size: int, tp: int) -> None:
     if size % tp:
         raise ConfigError(f"parallel plan: {name}'s {what} ({size}) is not divisible by tensor_parallel_size ({tp}); "
                           "choose a tensor_parallel_size that divides it")
 
 
-def _linear(name: str, module: nn.Module, style: str, context: ParallelContext | None) -> nn.Module:
+def _copy_shard(param: torch.Tensor, full: torch.Tensor, dim: int, context: ParallelContext | None,
+                stride: int = 1, pad: int = 0) -> None:
+    """``param`` <- this rank's shard of ``full`` (``pad`` zero entries appended along ``dim`` first)."""
+    if param.is_meta or full.is_meta:  # a model built on meta is materialised later (reset_parameters)
+        return
+    full = full.detach()
+    if pad:
+        full = F.pad(full, [0, 0] * (full.dim() - 1 - dim) + [0, pad])
+    with torch.no_grad():
+        param.copy_(shard_of(full, dim, stride, dim_rank(context, "tp"), dim_size(context, "tp")))
+
+
+def _keep_init(layer: nn.Module, module: nn.Module) -> nn.Module:
+    """The parallel layer re-initialises as the plain module did (a model built on meta is
+    materialised by ``reset_parameters`` after the swap); a module without ``init_method`` (a
+    transformers ``nn.Linear``) keeps its copied weights only."""
+    if getattr(module, "init_method", None) is not None:
+        layer.init_method = module.init_method
+    return layer
+
+
+def _linear(name: str, module: nn.Module, style: str, context: ParallelContext | None, options: dict) -> nn.Module:
     if not isinstance(module, nn.Linear):
         raise ConfigError(f"parallel plan: {name} is named {style} but is a {type(module).__name__}; "
                           f"{style} shards an nn.Linear")
     tp = dim_size(context, "tp")
     weight, bias = module.weight, module.bias
     common = dict(bias=bias is not None, dtype=weight.dtype, device=weight.device, init_method=_skip_init,
-                  context=context)
+                  context=context, **options)
     if style == "row":
-        _check_divisible(name, "in_features", module.in_features, tp)
+        if not options.get("pad"):
+            _check_divisible(name, "in_features", module.in_features, tp)
         layer = RowParallelLinear(module.in_features, module.out_features, input_is_parallel=True, **common)
-        _copy_shard(layer.weight, weight, 1, context)
+        _copy_shard(layer.weight, weight, 1, context, pad=layer.pad_size)
         if bias is not None and not (bias.is_meta or layer.bias.is_meta):
             with torch.no_grad():
                 layer.bias.copy_(bias)
-        return layer
-    _check_divisible(name, "out_features", module.out_features, tp)
-    layer = ColumnParallelLinear(module.in_features, module.out_features, gather_output=style == "gathered", **common)
-    _copy_shard(layer.weight, weight, 0, context)
-    if bias is not None:
-        _copy_shard(layer.bias, bias, 0, context)
-    return layer
+        return _keep_init(layer, module)
+    pieces = getattr(module, "fused_pieces", 1)
+    if not options.get("pad"):
+        _check_divisible(name, "out_features" if pieces == 1 else f"out_features / {pieces} fused pieces",
+                         module.out_features // pieces, tp)
+    layer = ColumnParallelLinear(module.in_features, module.out_features, gather_output=style == "gathered",
+                                 stride=pieces, **common)
+    for param, full in ((layer.weight, weight), (layer.bias, bias)):
+        if full is not None:
+            _copy_shard(param, full, 0, context, stride=pieces, pad=layer.pad_size)
+            if pieces > 1:  # the local shard is [piece_0 | piece_1 | ...], each contiguous (docs/parallel.md)
+                param.fused_splits = (layer.output_size_per_partition // pieces,) * pieces
+                param.partition_stride = 1
+    return _keep_init(layer, module)
 
 
-def _embedding(name: str, module: nn.Module, context: ParallelContext | None) -> nn.Module:
+def _qkv(name: str, module: QKVLinear, context: ParallelContext | None, options: dict) -> nn.Module:
+    """A one-device fused QKV projection -> ``GQAQKVColumnParallelLinear`` with the family's K/V
+    replication at this TP size (``module.kv_size_multiplier_for``)."""
+    options = {k: v for k, v in options.items() if k != "pad"}
+    bias = module.bias_qkv
+    layer = GQAQKVColumnParallelLinear(
+        module.input_size, [module.q_size, module.kv_size], bias=bias is not None, gather_output=False,
+        dtype=module.weight_qkv.dtype, device=module.weight_qkv.device, init_method=_skip_init,
+        kv_size_multiplier=module.kv_size_multiplier_for(dim_size(context, "tp")), fuse_qkv=True, context=context,
+        **options)
+    if not module.weight_qkv.is_meta:
+        with torch.no_grad():
+            layer.weight_qkv.copy_(torch.cat(layer.local_pieces([w.detach() for w in module.full_pieces()])))
+            if bias is not None:
+                pieces = bias.detach().split([module.q_size, module.kv_size, module.kv_size])
+                layer.bias_qkv.copy_(torch.cat(layer.local_pieces(list(pieces))))
+    return _keep_init(layer, module)
+
+
+def _embedding(name: str, module: nn.Module, context: ParallelContext | None, options: dict) -> nn.Module:
     if not isinstance(module, nn.Embedding):
         raise ConfigError(f"parallel plan: {name} is named vocab but is a {type(module).__name__}; vocab shards an "
                           "nn.Embedding (an LM head is 'gathered')")
     if module.max_norm is not None or module.sparse:
         raise ConfigError(f"parallel plan: {name} uses max_norm or sparse gradients, which ParallelEmbedding refuses")
-    _check_divisible(name, "num_embeddings", module.num_embeddings, dim_size(context, "tp"))
+    if not options.get("pad"):
+        _check_divisible(name, "num_embeddings", module.num_embeddings, dim_size(context, "tp"))
     layer = ParallelEmbedding(module.num_embeddings, module.embedding_dim, padding_idx=module.padding_idx,
                               scale_grad_by_freq=module.scale_grad_by_freq, init_method=_skip_init,
-                              dtype=module.weight.dtype, device=module.weight.device, context=context)
-    _copy_shard(layer.weight, module.weight, 0, context)
-    return layer
+                              dtype=module.weight.dtype, device=module.weight.device, context=context, **options)
+    _copy_shard(layer.weight, module.weight, 0, context, pad=layer.pad_size)
+    return _keep_init(layer, module)
 
 
 def _sum_grad_over_tp(module: nn.Module, context: ParallelContext | None) -> None:
@@ -131,18 +177,46 @@ def _check_heads(model: nn.Module, tp: int) -> None:
                               "a plain model does not)")
 
 
+def _layer_options(name: str, style: str, plan: ParallelPlan, sequence_parallel: bool) -> dict:
+    """Constructor options of the parallel layer for ``name``: sequence parallelism, padding."""
+    options: dict[str, Any] = {}
+    whole = any(fnmatch.fnmatchcase(name, p) for p in plan.whole_sequence)
+    if sequence_parallel and style != "gathered" and not whole:
+        options.update(sequence_parallel_enabled=True, sequence_dimension=plan.sequence_dimension)
+    if any(fnmatch.fnmatchcase(name, p) for p in plan.padded):
+        options["pad"] = True
+    return options
+
+
+def _parallel_layer(name: str, module: nn.Module, style: str, context: ParallelContext | None,
+                    options: dict) -> nn.Module:
+    if style == "vocab":
+        return _embedding(name, module, context, options)
+    if isinstance(module, QKVLinear):
+        if style != "column":
+            raise ConfigError(f"parallel plan: {name} is a fused QKV projection, which is column parallel; "
+                              f"the plan names it {style}")
+        return _qkv(name, module, context, options)
+    return _linear(name, module, style, context, options)
+
+
 def parallelize(model: nn.Module, plan: ParallelPlan, context: ParallelContext | None,
                 sequence_parallel: bool = False) -> nn.Module:
     """Swap the plain modules ``plan`` names for nxd's parallel layers over ``context``'s TP group,
     each holding its shard of the weight it replaces (in place; returns ``model``). Tied weights
     (an embedding and its LM head, both sharded by vocabulary) stay tied. Modules that are already
-    parallel are left alone."""
-    if sequence_parallel:
+    parallel are left alone. Modules defining ``nxd_parallelized(context)`` (an attention that
+    derives its per-rank head counts) are called after the swap; the others' head-count attributes
+    are divided by the TP size. ``sequence_parallel``: the swapped layers run on sequence shards
+    (the plan must name the ``sequence`` modules, the norms in between)."""
+    if sequence_parallel and not plan.sequence:
         raise ConfigError("parallel plan on a plain model: sequence_parallel is not supported (the plain model's "
                           "norms and residuals run on whole sequences); set sequence_parallel=False or build the "
                           "model with nxd's family layers")
     tp = dim_size(context, "tp")
-    _check_heads(model, tp)
+    derives_heads = any(callable(getattr(m, "nxd_parallelized", None)) for m in model.modules())
+    if not derives_heads:
+        _check_heads(model, tp)
     new_for_old: dict[int, tuple[str, nn.Parameter]] = {}
     sharded_parents: list[nn.Module] = []
     for name, module in list(model.named_modules()):
@@ -152,9 +226,11 @@ def parallelize(model: nn.Module, plan: ParallelPlan, context: ParallelContext |
         if style == "partial_grad":
             _sum_grad_over_tp(module, context)
             continue
-        layer = _embedding(name, module, context) if style == "vocab" else _linear(name, module, style, context)
-        old = module.weight
-        if id(old) in new_for_old:  # tied to a module swapped before: share its shard
+        layer = _parallel_layer(name, module, style, context, _layer_options(name, style, plan, sequence_parallel))
+        old = getattr(module, "weight", None)
+        if old is None:
+            pass
+        elif id(old) in new_for_old:  # tied to a module swapped before: share its shard
             first, shard = new_for_old[id(old)]
             if shard.shape != layer.weight.shape:
                 raise ConfigError(f"parallel plan: {name} shares its weight with {first}, but the plan shards them "
@@ -171,7 +247,12 @@ def parallelize(model: nn.Module, plan: ParallelPlan, context: ParallelContext |
         if id(param) in new_for_old:
             raise ConfigError(f"parallel plan: {name} shares its weight with {new_for_old[id(param)][0]}, which the "
                               "plan shards; name it in the plan too")
+    for module in model.modules():
+        if callable(getattr(module, "nxd_parallelized", None)):
+            module.nxd_parallelized(context)
     for parent in {id(m): m for m in sharded_parents}.values():
+        if callable(getattr(parent, "nxd_parallelized", None)):
+            continue
         for attr in _HEAD_COUNTS:
             value = vars(parent).get(attr)
             if isinstance(value, int) and not isinstance(value, bool):

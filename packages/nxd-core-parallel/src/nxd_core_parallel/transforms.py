@@ -9,13 +9,13 @@ from typing import Any
 import torch
 
 from nxd import ParallelContext
-from nxd.parallel import dim_size
 from nxd.resolved import NxdConfig
 from nxd.transforms import ACTIVATION_CHECKPOINTING, COMPILE, DATA_PARALLEL, PARALLEL_PLAN, ModelTransform
 
 
 def _plan_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
-    return dim_size(context, "tp") > 1
+    # at any TP: a model carrying a plan (nxd's families built plain) gets its layers at TP=1 too
+    return True
 
 
 def _apply_plan(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module | None:
@@ -77,7 +77,8 @@ def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, 
 
 TRANSFORMS = (
     ModelTransform("parallel_plan", PARALLEL_PLAN, _apply_plan, _plan_applies,
-                   description="a plain model's nxd_parallel_plan: nn.Linear/nn.Embedding -> TP layers with their shards"),
+                   description="a model's nxd_parallel_plan (a family's, or a plain model's): nn.Linear/nn.Embedding/QKVLinear "
+                               "-> TP/SP layers with their shards"),
     ModelTransform("activation_checkpointing", ACTIVATION_CHECKPOINTING, _checkpoint, _checkpointing_applies,
                    description="full or selective (module classes) activation checkpointing"),
     ModelTransform("compile", COMPILE, _compile, _compile_applies, description="torch.compile per transformer block"),

@@ -1,4 +1,5 @@
-"""Multi-head latent attention (DeepSeek-V2/V3) on nxd's tensor-parallel layers.
+"""Multi-head latent attention (DeepSeek-V2/V3), built on one device and sharded by the family's
+plan (:mod:`nxd_models_deepseek.plan`).
 
 Queries: ``q_b_proj(norm(q_a_proj(x)))`` (or ``q_proj(x)`` without ``q_lora_rank``); keys and
 values from one compressed latent: ``kv_a_proj_with_mqa(x)`` = ``[c_kv (kv_lora_rank); k_rope]``,
@@ -21,8 +22,8 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_size, resolve_context
+from nxd_core_parallel.modules import plain
 from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 from nxd_core_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -52,17 +53,13 @@ class DeepseekV3Attention(nn.Module):
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
         self.parallel_context = context = resolve_context(context)
-        tp = dim_size(context, "tp")
-        if config.num_attention_heads % tp:
-            raise ConfigError(f"num_attention_heads ({config.num_attention_heads}) must be divisible by "
-                              f"tensor_parallel_size ({tp})")
         self.config, self.layer_idx, self.sequence_parallel = config, layer_idx, sequence_parallel
-        self.num_heads = config.num_attention_heads // tp
+        self.num_heads = config.num_attention_heads  # this rank's, once the plan shards the heads
         self.kv_size_multiplier = 1  # every head has its own keys: nothing replicated
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         dtype, n, bias = config.torch_dtype, config.num_attention_heads, config.attention_bias
-        column = partial(ColumnParallelLinear, bias=False, gather_output=False, init_method=init, dtype=dtype,
-                         device=device, context=context)  # inputs already whole-sequence: no SP gather inside
+        # column parallel by the plan, on whole-sequence inputs (its whole_sequence)
+        column = partial(plain.Linear, bias=False, init_method=init, dtype=dtype, device=device)
         norm = partial(LatentRMSNorm, eps=config.rms_norm_eps, dtype=dtype, device=device)
         if config.q_lora_rank:
             self.q_a_proj = nn.Linear(config.hidden_size, config.q_lora_rank, bias=bias, dtype=dtype, device=device)
@@ -75,11 +72,17 @@ class DeepseekV3Attention(nn.Module):
         self.kv_a_layernorm = norm(config.kv_lora_rank)
         self.kv_b_proj = column(config.kv_lora_rank, n * (config.qk_nope_head_dim + config.v_head_dim))
         self.core_attention = LlamaCoreAttention(context)
-        self.o_proj = RowParallelLinear(n * config.v_head_dim, config.hidden_size, bias=bias, input_is_parallel=True,
-                                        init_method=init, dtype=dtype, device=device,
-                                        sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
-                                        context=context)
+        self.o_proj = plain.Linear(n * config.v_head_dim, config.hidden_size, bias=bias, init_method=init, dtype=dtype,
+                                   device=device)
         self.reset_parameters()
+
+    def nxd_parallelized(self, context: ParallelContext | None) -> None:
+        """This rank's heads once the plan has sharded the projections over ``context``'s TP."""
+        tp = dim_size(context, "tp")
+        if self.config.num_attention_heads % tp:
+            raise ConfigError(f"num_attention_heads ({self.config.num_attention_heads}) must be divisible by "
+                              f"tensor_parallel_size ({tp})")
+        self.num_heads = self.config.num_attention_heads // tp
 
     def reset_parameters(self) -> None:
         """The replicated down projections start like the parallel layers: ``N(0, initializer_range)``."""

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from nxd.specs import ParallelPlan, config_reader
+from nxd.specs import config_reader
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_deepseek.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_deepseek.modeling import DeepseekV3DecoderLayer, DeepseekV3ForCausalLM
+from nxd_models_deepseek.plan import DEEPSEEK_PLAN
 from nxd_models_deepseek.presets import PRESETS, preset
 from nxd_models_llama import LlamaCoreAttention
 from nxd_models_mixtral.spec import SPEC as MIXTRAL_SPEC
@@ -47,35 +48,6 @@ def hf_param_plan(model: DeepseekV3ForCausalLM, name: str, tp: int, rank: int) -
     """nxd-lora's plan: the HF rows/columns of parameter ``name`` on TP ``rank`` (names are HF's)."""
     return [(p.hf_key, p.dim, tuple(p.index)) for p in model.config.hf_pieces(name, tp, rank, 1)]
 
-
-#: heads over TP (``q_b_proj``, or ``q_proj`` without ``q_lora_rank``, and ``kv_b_proj`` column,
-#: ``o_proj`` row); the down projections and their norms are replicated (not named); routed experts
-#: split over EP, shared ones (also ``ExpertMLPs``, ``ep_size`` 1) never; under context parallelism
-#: the attention's keys ([k_nope | k_rope]) and values travel around the CP ring
-_PLAN = dict(
-    column=("model.layers.*.self_attn.q_[bp]*", "model.layers.*.self_attn.kv_b_proj", "model.layers.*.mlp.gate_up_proj"),
-    row=("model.layers.*.self_attn.o_proj", "model.layers.*.mlp.down_proj"),
-    sequence=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm"),
-    experts=("model.layers.*.mlp.experts", "model.layers.*.mlp.shared_experts"),
-)
-#: the MTP modules (``mtp.{k}``, built with ``mtp_depth``) are decoder blocks too (MoE ones: they
-#: come after the last layer, past ``first_k_dense_replace``), plus their norms
-_MTP_PLAN = {style: tuple(p.replace("model.layers.*", "mtp.*") for p in patterns
-                          if not p.endswith((".mlp.gate_up_proj", ".mlp.down_proj")))
-             for style, patterns in _PLAN.items()}
-_MTP_PLAN["sequence"] += ("mtp.*.enorm", "mtp.*.hnorm", "mtp.*.shared_head.norm")
-DEEPSEEK_PLAN = ParallelPlan(
-    column=(*_PLAN["column"], "lm_head"),
-    row=_PLAN["row"],
-    vocab=("model.embed_tokens",),
-    sequence=(*_PLAN["sequence"], "model.norm"),
-    experts=_PLAN["experts"],
-    pipeline_blocks=("model.layers.*",),
-    context_parallel=("model.layers.*.self_attn",),
-)
-#: the plan of a model built with ``mtp_depth`` > 0
-DEEPSEEK_MTP_PLAN = dataclasses.replace(
-    DEEPSEEK_PLAN, **{style: (*getattr(DEEPSEEK_PLAN, style), *_MTP_PLAN[style]) for style in _MTP_PLAN})
 
 SPEC = dataclasses.replace(
     MIXTRAL_SPEC, name="deepseek_v3", config_from_dict=config_from_dict, build=build,

@@ -1,4 +1,5 @@
-"""The Megatron GPT decoder on nxd-core-parallel layers (batch-first ``[batch, seq, hidden]``).
+"""The Megatron GPT decoder (batch-first ``[batch, seq, hidden]``), built from one-device modules
+and parallelised by its plan (:mod:`nxd_models_gpt.plan`).
 
 Module names follow Megatron-core's GPTModel (local layer spec): ``embedding.word_embeddings``,
 ``embedding.position_embeddings``, ``decoder.layers.N.{input_layernorm, self_attention.linear_qkv,
@@ -21,19 +22,19 @@ from torch import nn
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size, resolve_context
 from nxd_core_parallel.lm_loss import causal_lm_loss
+from nxd_core_parallel.modules import plain
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import (
-    ColumnParallelLinear,
     LayerNorm,
-    ParallelEmbedding,
-    RowParallelLinear,
     get_rng_tracker,
     scatter_to_sequence_parallel_region,
     set_tensor_model_parallel_attributes,
 )
+from nxd_core_parallel.tensor_plan import parallelize as apply_plan
 from nxd_core_parallel.vocab_padding import mask_padded_vocab
 from nxd_models_gpt.attention_mask import build_attention_mask
 from nxd_models_gpt.config import GPTConfig
+from nxd_models_gpt.plan import GPT_PLAN
 from nxd_models_gpt.rope import RotaryEmbedding, apply_rotary
 
 #: Batch-first activations: sequence parallelism splits dimension 1.
@@ -107,24 +108,24 @@ class GPTSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        context = resolve_context(context)
-        tp = _tp(context)
-        if config.num_query_groups % tp:
-            raise ConfigError(f"gpt: num_query_groups ({config.num_query_groups}) must be divisible by "
-                              f"tensor_parallel_size ({tp}) for Megatron's interleaved QKV layout")
+        self.num_query_groups = config.num_query_groups
         self.head_dim = config.kv_channels
         self.heads_per_group = config.num_attention_heads // config.num_query_groups
-        self.local_groups = config.num_query_groups // tp
+        self.local_groups = config.num_query_groups  # this rank's, once the plan shards the groups
         init, out_init = init_methods(config)
-        common = dict(dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-                      sequence_dimension=SEQUENCE_DIM, context=context)
+        linear = partial(plain.Linear, bias=config.has_bias, dtype=config.torch_dtype, device=device)
         qkv_rows = (config.num_attention_heads + 2 * config.num_query_groups) * self.head_dim
-        self.linear_qkv = ColumnParallelLinear(config.hidden_size, qkv_rows, bias=config.has_bias,
-                                               gather_output=False, init_method=init, **common)
+        self.linear_qkv = linear(config.hidden_size, qkv_rows, init_method=init)
         self.core_attention = GPTCoreAttention(config.attention_dropout)
-        self.linear_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size,
-                                             bias=config.has_bias, input_is_parallel=True, init_method=out_init,
-                                             **common)
+        self.linear_proj = linear(config.num_attention_heads * self.head_dim, config.hidden_size, init_method=out_init)
+
+    def nxd_parallelized(self, context: ParallelContext | None) -> None:
+        """This rank's query groups once the plan has sharded ``linear_qkv`` (whole groups) over TP."""
+        tp = _tp(context)
+        if self.num_query_groups % tp:
+            raise ConfigError(f"gpt: num_query_groups ({self.num_query_groups}) must be divisible by "
+                              f"tensor_parallel_size ({tp}) for Megatron's interleaved QKV layout")
+        self.local_groups = self.num_query_groups // tp
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -149,34 +150,20 @@ class GPTMLP(nn.Module):
     def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        context = resolve_context(context)
-        tp = _tp(context)
-        if config.ffn_hidden_size % tp:
-            raise ConfigError(f"gpt: ffn_hidden_size ({config.ffn_hidden_size}) must be divisible by "
-                              f"tensor_parallel_size ({tp})")
         self.gated = config.activation == "swiglu"
         self.openai_gelu = config.openai_gelu
         self.ffn_dropout = config.ffn_dropout
-        self.local_ffn = config.ffn_hidden_size // tp
         init, out_init = init_methods(config)
-        common = dict(dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-                      sequence_dimension=SEQUENCE_DIM, context=context)
+        linear = partial(plain.Linear, bias=config.has_bias, dtype=config.torch_dtype, device=device)
         width = 2 * config.ffn_hidden_size if self.gated else config.ffn_hidden_size
-        # stride 2 (gated): rank r keeps row blocks r and tp+r of [gate; up], i.e. [gate_r; up_r].
-        self.linear_fc1 = ColumnParallelLinear(config.hidden_size, width, bias=config.has_bias, gather_output=False,
-                                               stride=2 if self.gated else 1, init_method=init, **common)
-        if self.gated:
-            for param in (self.linear_fc1.weight, self.linear_fc1.bias):
-                if param is not None:  # describe the local layout as two contiguous pieces (docs/parallel.md)
-                    param.fused_splits = (self.local_ffn, self.local_ffn)
-                    param.partition_stride = 1
-        self.linear_fc2 = RowParallelLinear(config.ffn_hidden_size, config.hidden_size, bias=config.has_bias,
-                                            input_is_parallel=True, init_method=out_init, **common)
+        # gated: [gate; up] as two pieces, each sharded by the plan (every rank's shard [gate_r; up_r])
+        self.linear_fc1 = linear(config.hidden_size, width, init_method=init, fused_pieces=2 if self.gated else 1)
+        self.linear_fc2 = linear(config.ffn_hidden_size, config.hidden_size, init_method=out_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.linear_fc1(x)
         if self.gated:
-            gate, up = h.split(self.local_ffn, dim=-1)
+            gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
             h = F.gelu(h, approximate="tanh" if self.openai_gelu else "none")
@@ -231,8 +218,9 @@ class GPTEmbedding(nn.Module):
         init, _ = init_methods(config)
         self.sequence_parallel = sequence_parallel
         self.dropout = config.hidden_dropout
-        self.word_embeddings = ParallelEmbedding(padded_vocab, config.hidden_size, init_method=init,
-                                                 dtype=config.torch_dtype, device=device, context=context)
+        self.parallel_context = resolve_context(context)
+        self.word_embeddings = plain.Embedding(padded_vocab, config.hidden_size, init_method=init,
+                                               dtype=config.torch_dtype, device=device)
         self.position_embeddings = None
         if config.position_embedding_type == "learned_absolute":
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size,
@@ -257,7 +245,7 @@ class GPTEmbedding(nn.Module):
             h = h + self.position_embeddings(position_ids)
         if self.sequence_parallel:
             h = scatter_to_sequence_parallel_region(h, SEQUENCE_DIM,
-                                                    process_group=dim_group(self.word_embeddings.parallel_context, "tp"))
+                                                    process_group=dim_group(self.parallel_context, "tp"))
         return _dropout(h, self.dropout, self.training, rank_local=self.sequence_parallel)
 
 
@@ -274,7 +262,12 @@ class GPTDecoder(nn.Module):
 
 
 class GPTForCausalLM(nn.Module):
-    """Megatron GPT with a vocabulary-parallel output layer and vocabulary-parallel cross-entropy."""
+    """Megatron GPT with a vocabulary-parallel output layer and vocabulary-parallel cross-entropy.
+    Built on one device and parallelised by :attr:`nxd_parallel_plan` over ``context``
+    (``parallelize=False``: the plain model, for the ``parallel_plan`` transform)."""
+
+    #: the family's parallel plan (data; the spec registers the same object)
+    nxd_parallel_plan = GPT_PLAN
 
     #: Blocks wrapped by full activation checkpointing and used as pipeline cut points.
     nxd_transformer_layer_classes = (GPTTransformerLayer,)
@@ -282,7 +275,8 @@ class GPTForCausalLM(nn.Module):
     nxd_core_attention_classes = (GPTCoreAttention,)
 
     def __init__(self, config: GPTConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None,
+                 parallelize: bool = True) -> None:
         """``context``: the parallel context to build for (the current one when left out); every
         block takes it from here."""
         super().__init__()
@@ -301,12 +295,12 @@ class GPTForCausalLM(nn.Module):
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rotary_base) \
             if config.position_embedding_type == "rope" else None
         init, _ = init_methods(config)
-        self.output_layer = ColumnParallelLinear(
-            config.hidden_size, self.padded_vocab_size, bias=False, gather_output=False, init_method=init,
-            dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-            sequence_dimension=SEQUENCE_DIM, context=context)
+        self.output_layer = plain.Linear(config.hidden_size, self.padded_vocab_size, bias=False, init_method=init,
+                                         dtype=config.torch_dtype, device=device)
         if config.share_embeddings_and_output_weights:
             self.output_layer.weight = self.embedding.word_embeddings.weight
+        if parallelize:
+            apply_plan(self, self.nxd_parallel_plan, context, sequence_parallel)
 
     @staticmethod
     def init_weights(module: nn.Module) -> None:

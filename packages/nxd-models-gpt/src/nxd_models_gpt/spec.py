@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from nxd.specs import ModelSpec, ParallelPlan, config_reader, model_builder
+from nxd.specs import ModelSpec, config_reader, model_builder
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.generate import generate
 from nxd_models_gpt.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_gpt.modeling import GPTCoreAttention, GPTForCausalLM, GPTTransformerLayer
+from nxd_models_gpt.plan import GPT_PLAN
 from nxd_models_gpt.presets import PRESETS, preset
 
 #: nxd module names of the attention projections (the fused QKV and the output projection).
@@ -48,15 +49,6 @@ def flops_per_token(config: GPTConfig | dict, seq_length: int | None = None) -> 
 #: types); given when the installed nxd defines them.
 _NEWER_FIELDS = {"implements": NXDT_FEATURES, "recompute_modules": RECOMPUTE_MODULES,
                  "hf_model_types": ("gpt2", "gpt_neox")}
-
-#: the family's parallel plan as data (checked against the built model by its tests)
-GPT_PLAN = ParallelPlan(
-    column=("decoder.layers.*.self_attention.linear_qkv", "decoder.layers.*.mlp.linear_fc1", "output_layer"),
-    row=("decoder.layers.*.self_attention.linear_proj", "decoder.layers.*.mlp.linear_fc2"),
-    vocab=("embedding.word_embeddings",),
-    sequence=("decoder.layers.*layernorm", "decoder.final_layernorm"),
-    pipeline_blocks=("decoder.layers.*",),
-)
 
 SPEC = ModelSpec(
     name="gpt",

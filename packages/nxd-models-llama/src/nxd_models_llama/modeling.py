@@ -1,4 +1,6 @@
-"""The Llama decoder on nxd-core-parallel layers (batch-first ``[batch, seq, hidden]``).
+"""The Llama decoder (batch-first ``[batch, seq, hidden]``), built from one-device modules
+(:mod:`nxd_core_parallel.modules.plain`) and parallelised by its plan (:mod:`nxd_models_llama.plan`):
+the model holds no code path of its own for tensor or sequence parallelism.
 
 Module names follow Hugging Face's ``LlamaForCausalLM`` except where TP fuses projections:
 ``self_attn.qkv_proj`` (HF ``q_proj``/``k_proj``/``v_proj``) and ``mlp.gate_up_proj``
@@ -23,17 +25,14 @@ from nxd.parallel import dim_size as _size
 from nxd_core_parallel import fused_kernels
 from nxd_core_parallel.context_parallel import local_positions, ring_attention
 from nxd_core_parallel.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
-from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_core_parallel.modules import plain
 from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.parallel_layers import (
-    ColumnParallelLinear,
-    ParallelEmbedding,
-    RowParallelLinear,
-    mask_vocab_padding,
-)
+from nxd_core_parallel.parallel_layers import mask_vocab_padding
 from nxd_core_parallel.parallel_layers.mappings import copy_to_tensor_model_parallel_region
+from nxd_core_parallel.tensor_plan import parallelize as apply_plan
 from nxd_models_llama.attention_mask import build_attention_mask
 from nxd_models_llama.config import LlamaConfig
+from nxd_models_llama.plan import LLAMA_PLAN
 from nxd_models_llama.rope import RotaryEmbedding, apply_rotary
 
 #: Batch-first layout: the sequence dimension that sequence parallelism splits.
@@ -169,39 +168,46 @@ class HeadRMSNorm(RMSNorm):
 
 
 class LlamaAttention(nn.Module):
+    """GQA attention with RoPE. Built on one device (all heads); the plan shards ``qkv_proj`` by
+    heads (K/V replicated over TP as :func:`kv_size_multiplier_for` says) and ``o_proj`` by its
+    input, then :meth:`nxd_parallelized` sets this rank's head counts."""
+
     def __init__(self, config: LlamaConfig, layer_idx: int, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
         context = resolve_context(context)
-        tp = _size(context, "tp")
+        self.config = config
         self.layer_idx = layer_idx
         self.head_dim = config.head_dim
-        self.kv_size_multiplier = kv_size_multiplier_for(config, tp)
-        self.num_heads = config.num_attention_heads // tp
-        self.num_kv_heads = config.num_key_value_heads * self.kv_size_multiplier // tp
+        self.kv_size_multiplier = 1
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.fused_rope = "rope" in config.fused_kernels
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        common = dict(dtype=config.torch_dtype, device=device, init_method=init,
-                      sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM, context=context)
-        self.qkv_proj = GQAQKVColumnParallelLinear(
+        self.qkv_proj = plain.QKVLinear(
             config.hidden_size,
             [config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim],
-            bias=config.attention_bias, gather_output=False, kv_size_multiplier=self.kv_size_multiplier,
-            fuse_qkv=True, **common,
+            bias=config.attention_bias, init_method=init, kv_size_multiplier_for=partial(kv_size_multiplier_for, config),
+            dtype=config.torch_dtype, device=device,
         )
         # Qwen3: RMSNorm of every query and key head before RoPE (config.qk_norm)
         head_norm = partial(HeadRMSNorm, config.head_dim, eps=config.rms_norm_eps, dtype=config.torch_dtype,
                             device=device, context=context)
         self.q_norm, self.k_norm = (head_norm(), head_norm()) if config.qk_norm else (None, None)
         self.core_attention = LlamaCoreAttention(context)
+        self.o_proj = plain.Linear(config.num_attention_heads * config.head_dim, config.hidden_size,
+                                   bias=config.attention_bias, init_method=init, dtype=config.torch_dtype,
+                                   device=device)
+
+    def nxd_parallelized(self, context: ParallelContext | None) -> None:
+        """This rank's heads once the plan has sharded the projections over ``context``'s TP."""
+        config, tp = self.config, _size(context, "tp")
+        self.kv_size_multiplier = kv_size_multiplier_for(config, tp)
+        self.num_heads = config.num_attention_heads // tp
+        self.num_kv_heads = config.num_key_value_heads * self.kv_size_multiplier // tp
         index = _kv_local_index(config, tp, _rank(context, "tp"), self.kv_size_multiplier)
         per_kv = self.num_heads // self.num_kv_heads if self.num_heads % self.num_kv_heads == 0 else 0
         if index != [i // per_kv if per_kv else -1 for i in range(self.num_heads)]:
             self.core_attention.kv_index = tuple(index)
-        self.o_proj = RowParallelLinear(
-            config.num_attention_heads * config.head_dim, config.hidden_size, bias=config.attention_bias,
-            input_is_parallel=True, **common,
-        )
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
@@ -239,42 +245,20 @@ class LlamaActivationMultiply(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused in one column-parallel layer."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused in one projection of two
+    pieces ``[gate; up]``: the plan shards each piece, so every rank's shard is ``[gate_r; up_r]``."""
 
     def __init__(self, config: LlamaConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        context = resolve_context(context)
-        tp = _size(context, "tp")
-        if config.intermediate_size % tp:
-            raise ConfigError(
-                f"intermediate_size ({config.intermediate_size}) must be divisible by tensor_parallel_size ({tp})"
-            )
-        self.local_intermediate = config.intermediate_size // tp
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        common = dict(dtype=config.torch_dtype, device=device, init_method=init,
-                      sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM, context=context)
-        # stride=2 initialises the layout we want: the full [gate; up] weight is cut in 2*tp row
-        # blocks and rank r keeps blocks r (its gate slice) and tp+r (its up slice), so the local
-        # shard is [gate_r; up_r]. The parameters then describe that layout with fused_splits alone
-        # (each piece contiguous, partition_stride=1; docs/parallel.md), so checkpoint resharding
-        # and LoRA do not apply the stride a second time inside each piece.
-        self.gate_up_proj = ColumnParallelLinear(
-            config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias, gather_output=False,
-            stride=2, **common,
-        )
-        splits = (self.local_intermediate, self.local_intermediate)
-        for param in (self.gate_up_proj.weight, self.gate_up_proj.bias):
-            if param is not None:
-                param.fused_splits = splits
-                param.partition_stride = 1
+        linear = partial(plain.Linear, bias=config.mlp_bias, init_method=init, dtype=config.torch_dtype, device=device)
+        self.gate_up_proj = linear(config.hidden_size, 2 * config.intermediate_size, fused_pieces=2)
         self.act_mul = LlamaActivationMultiply(fused="swiglu" in config.fused_kernels)
-        self.down_proj = RowParallelLinear(
-            config.intermediate_size, config.hidden_size, bias=config.mlp_bias, input_is_parallel=True, **common,
-        )
+        self.down_proj = linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.local_intermediate, dim=-1)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(self.act_mul(gate, up))
 
 
@@ -307,10 +291,8 @@ class LlamaModel(nn.Module):
         self.config = config
         self.sequence_parallel = sequence_parallel
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        self.embed_tokens = ParallelEmbedding(
-            config.vocab_size, config.hidden_size, init_method=init, dtype=config.torch_dtype, device=device,
-            sequence_parallel_enabled=sequence_parallel, sequence_dimension=SEQUENCE_DIM, pad=True, context=context,
-        )
+        self.embed_tokens = plain.Embedding(config.vocab_size, config.hidden_size, init_method=init,
+                                            dtype=config.torch_dtype, device=device)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, sequence_parallel, device, context) for i in range(config.num_hidden_layers)
         )
@@ -354,7 +336,14 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama with a vocabulary-parallel LM head and vocabulary-parallel cross-entropy."""
+    """Llama with a vocabulary-parallel LM head and vocabulary-parallel cross-entropy.
+
+    Built on one device and parallelised by :attr:`nxd_parallel_plan` over ``context``
+    (``parallelize=False``: the plain model, which ``initialize_parallel_model``'s ``parallel_plan``
+    transform parallelises with the same plan)."""
+
+    #: the family's parallel plan (data; the spec registers the same object)
+    nxd_parallel_plan = LLAMA_PLAN
 
     #: Blocks wrapped by full activation checkpointing and used as pipeline cut points.
     nxd_transformer_layer_classes = (LlamaDecoderLayer,)
@@ -362,7 +351,8 @@ class LlamaForCausalLM(nn.Module):
     nxd_core_attention_classes = (LlamaCoreAttention,)
 
     def __init__(self, config: LlamaConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None,
+                 parallelize: bool = True) -> None:
         """``context``: the parallel context to build for (the current one when left out); every
         block takes it from here."""
         super().__init__()
@@ -377,13 +367,12 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config, sequence_parallel, device, context)
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        self.lm_head = ColumnParallelLinear(
-            config.hidden_size, config.vocab_size, bias=False, gather_output=False, init_method=init,
-            dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-            sequence_dimension=SEQUENCE_DIM, pad=True, context=context,
-        )
+        self.lm_head = plain.Linear(config.hidden_size, config.vocab_size, bias=False, init_method=init,
+                                    dtype=config.torch_dtype, device=device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        if parallelize:
+            apply_plan(self, self.nxd_parallel_plan, context, sequence_parallel)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary slice of the LM head's logits; TP padding columns are -inf."""

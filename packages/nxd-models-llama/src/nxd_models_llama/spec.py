@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nxd.specs import ModelSpec, ParallelPlan, config_reader, model_builder
+from nxd.specs import ModelSpec, config_reader, model_builder
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.generate import generate
@@ -18,6 +18,7 @@ from nxd_models_llama.modeling import (
     LlamaMLP,
     kv_size_multiplier_for,
 )
+from nxd_models_llama.plan import LLAMA_PLAN
 from nxd_models_llama.presets import PRESETS
 
 #: NxD Training's selective-recompute names (its HF Llama module classes) -> ours
@@ -67,16 +68,6 @@ def hf_param_plan(model: LlamaForCausalLM, name: str, tp: int, rank: int) -> lis
     multiplier = kv_size_multiplier_for(model.config, tp)
     return [(p.hf_key, p.dim, tuple(p.index)) for p in plan_for(name, model.config, tp, rank, multiplier)]
 
-
-#: the family's parallel plan as data (checked against the built model by its tests)
-LLAMA_PLAN = ParallelPlan(
-    column=("model.layers.*.self_attn.qkv_proj", "model.layers.*.mlp.gate_up_proj", "lm_head"),
-    row=("model.layers.*.self_attn.o_proj", "model.layers.*.mlp.down_proj"),
-    vocab=("model.embed_tokens",),
-    sequence=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"),
-    pipeline_blocks=("model.layers.*",),
-    context_parallel=("model.layers.*.self_attn",),
-)
 
 SPEC = ModelSpec(
     name="llama",

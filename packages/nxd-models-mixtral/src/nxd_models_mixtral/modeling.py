@@ -17,13 +17,15 @@ from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_rank, dim_size, resolve_context
 from nxd_core_parallel.context_parallel import context_parallel_token_mean
 from nxd_core_parallel.lm_loss import causal_lm_loss
+from nxd_core_parallel.modules import plain
 from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding
+from nxd_core_parallel.tensor_plan import parallelize as apply_plan
 from nxd_core_parallel.vocab_padding import mask_padded_vocab
 from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention, LlamaMLP
 from nxd_models_llama.modeling import LlamaModel
 from nxd_models_llama.rope import RotaryEmbedding
 from nxd_models_mixtral.config import MixtralConfig
+from nxd_models_mixtral.plan import MIXTRAL_PLAN
 from nxd_moe import (
     MoELayer,
     losses_from_router_statistics,
@@ -127,11 +129,9 @@ class MixtralModel(nn.Module):
         self.config = config
         self.sequence_parallel = sequence_parallel
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        self.embed_tokens = ParallelEmbedding(
-            config.padded_vocab_size(dim_size(context, "tp")), config.hidden_size, init_method=init,
-            dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-            sequence_dimension=SEQUENCE_DIM, context=context,
-        )
+        # Megatron's vocabulary padding (make_vocab_size_divisible_by x TP) is the config's
+        self.embed_tokens = plain.Embedding(config.padded_vocab_size(dim_size(context, "tp")), config.hidden_size,
+                                            init_method=init, dtype=config.torch_dtype, device=device)
         self.layers = nn.ModuleList(
             self.decoder_layer_class(config, i, sequence_parallel, device, context)
             for i in range(config.num_hidden_layers)
@@ -166,9 +166,14 @@ class MixtralForCausalLM(nn.Module):
     nxd_core_attention_classes: tuple[type[nn.Module], ...] = (LlamaCoreAttention,)
     model_class: type[MixtralModel] = MixtralModel
     config_class: type[MixtralConfig] = MixtralConfig
+    #: the family's parallel plan (data; the spec registers the same object). Built on one device
+    #: and parallelised by it over ``context`` (``parallelize=False``: the plain model, which
+    #: ``initialize_parallel_model``'s ``parallel_plan`` transform parallelises)
+    nxd_parallel_plan = MIXTRAL_PLAN
 
     def __init__(self, config: MixtralConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None,
+                 parallelize: bool = True) -> None:
         super().__init__()
         config = self.config_class.from_dict(config) if isinstance(config, dict) else config
         self.parallel_context = context = resolve_context(context)
@@ -181,13 +186,12 @@ class MixtralForCausalLM(nn.Module):
         self.moe_config = config.moe_config()
         self.model = self.model_class(config, sequence_parallel, device, self.parallel_context)
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        self.lm_head = ColumnParallelLinear(
-            config.hidden_size, self.padded_vocab_size, bias=False, gather_output=False, init_method=init,
-            dtype=config.torch_dtype, device=device, sequence_parallel_enabled=sequence_parallel,
-            sequence_dimension=SEQUENCE_DIM, context=context,
-        )
+        self.lm_head = plain.Linear(config.hidden_size, self.padded_vocab_size, bias=False, init_method=init,
+                                    dtype=config.torch_dtype, device=device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        if parallelize:
+            apply_plan(self, self.nxd_parallel_plan, context, sequence_parallel)
 
     @property
     def sequence_parallel(self) -> bool:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from nxd.specs import ModelSpec, ParallelPlan, config_reader, model_builder
+from nxd.specs import ModelSpec, config_reader, model_builder
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention, generate
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_models_mixtral.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralForCausalLM
+from nxd_models_mixtral.plan import MIXTRAL_PLAN
 from nxd_models_mixtral.presets import PRESETS, preset
 
 #: NxD Training config keys that change the model and that this plugin builds (the ``moe`` section,
@@ -46,16 +47,6 @@ def flops_per_token(config: MixtralConfig | dict, seq_length: int | None = None)
                                     for i in range(c.num_hidden_layers))
     return 6.0 * params + (12.0 * c.num_hidden_layers * q * seq_length if seq_length else 0.0)
 
-
-#: the family's parallel plan as data (checked against the built model by its tests)
-MIXTRAL_PLAN = ParallelPlan(
-    column=("model.layers.*.self_attn.qkv_proj", "lm_head"),
-    row=("model.layers.*.self_attn.o_proj",),
-    vocab=("model.embed_tokens",),
-    sequence=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"),
-    experts=("model.layers.*.block_sparse_moe.experts",),
-    pipeline_blocks=("model.layers.*",),
-)
 
 SPEC = ModelSpec(
     name="mixtral",

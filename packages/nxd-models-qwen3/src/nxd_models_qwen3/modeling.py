@@ -8,6 +8,7 @@ from __future__ import annotations
 from nxd_models_mixtral import MixtralForCausalLM
 from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralModel
 from nxd_models_qwen3.config import Qwen3MoeConfig
+from nxd_models_qwen3.plan import QWEN3_MOE_PLAN
 
 
 class Qwen3MoeDecoderLayer(MixtralDecoderLayer):
@@ -27,3 +28,4 @@ class Qwen3MoeForCausalLM(MixtralForCausalLM):
     nxd_transformer_layer_classes = (Qwen3MoeDecoderLayer,)
     model_class = Qwen3MoeModel
     config_class = Qwen3MoeConfig
+    nxd_parallel_plan = QWEN3_MOE_PLAN

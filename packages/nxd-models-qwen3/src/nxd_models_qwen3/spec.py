@@ -19,6 +19,7 @@ from nxd_models_mixtral.spec import builder
 from nxd_models_mixtral.spec import flops_per_token as mixtral_flops_per_token
 from nxd_models_qwen3.config import Qwen3Config, Qwen3MoeConfig
 from nxd_models_qwen3.modeling import Qwen3MoeDecoderLayer, Qwen3MoeForCausalLM
+from nxd_models_qwen3.plan import QWEN3_MOE_PLAN
 from nxd_models_qwen3.presets import QWEN3_MOE_PRESETS, QWEN3_PRESETS, preset
 
 
@@ -61,16 +62,6 @@ QWEN3_SPEC = dataclasses.replace(
     recompute_modules={**_RECOMPUTE, "Qwen3MLP": (LlamaMLP,), "Qwen3DecoderLayer": (LlamaDecoderLayer,)},
     flops_per_token=qwen3_flops_per_token, presets=QWEN3_PRESETS,
     extras={**LLAMA_SPEC.extras, "config_class": Qwen3Config},
-)
-
-#: Mixtral's plan with Qwen3-MoE's names: the feed-forward is ``mlp`` (experts, or Llama's dense MLP
-#: in the layers left dense)
-QWEN3_MOE_PLAN = dataclasses.replace(
-    MIXTRAL_SPEC.parallel_plan,
-    column=(*MIXTRAL_SPEC.parallel_plan.column, "model.layers.*.mlp.gate_up_proj"),
-    row=(*MIXTRAL_SPEC.parallel_plan.row, "model.layers.*.mlp.down_proj"),
-    experts=("model.layers.*.mlp.experts",),
-    context_parallel=("model.layers.*.self_attn",),
 )
 
 #: Mixtral's spec (MoE model, HF import/export by the config's names, generate) for Qwen3-MoE, plus

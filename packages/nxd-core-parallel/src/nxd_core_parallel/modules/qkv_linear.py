@@ -97,7 +97,8 @@ class GQAQKVColumnParallelLinear(LocalLinear, nn.Module):
             # For a fused parameter this applies to the K and V pieces only.
             param.kv_size_multiplier = self.kv_size_multiplier
 
-    def _local_pieces(self, masters: list[torch.Tensor]) -> list[torch.Tensor]:
+    def local_pieces(self, masters: list[torch.Tensor]) -> list[torch.Tensor]:
+        """This rank's q, k and v rows of the full (one-device) ``masters`` = ``[q, k, v]``."""
         tp, rank = dim_size(self.parallel_context, "tp"), dim_rank(self.parallel_context, "tp")
         q = shard_of(masters[0], 0, 1, rank, tp)
         k, v = (shard_of(t, 0, 1, self.kv_piece, self.kv_unique_ranks) for t in masters[1:])
@@ -110,7 +111,7 @@ class GQAQKVColumnParallelLinear(LocalLinear, nn.Module):
         masters = [torch.empty(rows, self.input_size) for rows in (self.q_size, self.kv_size, self.kv_size)]
         for t in masters:
             self.init_method(t)
-        local = self._local_pieces(masters)
+        local = self.local_pieces(masters)
         with torch.no_grad():
             if self.fuse_qkv:
                 self.weight_qkv.copy_(torch.cat(local))

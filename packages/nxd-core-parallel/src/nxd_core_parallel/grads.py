@@ -45,6 +45,16 @@ def _buckets(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Ten
     return buckets
 
 
+def release_buffer(buffer: torch.Tensor) -> None:
+    """Free a temporary collective buffer now, on this thread. A finished gloo collective's work
+    object can still hold the tensor for a moment on gloo's worker thread, so dropping the last
+    Python reference may free it late and on that thread: a transient second copy of the buffer,
+    and a free that ``torch.profiler``'s memory events (hence ``profile_memory``) never see."""
+    if buffer.device.type == "xla":  # lazy tensors have no storage to release
+        return
+    buffer.untyped_storage().resize_(0)
+
+
 def allreduce_coalesced(tensors: list[torch.Tensor], group: Any, average: bool = False,
                         cap_bytes: int = BUCKET_CAP_BYTES) -> None:
     """All-reduce ``tensors`` in place over ``group`` (summed, or averaged), packed per dtype and
@@ -62,6 +72,7 @@ def allreduce_coalesced(tensors: list[torch.Tensor], group: Any, average: bool =
             n = t.numel()
             t.copy_(flat[offset:offset + n].view_as(t))
             offset += n
+        release_buffer(flat)
 
 
 def bucket_allreduce_gradients(grads: Iterable[torch.Tensor], group: Any = None,

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from nxd.parallel import ParallelContext, resolve_context
-from nxd_core_parallel.grads import allreduce_coalesced, allreduce_sequence_parallel_gradients
+from nxd_core_parallel.grads import allreduce_coalesced, allreduce_sequence_parallel_gradients, release_buffer
 from nxd_core_parallel.optim import run_closure
 from nxd_zero1 import checkpoint as _ckpt
 from nxd_zero1.groups import GroupComm, backend_name, group_rank, group_size, resolve_group
@@ -338,6 +338,8 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         if self.reduce_impl == "reduce_scatter":
             out = torch.empty(layout.shard_size, dtype=torch.float32, device=flat.device)
             _collective("reduce_scatter")(out, flat, group=comm.group)
+            if self._grad_bufs[gi] is None:
+                release_buffer(flat)
         else:
             dist.all_reduce(flat, group=comm.group)
             out = flat[layout.shard_start:layout.shard_end]
@@ -401,6 +403,8 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
             _collective("all_gather")(full, local.contiguous(), group=comm.group)
         for p, off in zip(params, layout.offsets):
             p.detach().copy_(full[off:off + p.numel()].view_as(p))
+        if comm.size > 1:
+            release_buffer(full)
 
     def _keeps_master(self, gi: int) -> bool:
         """Whether the fp32 shard persists across steps (it is the fp32 params' storage, or bf16

@@ -144,3 +144,31 @@ def test_nxd_checkpoint_at_another_tp_is_refused_by_name(rank_pool, tmp_path):
                    str(tmp_path / "ckpts" / "fused"), *LAYOUTS["fused_qkv"][1])
     message = rank_pool(1).run(other_tp_body, str(tmp_path / "ckpts"), str(config))[0]
     assert "written by NxD at TP=2 PP=1" in message and "this run is TP=1" in message, message
+
+
+def kv_pieces_body(root: str, config: str) -> list[str]:
+    import warnings
+
+    import nxd
+    from nxd_core_parallel import parallel_state
+    from nxd_models_llama import LlamaForCausalLM
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=4)
+    model = LlamaForCausalLM(json.loads(Path(config).read_text()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        nxd.load_checkpoint(root, tag="trn2", model=model)
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.slow
+def test_nxd_replicated_kv_pieces_are_flagged(rank_pool, tmp_path):
+    # 8 query / 2 KV heads at TP=4 with kv_size_multiplier 2: two distinct KV pieces, each on two ranks.
+    # NxD's converter tiles them (trn2 output pairs query heads 2-3 with KV head 1: HF logits off by
+    # ~100% as written); nxd cannot tell NxD's hardware layouts apart from the files, so it says so
+    full, config = _write_hf(_hf_model(2, heads=8), tmp_path / "hf")
+    args = [a if a != "2" else "4" for a in COMMON]
+    _nxd_converter(*args, "--input_dir", str(full), "--config", str(config), "--output_dir", str(tmp_path / "ck" / "trn2"),
+                   "--qkv_linear", "1", "--fuse_qkv", "1", "--kv_size_multiplier", "2")
+    messages = rank_pool(4).run(kv_pieces_body, str(tmp_path / "ck"), str(config))[0]
+    assert any("K/V heads replicated over TP" in m and "kv_size_multiplier [2] at TP=4" in m for m in messages), messages

@@ -132,6 +132,7 @@ def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, st
     shardings = shardings_of(module)
     if meta is None:
         _check_nxd_written_degrees(reader, topo)
+        _warn_nxd_kv_replicas(reader, shardings, topo)
     if meta is None or (meta["degrees"]["tp"], meta["degrees"]["pp"]) == (topo.tp, topo.pp):
         rel, state = _rank_model_state(meta, reader, topo)
         if meta is not None:
@@ -173,6 +174,24 @@ def _check_nxd_written_degrees(reader: Reader, topo: Topology) -> None:
             f"loads them at the TP/PP they were written at. Load it at TP={tp} PP={pp} and save it with "
             "nxd.save_checkpoint (which reshards on load), or merge it with NxD's checkpoint_converter "
             "--convert_to_full_state and load the full state")
+
+
+def _warn_nxd_kv_replicas(reader: Reader, shardings: dict[str, Sharding | None], topo: Topology) -> None:
+    """NxD lays K/V heads replicated over TP out by hardware (its converter: trn1 tiles the KV pieces
+    over the ranks and permutes the query heads to match; trn2 tiles them too, but its runtime
+    layer expects adjacent replicas), and its files do not say which. With more than one distinct
+    KV piece the local heads load as written, but they need not be in nxd's layout (adjacent
+    replicas, contiguous query heads): say so rather than let a later export or reshard permute
+    heads silently."""
+    mults = {sh.kv_size_multiplier for sh in shardings.values() if sh is not None and sh.kv_size_multiplier > 1}
+    if any(topo.tp // m > 1 for m in mults):
+        warnings.warn(
+            f"{reader.storage.describe(reader.tag)}: written by NxD with K/V heads replicated over TP "
+            f"(kv_size_multiplier {sorted(mults)} at TP={topo.tp}, more than one distinct KV piece). NxD's layout of "
+            "such heads depends on the hardware it targeted (its converter's trn1 layout permutes query heads; its "
+            "trn2 output pairs query heads with tiled KV pieces): check the loaded model's outputs against the "
+            "source model before training, and do not export or reshard it to another layout unchecked",
+            stacklevel=4)
 
 
 def _reshard(reader: Reader, meta: dict, target: dict[str, Any], shardings: dict[str, Sharding | None],

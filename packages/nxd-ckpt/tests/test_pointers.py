@@ -75,3 +75,25 @@ def test_a_pointer_warning_is_printed_by_one_rank_per_node(tmp_path: Path, monke
     monkeypatch.setenv("LOCAL_RANK", "0")
     with pytest.warns(UserWarning, match="newest names 'gone', which does not exist"):
         assert nxd.load_checkpoint(str(tmp_path), model=TinyNet()) == {"step": 1}
+
+
+def test_a_kill_during_retention_leaves_a_leftover_not_a_checkpoint_to_verify(tmp_path: Path) -> None:
+    """Battery: `nxd train` SIGKILLed while retention deleted an old tag (after its `done`, before
+    its files) left a tag every resume warned about ("has every file ... verify it first") and
+    retention kept forever. Retention marks the tag retired first: the leftover is removed."""
+    from nxd_ckpt.retention import delete_checkpoint, remove_incomplete
+    from nxd_ckpt.verify import unmarked_checkpoints
+
+    nxd.save_checkpoint(str(tmp_path), "a", model=TinyNet(), user_content={"step": 1})
+    nxd.save_checkpoint(str(tmp_path), "b", model=TinyNet(), user_content={"step": 2})
+
+    class KilledMidDelete(LocalStorage):
+        def remove_tree(self, path: str) -> None:
+            raise KeyboardInterrupt  # the process dies here
+
+    with pytest.raises(KeyboardInterrupt):
+        delete_checkpoint(KilledMidDelete(str(tmp_path)), "a")
+    storage = LocalStorage(str(tmp_path))
+    assert unmarked_checkpoints(storage) == []  # not presented as progress to verify
+    assert remove_incomplete(storage) == ["a"]  # the next resume's clean-up takes it
+    assert nxd.load_checkpoint(str(tmp_path), model=TinyNet()) == {"step": 2}

@@ -25,6 +25,9 @@ from nxd_ckpt.storage import Storage
 
 CHECKPOINT_MARKER = "checkpoint"
 DONE_MARKER = "done"
+#: written by retention before it removes ``done``: a deletion that stops half-way leaves a leftover,
+#: never a "whole but unmarked" checkpoint that asks to be verified and is kept forever
+RETIRED_MARKER = "retired"
 NEWEST_POINTER = "newest"
 METADATA = "metadata.json"
 #: a save over an existing complete tag is written here and swapped in after its ``done`` marker;

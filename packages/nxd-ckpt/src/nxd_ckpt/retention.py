@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import warnings
 
-from nxd_ckpt.layout import DONE_MARKER, list_tags, read_newest_pointer, write_newest_pointer
+from nxd_ckpt.layout import DONE_MARKER, RETIRED_MARKER, list_tags, read_newest_pointer, write_newest_pointer
 from nxd_ckpt.storage import Storage
 
 
 def delete_checkpoint(storage: Storage, tag: str) -> None:
-    """Remove ``done`` first: if deletion stops half-way the rest is an incomplete leftover."""
+    """Mark the tag retired, then remove ``done``: if deletion stops half-way (a kill during
+    retention) the rest is an incomplete leftover that auto-resume removes, not a whole checkpoint
+    without ``done`` (which is kept and warned about as possibly the newest progress)."""
+    with storage.open_write(f"{tag}/{RETIRED_MARKER}") as f:
+        f.write(b"1")
     storage.remove_file(f"{tag}/{DONE_MARKER}")
     storage.remove_tree(tag)
 

@@ -13,7 +13,7 @@ import json
 
 from nxd_ckpt.checksum import digest_of, verify
 from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
-from nxd_ckpt.layout import DONE_MARKER, METADATA, done_payload, list_tags, read_done, warn_once
+from nxd_ckpt.layout import DONE_MARKER, METADATA, RETIRED_MARKER, done_payload, list_tags, read_done, warn_once
 from nxd_ckpt.storage import Storage, open_storage
 
 
@@ -25,8 +25,9 @@ def _metadata_bytes(storage: Storage, tag: str) -> bytes | None:
 
 
 def is_whole_unmarked(storage: Storage, tag: str) -> bool:
-    """``tag`` has no ``done`` but a readable metadata.json whose recorded files all exist."""
-    if storage.exists(f"{tag}/{DONE_MARKER}"):
+    """``tag`` has no ``done`` but a readable metadata.json whose recorded files all exist (and
+    retention was not deleting it)."""
+    if storage.exists(f"{tag}/{DONE_MARKER}") or storage.exists(f"{tag}/{RETIRED_MARKER}"):
         return False
     try:
         data = _metadata_bytes(storage, tag)

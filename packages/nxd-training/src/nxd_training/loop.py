@@ -16,7 +16,7 @@ import torch.distributed as dist
 import nxd
 from nxd import ConfigError
 from nxd_ckpt.run_dir import MODEL_RECORD_KEY, model_record
-from nxd_training import build, lora_export, metrics, rank_status
+from nxd_training import build, lora_export, metrics, precision, rank_status
 from nxd_training.config.plan import RunPlan, make_plan, resolve_config, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.exp_manager import (
@@ -122,6 +122,7 @@ class Trainer:
         model_config = build.model_config_for_rank(config, self.plan)
         build_fn = nxd.parallel.bind_context(self.plan.spec.build, self.context)  # the model spec gets the context
         self.model = nxd.initialize_parallel_model(self.nxd_config, build_fn, False, model_config, self.nxd_config)
+        precision.set_parallel_layers_reduce_dtype(self.model, precision.parallel_layers_reduce_dtype(config.precision))
         self.lora = lora_export.lora_enabled(config.model_alignment_strategy)
         self.trainable = lora_export.trainable_counts(self.model)
         if self.lora and dist.get_rank() == 0:

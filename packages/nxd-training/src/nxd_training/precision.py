@@ -42,3 +42,20 @@ def model_transforms(config: Any) -> dict[str, dict] | None:
     backend = select_backend(config.trainer)
     device = torch.accelerator.current_accelerator().type if backend == "accelerator" else backend
     return {FP8_TRANSFORM: {**(config.precision.fp8 or {}), "device": device}}
+
+
+def parallel_layers_reduce_dtype(precision: Any) -> torch.dtype:
+    """The dtype the tensor-parallel layers sum their partial results in (NxDT's rule): an ``fp32``
+    run reduces in ``precision.parallel_layers_reduce_dtype`` (fp32 unless set), every other type in
+    bf16 unless that key asks for fp32."""
+    name = precision.parallel_layers_reduce_dtype or ("fp32" if precision.type == "fp32" else "bf16")
+    return torch.float32 if name == "fp32" else torch.bfloat16
+
+
+def set_parallel_layers_reduce_dtype(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Give every tensor-parallel layer of ``model`` (modules with NxD's ``reduce_dtype`` attribute)
+    ``dtype``; returns how many layers it set."""
+    layers = [m for m in model.modules() if isinstance(getattr(m, "reduce_dtype", None), torch.dtype)]
+    for m in layers:
+        m.reduce_dtype = dtype
+    return len(layers)

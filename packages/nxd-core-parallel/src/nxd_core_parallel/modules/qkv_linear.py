@@ -48,6 +48,7 @@ class GQAQKVColumnParallelLinear(LocalLinear, nn.Module):
         kv_size_multiplier: int = 1,
         fuse_qkv: bool = True,
         context: ParallelContext | None = None,
+        reduce_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         if len(output_sizes) != 2:
@@ -65,6 +66,7 @@ class GQAQKVColumnParallelLinear(LocalLinear, nn.Module):
         self.q_size, self.kv_size = int(output_sizes[0]), int(output_sizes[1])
         self.kv_size_multiplier, self.fuse_qkv, self.gather_output = m, fuse_qkv, gather_output
         self.sequence_parallel_enabled, self.sequence_dimension = sequence_parallel_enabled, sequence_dimension
+        self.reduce_dtype = reduce_dtype  # NxD's: the input gradient's TP sum is carried out in this dtype
         self.init_method = init_method or default_linear_init
         self.q_local = divide(self.q_size, tp, "GQAQKVColumnParallelLinear q_size")
         self.kv_unique_ranks = tp // m
@@ -142,9 +144,9 @@ class GQAQKVColumnParallelLinear(LocalLinear, nn.Module):
         group = dim_group(self.parallel_context, "tp")
         if self.sequence_parallel_enabled:
             x = gather_from_sequence_parallel_region(x, self.sequence_dimension, to_model_parallel=True,
-                                                     process_group=group)
+                                                     process_group=group, reduce_dtype=self.reduce_dtype)
         else:
-            x = copy_to_tensor_model_parallel_region(x, process_group=group)
+            x = copy_to_tensor_model_parallel_region(x, process_group=group, reduce_dtype=self.reduce_dtype)
         if self.fuse_qkv and self.kv_size_multiplier == 1:
             out = self.local_linear(x, self.weight_qkv, self.bias_qkv)
             q, k, v = torch.split(out, [self.q_local, self.kv_local, self.kv_local], dim=-1)

@@ -223,9 +223,9 @@ class ColumnParallelLinear(_ShardedLinear):
         group = tensor_parallel_group_of(self)
         if self.sequence_parallel_enabled:
             x = gather_from_sequence_parallel_region(x, self.sequence_dimension, to_model_parallel=True,
-                                                     process_group=group)
+                                                     process_group=group, reduce_dtype=self.reduce_dtype)
         else:
-            x = copy_to_tensor_model_parallel_region(x, process_group=group)
+            x = copy_to_tensor_model_parallel_region(x, process_group=group, reduce_dtype=self.reduce_dtype)
         out = self.local_linear(x, self.weight, None if self.skip_bias_add else self.bias)
         if self.gather_output:
             out = gather_from_tensor_model_parallel_region(out, process_group=group)
@@ -300,9 +300,10 @@ class RowParallelLinear(_ShardedLinear):
         if not self.reduce_output:
             pass
         elif self.sequence_parallel_enabled:
-            out = reduce_scatter_to_sequence_parallel_region(out, self.sequence_dimension, process_group=group)
+            out = reduce_scatter_to_sequence_parallel_region(out, self.sequence_dimension, process_group=group,
+                                                             reduce_dtype=self.reduce_dtype)
         else:
-            out = reduce_from_tensor_model_parallel_region(out, process_group=group)
+            out = reduce_from_tensor_model_parallel_region(out, process_group=group, reduce_dtype=self.reduce_dtype)
         if self.skip_bias_add:
             return out, self.bias
         return out + self.bias if self.bias is not None else out

@@ -269,7 +269,8 @@ class PrecisionConfig(Section):
     xla_downcast_bf16: Union[bool, int, None] = None
     neuron_rt_stochastic_rounding_en: Union[bool, int, None] = None
     fp32_grads_cc: bool = False
-    parallel_layers_reduce_dtype: Literal["bf16", "fp32"] = "fp32"
+    # unset: NxDT's default for the type (precision.parallel_layers_reduce_dtype)
+    parallel_layers_reduce_dtype: Union[Literal["bf16", "fp32"], None] = None
     # nxd addition: with type fp8, nxd-fp8's options (recipe: tensorwise|rowwise|rowwise_with_gw_hp,
     # skip_modules, emulate), validated by nxd-fp8 (docs/fp8.md)
     fp8: Union[dict[str, Any], None] = None

@@ -105,7 +105,7 @@ def scatter_to_tensor_model_parallel_region(x: torch.Tensor, process_group: Any 
 def gather_from_tensor_model_parallel_region(x: torch.Tensor, process_group: Any = None) -> torch.Tensor:
     """All-gather the last dimension; the gradient keeps this rank's slice."""
     group = _tp_group(process_group)
-    return x if _trivial(group) else _Gather.apply(x, x.dim() - 1, group, False)
+    return x if _trivial(group) else _Gather.apply(x, x.dim() - 1, group, False, None)
 
 
 def scatter_to_sequence_parallel_region(x: torch.Tensor, sequence_dimension: int = 0, process_group: Any = None) -> torch.Tensor:

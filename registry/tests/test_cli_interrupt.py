@@ -29,4 +29,6 @@ def test_ctrl_c_before_a_command_runs_is_one_line(tmp_path) -> None:
     os.kill(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip() == "nxd: interrupted", err
+    # only nxd's own output counts: the environment may add import-time warnings (torch without numpy)
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "nxd: interrupted", err
+    assert [line for line in err.splitlines() if line.startswith("nxd")] == ["nxd: interrupted"], err

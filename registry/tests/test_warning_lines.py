@@ -20,6 +20,9 @@ def test_nxd_warnings_are_one_line_and_others_keep_their_format(tmp_path) -> Non
         warnings.warn_explicit("torch says", UserWarning, "/x/site-packages/torch/nn/modules.py", 9)
     """)
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stderr
-    assert err.splitlines()[:2] == ["nxd: UserWarning: newest names 'a', which does not exist",
-                                    "nxd: UserWarning: plugin 'acme' was skipped"], err
+    # only the lines these warnings produce count: the environment may add import-time warnings
+    # of its own (torch without numpy)
+    assert [line for line in err.splitlines() if line.startswith("nxd:")] == [
+        "nxd: UserWarning: newest names 'a', which does not exist", "nxd: UserWarning: plugin 'acme' was skipped"], err
+    assert "checkpointer.py:174" not in err and "plugins.py:245" not in err, err
     assert "/x/site-packages/torch/nn/modules.py:9: UserWarning: torch says" in err

@@ -160,38 +160,30 @@ class PluginState:
         return staged.all()
 
     # ------------------------------------------------------------------ calling hooks
+    def _results(self, hook_name: str, optional: bool, kwargs: dict[str, Any]) -> Iterator[Any]:
+        """Each implementation's non-None result in pluggy's order, called lazily one at a time."""
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            try:
+                result = impl.function(**{k: kwargs[k] for k in impl.argnames})
+            except NxdError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a plugin's bug is reported as the plugin's
+                self.report_failure(impl.plugin_name, hook_name, exc, optional=optional)
+                continue
+            if result is not None:
+                yield result
+
     def call_each(self, hook_name: str, *, optional: bool, **kwargs: Any) -> list[Any]:
         """Call every implementation of ``hook_name``, one at a time, so a failure names its plugin
         and distribution. nxd's own errors (a ``ConfigError`` refusing a config) pass through; any
         other exception is a broken plugin: ``optional`` hooks warn, mark the plugin ``failing`` in
         ``nxd plugins`` and go on without it, others raise :class:`PluginError`."""
-        results = []
-        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
-            try:
-                result = impl.function(**{k: kwargs[k] for k in impl.argnames})
-            except NxdError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a plugin's bug is reported as the plugin's
-                self.report_failure(impl.plugin_name, hook_name, exc, optional=optional)
-                continue
-            if result is not None:
-                results.append(result)
-        return results
+        return list(self._results(hook_name, optional, kwargs))
 
     def call_first(self, hook_name: str, *, optional: bool, **kwargs: Any) -> Any:
         """A ``firstresult`` hook called like :meth:`call_each`: implementations in pluggy's order
         until one returns a value, a failing one named (and, when ``optional``, skipped)."""
-        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
-            try:
-                result = impl.function(**{k: kwargs[k] for k in impl.argnames})
-            except NxdError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a plugin's bug is reported as the plugin's
-                self.report_failure(impl.plugin_name, hook_name, exc, optional=optional)
-                continue
-            if result is not None:
-                return result
-        return None
+        return next(self._results(hook_name, optional, kwargs), None)
 
     def report_failure(self, plugin_name: str, hook_name: str, exc: BaseException, *, optional: bool) -> None:
         dist = self._distribution_of.get(plugin_name, "?")

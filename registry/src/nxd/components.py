@@ -132,4 +132,6 @@ def missing_message(kind: str, name: str, installed: list[str], need: str | None
     head = f"{need} needs the {word} {name!r}" if need else f"no {word} named {name!r} is installed"
     if provider:
         return f"{head}: pip install {provider} (installed {word}s: {have})"
-    return f"{head}; installed {word}s: {have}. Is the plugin that provides it installed?"
+    # not one of nxd's own distributions: a third-party plugin's name, or one nothing provides
+    return (f"{head}; installed {word}s: {have}. No nxd distribution provides {name!r}; "
+            f"if a third-party plugin does, install it (`nxd plugins` lists what is installed)")

@@ -44,9 +44,13 @@ def test_a_stopped_job_exits_128_plus_the_signal_with_torchruns_traceback_kept_a
     assert "Traceback" not in err and "SignalException" in (tmp_path / "interrupted.log").read_text()
 
 
-def test_the_stopped_line_names_the_signal(make_config, tmp_path: Path) -> None:
+def test_the_stopped_line_names_the_signal(make_config, tmp_path: Path, monkeypatch) -> None:
+    from nxd_training import rank_status
     from nxd_training.config import load_config
     from nxd_training.interrupt import stopped_message
+
+    # a run that trained in this process before (another test) left its own count there
+    monkeypatch.setitem(rank_status.progress, "done", None)
 
     config = load_config(make_config(exp_manager={"resume_if_exists": True}))
     assert stopped_message(config, tmp_path, "SIGTERM").startswith(

@@ -22,10 +22,14 @@ def s3_bucket(monkeypatch):
         monkeypatch.setenv(key, value)
     import s3fs
 
+    # fsspec caches filesystems by their arguments, not the endpoint in the environment: an earlier
+    # test's instance would still point at its own (stopped) server
+    s3fs.S3FileSystem.clear_instance_cache()
     bucket = f"ckpts-{uuid.uuid4().hex[:8]}"
     s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
     yield bucket
     server.stop()
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.mark.slow

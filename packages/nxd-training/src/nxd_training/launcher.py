@@ -89,7 +89,9 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
             code, stderr_tail = run_forwarding_signals(torchrun_command(config, config_path), env,
                                                        log_dir / INTERRUPTED_LOG, with_tail=True)
             if code not in (0, *STOPPED):
-                line = rendezvous_failure(config, stderr_tail) or first_failure(config, log_dir, stderr_tail)
+                # a rank that ran and failed explains a rendezvous lost after it (its node's launcher went
+                # away with it); the rendezvous line is for runs where no rank of this node reported
+                line = first_failure(config, log_dir, stderr_tail) or rendezvous_failure(config, stderr_tail)
                 if line:
                     print(line, file=sys.stderr, flush=True)
     if code in STOPPED:  # stopped by the user or the scheduler: no rank failed, nothing to blame

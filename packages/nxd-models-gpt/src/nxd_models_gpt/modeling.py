@@ -23,6 +23,7 @@ from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size, resolve_context
 from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules import plain
+from nxd_core_parallel.modules.attention_mask import build_attention_mask
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import (
     LayerNorm,
@@ -32,7 +33,6 @@ from nxd_core_parallel.parallel_layers import (
 )
 from nxd_core_parallel.tensor_plan import parallelize as apply_plan
 from nxd_core_parallel.vocab_padding import mask_padded_vocab
-from nxd_models_gpt.attention_mask import build_attention_mask
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.plan import GPT_PLAN
 from nxd_models_gpt.rope import RotaryEmbedding, apply_rotary

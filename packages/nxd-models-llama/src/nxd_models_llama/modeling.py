@@ -26,11 +26,11 @@ from nxd_core_parallel import fused_kernels
 from nxd_core_parallel.context_parallel import local_positions, ring_attention
 from nxd_core_parallel.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
 from nxd_core_parallel.modules import plain
+from nxd_core_parallel.modules.attention_mask import build_attention_mask
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import mask_vocab_padding
 from nxd_core_parallel.parallel_layers.mappings import copy_to_tensor_model_parallel_region
 from nxd_core_parallel.tensor_plan import parallelize as apply_plan
-from nxd_models_llama.attention_mask import build_attention_mask
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.plan import LLAMA_PLAN
 from nxd_models_llama.rope import RotaryEmbedding, apply_rotary
@@ -322,7 +322,7 @@ class LlamaModel(nn.Module):
         cos, sin = self.rotary_emb(position_ids, dtype)
         if cp > 1 and attention_mask is not None:
             attention_mask = _plain_causal_under_cp(attention_mask, context.cp.group)
-        return cos, sin, build_attention_mask(attention_mask, b, s, past, dtype, input_ids.device)
+        return cos, sin, build_attention_mask(attention_mask, b, s, input_ids.device, past=past)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:

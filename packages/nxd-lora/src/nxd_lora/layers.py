@@ -54,21 +54,22 @@ from nxd_lora.naming import CONV_LAYERS, Slot
 _CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
+#: the kind of adapter each base layer gets; the first match wins (subclasses before their bases)
+_LAYER_KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (CONV_LAYERS, "conv"),
+    (ParallelEmbedding, "parallel_embedding"),
+    (nn.Embedding, "embedding"),
+    (GQAQKVColumnParallelLinear, "qkv"),
+    (ColumnParallelLinear, "column"),
+    (RowParallelLinear, "row"),
+    (nn.Linear, "linear"),
+)
+
+
 def layer_kind(module: nn.Module) -> str:
-    if isinstance(module, CONV_LAYERS):
-        return "conv"
-    if isinstance(module, ParallelEmbedding):
-        return "parallel_embedding"
-    if isinstance(module, nn.Embedding):
-        return "embedding"
-    if isinstance(module, GQAQKVColumnParallelLinear):
-        return "qkv"
-    if isinstance(module, ColumnParallelLinear):
-        return "column"
-    if isinstance(module, RowParallelLinear):
-        return "row"
-    if isinstance(module, nn.Linear):
-        return "linear"
+    for classes, kind in _LAYER_KINDS:
+        if isinstance(module, classes):
+            return kind
     raise TypeError(f"LoRA cannot adapt {type(module).__name__}")
 
 

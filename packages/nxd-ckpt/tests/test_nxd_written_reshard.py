@@ -74,3 +74,11 @@ def test_kv_replica_layouts_are_recognised_from_the_copies():
     assert kv_rank_order([k0, k1, k0, k1], 2, "x") == ([0, 2, 1, 3], "tiled")
     with pytest.raises(CheckpointError, match="neither on adjacent ranks"):
         kv_rank_order([k0, k1, k1, k0], 2, "x")
+
+
+def test_convert_of_an_nxd_tag_says_what_describes_its_sharding(tmp_path):
+    from nxd_ckpt.convert import run_convert
+
+    _nxd_tag(str(tmp_path), _model().state_dict())
+    with pytest.raises(CheckpointError, match=r"NxD does not record.*nxd.load_checkpoint\(path, tag=..., model=...\)"):
+        run_convert("nxd", "full", str(tmp_path), str(tmp_path / "full.pt"), tag="t")

@@ -64,7 +64,7 @@ def build_rank_model(config: Any, run: Any) -> tuple[torch.nn.Module, nxd.Parall
 
     nxd_cfg = build.nxd_config(config, run)  # as nxd train: the one NxD config, then its groups
     context = ensure_parallel_context(nxd_cfg, collective_timeout(config.distributed_strategy))
-    model_config = build.model_config_for_rank(config, run)
+    model_config = build.model_config_for_rank(config.precision, run)
     build_fn = nxd.parallel.bind_context(run.spec.build, context)
     later = _mesh_transforms(context, nxd_cfg)
     # built first with no data-parallel strategy (a name none registers), then that strategy runs

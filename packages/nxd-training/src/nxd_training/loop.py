@@ -119,7 +119,7 @@ class Trainer:
         self.ps = parallel_state
         self.device = self.context.device
         model_parallel_manual_seed(config.seed, self.context)
-        model_config = build.model_config_for_rank(config, self.plan)
+        model_config = build.model_config_for_rank(config.precision, self.plan)
         build_fn = nxd.parallel.bind_context(self.plan.spec.build, self.context)  # the model spec gets the context
         self.model = nxd.initialize_parallel_model(self.nxd_config, build_fn, False, model_config, self.nxd_config)
         precision.set_parallel_layers_reduce_dtype(self.model, precision.parallel_layers_reduce_dtype(config.precision))
@@ -131,16 +131,17 @@ class Trainer:
         self.initialised_from: str | None = None
         #: what the checkpoints record of the model, so `nxd ckpt convert RUN_DIR` needs no arguments
         lora = build.lora_config(config.model_alignment_strategy, self.plan.spec) if self.lora else None
-        self.model_record = model_record(self.plan.spec.name, self.plan.model_dict, tokenizer_path(config),
+        self.model_record = model_record(self.plan.spec.name, self.plan.model_dict, tokenizer_path(config.data),
                                          lora.to_dict() if lora is not None else None)
         if self.lora and is_url(self.ckpt_dir):
             raise ConfigError(f"LoRA exports are written to a local directory, and checkpoint_callback_params.dirpath "
                               f"is the URL {self.ckpt_dir}; use a local dirpath for LoRA runs")
-        self.optimizer = build.build_optimizer(config, self.nxd_config, self.model, self.context)
-        self.scheduler = build.build_scheduler(config, self.optimizer)
+        groups = build.param_groups(self.model, config.model.do_layer_norm_weight_decay)
+        self.optimizer = build.build_optimizer(config.model.optim, groups, self.nxd_config, self.context)
+        self.scheduler = build.build_scheduler(config.model.optim, config.trainer.max_steps, self.optimizer)
         self.dp_rank = self.context.dp.rank
         self.dp_group = self.context.dp.group
-        self.data = build.build_data(config, self.plan, self.context)
+        self.data = build.build_data(config.data, config.model_alignment_strategy, config.seed, self.plan, self.context)
         #: model_alignment_strategy's workflow (dpo, orpo, ...): its loss replaces the model's
         self.workflow = self.plan.workflow
         self.step_metrics: dict[str, float] = {}
@@ -465,7 +466,8 @@ class Trainer:
         if self.config.generation is not None and self.config.generation.prompts:
             from nxd_training.samples import generate_samples
 
-            result.samples = generate_samples(self.config, self.model, self.plan.spec)
+            result.samples = generate_samples(self.config.generation, self.config.data, self.config.seed, self.model,
+                                              self.plan.spec)
         return result
 
     def _progress(self, total: int) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 import nxd
 from nxd import ComponentNotFound, ConfigError
-from nxd_training.config.schema import ModelAlignmentConfig, TrainingConfig
+from nxd_training.config.schema import ModelAlignmentConfig
 
 #: keys of model_alignment_strategy the trainer handles itself
 BUILTIN_KEYS = ("sft", "peft")
@@ -30,10 +30,10 @@ def workflow_name(align: ModelAlignmentConfig | None) -> str | None:
     return names[0] if names else None
 
 
-def build_workflow(config: TrainingConfig) -> Any:
-    """The workflow object for this config, or ``None``; a missing plugin or a bad option is a
-    :class:`nxd.ConfigError` naming the key (and what to install)."""
-    name = workflow_name(config.model_alignment_strategy)
+def build_workflow(align: ModelAlignmentConfig | None) -> Any:
+    """The workflow object ``model_alignment_strategy`` names, or ``None``; a missing plugin or a bad
+    option is a :class:`nxd.ConfigError` naming the key (and what to install)."""
+    name = workflow_name(align)
     if name is None:
         return None
     key = f"model_alignment_strategy.{name}"
@@ -41,7 +41,7 @@ def build_workflow(config: TrainingConfig) -> Any:
         factory = nxd.get_workflow(name, need=key)
     except ComponentNotFound as exc:
         raise ConfigError(str(exc)) from None
-    options = getattr(config.model_alignment_strategy, name, None)
+    options = getattr(align, name, None)
     try:
         return factory(dict(options or {}))
     except ConfigError:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from nxd import ConfigError
 from nxd_training.config.compose import hub_names, hub_path, read_yaml, resolve
 from nxd_training.config.errors import config_error
-from nxd_training.config.legacy import lift_alignment
+from nxd_training.config.nxdt_keys import lift_alignment
 from nxd_training.config.resolved import RESOLVED_KEY, ResolvedConfig, dump_resolved
 from nxd_training.config.schema import TrainingConfig
 

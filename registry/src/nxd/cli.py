@@ -34,25 +34,23 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warning_lines.install()
+    verb = argv[0] if argv and not argv[0].startswith("-") else None
     try:
-        return _main(argv)
+        parser = build_parser(verb)
+        if verb in CATALOG["command"] and verb not in state().components.names("command"):
+            parser.exit(2, f"nxd: '{verb}' is provided by a plugin that is not installed: pip install "
+                           f"{CATALOG['command'][verb]}\n")
+        args = parser.parse_args(argv)
+        if not getattr(args, "_run", None):
+            parser.print_help()
+            return 2
+        return int(args._run(args) or 0)
     except NxdError as exc:  # nxd's own errors say what is wrong; a traceback would bury it
         print(f"nxd: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before a command's own handling (still importing, validating)
         print("nxd: interrupted", file=sys.stderr)
         return 130
-
-
-def _main(argv: list[str]) -> int:
-    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
-    if argv and not argv[0].startswith("-") and argv[0] in CATALOG["command"] and argv[0] not in state().components.names("command"):
-        parser.exit(2, f"nxd: '{argv[0]}' is provided by a plugin that is not installed: pip install {CATALOG['command'][argv[0]]}\n")
-    args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
-        parser.print_help()
-        return 2
-    return int(args._run(args) or 0)
 
 
 if __name__ == "__main__":

@@ -49,14 +49,14 @@ def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
     checks: everything ``nxd train`` does before it launches (raises ConfigError)."""
     from nxd_training.cluster import apply_cluster
     from nxd_training.config.loader import load_config
-    from nxd_training.config.plan import make_plan, resolve_config
+    from nxd_training.config.plan import plan_of, resolve_config
     from nxd_training.data_prep import prepare_data
     from nxd_training.exp_manager import resolve_log_dir
     from nxd_training.preflight import preflight
 
     sections, cluster_note = apply_cluster(prepare_data(load_config(source, overrides, check=False)))
     config = resolve_config(sections)  # the one resolution: validation, printing and every rank use it
-    plan = make_plan(config)
+    plan = plan_of(config)
     log_dir = resolve_log_dir(config)
     nxd_config = preflight(config, log_dir, plan)
     return PreparedRun(config, plan, log_dir, cluster_note, nxd_config)

@@ -3,24 +3,54 @@
 The resolved config is written once to ``<log_dir>/config.yaml``; every rank deserialises that
 file (``python -m nxd_training.worker``; a one-device run reads it back in this process too), so
 all ranks train exactly what ``nxd train`` validated, in the same log dir.
+
+One live writer per run directory (:func:`run_dir_lock`): a second ``nxd train`` into the same ``version_N`` would
+interleave metrics and replace the other's checkpoints. The lock is an ``flock`` on
+``<log_dir>/.nxd-run.lock``, so the kernel drops it when the holder dies (no stale locks).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from nxd.errors import ConfigError
 from nxd_training import rank_status
-from nxd_training.config.loader import dump_config
-from nxd_training.config.resolved import ResolvedConfig, load_resolved
+from nxd_training.config.resolved import ResolvedConfig, dump_resolved, load_resolved
 from nxd_training.failure import first_failure, rendezvous_failure
 from nxd_training.parent_death import die_with_parent
-from nxd_training.run_lock import run_dir_lock
+
+LOCK_NAME = ".nxd-run.lock"
+
+
+@contextmanager
+def run_dir_lock(log_dir: Path) -> Iterator[None]:
+    """Hold the run directory's lock for the duration; refuse if another live process holds it."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
+            raise ConfigError(
+                f"{log_dir} is in use by a running nxd train ({holder}); wait for it to finish, or write "
+                "elsewhere (exp_manager.explicit_log_dir / exp_manager.version)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def torchrun_command(config: ResolvedConfig, config_path: Path) -> list[str]:
@@ -55,7 +85,7 @@ def write_run_config(config: ResolvedConfig, log_dir: Path) -> Path:
     pinned.exp_manager.explicit_log_dir = str(log_dir.resolve())
     path = log_dir / "config.yaml"
     tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(dump_config(pinned))
+    tmp.write_text(dump_resolved(pinned))
     os.replace(tmp, path)
     return path
 
@@ -69,8 +99,8 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
     lock = run_dir_lock(log_dir) if not config.launcher.node_rank else nullcontext()
     with lock:
         print(f"nxd train: writing to {log_dir}", flush=True)  # not before: a refused run writes nothing
-        config_path = write_run_config(config, log_dir)
         rank_status.clear(log_dir)  # what the ranks of this launch leave is what its last line reads
+        config_path = write_run_config(config, log_dir)
         if config.trainer.devices * config.trainer.num_nodes == 1:
             from nxd_training.loop import train
 

@@ -26,8 +26,7 @@ from nxd_training.config.schema import (
     TrainerConfig,
     TrainingConfig,
 )
-from nxd_training.loop import parse_max_time
-from nxd_training.runtime import select_backend
+from nxd_training.runtime import parse_max_time, select_backend
 
 #: bytes per parameter for fp32 weights + grads + Adam's two moments (the common worst case)
 _BYTES_PER_PARAM = 16
@@ -41,9 +40,11 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
     resolved = nxd_config(config, plan)
     _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
     remote_checkpoints_writable(config.exp_manager, log_dir)
-    backend = select_backend(config.trainer)  # the ranks' own choice, so an absent CUDA device is refused here first
-    _accelerator(config.trainer.accelerator)
-    _fused_kernels(config.model.fused_kernels, backend)
+    backend = select_backend(config.trainer)  # the ranks' own choice, so an absent device is refused here first
+    ops = config.model.fused_kernels
+    if ops and backend != "cuda":
+        raise ConfigError(f"model.fused_kernels {ops}: these are Triton kernels for CUDA GPUs, and this run uses "
+                          f"trainer.accelerator={backend}; remove model.fused_kernels or run with trainer.accelerator=cuda")
     parse_max_time(config.trainer.max_time)
     em = config.exp_manager
     _resume(em.resume_from_checkpoint)
@@ -56,8 +57,7 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
         raise ConfigError("exp_manager.checkpoint_callback_params.save_top_k=0 would keep no checkpoint of a run that "
                           "saves them: set exp_manager.create_checkpoint_callback=false to save none, or save_top_k "
                           "to N >= 1 (the newest N) or -1 (all)")
-    _data_tokenizer(config.data)
-    _generation_tokenizer(config.generation, config.data)
+    _tokenizer(config.data, config.generation)
     _memory(config.model, config.trainer, world_size)
     return resolved
 
@@ -99,21 +99,6 @@ def remote_checkpoints_writable(em: ExpManagerConfig, log_dir: Path) -> None:
                           "(e.g. AWS_* variables) allow writing") from None
 
 
-def _accelerator(name: str) -> None:
-    if name == "xla":
-        try:
-            import torch_xla  # noqa: F401
-        except ImportError:
-            raise ConfigError("trainer.accelerator=xla needs torch-xla (pip install torch-xla matching your torch); "
-                              "use trainer.accelerator=cpu or auto") from None
-
-
-def _fused_kernels(ops: list[str] | None, backend: str) -> None:
-    if ops and backend != "cuda":
-        raise ConfigError(f"model.fused_kernels {ops}: these are Triton kernels for CUDA GPUs, and this run uses "
-                          f"trainer.accelerator={backend}; remove model.fused_kernels or run with trainer.accelerator=cuda")
-
-
 def _resume(source: str | None) -> None:
     if not source or "://" in source:
         return  # remote URLs are checked by the storage plugin when the ranks open them
@@ -126,9 +111,10 @@ def _resume(source: str | None) -> None:
                           f"checkpoint; to start a run from its weights use model.pretrained_checkpoint={path}")
 
 
-def _data_tokenizer(data: DataConfig) -> None:
+def _tokenizer(data: DataConfig, gen: GenerationConfig | None) -> None:
     """A tokenizer given as a path (absolute, ./, ../, ~ or a file name) must exist; hub names and
-    built-in names are the data module's to resolve; a tokenizer built from files needs its files."""
+    built-in names are the data module's to resolve; a tokenizer built from files needs its files.
+    ``generation.prompts`` need the tokenizer at the end of the run: its path must exist now."""
     files = file_tokenizer(data)
     if files is not None:
         from nxd_data.tokenizers import load_tokenizer
@@ -143,33 +129,20 @@ def _data_tokenizer(data: DataConfig) -> None:
     if looks_like_path and not Path(text).expanduser().exists():
         raise ConfigError(f"data.tokenizer: {text} does not exist (give a tokenizer file or folder, or a Hugging Face "
                           "hub name)")
-
-
-def _generation_tokenizer(gen: GenerationConfig | None, data: DataConfig) -> None:
-    if gen is None or not gen.prompts:
-        return
-    path = tokenizer_path(data)
-    if path is not None and "://" not in str(path) and not Path(path).exists():
+    if gen is not None and gen.prompts and not Path(path).exists():
         raise ConfigError(f"generation.prompts need the tokenizer, and {path} does not exist (data.tokenizer / "
                           "model.tokenizer); fix the path or drop generation.prompts")
 
 
-def _estimated_parameters(m: ModelConfig) -> int | None:
-    h, layers, vocab = m.hidden_size, m.num_layers, m.vocab_size
-    if not (h and layers):
-        return None
-    ffn = m.ffn_hidden_size or 4 * h
-    experts = max(int(getattr(m.moe, "num_experts", 1) or 1), 1) if getattr(m, "moe", None) is not None else 1
-    per_layer = 4 * h * h + 3 * h * ffn * experts
-    return layers * per_layer + 2 * (vocab or 0) * h
-
-
-def _memory(model: ModelConfig, tr: TrainerConfig, world_size: int) -> None:
+def _memory(m: ModelConfig, tr: TrainerConfig, world_size: int) -> None:
     """Refuse sizes that cannot fit by a wide margin (weights + grads + Adam, sharded over all ranks,
     against the machine's RAM for CPU runs); borderline cases are left to the run."""
-    params = _estimated_parameters(model)
-    if params is None or tr.accelerator not in ("cpu", "auto") or torch.cuda.is_available():
+    h, layers, vocab = m.hidden_size, m.num_layers, m.vocab_size
+    if not (h and layers) or tr.accelerator not in ("cpu", "auto") or torch.cuda.is_available():
         return
+    ffn = m.ffn_hidden_size or 4 * h
+    experts = max(int(getattr(m.moe, "num_experts", 1) or 1), 1) if getattr(m, "moe", None) is not None else 1
+    params = layers * (4 * h * h + 3 * h * ffn * experts) + 2 * (vocab or 0) * h  # an estimate from the keys
     try:
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not a POSIX system that reports it

@@ -3,6 +3,11 @@
 ``make_plan(config)`` either returns a :class:`RunPlan` (world size, DP size, gradient
 accumulation, model config, the plugins the run needs) or raises one :class:`nxd.ConfigError`
 naming the keys involved.
+
+Workflows: a key under ``model_alignment_strategy`` other than ``sft`` and ``peft`` names a workflow that a
+plugin registers through ``nxd_register_workflows`` (nxd-alignment provides ``dpo`` and ``orpo``).
+The trainer only calls the :class:`nxd.specs.Workflow` contract: ``prepare`` once, ``loss`` per
+micro-batch; plain pretraining and SFT need no workflow.
 """
 
 from __future__ import annotations
@@ -34,7 +39,6 @@ from nxd_training.config.schema import (
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
 from nxd_training.schedules import SCHEDULES, schedule_names
-from nxd_training.workflow import build_workflow, workflow_name
 
 #: NxDT key in ``model`` -> Hugging Face ``config.json`` key (what model plugins accept)
 MODEL_KEY_MAP: dict[str, str] = {
@@ -52,6 +56,42 @@ MODEL_KEY_MAP: dict[str, str] = {
     "init_method_std": "initializer_range",
 }
 
+
+
+#: keys of model_alignment_strategy the trainer handles itself
+BUILTIN_KEYS = ("sft", "peft")
+
+
+def workflow_name(align: ModelAlignmentConfig | None) -> str | None:
+    """The registered workflow ``model_alignment_strategy`` names (``None``: plain pretraining or SFT)."""
+    if align is None:
+        return None
+    names = [k for k in align.model_dump(exclude_none=True) if k not in BUILTIN_KEYS]
+    if len(names) > 1:
+        raise ConfigError(f"model_alignment_strategy: choose one workflow, got {', '.join(names)}")
+    if names and align.sft is not None:
+        raise ConfigError(f"model_alignment_strategy: sft and {names[0]} are different workflows; set one of them")
+    return names[0] if names else None
+
+
+def build_workflow(align: ModelAlignmentConfig | None) -> Any:
+    """The workflow object ``model_alignment_strategy`` names, or ``None``; a missing plugin or a bad
+    option is a :class:`nxd.ConfigError` naming the key (and what to install)."""
+    name = workflow_name(align)
+    if name is None:
+        return None
+    key = f"model_alignment_strategy.{name}"
+    try:
+        factory = nxd.get_workflow(name, need=key)
+    except ComponentNotFound as exc:
+        raise ConfigError(str(exc)) from None
+    options = getattr(align, name, None)
+    try:
+        return factory(dict(options or {}))
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{key}: the {name} workflow rejected its options: {exc}") from None
 
 
 @dataclass

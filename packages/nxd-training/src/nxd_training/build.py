@@ -45,22 +45,18 @@ def lora_config(align: ModelAlignmentConfig | None, spec: Any) -> Any:
     return peft.lora_config(align.peft, list(getattr(spec, "lora_target_modules", ()) or ()))
 
 
-def model_init_config(sequential_move_factor: int, meta_device_init: bool) -> dict[str, Any]:
-    """NxD's ``model_init_config``: ``model.meta_device_init`` builds on the meta device and re-runs each
-    module's own initialisation (nxd's families initialise every tensor in ``reset_parameters``)."""
-    init: dict[str, Any] = {"sequential_move_factor": sequential_move_factor}
-    if meta_device_init:
-        from nxd_core_parallel.model_init import reset_parameters
-
-        init.update(meta_device_init=True, param_init_fn=reset_parameters)
-    return init
-
-
 def nxd_config(config: TrainingConfig, plan: RunPlan) -> NxdConfig:
     """The run's :class:`nxd.resolved.NxdConfig`, built from its resolution by the one builder every
     path uses (``--validate``, each rank, ``nxd plan``): sizes and micro-batches are the resolution's,
     the strategy and precision are derived by ``neuronx_distributed_config`` from these arguments."""
     ds, clip, r = config.distributed_strategy, config.trainer.gradient_clip_val, plan.resolution
+    init: dict[str, Any] = {"sequential_move_factor": config.trainer.sequential_move_factor}
+    if config.model.meta_device_init:
+        # builds on the meta device and re-runs each module's own initialisation (nxd's families
+        # initialise every tensor in reset_parameters)
+        from nxd_core_parallel.model_init import reset_parameters
+
+        init.update(meta_device_init=True, param_init_fn=reset_parameters)
     pipeline = {}
     if r.pp > 1:
         pipeline = {"num_microbatches": r.num_microbatches}
@@ -79,7 +75,7 @@ def nxd_config(config: TrainingConfig, plan: RunPlan) -> NxdConfig:
         optimizer_config={"zero_one_enabled": ds.zero1, "grad_clipping": bool(clip), "max_grad_norm": float(clip or 1.0)},
         activation_checkpoint_config=recompute_classes(config.model, plan.spec),
         sequence_parallel=ds.sequence_parallel,
-        model_init_config=model_init_config(config.trainer.sequential_move_factor, config.model.meta_device_init),
+        model_init_config=init,
         lora_config=lora_config(config.model_alignment_strategy, plan.spec),
         mixed_precision_config=mixed_precision_config(config.precision, config.exp_manager.checkpoint_callback_params)
         if ds.zero1 else None,

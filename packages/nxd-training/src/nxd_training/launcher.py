@@ -99,8 +99,8 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
     lock = run_dir_lock(log_dir) if not config.launcher.node_rank else nullcontext()
     with lock:
         print(f"nxd train: writing to {log_dir}", flush=True)  # not before: a refused run writes nothing
-        rank_status.clear(log_dir)  # what the ranks of this launch leave is what its last line reads
         config_path = write_run_config(config, log_dir)
+        rank_status.clear(log_dir)  # what the ranks of this launch leave is what its last line reads
         if config.trainer.devices * config.trainer.num_nodes == 1:
             from nxd_training.loop import train
 

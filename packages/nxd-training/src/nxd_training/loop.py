@@ -111,9 +111,9 @@ class Trainer:
         model_config = build.model_config_for_rank(config.precision, self.plan)
         build_fn = nxd.parallel.bind_context(self.plan.spec.build, self.context)  # the model spec gets the context
         self.model = nxd.initialize_parallel_model(self.nxd_config, build_fn, False, model_config, self.nxd_config)
-        precision.set_parallel_layers_reduce_dtype(self.model, precision.parallel_layers_reduce_dtype(config.precision))
         #: the step contract's ``autocast`` dtype (``precision.type: autocast`` or ``fp8``: bf16 forward passes)
         self.autocast = autocast_dtype(config.precision)
+        precision.set_parallel_layers_reduce_dtype(self.model, precision.parallel_layers_reduce_dtype(config.precision))
         self.lora = lora_export.lora_enabled(config.model_alignment_strategy)
         self.trainable = lora_export.trainable_counts(self.model)
         if self.lora and dist.get_rank() == 0:

@@ -62,11 +62,6 @@ def hub_path(name: str) -> Path:
     return Path(str(resources.files("nxd_training") / "hub" / f"{name}.yaml"))
 
 
-def source_path(source: str | Path) -> Path:
-    text = str(source)
-    return hub_path(text[len(HUB_PREFIX):]) if text.startswith(HUB_PREFIX) else Path(source)
-
-
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
@@ -86,7 +81,8 @@ def read_yaml(source: str | Path) -> dict[str, Any]:
     """The mapping in a YAML file (``hub:<name>`` reads a shipped config), interpolations kept as
     written. Refuses, naming the file: a missing file, bytes that are not UTF-8, invalid YAML, a
     key repeated in one mapping (OmegaConf's strict loader), and a top level that is no mapping."""
-    path = source_path(source)
+    text = str(source)
+    path = hub_path(text[len(HUB_PREFIX):]) if text.startswith(HUB_PREFIX) else Path(source)
     if path.is_dir():
         raise ConfigError(f"config file {str(path)!r} is a directory; give the YAML file in it (e.g. "
                           f"{str(path / 'config.yaml')!r}) or a hub config ({', '.join(hub_names())})")

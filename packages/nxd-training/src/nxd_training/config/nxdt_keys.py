@@ -109,20 +109,13 @@ def key_notes(config: TrainingConfig, spec: Any) -> list[str]:
     if earlier is not None:
         notes.append(f"data.alignment_strategy ({', '.join(sorted(earlier))}; NxD Training's configs of "
                      "Oct-Dec 2024) read as its later place model_alignment_strategy, with the same keys")
-    for key, what in NEURON_ONLY_KEYS.items():
+    neuron_only = {key: f"on Neuron, NxD Training sets {what} from it; nxd does not pass it on" for key, what
+                   in NEURON_ONLY_KEYS.items()}
+    for key, what in {**neuron_only, **NO_EFFECT_KEYS}.items():
         value: Any = value_at(config, key)
-        if _is_set(value):
-            notes.append(f"{key}={value!r}: on Neuron, NxD Training sets {what} from it; nxd does not pass "
-                         "it on, so it has no effect on this run")
-    for key, what in NO_EFFECT_KEYS.items():
-        value = value_at(config, key)
-        if _is_set(value):
+        if str(value).strip().lower() not in ("none", "false", "0", ""):  # NxDT writes some flags as '0'/'1'
             notes.append(f"{key}={value!r}: {what}, so it has no effect on this run")
     return notes
-
-
-def _is_set(value: Any) -> bool:
-    return str(value).strip().lower() not in ("none", "false", "0", "")  # NxDT writes some flags as '0'/'1'
 
 
 def newer_keys(sections: dict[str, Any], model: ModelConfig, spec: Any) -> None:

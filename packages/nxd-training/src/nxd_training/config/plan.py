@@ -62,24 +62,18 @@ MODEL_KEY_MAP: dict[str, str] = {
 BUILTIN_KEYS = ("sft", "peft")
 
 
-def workflow_name(align: ModelAlignmentConfig | None) -> str | None:
-    """The registered workflow ``model_alignment_strategy`` names (``None``: plain pretraining or SFT)."""
-    if align is None:
-        return None
-    names = [k for k in align.model_dump(exclude_none=True) if k not in BUILTIN_KEYS]
+def build_workflow(align: ModelAlignmentConfig | None) -> tuple[str | None, Any]:
+    """(the registered workflow ``model_alignment_strategy`` names, its object), or ``(None, None)``
+    for plain pretraining or SFT; a missing plugin or a bad option is a :class:`nxd.ConfigError`
+    naming the key (and what to install)."""
+    names = [k for k in align.model_dump(exclude_none=True) if k not in BUILTIN_KEYS] if align is not None else []
     if len(names) > 1:
         raise ConfigError(f"model_alignment_strategy: choose one workflow, got {', '.join(names)}")
     if names and align.sft is not None:
         raise ConfigError(f"model_alignment_strategy: sft and {names[0]} are different workflows; set one of them")
-    return names[0] if names else None
-
-
-def build_workflow(align: ModelAlignmentConfig | None) -> Any:
-    """The workflow object ``model_alignment_strategy`` names, or ``None``; a missing plugin or a bad
-    option is a :class:`nxd.ConfigError` naming the key (and what to install)."""
-    name = workflow_name(align)
-    if name is None:
-        return None
+    if not names:
+        return None, None
+    name = names[0]
     key = f"model_alignment_strategy.{name}"
     try:
         factory = nxd.get_workflow(name, need=key)
@@ -87,7 +81,7 @@ def build_workflow(align: ModelAlignmentConfig | None) -> Any:
         raise ConfigError(str(exc)) from None
     options = getattr(align, name, None)
     try:
-        return factory(dict(options or {}))
+        return name, factory(dict(options or {}))
     except ConfigError:
         raise
     except (TypeError, ValueError, KeyError) as exc:
@@ -118,7 +112,11 @@ class RunPlan:
         return dict(self.resolution.model)
 
 
-def _world(ds: DistributedStrategyConfig, tr: TrainerConfig) -> tuple[int, int, int, int]:
+def _sizes(ds: DistributedStrategyConfig, tr: TrainerConfig, data: DataConfig,
+           model: ModelConfig) -> tuple[int, int, int, int, int, int]:
+    """(world, tp, pp, dp, micro-batches per step, training sequence length). The sequence is
+    ``data.seq_length`` (what the data module cuts), which NxDT's SFT/DPO configs set below the
+    model's ``encoder_seq_length``; longer would exceed the model."""
     world = tr.devices * tr.num_nodes
     tp, pp, cp = ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size, ds.context_parallel_size
     sizes = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp}
@@ -131,53 +129,20 @@ def _world(ds: DistributedStrategyConfig, tr: TrainerConfig) -> tuple[int, int, 
     vpp = ds.virtual_pipeline_model_parallel_size or 1
     if vpp > 1 and pp == 1:
         raise ConfigError("distributed_strategy.virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size > 1")
-    return world, tp, pp, dp
-
-
-def _context_parallel(ds: DistributedStrategyConfig, spec: Any, seq: int, tp: int) -> None:
-    """CP needs a model whose attention spans CP ranks, and a sequence that cuts into 2 x CP chunks."""
-    cp = ds.context_parallel_size
-    if cp == 1:
-        return
-    if not getattr(spec, "context_parallel", False):
-        raise ConfigError(
-            f"distributed_strategy.context_parallel_size={cp}: model.architecture {spec.name!r} does not support "
-            "context parallelism (its ModelSpec has no context_parallel capability: ring attention across CP "
-            "ranks); use context_parallel_size=1 or a model that has it (llama)"
-        )
-    if seq % (2 * cp):
-        raise ConfigError(
-            f"distributed_strategy.context_parallel_size={cp}: seq_length={seq} must be divisible by "
-            f"2 x context_parallel_size = {2 * cp} (each CP rank holds two equal chunks of every sequence)"
-        )
-    if ds.sequence_parallel and (seq // cp) % tp:
-        raise ConfigError(
-            f"distributed_strategy.sequence_parallel with context_parallel_size={cp}: each CP rank's "
-            f"{seq // cp} tokens must be divisible by tensor_model_parallel_size={tp}"
-        )
-
-
-def _batches(data: DataConfig, dp: int) -> int:
     per_step = data.micro_batch_size * dp
     if data.global_batch_size % per_step:
         raise ConfigError(
             f"data.global_batch_size={data.global_batch_size} must be a multiple of data.micro_batch_size x DP = "
             f"{data.micro_batch_size} x {dp} = {per_step} (global batch = micro batch x DP x gradient accumulation)"
         )
-    return data.global_batch_size // per_step
-
-
-def _seq_length(data: DataConfig, model: ModelConfig) -> int:
-    """The training sequence length: ``data.seq_length`` (what the data module cuts), which NxDT's
-    SFT/DPO configs set below the model's ``encoder_seq_length``; longer would exceed the model."""
     data_len, model_len = data.seq_length, model.encoder_seq_length
     if data_len is not None and model_len is not None and data_len > model_len:
         raise ConfigError(f"data.seq_length={data_len} exceeds model.encoder_seq_length={model_len} (the longest "
                           "sequence the model is configured for); lower data.seq_length or raise encoder_seq_length")
-    length = data_len or model_len
-    if length is None:
+    seq = data_len or model_len
+    if seq is None:
         raise ConfigError("data.seq_length (or model.encoder_seq_length) is required")
-    return length
+    return world, tp, pp, dp, data.global_batch_size // per_step, seq
 
 
 def model_dict(m: ModelConfig, data: DataConfig, spec: Any, hf: dict[str, Any] | None,
@@ -243,13 +208,45 @@ def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str, list[
     return spec, as_dict, model_config, reason, list(covered.values())
 
 
-def _pipeline_model(spec: Any, pp: int) -> None:
-    """Refuse PP > 1 before launch for a model class without the pipeline contract (docs/pipeline.md)."""
+def _layout_fits_model(ds: DistributedStrategyConfig, spec: Any, model_config: Any, seq: int, tp: int, pp: int) -> None:
+    """The parallel layout fits the model: heads (and K/V heads, replicated or not) split over TP,
+    the sequence over SP and CP (CP needs a model whose attention spans CP ranks, and a sequence
+    that cuts into 2 x CP chunks), the vocabulary over TP, PP only for a model with the pipeline
+    contract (docs/pipeline.md)."""
+    cp = ds.context_parallel_size
+    if cp > 1 and not getattr(spec, "context_parallel", False):
+        raise ConfigError(
+            f"distributed_strategy.context_parallel_size={cp}: model.architecture {spec.name!r} does not support "
+            "context parallelism (its ModelSpec has no context_parallel capability: ring attention across CP "
+            "ranks); use context_parallel_size=1 or a model that has it (llama)"
+        )
+    if cp > 1 and seq % (2 * cp):
+        raise ConfigError(
+            f"distributed_strategy.context_parallel_size={cp}: seq_length={seq} must be divisible by "
+            f"2 x context_parallel_size = {2 * cp} (each CP rank holds two equal chunks of every sequence)"
+        )
+    if cp > 1 and ds.sequence_parallel and (seq // cp) % tp:
+        raise ConfigError(
+            f"distributed_strategy.sequence_parallel with context_parallel_size={cp}: each CP rank's "
+            f"{seq // cp} tokens must be divisible by tensor_model_parallel_size={tp}"
+        )
+    max_pos = getattr(model_config, "max_position_embeddings", None)
+    if max_pos is not None and seq > max_pos:
+        raise ConfigError(f"data.seq_length={seq} exceeds the model's max_position_embeddings={max_pos}")
+    if ds.sequence_parallel and seq % tp:
+        raise ConfigError(f"distributed_strategy.sequence_parallel: seq_length={seq} must be divisible by "
+                          f"tensor_model_parallel_size={tp}")
+    vocab = getattr(model_config, "vocab_size", None)
+    pads_vocab = callable(getattr(model_config, "padded_vocab_size", None))  # Megatron-style padding in the model
+    if vocab is not None and tp > 1 and vocab % tp and not pads_vocab:
+        raise ConfigError(f"model vocab_size={vocab} must be divisible by tensor_model_parallel_size={tp} "
+                          "(vocab-parallel embedding)")
     model_class = (getattr(spec, "extras", None) or {}).get("model_class")
     if pp > 1 and model_class is not None and not hasattr(model_class, "nxd_pipeline_layout"):
         raise ConfigError(f"distributed_strategy.pipeline_model_parallel_size={pp}: the {spec.name!r} model "
                           f"({model_class.__name__}) does not implement pipeline parallelism (no nxd_pipeline_layout; "
                           "see docs/pipeline.md); use pipeline_model_parallel_size=1 and tensor/expert parallelism")
+    _heads(ds, model_config, tp)
 
 
 def _heads(ds: DistributedStrategyConfig, model_config: Any, tp: int) -> None:
@@ -469,7 +466,7 @@ def plan_of(config: ResolvedConfig) -> RunPlan:
         spec = nxd.get_component("model", r.architecture, need=r.architecture_reason)
     except ComponentNotFound as exc:
         raise ConfigError(str(exc)) from None
-    return RunPlan(r, spec.config_from_dict(dict(r.model)), spec, build_workflow(config.model_alignment_strategy))
+    return RunPlan(r, spec.config_from_dict(dict(r.model)), spec, build_workflow(config.model_alignment_strategy)[1])
 
 
 def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
@@ -477,27 +474,12 @@ def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     The model comes first: a config for a model nxd cannot build is refused for that reason."""
     spec, as_dict, model_config, reason, covered_notes = _model(config)
     ds, align = config.distributed_strategy, config.model_alignment_strategy
-    world, tp, pp, dp = _world(ds, config.trainer)
-    num_mb = _batches(config.data, dp)
-    seq = _seq_length(config.data, config.model)
+    world, tp, pp, dp, num_mb, seq = _sizes(ds, config.trainer, config.data, config.model)
     _training(config.trainer, config.model.optim, config.exp_manager, config.name)
     _precision(config.precision, ds)
     _plugins(ds, align, config.exp_manager, pp, dp)
-    _heads(ds, model_config, tp)
-    _context_parallel(ds, spec, seq, tp)
-    max_pos = getattr(model_config, "max_position_embeddings", None)
-    if max_pos is not None and seq > max_pos:
-        raise ConfigError(f"data.seq_length={seq} exceeds the model's max_position_embeddings={max_pos}")
-    if ds.sequence_parallel and seq % tp:
-        raise ConfigError(f"distributed_strategy.sequence_parallel: seq_length={seq} must be divisible by "
-                          f"tensor_model_parallel_size={tp}")
-    vocab = getattr(model_config, "vocab_size", None)
-    pads_vocab = callable(getattr(model_config, "padded_vocab_size", None))  # Megatron-style padding in the model
-    if vocab is not None and tp > 1 and vocab % tp and not pads_vocab:
-        raise ConfigError(f"model vocab_size={vocab} must be divisible by tensor_model_parallel_size={tp} "
-                          "(vocab-parallel embedding)")
-    _pipeline_model(spec, pp)
-    workflow_key, workflow = workflow_name(align), build_workflow(align)
+    _layout_fits_model(ds, spec, model_config, seq, tp, pp)
+    workflow_key, workflow = build_workflow(align)
     if workflow is not None and pp > 1 and not getattr(workflow, "supports_pipeline", False):
         raise ConfigError(f"model_alignment_strategy.{workflow_key} does not support pipeline parallelism "
                           f"(pipeline_model_parallel_size={pp}): the pipeline schedule computes the next-token loss "

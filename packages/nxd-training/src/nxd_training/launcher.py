@@ -25,6 +25,7 @@ from pathlib import Path
 from nxd.errors import ConfigError
 from nxd_training import rank_status
 from nxd_training.config.resolved import ResolvedConfig, dump_resolved, load_resolved
+from nxd_training.config.schema import LauncherConfig, TrainerConfig
 from nxd_training.failure import first_failure, rendezvous_failure
 from nxd_training.parent_death import die_with_parent
 
@@ -53,10 +54,9 @@ def run_dir_lock(log_dir: Path) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def torchrun_command(config: ResolvedConfig, config_path: Path) -> list[str]:
-    """The ``python -m torch.distributed.run`` command line for this config (no fixed ports:
-    single-node runs use a c10d rendezvous on a free port)."""
-    lc, tr = config.launcher, config.trainer
+def torchrun_command(lc: LauncherConfig, tr: TrainerConfig, config_path: Path) -> list[str]:
+    """The ``python -m torch.distributed.run`` command line for the run's ``launcher`` and ``trainer``
+    sections (no fixed ports: single-node runs use a c10d rendezvous on a free port)."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         f"--nproc-per-node={lc.nproc_per_node or tr.devices}",
@@ -116,17 +116,17 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
             env["PYTHONUNBUFFERED"] = "1"
             if config.launcher.node_rank is not None:  # the ranks' records name the node as the user knows it
                 env[rank_status.NODE_ENV] = str(config.launcher.node_rank)
-            code, stderr_tail = run_forwarding_signals(torchrun_command(config, config_path), env,
+            code, stderr_tail = run_forwarding_signals(torchrun_command(config.launcher, config.trainer, config_path), env,
                                                        log_dir / INTERRUPTED_LOG, with_tail=True)
             if code not in (0, *STOPPED):
                 # a rank that ran and failed explains a rendezvous lost after it (its node's launcher went
                 # away with it); the rendezvous line is for runs where no rank of this node reported
-                line = first_failure(config, log_dir, stderr_tail) or rendezvous_failure(config, stderr_tail)
+                line = first_failure(config, log_dir, stderr_tail) or rendezvous_failure(config.launcher, config.trainer.num_nodes, stderr_tail)
                 if line:
                     print(line, file=sys.stderr, flush=True)
     if code in STOPPED:  # stopped by the user or the scheduler: no rank failed, nothing to blame
         by = "" if code == INTERRUPTED else signal.Signals(code - 128).name
-        print(stopped_message(config, log_dir, by), file=sys.stderr, flush=True)
+        print(stopped_message(config.exp_manager, log_dir, by), file=sys.stderr, flush=True)
     return code
 
 

@@ -20,6 +20,7 @@ import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
 from nxd.resolved import pipeline_schedule
+from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
 from nxd_training.config import peft
 from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
 from nxd_training.config.nxdt_keys import key_notes, newer_keys
@@ -250,8 +251,10 @@ def _layout_fits_model(ds: DistributedStrategyConfig, spec: Any, model_config: A
 
 
 def _heads(ds: DistributedStrategyConfig, model_config: Any, tp: int) -> None:
+    """TP must shard whole query heads; K/V heads TP does not divide are replicated by the model
+    (NxD's ``kv_size_multiplier``), and ``kv_replicator``, when given, must be that replication."""
     heads = getattr(model_config, "num_attention_heads", None)
-    kv = getattr(model_config, "num_key_value_heads", None) or heads
+    kv = getattr(model_config, "num_key_value_heads", None) or getattr(model_config, "num_query_groups", None) or heads
     if heads is None:
         return
     if heads % tp:
@@ -263,17 +266,25 @@ def _heads(ds: DistributedStrategyConfig, model_config: Any, tp: int) -> None:
     if kv % tp == 0:
         return
     rep = ds.kv_replicator
+    multiplier = kv_size_multiplier_for(heads, kv, tp)
     if rep is None:
         if tp % kv == 0:
             return  # the model replicates K/V heads (kv_size_multiplier = TP / kv heads)
         raise ConfigError(
             f"distributed_strategy.tensor_model_parallel_size={tp} must divide num_kv_heads={kv}, or be a multiple "
-            f"of it so K/V heads can be replicated (set distributed_strategy.kv_replicator)"
+            f"of it so K/V heads can be replicated (set distributed_strategy.kv_replicator"
+            + (f": {multiplier} places these heads)" if multiplier else ")")
         )
     if (kv * rep) % tp:
         raise ConfigError(
             f"distributed_strategy.kv_replicator={rep}: num_kv_heads x kv_replicator = {kv * rep} must be divisible "
             f"by tensor_model_parallel_size={tp}"
+        )
+    if multiplier is not None and rep != multiplier:
+        raise ConfigError(
+            f"distributed_strategy.kv_replicator={rep}: nxd's models replicate {kv} K/V heads over "
+            f"tensor_model_parallel_size={tp} {multiplier} times (each rank then holds the KV heads its query heads "
+            f"use); set kv_replicator: {multiplier}"
         )
 
 

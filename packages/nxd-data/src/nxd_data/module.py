@@ -20,6 +20,14 @@ from nxd.errors import ConfigError
 from nxd_data.streams import Source
 
 
+def config_flag(config: dict, key: str, default: bool) -> bool:
+    """The boolean ``data.<key>`` of a data module's config (``default`` when absent)."""
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"data.{key} must be true or false, got {value!r}")
+    return value
+
+
 def check_geometry(seq_length: int, micro_batch_size: int, global_batch_size: int, dp_rank: int, dp_size: int) -> None:
     for name, value in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size),
                         ("global_batch_size", global_batch_size), ("dp_size", dp_size)):

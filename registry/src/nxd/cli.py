@@ -18,12 +18,12 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"nxd {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     components = state().components
+    missing = sorted(set(CATALOG["command"]) - set(components.names("command")))
     for component in components.all("command"):
         sub = verbs.add_parser(component.name, help=component.obj.help, description=component.obj.help)
         if verb is None or component.name == verb:
             component.obj.add_arguments(sub)
         sub.set_defaults(_run=component.obj.run)
-    missing = sorted(set(CATALOG["command"]) - set(components.names("command")))
     if missing:
         parser.epilog = "more verbs from plugins not installed: " + ", ".join(
             f"{verb} ({CATALOG['command'][verb]})" for verb in missing

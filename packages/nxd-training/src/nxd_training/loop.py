@@ -114,15 +114,15 @@ class Trainer:
         #: the step contract's ``autocast`` dtype (``precision.type: autocast`` or ``fp8``: bf16 forward passes)
         self.autocast = autocast_dtype(config.precision)
         precision.set_parallel_layers_reduce_dtype(self.model, precision.parallel_layers_reduce_dtype(config.precision))
-        self.lora = lora_export.lora_enabled(config.model_alignment_strategy)
+        lora = self.nxd_config.lora_config  # NxD's LoraConfig, built once with the NxD config (None: no LoRA)
+        self.lora = lora is not None
         self.trainable = lora_export.trainable_counts(self.model)
         if self.lora and dist.get_rank() == 0:
             print(f"nxd train: LoRA: {lora_export.describe(self.trainable)}", flush=True)
         self.lora_exports: list[str] = []
         self.initialised_from: str | None = None
         #: what the checkpoints record of the model, so `nxd ckpt convert RUN_DIR` needs no arguments
-        lora = build.lora_config(config.model_alignment_strategy, self.plan.spec) if self.lora else None
-        self.model_record = model_record(self.plan.spec.name, self.plan.model_dict, tokenizer_path(config.data),
+        self.model_record = model_record(self.plan.spec.name, self.plan.resolution.model, tokenizer_path(config.data),
                                          lora.to_dict() if lora is not None else None)
         if self.lora and is_url(self.ckpt_dir):
             raise ConfigError(f"LoRA exports are written to a local directory, and checkpoint_callback_params.dirpath "
@@ -139,8 +139,8 @@ class Trainer:
         self.valid_metrics: dict[str, float] = {}
         self.step = 0
         self.logger = MetricsLogger(config.exp_manager, self.log_dir, enabled=self.rank == 0)
-        self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config, self.plan.seq_length)
         self.peak = metrics.peak_tflops(self.backend, config.exp_manager.peak_tflops_per_device)
+        self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config, self.plan.seq_length)
         self.tokens_per_step = config.data.global_batch_size * self.plan.seq_length
         self.profiler = StepProfiler(config.trainer.profile, self.log_dir, self.rank, self.device)
 

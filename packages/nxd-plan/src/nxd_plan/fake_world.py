@@ -46,10 +46,8 @@ def fake_rank(rank: int, world_size: int) -> Iterator[None]:
         with torch.device("meta"):
             yield
     finally:
-        from nxd_core_parallel import parallel_state
-
         with contextlib.suppress(Exception):
-            parallel_state.destroy_model_parallel()
+            nxd.parallel.destroy_parallel_context()
         dist.destroy_process_group()
 
 

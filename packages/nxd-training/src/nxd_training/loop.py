@@ -102,10 +102,8 @@ class Trainer:
         self.rank = dist.get_rank()
         self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
         self.ckpt_dir = checkpoint_dir(config.exp_manager, self.log_dir)
-        from nxd_core_parallel import parallel_state
         from nxd_core_parallel.parallel_layers.random import model_parallel_manual_seed
 
-        self.ps = parallel_state
         self.device = self.context.device
         model_parallel_manual_seed(config.seed, self.context)
         model_config = build.model_config_for_rank(config.precision, self.plan)
@@ -501,7 +499,7 @@ class Trainer:
             print(f"nxd train: rank {self.rank}: {exc}", file=sys.stderr, flush=True)
         if self.owns_group and dist.is_initialized():
             with contextlib.suppress(Exception):
-                self.ps.destroy_model_parallel()
+                nxd.parallel.destroy_parallel_context()  # the groups this trainer started
             dist.destroy_process_group()
 
 

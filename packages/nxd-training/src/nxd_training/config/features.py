@@ -122,27 +122,27 @@ def _model_types() -> dict[str, str]:
     return out
 
 
-def select_model(config: TrainingConfig, hf: dict[str, Any] | None) -> tuple[str, str]:
-    """(model name, why): ``model.architecture`` if given, else chosen the way NxDT chooses."""
-    m = config.model
+def select_model(m: ModelConfig, model_source: str, run_name: str, hf: dict[str, Any] | None) -> tuple[str, str]:
+    """(model name, why): ``model.architecture`` if given, else chosen the way NxDT chooses (from
+    ``model_source``, ``model.moe``, the ``model_config`` file ``hf``, the run's ``name``)."""
     if m.architecture is not None:
         return m.architecture, f"model.architecture={m.architecture}"
     if m.moe is not None:
         return "mixtral", "model.moe (a Mixture-of-Experts model)"
-    if config.model_source == "megatron":
+    if model_source == "megatron":
         return "gpt", "model_source=megatron (NxD Training's Megatron GPT model)"
     model_type = (hf or {}).get("model_type")
     if model_type:
         return _model_types().get(model_type, model_type), f"model.model_config (model_type {model_type!r})"
-    if "mixtral" in config.name.lower():
-        return "mixtral", f"name={config.name!r} (NxD Training builds Mixtral for hf runs named *mixtral*)"
+    if "mixtral" in run_name.lower():
+        return "mixtral", f"name={run_name!r} (NxD Training builds Mixtral for hf runs named *mixtral*)"
     return DEFAULT_ARCHITECTURE, "model_source=hf (NxD Training's HF Llama model)"
 
 
-def model_spec(config: TrainingConfig, hf: dict[str, Any] | None) -> tuple[Any, str]:
+def model_spec(m: ModelConfig, model_source: str, run_name: str, hf: dict[str, Any] | None) -> tuple[Any, str]:
     """(the registered spec of the model this config describes, which key chose it), or a
     ConfigError naming the plugin."""
-    name, why = select_model(config, hf)
+    name, why = select_model(m, model_source, run_name, hf)
     try:
         spec = nxd.get_component("model", name, need=why)
     except ComponentNotFound as exc:

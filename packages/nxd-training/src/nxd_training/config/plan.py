@@ -195,7 +195,7 @@ def _tokenizer_vocab(data: DataConfig) -> int | None:
 def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str, list[str]]:
     """(spec, model dict, model config, why this model, notes on config.json keys it does not take)."""
     hf = hf_config_file(config.model)
-    spec, reason = model_spec(config, hf)
+    spec, reason = model_spec(config.model, config.model_source, config.name, hf)
     # the training sequence (checked with the batch sizes later: the model is refused first)
     covered = check_features(config, spec, hf, config.data.seq_length or config.model.encoder_seq_length)
     recompute_classes(config.model, spec)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from nxd import __version__, warning_lines
 from nxd.catalog import CATALOG
-from nxd.errors import NxdError
+from nxd.errors import ConfigError, NxdError
 from nxd.plugins import state
 
 
@@ -29,6 +31,32 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
             f"{verb} ({CATALOG['command'][verb]})" for verb in missing
         )
     return parser
+
+
+def take_trailing_flags(args: argparse.Namespace, switches: Iterable[str] = (),
+                        valued: Mapping[str, Callable[[str], Any]] | None = None) -> None:
+    """A verb's flags may follow its overrides (``nxd train cfg.yaml a.b=1 --validate``), which
+    argparse's REMAINDER keeps as overrides: each switch found there sets its attribute True, each
+    valued flag (``--x v`` or ``--x=v``) its value parsed by ``valued[flag]``; the rest stay
+    ``args.overrides``."""
+    valued = valued or {}
+    rest, items = [], list(args.overrides)
+    while items:
+        item = items.pop(0)
+        name, eq, value = item.partition("=")
+        if item in switches:
+            setattr(args, item[2:].replace("-", "_"), True)
+        elif name in valued:
+            raw = value if eq else (items.pop(0) if items else None)
+            if raw is None:
+                raise ConfigError(f"{name} needs a value")
+            try:
+                setattr(args, name[2:].replace("-", "_"), valued[name](raw))
+            except ValueError:
+                raise ConfigError(f"{name}: not a number: {raw!r}") from None
+        else:
+            rest.append(item)
+    args.overrides = rest
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 
 import nxd.trainer
 from nxd import Command, ComponentNotFound, ConfigError
+from nxd.cli import take_trailing_flags
 
 
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,34 +63,13 @@ def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
     return PreparedRun(config, plan, log_dir, cluster_note, nxd_config)
 
 
-def _device_memory_flag(args: argparse.Namespace) -> None:
-    """``--device-memory GiB`` may follow the overrides (they are argparse's REMAINDER)."""
-    rest, items = [], list(args.overrides)
-    while items:
-        item = items.pop(0)
-        name, eq, value = item.partition("=")
-        if name != "--device-memory":
-            rest.append(item)
-            continue
-        raw = value if eq else (items.pop(0) if items else "")
-        try:
-            args.device_memory = float(raw)
-        except ValueError:
-            raise ConfigError(f"--device-memory: not a number of GiB: {raw!r}") from None
-    args.overrides = rest
-
-
 def _run_train(args: argparse.Namespace) -> int:
     from nxd_training.config.loader import dump_config
     from nxd_training.launcher import launch
 
-    for flag in ("--validate", "--print-config"):
-        if flag in args.overrides:
-            args.overrides = [o for o in args.overrides if o != flag]
-            setattr(args, flag[2:].replace("-", "_"), True)
-    dry = args.validate or args.print_config
     try:
-        _device_memory_flag(args)
+        take_trailing_flags(args, ("--validate", "--print-config"), {"--device-memory": float})
+        dry = args.validate or args.print_config
         run = prepare_run(args.config, args.overrides)
         if not dry:
             _require_rendezvous(run.config)  # a multi-node run needs one before anything starts; validation does not

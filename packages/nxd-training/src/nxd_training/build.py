@@ -81,7 +81,7 @@ def nxd_config(config: TrainingConfig, plan: RunPlan) -> NxdConfig:
         if ds.zero1 else None,
         compile_config=config.trainer.compile,
         fsdp_config=ds.fsdp or None,
-        model_transforms=model_transforms(config),
+        model_transforms=model_transforms(config.precision, config.trainer),
     )
 
 

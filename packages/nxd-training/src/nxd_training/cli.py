@@ -24,9 +24,9 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
                              "fit is refused (default: the device's own memory when known; never checked on CPU)")
 
 
-def _require_rendezvous(config) -> None:
-    tr = config.trainer
-    if tr.num_nodes > 1 and not config.launcher.rdzv_endpoint:
+def _require_rendezvous(tr: Any, launcher: Any) -> None:
+    """A multi-node run (``trainer.num_nodes``) needs ``launcher.rdzv_endpoint`` or a cluster that says it."""
+    if tr.num_nodes > 1 and not launcher.rdzv_endpoint:
         raise ConfigError(f"trainer.num_nodes={tr.num_nodes}: set launcher.rdzv_endpoint (host:port reachable from every "
                           "node) so the nodes can find each other, or run under SLURM (srun) or a torchrun-style "
                           "environment (MASTER_ADDR/MASTER_PORT, e.g. a Kubernetes PyTorchJob) that says it; "
@@ -72,7 +72,7 @@ def _run_train(args: argparse.Namespace) -> int:
         dry = args.validate or args.print_config
         run = prepare_run(args.config, args.overrides)
         if not dry:
-            _require_rendezvous(run.config)  # a multi-node run needs one before anything starts; validation does not
+            _require_rendezvous(run.config.trainer, run.config.launcher)  # a multi-node run needs one before anything starts; validation does not
     except (ConfigError, ComponentNotFound) as exc:
         print(f"nxd train: {exc}", file=sys.stderr)
         return 2

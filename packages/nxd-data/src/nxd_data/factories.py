@@ -15,7 +15,7 @@ import numpy as np
 from nxd.errors import ConfigError
 from nxd_data.gpt_dataset import GPTSamples, parse_splits, pretraining_sample, split_ranges
 from nxd_data.indexed import IndexedDataset
-from nxd_data.module import StreamDataModule, check_geometry, config_flag
+from nxd_data.module import StreamDataModule, check_geometry, check_seq_length, config_flag
 from nxd_data.prepare import read_metadata
 from nxd_data.sft import SFTSource, jsonl_files, load_examples, pack
 from nxd_data.sources import dev_choose_samples, read_jsonl
@@ -33,11 +33,6 @@ MEGATRON_VALUES: dict[str, tuple[Any, str]] = {
     "pad_samples_to_global_batch_size": (False, "training batches are always whole"),
     "validation_drop_last": (True, "validation uses whole micro-batches only"),
 }
-
-
-def _check_seq_length(config: dict, seq_length: int) -> None:
-    if config.get("seq_length") is not None and config["seq_length"] != seq_length:
-        raise ConfigError(f"data.seq_length={config['seq_length']} differs from the model's seq_length={seq_length}")
 
 
 def parse_blend(value: Any, key: str = "data_prefix") -> list[tuple[float, str]]:
@@ -113,7 +108,7 @@ class IndexedDataModuleFactory:
         config = dict(config)
         config.setdefault("seq_length", seq_length)
         self.validate(config)
-        _check_seq_length(config, seq_length)
+        check_seq_length(config, seq_length)
         parsed = parse_prefix(config)
         splits = config.get("splits_string", "980,10,10")
         shuffle = config_flag(config, "shuffle", True)
@@ -196,7 +191,7 @@ class SFTDataModuleFactory:
         dp_rank: int, dp_size: int, seed: int,
     ) -> StreamDataModule:
         check_geometry(seq_length, micro_batch_size, global_batch_size, dp_rank, dp_size)
-        _check_seq_length(config, seq_length)
+        check_seq_length(config, seq_length)
         if "train_dir" not in config or "tokenizer" not in config:
             self.validate(config)
         tok = load_tokenizer(config["tokenizer"])

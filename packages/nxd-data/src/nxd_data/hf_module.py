@@ -24,7 +24,7 @@ import numpy as np
 from nxd.errors import ConfigError
 from nxd_data.gpt_dataset import pretraining_sample
 from nxd_data.hf_disk import load_saved_dataset
-from nxd_data.module import StreamDataModule, check_geometry, config_flag
+from nxd_data.module import StreamDataModule, check_geometry, check_seq_length, config_flag
 from nxd_data.streams import EpochStream, MappedSource
 from nxd_data.tokenizers import load_tokenizer
 
@@ -172,8 +172,7 @@ class HFDataModuleFactory:
         dp_rank: int, dp_size: int, seed: int,
     ) -> StreamDataModule:
         check_geometry(seq_length, micro_batch_size, global_batch_size, dp_rank, dp_size)
-        if config.get("seq_length") is not None and config["seq_length"] != seq_length:
-            raise ConfigError(f"data.seq_length={config['seq_length']} differs from the model's seq_length={seq_length}")
+        check_seq_length(config, seq_length)
         if "train_dir" not in config:
             self.validate(config)
         shuffle = config_flag(config, "shuffle", True)

@@ -14,6 +14,7 @@ from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
 from nxd_ckpt.formats import format_for_file, get_format
 from nxd_ckpt.layout import parse_shard_name, rng_name, shard_ep_rank, shard_name
 from nxd_ckpt.metadata import shardings_of
+from nxd_ckpt.nxd_dcp import is_nxd_dcp_optim, nxd_dcp_xla_shard, read_dcp
 from nxd_ckpt.nxd_layouts import adapt_qkv_names, nxd_written_degrees
 from nxd_ckpt.nxd_reshard import needs_nxd_reshard, nxd_written_state, warn_tiled
 from nxd_ckpt.rng import restore_rng_state
@@ -194,7 +195,7 @@ def _reshard(reader: Reader, meta: dict, target: dict[str, Any], shardings: dict
     return out
 
 
-def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topology) -> None:
+def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topology, model: Any = None) -> None:
     zero1_now = bool(getattr(optimizer, "nxd_zero1", False))
     where = reader.storage.describe(f"{reader.tag}/optim")
     if meta is not None and (meta["degrees"]["tp"], meta["degrees"]["pp"]) != (topo.tp, topo.pp):
@@ -204,6 +205,9 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
         )
     if meta is None:
         _check_nxd_optimizer_layout(reader, topo)
+        if is_nxd_dcp_optim(reader.storage, reader.tag):
+            _load_nxd_dcp_optimizer(reader, optimizer, model, topo, zero1_now)
+            return
     if meta is not None and not meta.get("has_optimizer", True):
         raise CheckpointError(f"checkpoint {reader.storage.describe(reader.tag)} was saved without optimizer state "
                               "(pass optimizer=None to load the weights only)")
@@ -251,6 +255,21 @@ def _check_nxd_optimizer_layout(reader: Reader, topo: Topology) -> None:
         raise CheckpointError(f"{where}: the model's K/V heads were tiled over TP by NxD and nxd's ranks took them "
                               f"renumbered ({reader.nxd_renumbered[0]}, ...); NxD's optimizer state of each TP rank "
                               "cannot follow them: pass optimizer=None to load the weights only")
+
+
+def _load_nxd_dcp_optimizer(reader: Reader, optimizer: Any, model: Any, topo: Topology, zero1_now: bool) -> None:
+    """NxD's ZeRO-1 state saved with DCP (``use_zero1_dcp=True``): keyed by parameter name, so the
+    model names the optimizer's parameters."""
+    where = reader.storage.describe(f"{reader.tag}/optim")
+    if not zero1_now:
+        raise CheckpointError(f"{where}: NxD's ZeRO-1 optimizer state (torch.distributed.checkpoint layout); the "
+                              "current optimizer is not ZeRO-1")
+    if model is None:
+        raise CheckpointError(f"{where}: NxD's DCP optimizer state is keyed by parameter name: pass the model too")
+    names = {id(p): n for n, p in unwrap_model(model).named_parameters()}
+    groups = [[(names.get(id(p), "?"), p) for p in g["params"]] for g in optimizer.param_groups]
+    state = read_dcp(reader.storage, f"{reader.tag}/optim")
+    optimizer.load_state_dict_from_shards([nxd_dcp_xla_shard(state, groups, topo.tp_rank, topo.pp_rank, where)])
 
 
 def _is_torch_xla_zero1(state: Any) -> bool:

@@ -234,3 +234,31 @@ def test_bad_arguments_are_named(tmp_path):
         nxd.save_checkpoint(str(tmp_path), "a", model=TinyNet(), num_kept_ckpts=0)
     with pytest.raises(ValueError, match="tag"):
         nxd.save_checkpoint(str(tmp_path), "a/b", model=TinyNet())
+
+
+class _Adapted(torch.nn.Module):
+    """A model wrapped by an adapter as nxd-lora's LoRAModel (and PEFT, NxD) wraps it: the base under
+    ``module.``, returned by ``get_base_model()``, plus the adapter's own parameter."""
+
+    def __init__(self, base: torch.nn.Module) -> None:
+        super().__init__()
+        self.module, self.adapter = base, torch.nn.Parameter(torch.zeros(3))
+
+    def get_base_model(self) -> torch.nn.Module:
+        return self.module
+
+
+def test_plain_checkpoint_loads_into_the_base_of_an_adapted_model(tmp_path):
+    model, _, _ = _trained()
+    nxd.save_checkpoint(str(tmp_path), "pretrained", model=model)
+    adapted = _Adapted(_fresh()[0])
+    with pytest.warns(UserWarning, match=r"left 1 model tensor.*\['adapter'\]"):
+        nxd.load_checkpoint(str(tmp_path), "pretrained", model=adapted, strict=False)
+    _assert_same_state(model.state_dict(), adapted.module.state_dict())
+    with pytest.raises(CheckpointError, match="adapter"):
+        nxd.load_checkpoint(str(tmp_path), "pretrained", model=_Adapted(_fresh()[0]))
+    # saved from the adapted model: its own names, as they are
+    nxd.save_checkpoint(str(tmp_path), "adapted", model=adapted)
+    again = _Adapted(_fresh()[0])
+    nxd.load_checkpoint(str(tmp_path), "adapted", model=again)
+    _assert_same_state(adapted.state_dict(), again.state_dict())

@@ -17,7 +17,10 @@ from pathlib import Path
 
 #: The examples' pins (requirements.txt) and the versions those pins need.
 LEGACY_PINS = ("transformers==4.48.0", "datasets==3.6.0", "tokenizers>=0.21,<0.22", "huggingface-hub>=0.24,<1.0",
-               "fsspec[http]>=2023.1.0,<=2025.3.0")
+               "fsspec[http]>=2023.1.0,<=2025.3.0",
+               # the fine-tuning example scores with torchmetrics' ROUGE (torchmetrics comes with Lightning), which
+               # needs nltk ("Need to run ... nltk.download('punkt')", its evaluate())
+               "nltk==3.10.4", "joblib==1.6.0")
 #: NxD's GPT-NeoX and BERT examples pin transformers 4.26 (their requirements.txt)
 NEOX_PINS = ("transformers==4.26.0", "datasets==3.6.0", "tokenizers>=0.11,<0.14", "huggingface-hub>=0.11,<0.25",
              "fsspec[http]>=2023.1.0,<=2025.3.0")

@@ -1,6 +1,6 @@
 """What ``nxd-compat-run`` sets up so a script written for torch-xla runs on CPU or CUDA: the
-``"xla"`` process-group backend (gloo on CPU, NCCL on CUDA) and tensors created on ``device="xla"``
-landing on nxd's device. Only ever installed by the runner, and only when torch-xla is absent."""
+``"xla"`` process-group backend (gloo on CPU, NCCL on CUDA), tensors created on ``device="xla"``
+and moved with ``tensor.to("xla")`` landing on nxd's device. Only ever installed by the runner, and only when torch-xla is absent."""
 
 from __future__ import annotations
 
@@ -34,6 +34,26 @@ def _empty_on_nxd_device(size: Any, *, dtype: Any = None, layout: Any = None, de
     return torch.empty(size, dtype=dtype, layout=layout, device=get_device(), memory_format=memory_format)
 
 
+def _is_xla(device: Any) -> bool:
+    return (isinstance(device, str) and device.split(":")[0] == "xla") or (
+        isinstance(device, torch.device) and device.type == "xla")
+
+
+def _move_to_nxd_device(to: Any) -> Any:
+    """``Tensor.to`` with an ``xla`` device read as nxd's device. Factory functions reach the
+    ``empty`` registration below, but a copy to ``xla`` asks torch for XLA's device guard, which a
+    CPU/CUDA build lacks (NxD's fine-tuning example moves its eval batches with ``.to("xla")``)."""
+    from nxd_core_parallel.backends import get_device
+
+    def moved(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        args = tuple(get_device() if _is_xla(a) else a for a in args)
+        if _is_xla(kwargs.get("device")):
+            kwargs["device"] = get_device()
+        return to(self, *args, **kwargs)
+
+    return moved
+
+
 def install() -> None:
     """Register the ``xla`` process-group backend and the ``xla`` device allocation (idempotent)."""
     if _installed:
@@ -43,6 +63,7 @@ def install() -> None:
         dist.Backend.register_backend("xla", _make_process_group, devices=[backend_name()])
     library = torch.library.Library("aten", "IMPL")
     library.impl("empty.memory_format", _empty_on_nxd_device, "XLA")
+    torch.Tensor.to = _move_to_nxd_device(torch.Tensor.to)
     _installed.append(library)
 
 

@@ -23,7 +23,9 @@ class LoraConfig:
     regex string matched against the whole name. ``None`` uses the model spec's default targets.
     """
 
-    enable_lora: bool = False
+    #: NxD since 2.21 applies LoRA whenever a LoraConfig is given (it dropped this field); NxD 2.19-2.20
+    #: scripts pass it explicitly, and ``False`` still leaves the model unadapted
+    enable_lora: bool = True
     lora_rank: int = 16
     lora_alpha: float = 8.0
     lora_dropout: float = 0.0

@@ -1,1 +1,1 @@
-"""Higher-level modules: fused GQA QKV projection, RMSNorm, rotary embeddings, the attention mask."""
+"""Higher-level TP modules: fused GQA QKV projection, RMSNorm."""

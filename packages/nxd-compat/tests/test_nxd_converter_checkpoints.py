@@ -1,14 +1,14 @@
-"""Checkpoints written by NxD's own converter load as written, and nxd's load back into NxD's.
+"""Checkpoints written by NxD's own converter load at any TP/PP, and nxd's load back into NxD's.
 
 NxD's ``scripts/checkpoint_converter.py`` (vendored unchanged as
 ``neuronx_distributed.scripts.checkpoint_converter``, torch-xla's serialization aside) converts a
-Hugging Face Llama (GQA) to NxD's TP=2 layout in each naming NxD's modules use: fused
+Hugging Face Llama (GQA) to NxD's layout in each naming NxD's modules use: fused
 ``qkv_proj.weight_qkv``, separate ``qkv_proj.weight_q/k/v`` (``GQAQKVColumnParallelLinear(
-fuse_qkv=False)``), plain ``q_proj/k_proj/v_proj``, KV heads replicated (``kv_size_multiplier``),
-and torch-xla's xser files. Each loads into nxd's Llama at TP=2 with ``load_checkpoint`` (the
-converter writes no ``done``: the tag is named) and its logits equal transformers' (the oracle).
-Reverse: a checkpoint nxd saved is merged by NxD's ``--convert_to_full_state`` into the Hugging
-Face state dict it came from, tensor for tensor.
+fuse_qkv=False)``), plain ``q_proj/k_proj/v_proj``, KV heads replicated (``kv_size_multiplier``,
+one piece or two tiled pieces), torch-xla's xser files, at TP=1/2/4 and PP=1/2. Each loads into
+nxd's Llama at TP=1 and TP=2 with ``load_checkpoint`` (the converter writes no ``done``: the tag is
+named) and its logits equal transformers' (the oracle). Reverse: a checkpoint nxd saved is merged
+by NxD's ``--convert_to_full_state`` into the Hugging Face state dict it came from, tensor for tensor.
 """
 
 from __future__ import annotations
@@ -25,15 +25,21 @@ pytest.importorskip("nxd_models_llama")
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             max_position_embeddings=64, rms_norm_eps=1e-5, initializer_range=0.1, bos_token_id=None,
             eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-COMMON = ["--convert_from_full_state", "--tp_size", "2", "--hw_backend", "trn2"]
-#: name -> (num_key_value_heads, converter flags): every layout NxD's converter writes for Llama
+#: name -> (query heads, KV heads, TP written at, converter flags): every layout NxD's converter
+#: writes for Llama (--hw_backend trn2 unless named; its trn1 GQA path needs TP >= KV heads). kv_pieces_*: 2 KV heads replicated twice over TP=4, two distinct pieces, tiled
+#: by the converter; trn1 permutes the query heads to match (the HF model), trn2 leaves them in order
 LAYOUTS = {
-    "fused_qkv": (2, ["--qkv_linear", "1", "--fuse_qkv", "1"]),
-    "separate_qkv": (2, ["--qkv_linear", "1"]),
-    "plain_q_k_v_proj": (2, []),
-    "kv_replicas": (1, ["--qkv_linear", "1", "--fuse_qkv", "1", "--kv_size_multiplier", "2"]),
-    "xser": (2, ["--qkv_linear", "1", "--fuse_qkv", "1", "--save_xser", "1"]),
+    "fused_qkv": (4, 2, 2, ["--qkv_linear", "1", "--fuse_qkv", "1"]),
+    "separate_qkv": (4, 2, 2, ["--qkv_linear", "1"]),
+    "plain_q_k_v_proj": (4, 2, 2, []),
+    "kv_replicas": (4, 1, 2, ["--qkv_linear", "1", "--fuse_qkv", "1", "--kv_size_multiplier", "2"]),
+    "xser": (4, 2, 2, ["--qkv_linear", "1", "--fuse_qkv", "1", "--save_xser", "1"]),
+    "tp1": (4, 2, 1, ["--qkv_linear", "1", "--fuse_qkv", "1"]),
+    "pp2_tp2": (4, 2, 2, ["--qkv_linear", "1", "--pp_size", "2"]),
+    "kv_pieces_trn1": (8, 2, 4, ["--qkv_linear", "1", "--fuse_qkv", "1", "--kv_size_multiplier", "2",
+                                 "--hw_backend", "trn1"]),
 }
+TRN2_PIECES = (8, 2, 4, ["--qkv_linear", "1", "--fuse_qkv", "1", "--kv_size_multiplier", "2", "--hw_backend", "trn2"])
 IDS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(3))
 
 
@@ -60,39 +66,80 @@ def _write_hf(model, where: Path) -> tuple[Path, Path]:
     return where / "full.pt", where / "config.json"
 
 
-def load_logits_body(root: str, cases: dict[str, str]) -> dict | None:
+def _convert(root: Path, name: str, heads: int, kv_heads: int, tp: int, flags: list[str]):
+    """The HF model and the config NxD's converter wrote ``root/name`` from, at ``tp``."""
+    hf = _hf_model(kv_heads, heads)
+    full, config = _write_hf(hf, root / "hf" / name)
+    _nxd_converter("--convert_from_full_state", "--tp_size", str(tp), "--hw_backend", "trn2", "--input_dir", str(full),
+                   "--config", str(config), "--output_dir", str(root / "ckpts" / name), *flags)
+    assert not (root / "ckpts" / name / "done").exists()  # NxD's converter leaves no marker
+    return hf, config
+
+
+def load_logits_body(root: str, cases: dict[str, str], tp: int) -> dict | None:
+    """``tag -> (logits, tiled-layout warnings)`` of nxd's Llama loaded from each tag at ``tp``
+    (TP=1: in this process, without torch.distributed)."""
+    import warnings
+
     import nxd
     from nxd_core_parallel import parallel_state
     from nxd_models_llama import LlamaForCausalLM, gather_vocab_logits
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    if tp > 1:
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     out = {}
     for tag, config in cases.items():
         torch.manual_seed(123)  # not the HF seed: every weight must come from the checkpoint
         model = LlamaForCausalLM(json.loads(Path(config).read_text()))
-        nxd.load_checkpoint(root, tag=tag, model=model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            nxd.load_checkpoint(root, tag=tag, model=model)
         with torch.no_grad():
-            out[tag] = gather_vocab_logits(model(IDS).logits, model.config.vocab_size)
-    return out if torch.distributed.get_rank() == 0 else None
+            logits = model(IDS).logits
+            out[tag] = (gather_vocab_logits(logits, model.config.vocab_size) if tp > 1 else logits,
+                        [str(w.message) for w in caught if "tiled over TP" in str(w.message)])
+    return out if tp == 1 or torch.distributed.get_rank() == 0 else None
 
 
-def test_nxd_converter_layouts_load_with_hf_logits(rank_pool, tmp_path):
-    root = tmp_path / "ckpts"
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want).abs().max() / want.abs().max()).item()
+
+
+def test_nxd_converter_layouts_load_at_any_tp_with_hf_logits(rank_pool, tmp_path):
+    # every layout, written at TP=1/2/4 (PP=1/2), loads at TP=2 and at TP=1: NxD's files carry no
+    # sharding, the model does; K/V tiled by NxD are renumbered into nxd's adjacent layout
     cases, want = {}, {}
-    for name, (kv_heads, flags) in LAYOUTS.items():
-        hf = _hf_model(kv_heads)
-        full, config = _write_hf(hf, tmp_path / "hf" / name)
-        _nxd_converter(*COMMON, "--input_dir", str(full), "--config", str(config), "--output_dir",
-                       str(root / name), *flags)
-        assert not (root / name / "done").exists()  # NxD's converter leaves no marker
+    for name, (heads, kv_heads, tp, flags) in LAYOUTS.items():
+        hf, config = _convert(tmp_path, name, heads, kv_heads, tp, flags)
         cases[name] = str(config)
         with torch.no_grad():
             want[name] = hf(IDS).logits.double()
-    got = rank_pool(2).run(load_logits_body, str(root), cases)[0]
-    for name in LAYOUTS:
-        # fp32 model vs fp32 model: the same ops in another order (TP reductions), errors ~1e-6
-        err = ((got[name].double() - want[name]).abs().max() / want[name].abs().max()).item()
-        assert err < 1e-5, (name, err)
+    root = str(tmp_path / "ckpts")
+    for tp in (1, 2):
+        got = load_logits_body(root, cases, 1) if tp == 1 else rank_pool(2).run(load_logits_body, root, cases, 2)[0]
+        for name, (logits, tiled_warnings) in got.items():
+            # fp32 model vs fp32 model: the same ops in another order (TP reductions), errors ~1e-6
+            assert _rel_err(logits, want[name]) < 1e-5, (tp, name, _rel_err(logits, want[name]))
+            assert bool(tiled_warnings) == (name == "kv_pieces_trn1"), (tp, name, tiled_warnings)
+
+
+def test_nxd_converter_trn2_kv_pieces_load_as_nxd_computes_them_and_say_so(tmp_path):
+    # NxD's converter --hw_backend trn2 tiles K/V but leaves the query heads in order: NxD's own
+    # attention then pairs query heads 2-3 with KV head 1 (not the HF model). nxd reads it as NxD's
+    # attention computes it and warns naming the converter option that writes the consistent layout
+    heads, kv_heads, tp, flags = TRN2_PIECES
+    hf, config = _convert(tmp_path, "trn2", heads, kv_heads, tp, flags)
+    logits, messages = load_logits_body(str(tmp_path / "ckpts"), {"trn2": str(config)}, 1)["trn2"]
+    with torch.no_grad():
+        assert _rel_err(logits, hf(IDS).logits.double()) > 0.1
+        # what NxD's attention computes with that file: TP rank r's query heads 2r, 2r+1 with KV
+        # head r % 2, i.e. the HF model with query heads (and o_proj columns) in order 0 1 4 5 2 3 6 7
+        rows = torch.tensor([0, 1, 4, 5, 2, 3, 6, 7]).repeat_interleave(4) * 4 + torch.arange(4).repeat(8)
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.copy_(layer.self_attn.q_proj.weight[rows])
+            layer.self_attn.o_proj.weight.copy_(layer.self_attn.o_proj.weight[:, rows])
+        assert _rel_err(logits, hf(IDS).logits.double()) < 1e-5
+    assert any("--hw_backend trn1" in m for m in messages), messages
 
 
 def save_nxd_body(root: str, hf_dir: str) -> None:
@@ -119,56 +166,3 @@ def test_nxd_checkpoint_converts_back_with_nxd_converter(rank_pool, tmp_path):
     original = hf.state_dict()
     assert sorted(merged) == sorted(original)
     assert [k for k in original if not torch.equal(merged[k], original[k])] == []
-
-
-def other_tp_body(root: str, config: str) -> str:
-    import nxd
-    from nxd_ckpt import CheckpointError
-    from nxd_core_parallel import parallel_state
-    from nxd_models_llama import LlamaForCausalLM
-
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-    model = LlamaForCausalLM(json.loads(Path(config).read_text()))
-    try:
-        nxd.load_checkpoint(root, tag="fused", model=model)
-    except CheckpointError as err:
-        return str(err)
-    return "loaded"
-
-
-def test_nxd_checkpoint_at_another_tp_is_refused_by_name(rank_pool, tmp_path):
-    # NxD's files carry no sharding description: loading its TP=2 layout at TP=1 must say so (not
-    # fail on a shape, nor load one rank's half of every tensor)
-    full, config = _write_hf(_hf_model(2), tmp_path / "hf")
-    _nxd_converter(*COMMON, "--input_dir", str(full), "--config", str(config), "--output_dir",
-                   str(tmp_path / "ckpts" / "fused"), *LAYOUTS["fused_qkv"][1])
-    message = rank_pool(1).run(other_tp_body, str(tmp_path / "ckpts"), str(config))[0]
-    assert "written by NxD at TP=2 PP=1" in message and "this run is TP=1" in message, message
-
-
-def kv_pieces_body(root: str, config: str) -> list[str]:
-    import warnings
-
-    import nxd
-    from nxd_core_parallel import parallel_state
-    from nxd_models_llama import LlamaForCausalLM
-
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=4)
-    model = LlamaForCausalLM(json.loads(Path(config).read_text()))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        nxd.load_checkpoint(root, tag="trn2", model=model)
-    return [str(w.message) for w in caught]
-
-
-@pytest.mark.slow
-def test_nxd_replicated_kv_pieces_are_flagged(rank_pool, tmp_path):
-    # 8 query / 2 KV heads at TP=4 with kv_size_multiplier 2: two distinct KV pieces, each on two ranks.
-    # NxD's converter tiles them (trn2 output pairs query heads 2-3 with KV head 1: HF logits off by
-    # ~100% as written); nxd cannot tell NxD's hardware layouts apart from the files, so it says so
-    full, config = _write_hf(_hf_model(2, heads=8), tmp_path / "hf")
-    args = [a if a != "2" else "4" for a in COMMON]
-    _nxd_converter(*args, "--input_dir", str(full), "--config", str(config), "--output_dir", str(tmp_path / "ck" / "trn2"),
-                   "--qkv_linear", "1", "--fuse_qkv", "1", "--kv_size_multiplier", "2")
-    messages = rank_pool(4).run(kv_pieces_body, str(tmp_path / "ck"), str(config))[0]
-    assert any("K/V heads replicated over TP" in m and "kv_size_multiplier [2] at TP=4" in m for m in messages), messages

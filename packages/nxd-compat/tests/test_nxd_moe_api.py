@@ -40,8 +40,8 @@ def _nxd_moe_as_mixtral_example(config_capacity_factor=None, **moe_options):
     expert_mlps = ExpertMLPs(num_experts=E, top_k=K, hidden_size=H, intermediate_size=INTER, hidden_act="silu",
                              glu_mlp=True, capacity_factor=config_capacity_factor, normalize_top_k_affinities=True,
                              init_method=init_method, output_layer_init_method=init_method)
-    return MoE(router=router, expert_mlps=expert_mlps, return_router_logits=True, return_expert_index=False,
-               sequence_parallel_enabled=False, sequence_dimension=0, **moe_options)
+    return MoE(router=router, expert_mlps=expert_mlps, return_router_logits=True,
+               sequence_parallel_enabled=False, sequence_dimension=0, **{"return_expert_index": False, **moe_options})
 
 
 def moe_body(state: dict, x: torch.Tensor) -> dict:
@@ -118,6 +118,89 @@ def test_token_shuffling_is_a_permutation(rank_pool):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"grads rank {rank}")
 
 
+def shared_body(state: dict, x: torch.Tensor) -> dict:
+    """NxD's MoE with ``SharedExperts`` (fused and unfused gate/up), an ``rmsnorm`` and
+    ``return_expert_index``, at TP=2, loaded with the reference's weights (NxD's names/layouts)."""
+    from neuronx_distributed.modules.moe.shared_experts import SharedExperts
+    from nxd_core_parallel import parallel_state
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    rank, i, n = parallel_state.get_tensor_model_parallel_rank(), INTER // 2, SHARED_N
+    out = {}
+    for fused in (False, True):
+        shared = SharedExperts(hidden_size=H, intermediate_size=INTER, num_shared_experts=n, hidden_act="silu",
+                               fused_gate_up_projection=fused)
+        norm = torch.nn.RMSNorm(H, eps=1e-6)
+        moe = _nxd_moe_as_mixtral_example(shared_experts=shared, rmsnorm=norm, return_expert_index=True)
+        dim = n * i  # this rank's rows of the shared experts' [n*I, H] gate / up
+        gate, up = (state[f"shared.{k}_proj.weight"][rank * dim:(rank + 1) * dim] for k in ("gate", "up"))
+        with torch.no_grad():
+            moe.router.linear_router.weight.copy_(state["gate.weight"])
+            gu, down = state["experts.gate_up_proj"], state["experts.down_proj"]
+            local_gu = torch.cat([gu[:, rank * i:(rank + 1) * i], gu[:, INTER + rank * i:INTER + (rank + 1) * i]], 1)
+            moe.expert_mlps.mlp_op.gate_up_proj.weight.copy_(local_gu.transpose(1, 2))
+            moe.expert_mlps.mlp_op.down_proj.weight.copy_(down[:, :, rank * i:(rank + 1) * i].transpose(1, 2))
+            norm.weight.copy_(state["norm.weight"])
+            if fused:  # stride 2: this rank's gate rows, then its up rows
+                shared.gate_up_proj.weight.copy_(torch.cat([gate, up]))
+            else:
+                shared.gate_proj.weight.copy_(gate)
+                shared.up_proj.weight.copy_(up)
+            shared.down_proj.weight.copy_(state["shared.down_proj.weight"][:, rank * dim:(rank + 1) * dim])
+        xs = x.clone().requires_grad_(True)
+        y, logits, index = moe(xs)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        out[fused] = {"out": y.detach(), "logits": logits.detach(), "index": index, "x_grad": xs.grad,
+                      "down_grad": shared.down_proj.weight.grad, "norm_grad": norm.weight.grad,
+                      "names": sorted(k for k in moe.state_dict() if k.startswith("shared_experts"))}
+    return out
+
+
+SHARED_N = 2
+
+
+def test_nxd_shared_experts_rmsnorm_and_expert_index_match_a_dense_reference(rank_pool):
+    """``MoE(shared_experts=SharedExperts(...), rmsnorm=..., return_expert_index=True)`` at TP=2
+    against one process: transformers' ``MixtralSparseMoeBlock`` plus a dense SwiGLU of
+    ``num_shared_experts * intermediate_size`` (``LlamaMLP``), both after the same RMSNorm. Output,
+    router logits, expert index, input / norm / shared-down gradients; fp32, sums over 2 ranks in
+    another order (~1e-7)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    hf = _hf_block()
+    torch.manual_seed(3)
+    dense = LlamaMLP(LlamaConfig(hidden_size=H, intermediate_size=SHARED_N * INTER, hidden_act="silu",
+                                 num_attention_heads=2, num_key_value_heads=2)).float()
+    norm = torch.nn.RMSNorm(H, eps=1e-6)
+    with torch.no_grad():
+        for p in [*dense.parameters(), norm.weight]:
+            p.normal_(0.5 if p is norm.weight else 0.0, 0.2)
+    state = {k: v.detach() for k, v in hf.state_dict().items()}
+    state |= {f"shared.{k}": v.detach() for k, v in dense.state_dict().items()} | {"norm.weight": norm.weight.detach()}
+    x = torch.randn(S, B, H, generator=torch.Generator().manual_seed(1))
+    got = rank_pool(2).run(shared_body, state, x)
+    xb = x.transpose(0, 1).contiguous().requires_grad_(True)
+    normed = norm(xb)
+    want = hf(normed) + dense(normed)
+    (want.transpose(0, 1) * torch.linspace(-1, 1, want.numel()).view(S, B, H)).sum().backward()
+    logits = (normed.reshape(-1, H) @ hf.gate.weight.T).detach()
+    want_index = logits.softmax(-1).topk(K, dim=-1).indices
+    d = SHARED_N * INTER // 2
+    for rank, per_rank in enumerate(got):
+        for fused, g in per_rank.items():
+            msg = f"rank {rank} fused={fused}"
+            torch.testing.assert_close(g["out"], want.detach().transpose(0, 1), rtol=1e-5, atol=1e-6, msg=msg)
+            torch.testing.assert_close(g["logits"], logits, rtol=1e-5, atol=1e-6, msg=msg)
+            assert torch.equal(g["index"].sort(-1).values, want_index.sort(-1).values), msg
+            torch.testing.assert_close(g["x_grad"], xb.grad.transpose(0, 1), rtol=1e-5, atol=1e-6, msg=msg)
+            torch.testing.assert_close(g["norm_grad"], norm.weight.grad, rtol=1e-5, atol=1e-6, msg=msg)
+            torch.testing.assert_close(g["down_grad"], dense.down_proj.weight.grad[:, rank * d:(rank + 1) * d],
+                                       rtol=1e-5, atol=1e-6, msg=msg)
+            proj = ["gate_up_proj"] if fused else ["gate_proj", "up_proj"]
+            assert g["names"] == sorted(f"shared_experts.{p}.weight" for p in [*proj, "down_proj"]), msg
+
+
 def test_unsupported_nxd_options_are_refused():
     from neuronx_distributed.modules.moe.expert_mlps import ExpertMLPs
     from nxd_compat.surface import NotProvidedError
@@ -125,3 +208,14 @@ def test_unsupported_nxd_options_are_refused():
     with pytest.raises(NotProvidedError, match="glu_mlp"):
         ExpertMLPs(num_experts=E, top_k=K, hidden_size=H, intermediate_size=INTER, hidden_act="silu",
                    glu_mlp=False, capacity_factor=None)
+
+    from neuronx_distributed.modules.moe.model_utils import GLUType
+    from neuronx_distributed.modules.moe.shared_experts import SharedExperts
+
+    with pytest.raises(NotProvidedError, match="glu_type"):  # NxD's SWIGLU is gate * act(gate) * up
+        ExpertMLPs(num_experts=E, top_k=K, hidden_size=H, intermediate_size=INTER, hidden_act="silu",
+                   glu_mlp=True, capacity_factor=None, glu_type=GLUType.SWIGLU)
+    for option in ("sequence_parallel_enabled", "transpose_weights"):
+        with pytest.raises(NotProvidedError, match=option):
+            SharedExperts(hidden_size=H, intermediate_size=INTER, num_shared_experts=1, hidden_act="silu",
+                          **{option: True})

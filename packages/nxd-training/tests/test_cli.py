@@ -69,13 +69,13 @@ def test_samples_come_from_the_model_spec(make_config) -> None:
 
     config = load_config(make_config(generation={"prompts": ["The "], "max_new_tokens": 4}))
     # a model family without generate gets no samples (and no model call at all)
-    assert generate_samples(config, model=None, spec=dataclasses.replace(nxd.get_model("llama"), generate=None)) == []
+    assert generate_samples(config.generation, config.data, config.seed, model=None, spec=dataclasses.replace(nxd.get_model("llama"), generate=None)) == []
     calls = []
 
     def generate(model, ids, max_new_tokens, **kwargs):
         calls.append((model, ids.shape[0], max_new_tokens))
         return ids
-    texts = generate_samples(config, model="m", spec=dataclasses.replace(nxd.get_model("llama"), generate=generate))
+    texts = generate_samples(config.generation, config.data, config.seed, model="m", spec=dataclasses.replace(nxd.get_model("llama"), generate=generate))
     assert texts == ["The "] and calls == [("m", 1, 4)]
 
 

@@ -52,7 +52,7 @@ def test_the_stopped_line_names_the_signal(make_config, tmp_path: Path, monkeypa
     # a run that trained in this process before (another test) left its own count there
     monkeypatch.setitem(rank_status.progress, "done", None)
 
-    config = load_config(make_config(exp_manager={"resume_if_exists": True}))
+    config = load_config(make_config(exp_manager={"resume_if_exists": True})).exp_manager
     assert stopped_message(config, tmp_path, "SIGTERM").startswith(
         "nxd train: stopped by SIGTERM at step 0; no complete checkpoint yet, so a rerun starts over: nxd train ")
     assert stopped_message(config, tmp_path).startswith("nxd train: stopped at step 0; ")

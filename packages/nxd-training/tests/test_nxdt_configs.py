@@ -71,10 +71,10 @@ def test_recompute_names_map_onto_llama_modules(files: Files) -> None:
 
     config = load_config(raw, overrides, check=False)
     plan = make_plan(config)
-    assert recompute_classes(config, plan.spec) == [LlamaCoreAttention]
+    assert recompute_classes(config.model, plan.spec) == [LlamaCoreAttention]
     config = load_config(raw, [*overrides, "model.activations_checkpoint_recompute=[LlamaMLP, ActivationMultiplyMLP]"],
                          check=False)
-    assert recompute_classes(config, plan.spec) == [LlamaMLP, LlamaActivationMultiply]
+    assert recompute_classes(config.model, plan.spec) == [LlamaMLP, LlamaActivationMultiply]
     with pytest.raises(ConfigError, match=r"cannot recompute 'MixtralSparseMoeBlock'.*CoreAttention"):
         load_config(raw, [*overrides, "model.activations_checkpoint_recompute=[MixtralSparseMoeBlock]"])
 
@@ -93,7 +93,7 @@ def test_earlier_keys_are_read_with_nxdts_meaning(files: Files, capsys) -> None:
     raw = read_yaml(source)
     assert raw["model"]["activations_checkpoint_recompute_mlp"] is True  # the release's own file
     config = load_config(source, files.path_overrides("hf_llama3_70B_config", raw))
-    assert recompute_classes(config, make_plan(config).spec) == [LlamaCoreAttention, LlamaMLP]  # seq 8192
+    assert recompute_classes(config.model, make_plan(config).spec) == [LlamaCoreAttention, LlamaMLP]  # seq 8192
     assert any("activations_checkpoint_recompute_mlp=True" in n for n in config.resolved.notes)
     written = yaml.safe_load(dump_config(config))["model"]
     assert written["activations_checkpoint_recompute"] == ["CoreAttention", "LlamaMLP"]
@@ -101,7 +101,7 @@ def test_earlier_keys_are_read_with_nxdts_meaning(files: Files, capsys) -> None:
     # below NxDT's threshold (encoder_seq_length < 8192) only the core attention was recomputed
     short_raw = {**raw, "model": {**raw["model"], "encoder_seq_length": 4096}}
     short = load_config(short_raw, files.path_overrides("hf_llama3_70B_config", short_raw))
-    assert recompute_classes(short, make_plan(short).spec) == [LlamaCoreAttention]
+    assert recompute_classes(short.model, make_plan(short).spec) == [LlamaCoreAttention]
     with pytest.raises(ConfigError, match="keep activations_checkpoint_recompute"):
         load_config(source, [*files.path_overrides("hf_llama3_70B_config", raw),
                              "model.activations_checkpoint_recompute=[CoreAttention]"])
@@ -167,7 +167,7 @@ def test_neuron_only_keys_get_one_note_each_at_validate_time(files: Files, capsy
     """NxDT's hf_llama3_8B_config sets the Neuron compiler/runtime keys of NxDT's schema: `nxd train
     --validate` prints one note per key set (none for the ones left off: '0', false)."""
     from nxd.cli import main
-    from nxd_training.config.neuron_keys import NEURON_ONLY_KEYS
+    from nxd_training.config.nxdt_keys import NEURON_ONLY_KEYS
 
     raw = raw_config("hf_llama3_8B_config")
     assert main(["train", str(CONF / "hf_llama3_8B_config.yaml"), *files.path_overrides("hf_llama3_8B_config", raw),

@@ -81,5 +81,6 @@ def test_every_nxdt_config_round_trips_through_the_written_file(name: str, tmp_p
     raw = yaml.safe_load((CONF / f"{name}.yaml").read_text())
     sections = parse_config(raw)
     written = parse_config(yaml.safe_load(dump_config(sections)))
-    assert select_model(written, None) == select_model(sections, None)
+    assert (select_model(written.model, written.model_source, written.name, None)
+            == select_model(sections.model, sections.model_source, sections.name, None))
     assert written == sections

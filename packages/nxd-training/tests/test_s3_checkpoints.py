@@ -70,7 +70,7 @@ def test_a_bucket_that_does_not_exist_is_refused_before_launch(make_config, tmp_
     from nxd_training.preflight import remote_checkpoints_writable
 
     def config(url: str):
-        return load_config(make_config(exp_manager={"checkpoint_callback_params": {"dirpath": url}}))
+        return load_config(make_config(exp_manager={"checkpoint_callback_params": {"dirpath": url}})).exp_manager
 
     with pytest.raises(ConfigError, match=r"dirpath=s3://no-such-bucket-[0-9a-f]+/run: cannot write there "
                                           r"\(.*\); check that the bucket exists"):

@@ -155,7 +155,7 @@ class Checkpointer:
             load_model(reader, meta, model, topo, strict)
             reader.drop()
         if optimizer is not None:
-            load_optimizer(reader, meta, optimizer, topo)
+            load_optimizer(reader, meta, optimizer, topo, model)
             reader.drop()
         if scheduler is not None:
             scheduler.load_state_dict(reader.load("scheduler.pt"))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from nxd_ckpt.errors import CheckpointError
-from nxd_ckpt.layout import checkpoint_dir, list_tags, newest_complete_tag, read_done
+from nxd_ckpt.layout import DONE_MARKER, checkpoint_dir, list_tags, newest_complete_tag, read_done
 from nxd_ckpt.load import Reader, model_file
 from nxd_ckpt.metadata import read_metadata
+from nxd_ckpt.nxd_layouts import is_nxd_written
 from nxd_ckpt.sharding import Sharding, merge_shards
 from nxd_ckpt.storage import open_storage
 
@@ -25,6 +26,8 @@ def resolve_tag(path: str, tag: str | None, storage_options: dict | None = None)
         if tag not in tags:
             raise CheckpointError(f"checkpoint tag {tag!r} not found under {storage.describe('')}; tags there: "
                                   f"{', '.join(tags) if tags else 'none'}")
+        if is_nxd_written(storage, tag):  # NxD's converter writes no 'done': a named tag is read as written
+            return tag
         raise CheckpointError(f"checkpoint {storage.describe(tag)} is incomplete (no 'done' marker)")
     return where
 
@@ -33,10 +36,14 @@ def full_model_state(path: str, tag: str | None = None, storage_options: dict | 
     """``name -> full tensor`` for every model tensor of ``path/tag`` (needs our metadata.json)."""
     storage = open_storage(path, storage_options)
     tag = resolve_tag(path, tag, storage_options)
-    meta = read_metadata(storage, tag, read_done(storage, tag).get("metadata"))
+    done = read_done(storage, tag) if storage.exists(f"{tag}/{DONE_MARKER}") else {}
+    meta = read_metadata(storage, tag, done.get("metadata"))
     if meta is None:
         raise CheckpointError(f"{storage.describe(tag)}: no metadata.json (a checkpoint written by NxD itself); "
-                              "consolidating needs each tensor's sharding, which only nxd-ckpt records")
+                              "consolidating needs each tensor's sharding, which NxD does not record. A model "
+                              "describes it: nxd.load_checkpoint(path, tag=..., model=...) loads it at any TP/PP, "
+                              "then nxd.save_checkpoint writes a checkpoint this converts; or merge it with NxD's "
+                              "checkpoint_converter --convert_to_full_state")
     reader = Reader(storage, tag, meta)
     out = {}
     for name, entry in meta["tensors"].items():

@@ -14,7 +14,9 @@ from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
 from nxd_ckpt.formats import format_for_file, get_format
 from nxd_ckpt.layout import parse_shard_name, rng_name, shard_ep_rank, shard_name
 from nxd_ckpt.metadata import shardings_of
+from nxd_ckpt.nxd_dcp import is_nxd_dcp_optim, nxd_dcp_xla_shard, read_dcp
 from nxd_ckpt.nxd_layouts import adapt_qkv_names, nxd_written_degrees
+from nxd_ckpt.nxd_reshard import needs_nxd_reshard, nxd_written_state, warn_tiled
 from nxd_ckpt.rng import restore_rng_state
 from nxd_ckpt.sharding import Sharding, global_shape, merge_shards, split_full
 from nxd_ckpt.snapshot import unwrap_model
@@ -31,6 +33,8 @@ class Reader:
         self.storage, self.tag = storage, tag
         self.files: dict[str, dict] | None = (meta or {}).get("files")
         self._cache: dict[str, Any] = {}
+        #: attention modules of an NxD-written tag whose TP ranks the model load renumbered (tiled K/V)
+        self.nxd_renumbered: list[str] = []
 
     def has(self, rel: str) -> bool:
         return rel in self.files if self.files is not None else self.storage.exists(f"{self.tag}/{rel}")
@@ -130,10 +134,12 @@ def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, st
     module, adapters = _load_target(reader, meta, unwrap_model(model), topo)
     target = module.state_dict()
     shardings = shardings_of(module)
-    if meta is None:
-        _check_nxd_written_degrees(reader, topo)
-        _warn_nxd_kv_replicas(reader, shardings, topo)
-    if meta is None or (meta["degrees"]["tp"], meta["degrees"]["pp"]) == (topo.tp, topo.pp):
+    if meta is None and needs_nxd_reshard(reader, shardings, topo.tp, topo.pp):
+        state, tiled = nxd_written_state(reader, module, shardings, topo.tp, topo.tp_rank, topo.pp)
+        reader.nxd_renumbered = tiled
+        if tiled:
+            warn_tiled(reader.storage.describe(reader.tag), tiled, nxd_written_degrees(reader.storage, reader.tag)[0])
+    elif meta is None or (meta["degrees"]["tp"], meta["degrees"]["pp"]) == (topo.tp, topo.pp):
         rel, state = _rank_model_state(meta, reader, topo)
         if meta is not None:
             check_shard(reader.storage.describe(f"{reader.tag}/{rel}"), state, meta, topo)
@@ -183,37 +189,6 @@ def _load_target(reader: Reader, meta: dict | None, module: Any, topo: Topology)
     return base, [k for k, t in wrapped.items() if id(t) not in base_tensors]
 
 
-def _check_nxd_written_degrees(reader: Reader, topo: Topology) -> None:
-    """An NxD-written tag records no sharding (no metadata.json), so it loads at the TP/PP it was
-    written at only: refuse another layout by name rather than fail on a shape or a missing file."""
-    tp, pp = nxd_written_degrees(reader.storage, reader.tag)
-    if (tp, pp) != (topo.tp, topo.pp):
-        raise CheckpointError(
-            f"{reader.storage.describe(reader.tag)} was written by NxD at TP={tp} PP={pp} (its model/ shard names) "
-            f"and this run is TP={topo.tp} PP={topo.pp}: NxD's checkpoints carry no sharding description, so nxd "
-            f"loads them at the TP/PP they were written at. Load it at TP={tp} PP={pp} and save it with "
-            "nxd.save_checkpoint (which reshards on load), or merge it with NxD's checkpoint_converter "
-            "--convert_to_full_state and load the full state")
-
-
-def _warn_nxd_kv_replicas(reader: Reader, shardings: dict[str, Sharding | None], topo: Topology) -> None:
-    """NxD lays K/V heads replicated over TP out by hardware (its converter: trn1 tiles the KV pieces
-    over the ranks and permutes the query heads to match; trn2 tiles them too, but its runtime
-    layer expects adjacent replicas), and its files do not say which. With more than one distinct
-    KV piece the local heads load as written, but they need not be in nxd's layout (adjacent
-    replicas, contiguous query heads): say so rather than let a later export or reshard permute
-    heads silently."""
-    mults = {sh.kv_size_multiplier for sh in shardings.values() if sh is not None and sh.kv_size_multiplier > 1}
-    if any(topo.tp // m > 1 for m in mults):
-        warnings.warn(
-            f"{reader.storage.describe(reader.tag)}: written by NxD with K/V heads replicated over TP "
-            f"(kv_size_multiplier {sorted(mults)} at TP={topo.tp}, more than one distinct KV piece). NxD's layout of "
-            "such heads depends on the hardware it targeted (its converter's trn1 layout permutes query heads; its "
-            "trn2 output pairs query heads with tiled KV pieces): check the loaded model's outputs against the "
-            "source model before training, and do not export or reshard it to another layout unchecked",
-            stacklevel=4)
-
-
 def _reshard(reader: Reader, meta: dict, target: dict[str, Any], shardings: dict[str, Sharding | None],
              topo: Topology, strict: bool) -> dict[str, torch.Tensor]:
     """Build this rank's state from a checkpoint saved at other TP/PP degrees."""
@@ -240,7 +215,7 @@ def _reshard(reader: Reader, meta: dict, target: dict[str, Any], shardings: dict
     return out
 
 
-def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topology) -> None:
+def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topology, model: Any = None) -> None:
     zero1_now = bool(getattr(optimizer, "nxd_zero1", False))
     where = reader.storage.describe(f"{reader.tag}/optim")
     if meta is not None and (meta["degrees"]["tp"], meta["degrees"]["pp"]) != (topo.tp, topo.pp):
@@ -248,6 +223,11 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
             f"{where}: optimizer state was saved at TP={meta['degrees']['tp']} PP={meta['degrees']['pp']} and "
             f"does not reshard to TP={topo.tp} PP={topo.pp}; pass optimizer=None to load the weights only"
         )
+    if meta is None:
+        _check_nxd_optimizer_layout(reader, topo)
+        if is_nxd_dcp_optim(reader.storage, reader.tag):
+            _load_nxd_dcp_optimizer(reader, optimizer, model, topo, zero1_now)
+            return
     if meta is not None and not meta.get("has_optimizer", True):
         raise CheckpointError(f"checkpoint {reader.storage.describe(reader.tag)} was saved without optimizer state "
                               "(pass optimizer=None to load the weights only)")
@@ -280,6 +260,36 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
     else:
         shards = [reader.load(f"optim/{shard_name(d, topo.tp_rank, topo.pp_rank)}") for d in mine]
         optimizer.load_state_dict_from_shards(shards)
+
+
+def _check_nxd_optimizer_layout(reader: Reader, topo: Topology) -> None:
+    """NxD's optimizer files hold one TP rank's flattened state each: they load at the TP/PP they were
+    written at, onto the ranks that wrote them (the model, which reshards, says the rest)."""
+    where = reader.storage.describe(f"{reader.tag}/optim")
+    tp, pp = nxd_written_degrees(reader.storage, reader.tag)
+    if (tp, pp) != (topo.tp, topo.pp):
+        raise CheckpointError(f"{where}: optimizer state written by NxD at TP={tp} PP={pp} does not reshard to this "
+                              f"run's TP={topo.tp} PP={topo.pp} (the model does); pass optimizer=None to load the "
+                              f"weights only, or load it at TP={tp} PP={pp}")
+    if reader.nxd_renumbered:
+        raise CheckpointError(f"{where}: the model's K/V heads were tiled over TP by NxD and nxd's ranks took them "
+                              f"renumbered ({reader.nxd_renumbered[0]}, ...); NxD's optimizer state of each TP rank "
+                              "cannot follow them: pass optimizer=None to load the weights only")
+
+
+def _load_nxd_dcp_optimizer(reader: Reader, optimizer: Any, model: Any, topo: Topology, zero1_now: bool) -> None:
+    """NxD's ZeRO-1 state saved with DCP (``use_zero1_dcp=True``): keyed by parameter name, so the
+    model names the optimizer's parameters."""
+    where = reader.storage.describe(f"{reader.tag}/optim")
+    if not zero1_now:
+        raise CheckpointError(f"{where}: NxD's ZeRO-1 optimizer state (torch.distributed.checkpoint layout); the "
+                              "current optimizer is not ZeRO-1")
+    if model is None:
+        raise CheckpointError(f"{where}: NxD's DCP optimizer state is keyed by parameter name: pass the model too")
+    names = {id(p): n for n, p in unwrap_model(model).named_parameters()}
+    groups = [[(names.get(id(p), "?"), p) for p in g["params"]] for g in optimizer.param_groups]
+    state = read_dcp(reader.storage, f"{reader.tag}/optim")
+    optimizer.load_state_dict_from_shards([nxd_dcp_xla_shard(state, groups, topo.tp_rank, topo.pp_rank, where)])
 
 
 def _is_torch_xla_zero1(state: Any) -> bool:

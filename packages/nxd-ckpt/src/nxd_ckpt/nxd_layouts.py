@@ -40,21 +40,27 @@ def nxd_written_degrees(storage: Storage, tag: str) -> tuple[int, int]:
     return 1 + max((p[1] for p in parsed), default=0), 1 + max((p[2] for p in parsed), default=0)
 
 
-def _qkv_modules(module: torch.nn.Module) -> list[tuple[str, Any]]:
+def qkv_layers(module: torch.nn.Module) -> list[tuple[str, Any]]:
+    """``(prefix, layer)`` of every GQA QKV projection of ``module`` (prefix ends with '.')."""
     from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 
     return [(f"{name}." if name else "", m) for name, m in module.named_modules()
             if isinstance(m, GQAQKVColumnParallelLinear)]
 
 
-def adapt_qkv_names(state: dict[str, Any], module: torch.nn.Module) -> dict[str, Any]:
-    """``state`` (one rank's tensors) with its Q/K/V projections renamed, fused or split into
-    the naming ``module``'s GQA projections use. Entries already named as the model wants, and
-    everything else, pass unchanged."""
+def attention_prefix(qkv_prefix: str) -> str:
+    """The prefix of the attention module holding the QKV projection at ``qkv_prefix``."""
+    return qkv_prefix.rsplit(".", 2)[0] + "." if qkv_prefix.count(".") > 1 else ""
+
+
+def adapt_qkv_names(state: dict[str, Any], module: torch.nn.Module, saved_tp: int | None = None) -> dict[str, Any]:
+    """``state`` (one rank's tensors, written at TP ``saved_tp``, default the model's) with its
+    Q/K/V projections renamed, fused or split into the naming ``module``'s GQA projections use.
+    Entries already named as the model wants, and everything else, pass unchanged."""
     out = dict(state)
-    for prefix, layer in _qkv_modules(module):
-        parent = prefix.rsplit(".", 2)[0] + "." if prefix.count(".") > 1 else ""
-        sizes = (layer.q_local, layer.kv_local, layer.kv_local)
+    for prefix, layer in qkv_layers(module):
+        parent = attention_prefix(prefix)
+        q_rows = layer.q_local if saved_tp is None else layer.q_size // saved_tp
         for kind in ("weight", "bias"):
             fused = f"{prefix}{kind}_qkv"
             split = [f"{prefix}{kind}_{p}" for p in "qkv"]
@@ -69,8 +75,9 @@ def adapt_qkv_names(state: dict[str, Any], module: torch.nn.Module) -> dict[str,
             else:
                 if all(n in out for n in split):
                     continue
-                if fused in out and out[fused].shape[0] == sum(sizes):
-                    for n, piece in zip(split, out.pop(fused).split(sizes, dim=0)):
+                kv_rows = (out[fused].shape[0] - q_rows) // 2 if fused in out else 0
+                if fused in out and (saved_tp is not None or kv_rows == layer.kv_local) and kv_rows > 0:
+                    for n, piece in zip(split, out.pop(fused).split((q_rows, kv_rows, kv_rows), dim=0)):
                         out[n] = piece.clone()
                 elif all(n in out for n in plain):
                     for n, p in zip(split, plain):

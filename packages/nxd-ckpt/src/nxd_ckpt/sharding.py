@@ -15,16 +15,23 @@ A ``pad=True`` layer (``unpadded_size`` attribute) pads the full tensor along ``
 to a multiple of ``tp x pad_alignment_size_per_rank``: checkpoints record the real size, merging
 drops the padding and splitting re-pads for the target TP size.
 
+A fused QKV tensor in Megatron's interleaved row order (``qkv_interleave`` = ``(groups, q heads
+per group, head_dim)``, nxd-core-parallel's ``GroupedQKVColumnParallelLinear``) is sharded as the
+fused ``[q; k; v]`` tensor above; merging re-interleaves it and splitting de-interleaves first, so
+the checkpoint holds the one-device model's tensor.
+
 Checkpoints written before the Megatron KV layout used the tiled one (rank ``r`` held piece
 ``r % (tp / m)``); their metadata lacks ``kv_replicas`` and is read as ``"tiled"``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
+
+from nxd_core_parallel.modules.kv_heads import interleaved_to_fused
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,9 @@ class Sharding:
     size: int | None = None
     #: padding makes each rank's shard a multiple of this
     pad_alignment: int = 1
+    #: (groups, q heads per group, head_dim): the full tensor is the fused [q; k; v] one in Megatron's
+    #: per-group interleaved row order
+    qkv_interleave: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.fused_splits and self.stride != 1:
@@ -58,6 +68,10 @@ class Sharding:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["fused_splits"] = list(self.fused_splits) if self.fused_splits else None
+        if self.qkv_interleave is None:
+            del d["qkv_interleave"]  # metadata of other tensors stays as before
+        else:
+            d["qkv_interleave"] = list(self.qkv_interleave)
         return d
 
     @classmethod
@@ -66,10 +80,11 @@ class Sharding:
             return None
         fs = d.get("fused_splits")
         mult = int(d.get("kv_size_multiplier", 1))
-        size = d.get("size")
+        size, interleave = d.get("size"), d.get("qkv_interleave")
         return cls(int(d["dim"]), int(d.get("stride", 1)), tuple(int(x) for x in fs) if fs else None, mult,
                    str(d.get("kv_replicas", "tiled" if mult > 1 else "adjacent")),
-                   None if size is None else int(size), int(d.get("pad_alignment", 1)))
+                   None if size is None else int(size), int(d.get("pad_alignment", 1)),
+                   None if interleave is None else tuple(int(x) for x in interleave))
 
     def piece_multipliers(self) -> list[int]:
         if not self.fused_splits:
@@ -89,6 +104,7 @@ def sharding_of(tensor: Any) -> Sharding | None:
         kv_size_multiplier=int(getattr(tensor, "kv_size_multiplier", 1) or 1),
         size=None if getattr(tensor, "unpadded_size", None) is None else int(tensor.unpadded_size),
         pad_alignment=int(getattr(tensor, "pad_alignment_size_per_rank", 1) or 1),
+        qkv_interleave=tuple(tensor.qkv_interleave) if getattr(tensor, "qkv_interleave", None) else None,
     )
 
 
@@ -118,8 +134,17 @@ def _merge_piece(shards: list[torch.Tensor], dim: int, stride: int, mult: int, r
     return torch.cat([chunked[r][j] for j in range(stride) for r in range(len(shards))], dim=dim)
 
 
+def _interleave_order(sharding: Sharding) -> torch.Tensor:
+    assert sharding.qkv_interleave is not None
+    return interleaved_to_fused(*sharding.qkv_interleave)
+
+
 def merge_shards(shards: list[torch.Tensor], sharding: Sharding) -> torch.Tensor:
     """The full tensor from every TP rank's shard (in TP-rank order), without TP padding."""
+    if sharding.qkv_interleave is not None:
+        fused = merge_shards(shards, replace(sharding, qkv_interleave=None))
+        order = _interleave_order(sharding).to(fused.device)
+        return torch.empty_like(fused).index_copy_(sharding.dim, order, fused)
     if sharding.size is not None:
         return torch.cat(shards, dim=sharding.dim).narrow(sharding.dim, 0, sharding.size)
     if not sharding.fused_splits:
@@ -146,6 +171,9 @@ def _split_piece(full: torch.Tensor, tp: int, rank: int, dim: int, stride: int, 
 
 def split_full(full: torch.Tensor, sharding: Sharding, tp: int, rank: int, name: str = "tensor") -> torch.Tensor:
     """This TP rank's shard of ``full`` for a parameter described by ``sharding`` at size ``tp``."""
+    if sharding.qkv_interleave is not None:
+        fused = full.index_select(sharding.dim, _interleave_order(sharding).to(full.device))
+        return split_full(fused, replace(sharding, qkv_interleave=None), tp, rank, name)
     if sharding.size is not None:
         if full.shape[sharding.dim] != sharding.size:
             raise ValueError(f"{name}: size {full.shape[sharding.dim]} along dim {sharding.dim}, expected the real "

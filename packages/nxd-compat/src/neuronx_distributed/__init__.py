@@ -10,19 +10,10 @@ from nxd_compat.notice import announce
 announce()
 
 from neuronx_distributed import kernels, modules, optimizer, parallel_layers, pipeline, trainer, utils  # noqa: E402
-from neuronx_distributed.trainer.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from nxd import (  # noqa: E402
-    finalize_checkpoint,
-    has_checkpoint,
-    initialize_parallel_model,
-    initialize_parallel_optimizer,
-    neuronx_distributed_config,
-)
+
+# NxD's top-level entry points are its trainer's (as NxD's own __init__ imports them)
+from neuronx_distributed.trainer import *  # noqa: E402, F403
 
 __version__ = "0.1.0+nxd"
 
-__all__ = [
-    "finalize_checkpoint", "has_checkpoint", "initialize_parallel_model", "initialize_parallel_optimizer", "kernels",
-    "load_checkpoint", "modules", "neuronx_distributed_config", "optimizer", "parallel_layers", "pipeline",
-    "save_checkpoint", "trainer", "utils",
-]
+__all__ = ["kernels", "modules", "optimizer", "parallel_layers", "pipeline", "trainer", "utils", *trainer.__all__]

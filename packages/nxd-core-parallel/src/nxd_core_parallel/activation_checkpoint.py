@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from nxd_core_parallel.module_walk import outermost_instances
 from nxd_core_parallel.parallel_layers.random import get_rng_tracker
 
 _MARK = "_nxd_activation_checkpointed"
@@ -63,19 +64,12 @@ def apply_activation_checkpointing(model: nn.Module, classes: type | Iterable[ty
     if not wanted or not all(isinstance(c, type) and issubclass(c, nn.Module) for c in wanted):
         raise ValueError(f"activation checkpointing needs nn.Module classes, got {classes!r}")
     count = 0
-
-    def visit(module: nn.Module) -> None:
-        nonlocal count
-        if isinstance(module, wanted):
-            if not getattr(module, _MARK, False):
-                module.forward = types.MethodType(_checkpointed_forward, module)
-                setattr(module, _MARK, True)
-                count += 1
-            return  # nested matches are already inside this recomputation
-        for child in module.children():
-            visit(child)
-
-    visit(model)
+    # nested matches are already inside the recomputation of their outermost block
+    for module in outermost_instances(model, wanted):
+        if not getattr(module, _MARK, False):
+            module.forward = types.MethodType(_checkpointed_forward, module)
+            setattr(module, _MARK, True)
+            count += 1
     return count
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from nxd.config import DEFAULT_COMPILE_CONFIG
+from nxd_core_parallel.module_walk import outermost_instances
 
 
 def compile_blocks(model: nn.Module, classes: type | Iterable[type], options: dict[str, Any] | None = None) -> int:
@@ -18,16 +19,7 @@ def compile_blocks(model: nn.Module, classes: type | Iterable[type], options: di
     wanted = (classes,) if isinstance(classes, type) else tuple(classes)
     kwargs = {**DEFAULT_COMPILE_CONFIG, **(options or {})}
     kwargs = {k: v for k, v in kwargs.items() if k in DEFAULT_COMPILE_CONFIG and v is not None}
-    count = 0
-
-    def visit(module: nn.Module) -> None:
-        nonlocal count
-        if isinstance(module, wanted):
-            module.compile(**kwargs)
-            count += 1
-            return  # a nested block is inside this compiled region
-        for child in module.children():
-            visit(child)
-
-    visit(model)
-    return count
+    blocks = outermost_instances(model, wanted)  # a nested block is inside its outer block's compiled region
+    for block in blocks:
+        block.compile(**kwargs)
+    return len(blocks)

@@ -37,7 +37,9 @@ from torch import nn
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
 from nxd.specs import ParallelPlan
-from nxd_core_parallel.modules.plain import QKVLinear
+from nxd_core_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
+from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
+from nxd_core_parallel.modules.plain import GroupedQKVLinear, QKVLinear
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import comm
 from nxd_core_parallel.parallel_layers.layers import (
@@ -56,7 +58,8 @@ _HF_STYLES = {"colwise": "column", "rowwise": "row", "colwise_gather_output": "g
 
 #: the styles that swap a module for a parallel layer
 _SWAPPED = ("column", "row", "vocab", "gathered")
-_PARALLEL_LAYERS = (ColumnParallelLinear, RowParallelLinear, ParallelEmbedding, GQAQKVColumnParallelLinear)
+_PARALLEL_LAYERS = (ColumnParallelLinear, RowParallelLinear, ParallelEmbedding, GQAQKVColumnParallelLinear,
+                    GroupedQKVColumnParallelLinear)
 
 #: attention head-count attributes divided by the TP size when the module's projections are sharded
 _HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads")
@@ -144,6 +147,32 @@ def _qkv(name: str, module: QKVLinear, context: ParallelContext | None, options:
     return _keep_init(layer, module)
 
 
+def _grouped_qkv(name: str, module: GroupedQKVLinear, context: ParallelContext | None,
+                 options: dict) -> nn.Module:
+    """Megatron's interleaved QKV: whole query groups per rank when TP divides them, else K/V
+    replicated over TP (``kv_size_multiplier``, :mod:`nxd_core_parallel.modules.grouped_qkv`)."""
+    tp = dim_size(context, "tp")
+    m = kv_size_multiplier_for(module.num_heads, module.num_kv_heads, tp)
+    if m is None:
+        raise ConfigError(f"parallel plan: {name} has {module.num_heads} query heads in {module.num_kv_heads} groups, "
+                          f"which tensor_parallel_size {tp} cannot split into whole heads (the query heads must be "
+                          "divisible by it; pad them with pad_model, or choose a tensor_parallel_size dividing "
+                          f"{module.num_heads})")
+    if m == 1:
+        return _linear(name, module, "column", context, options)
+    weight, bias = module.weight, module.bias
+    options = {k: v for k, v in options.items() if k in ("sequence_parallel_enabled", "sequence_dimension")}
+    layer = GroupedQKVColumnParallelLinear(module.in_features, module.num_heads, module.num_kv_heads, module.head_dim,
+                                           m, bias=bias is not None, dtype=weight.dtype, device=weight.device,
+                                           init_method=_skip_init, context=context, **options)
+    if not weight.is_meta:
+        with torch.no_grad():
+            layer.weight.copy_(layer.local_of(weight.detach()))
+            if bias is not None:
+                layer.bias.copy_(layer.local_of(bias.detach()))
+    return _keep_init(layer, module)
+
+
 def _embedding(name: str, module: nn.Module, context: ParallelContext | None, options: dict) -> nn.Module:
     if not isinstance(module, nn.Embedding):
         raise ConfigError(f"parallel plan: {name} is named vocab but is a {type(module).__name__}; vocab shards an "
@@ -197,6 +226,11 @@ def _parallel_layer(name: str, module: nn.Module, style: str, context: ParallelC
             raise ConfigError(f"parallel plan: {name} is a fused QKV projection, which is column parallel; "
                               f"the plan names it {style}")
         return _qkv(name, module, context, options)
+    if isinstance(module, GroupedQKVLinear):
+        if style != "column":
+            raise ConfigError(f"parallel plan: {name} is a fused QKV projection, which is column parallel; "
+                              f"the plan names it {style}")
+        return _grouped_qkv(name, module, context, options)
     return _linear(name, module, style, context, options)
 
 

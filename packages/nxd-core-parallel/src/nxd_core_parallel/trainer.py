@@ -22,6 +22,7 @@ from nxd_core_parallel.grads import (
     is_expert_parallel,
 )
 from nxd_core_parallel.loss_terms import add_loss_terms
+from nxd_core_parallel.wrapped_optimizer import WrappedOptimizer
 
 
 def _loss_of(output: Any) -> torch.Tensor:
@@ -206,7 +207,7 @@ def _overlap_possible(nxd_config: NxdConfig, context: ParallelContext | None) ->
     return getattr(context.backend, "name", None) != "xla"
 
 
-class NxDOptimizer(torch.optim.Optimizer):
+class NxDOptimizer(WrappedOptimizer):
     """``step()``: sequence-parallel norm-gradient all-reduce over TP, data-parallel gradient
     average, clipping per ``optimizer_config``, then the inner optimizer's step.
     ``grad_norm`` holds the last norm (``None`` when clipping is off).
@@ -221,13 +222,9 @@ class NxDOptimizer(torch.optim.Optimizer):
                  overlap_grad_sync: bool | None = None,
                  bucket_cap_bytes: int = dp_overlap.OVERLAP_BUCKET_CAP_BYTES, *,
                  context: ParallelContext | None = None) -> None:
-        # The inner optimizer owns the state; Optimizer.__init__ is not called on purpose.
-        self.optimizer = optimizer
-        self.nxd_config = nxd_config = NxdConfig.of(nxd_config)
+        super().__init__(optimizer, nxd_config)
+        nxd_config = self.nxd_config
         self.context = context = resolve_context(context)
-        self.grad_norm: torch.Tensor | None = None
-        self._optimizer_step_pre_hooks: dict = {}
-        self._optimizer_step_post_hooks: dict = {}
         self._reducer: dp_overlap.OverlappedGradReducer | None = None
         possible = _overlap_possible(nxd_config, context)
         if overlap_grad_sync and not possible:
@@ -256,33 +253,6 @@ class NxDOptimizer(torch.optim.Optimizer):
             self._reducer.remove()
             self._reducer = None
 
-    @property
-    def param_groups(self) -> list[dict]:  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict]) -> None:
-        self.optimizer.param_groups = value
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property
-    def defaults(self) -> dict:  # type: ignore[override]
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict) -> None:
-        self.optimizer.defaults = value
-
-    def _params(self) -> list[torch.Tensor]:
-        return [p for group in self.param_groups for p in group["params"]]
-
     def sync_gradients(self) -> None:
         """The collectives ``step`` does before clipping (exposed for tests and custom loops).
         With overlap, gradients backward already averaged are not averaged again."""
@@ -299,18 +269,11 @@ class NxDOptimizer(torch.optim.Optimizer):
                 bucket_allreduce_gradients([p.grad for p in pending], context=self.context)
                 self._reducer.mark_reduced(pending)
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        if closure is not None:
-            raise ValueError("NxDOptimizer.step does not take a closure: run the forward/backward before step()")
-        self.sync_gradients()
-        opt = self.nxd_config.optimizer
-        if opt.grad_clipping:
-            self.grad_norm = clip_grad_norm(self._params(), opt.max_grad_norm, context=self.context)
-        return self.optimizer.step()
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        return clip_grad_norm(self._params(), max_norm, context=self.context)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        super().zero_grad(set_to_none=set_to_none)
         if self._reducer is not None:
             self._reducer.reset()
 
@@ -323,8 +286,3 @@ class NxDOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         self.optimizer.load_state_dict(slice_expert_state(state_dict, self._params()))
 
-    def add_param_group(self, param_group: dict) -> None:
-        self.optimizer.add_param_group(param_group)
-
-    def __repr__(self) -> str:
-        return f"NxDOptimizer({self.optimizer!r})"

@@ -15,7 +15,7 @@ import numpy as np
 from nxd.errors import ConfigError
 from nxd_data.gpt_dataset import GPTSamples, parse_splits, pretraining_sample, split_ranges
 from nxd_data.indexed import IndexedDataset
-from nxd_data.module import StreamDataModule, check_geometry
+from nxd_data.module import StreamDataModule, check_geometry, check_seq_length, config_flag
 from nxd_data.prepare import read_metadata
 from nxd_data.sft import SFTSource, jsonl_files, load_examples, pack
 from nxd_data.sources import dev_choose_samples, read_jsonl
@@ -33,18 +33,6 @@ MEGATRON_VALUES: dict[str, tuple[Any, str]] = {
     "pad_samples_to_global_batch_size": (False, "training batches are always whole"),
     "validation_drop_last": (True, "validation uses whole micro-batches only"),
 }
-
-
-def _bool(config: dict, key: str, default: bool) -> bool:
-    value = config.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"data.{key} must be true or false, got {value!r}")
-    return value
-
-
-def _check_seq_length(config: dict, seq_length: int) -> None:
-    if config.get("seq_length") is not None and config["seq_length"] != seq_length:
-        raise ConfigError(f"data.seq_length={config['seq_length']} differs from the model's seq_length={seq_length}")
 
 
 def parse_blend(value: Any, key: str = "data_prefix") -> list[tuple[float, str]]:
@@ -88,7 +76,7 @@ class IndexedDataModuleFactory:
         if not isinstance(parsed, dict):
             parse_splits(splits)
         for key in ("shuffle", "reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
-            _bool(config, key, False)
+            config_flag(config, key, False)
         for key, (value, why) in MEGATRON_VALUES.items():
             if key in config and config[key] != value:
                 raise ConfigError(f"data.{key}={config[key]!r} is not supported: {why} ({key}={value!r})")
@@ -120,11 +108,11 @@ class IndexedDataModuleFactory:
         config = dict(config)
         config.setdefault("seq_length", seq_length)
         self.validate(config)
-        _check_seq_length(config, seq_length)
+        check_seq_length(config, seq_length)
         parsed = parse_prefix(config)
         splits = config.get("splits_string", "980,10,10")
-        shuffle = _bool(config, "shuffle", True)
-        options = {k: _bool(config, k, False) for k in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")}
+        shuffle = config_flag(config, "shuffle", True)
+        options = {k: config_flag(config, k, False) for k in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")}
 
         def samples(prefix: str, split: int, explicit: bool) -> tuple[GPTSamples, int | None]:
             ds = IndexedDataset(prefix)
@@ -166,7 +154,7 @@ class IndexedDataModuleFactory:
         return StreamDataModule(
             train, valid, seq_length=seq_length, micro_batch_size=micro_batch_size,
             global_batch_size=global_batch_size, dp_rank=dp_rank, dp_size=dp_size, seed=seed,
-            attention_mask=_bool(config, "attention_mask", True), info=info,
+            attention_mask=config_flag(config, "attention_mask", True), info=info,
         )
 
 
@@ -178,7 +166,7 @@ class SFTDataModuleFactory:
             "prompt_key": config.get("prompt_key", "prompt"),
             "completion_key": config.get("completion_key", "completion"),
             "messages_key": config.get("messages_key", "messages"),
-            "add_bos": _bool(config, "add_bos", True),
+            "add_bos": config_flag(config, "add_bos", True),
         }
         return keys
 
@@ -188,7 +176,7 @@ class SFTDataModuleFactory:
         if "tokenizer" not in config:
             raise ConfigError("data.tokenizer is required for the sft data module: a tokenizer.json/.model path")
         for key in ("packing", "shuffle", "attention_mask"):
-            _bool(config, key, True)
+            config_flag(config, key, True)
         self._keys(config)
         dev_choose_samples(config)
         load_tokenizer(config["tokenizer"])
@@ -203,12 +191,12 @@ class SFTDataModuleFactory:
         dp_rank: int, dp_size: int, seed: int,
     ) -> StreamDataModule:
         check_geometry(seq_length, micro_batch_size, global_batch_size, dp_rank, dp_size)
-        _check_seq_length(config, seq_length)
+        check_seq_length(config, seq_length)
         if "train_dir" not in config or "tokenizer" not in config:
             self.validate(config)
         tok = load_tokenizer(config["tokenizer"])
         pad_id = next((i for i in (tok.pad_id, tok.eos_id, 0) if i is not None), 0)
-        packing = _bool(config, "packing", True)
+        packing = config_flag(config, "packing", True)
         keys = self._keys(config)
 
         def build(key: str, order_seed: int) -> tuple[SFTSource, Any]:
@@ -226,9 +214,9 @@ class SFTDataModuleFactory:
         info = {"examples": stats.examples, "truncated": stats.truncated,
                 "dropped_no_target": stats.dropped_no_target, "rows": len(train), "packing": packing}
         return StreamDataModule(
-            EpochStream(train, seed, _bool(config, "shuffle", True)), valid, seq_length=seq_length,
+            EpochStream(train, seed, config_flag(config, "shuffle", True)), valid, seq_length=seq_length,
             micro_batch_size=micro_batch_size, global_batch_size=global_batch_size, dp_rank=dp_rank,
-            dp_size=dp_size, seed=seed, attention_mask=_bool(config, "attention_mask", True), info=info,
+            dp_size=dp_size, seed=seed, attention_mask=config_flag(config, "attention_mask", True), info=info,
         )
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from nxd.errors import ConfigError
 from nxd_data.gpt_dataset import pretraining_sample
 from nxd_data.hf_disk import load_saved_dataset
-from nxd_data.module import StreamDataModule, check_geometry
+from nxd_data.module import StreamDataModule, check_geometry, check_seq_length, config_flag
 from nxd_data.streams import EpochStream, MappedSource
 from nxd_data.tokenizers import load_tokenizer
 
@@ -46,13 +46,6 @@ class TokenRows:
 
     def row(self, i: int) -> np.ndarray:
         return self.values[self.offsets[i] : self.offsets[i + 1]]
-
-
-def _bool(config: dict, key: str, default: bool) -> bool:
-    value = config.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"data.{key} must be true or false, got {value!r}")
-    return value
 
 
 def _token_rows_from_column(ds: Any, key: str, where: str) -> TokenRows:
@@ -104,7 +97,7 @@ class HFDataModuleFactory:
 
     def _tokenize(self, ds: Any, key: str, config: dict) -> TokenRows:
         tok = load_tokenizer(config["tokenizer"])
-        add_bos, append_eos = _bool(config, "add_bos", False), _bool(config, "append_eos", True)
+        add_bos, append_eos = config_flag(config, "add_bos", False), config_flag(config, "append_eos", True)
         if append_eos and tok.eos_id is None:
             raise ConfigError(f"data.tokenizer {tok.path} has no EOS token; set data.append_eos: false")
         if add_bos and tok.bos_id is None:
@@ -135,7 +128,7 @@ class HFDataModuleFactory:
         if "train_dir" not in config:
             raise ConfigError("data.train_dir is required for the hf data module: a directory written by save_to_disk")
         for key in ("shuffle", "attention_mask", "add_bos", "append_eos"):
-            _bool(config, key, key != "add_bos")
+            config_flag(config, key, key != "add_bos")
         seq = config.get("seq_length")
         if seq is not None and (not isinstance(seq, int) or seq <= 0):
             raise ConfigError(f"data.seq_length must be a positive integer, got {seq!r}")
@@ -179,11 +172,10 @@ class HFDataModuleFactory:
         dp_rank: int, dp_size: int, seed: int,
     ) -> StreamDataModule:
         check_geometry(seq_length, micro_batch_size, global_batch_size, dp_rank, dp_size)
-        if config.get("seq_length") is not None and config["seq_length"] != seq_length:
-            raise ConfigError(f"data.seq_length={config['seq_length']} differs from the model's seq_length={seq_length}")
+        check_seq_length(config, seq_length)
         if "train_dir" not in config:
             self.validate(config)
-        shuffle = _bool(config, "shuffle", True)
+        shuffle = config_flag(config, "shuffle", True)
         pad_id = config.get("pad_id", 0)
         if not isinstance(pad_id, int) or isinstance(pad_id, bool) or pad_id < 0:
             raise ConfigError(f"data.pad_id must be a non-negative token id, got {pad_id!r}")
@@ -198,7 +190,7 @@ class HFDataModuleFactory:
         return StreamDataModule(
             EpochStream(train, seed, shuffle), valid, seq_length=seq_length, micro_batch_size=micro_batch_size,
             global_batch_size=global_batch_size, dp_rank=dp_rank, dp_size=dp_size, seed=seed,
-            attention_mask=_bool(config, "attention_mask", True), info=info,
+            attention_mask=config_flag(config, "attention_mask", True), info=info,
         )
 
 

@@ -20,6 +20,20 @@ from nxd.errors import ConfigError
 from nxd_data.streams import Source
 
 
+def config_flag(config: dict, key: str, default: bool) -> bool:
+    """The boolean ``data.<key>`` of a data module's config (``default`` when absent)."""
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"data.{key} must be true or false, got {value!r}")
+    return value
+
+
+def check_seq_length(config: dict, seq_length: int) -> None:
+    """``data.seq_length``, when given, must be the model's."""
+    if config.get("seq_length") is not None and config["seq_length"] != seq_length:
+        raise ConfigError(f"data.seq_length={config['seq_length']} differs from the model's seq_length={seq_length}")
+
+
 def check_geometry(seq_length: int, micro_batch_size: int, global_batch_size: int, dp_rank: int, dp_size: int) -> None:
     for name, value in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size),
                         ("global_batch_size", global_batch_size), ("dp_size", dp_size)):

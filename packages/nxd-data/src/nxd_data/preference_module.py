@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from nxd.errors import ConfigError
-from nxd_data.module import StreamDataModule
+from nxd_data.module import StreamDataModule, check_seq_length
 from nxd_data.preference import RESPONSES, PreferenceSource
 from nxd_data.sources import dev_choose_samples
 from nxd_data.streams import EpochStream
@@ -160,9 +160,8 @@ class PreferenceDataModuleFactory:
         self, config: dict, *, seq_length: int, micro_batch_size: int, global_batch_size: int,
         dp_rank: int, dp_size: int, seed: int,
     ) -> PreferenceDataModule:
-        config = {**config, "seq_length": config.get("seq_length", seq_length)}
-        if config["seq_length"] != seq_length:
-            raise ConfigError(f"data.seq_length={config['seq_length']} differs from the model's seq_length={seq_length}")
+        check_seq_length(config, seq_length)
+        config = {**config, "seq_length": seq_length}
         pairs, opts = self._load(config)
         train = PreferenceSource(pairs["train"], seq_length, opts["pad_id"])
         valid = PreferenceSource(pairs["valid"], seq_length, opts["pad_id"]) if "valid" in pairs else None

@@ -16,13 +16,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from nxd import ParallelContext
-from nxd.resolved import NxdConfig
 from nxd_core_parallel.grads import (
     allreduce_sequence_parallel_gradients,
     counted_in_norm,
     fused_pieces_counted,
     is_expert_parallel,
 )
+from nxd_core_parallel.wrapped_optimizer import WrappedOptimizer
 from nxd_fsdp.mesh import expert_mesh, shard_coordinates, shard_group
 
 #: format marker of a state_dict() shard
@@ -63,7 +63,7 @@ def _norm_pieces(param: torch.Tensor, grad: torch.Tensor, mesh: DeviceMesh) -> l
     return out
 
 
-class FSDPOptimizer(torch.optim.Optimizer):
+class FSDPOptimizer(WrappedOptimizer):
     """Wraps ``optimizer`` (built over the sharded parameters). ``grad_norm``: the last pre-clip norm."""
 
     #: nxd-ckpt writes one optimizer file per DP rank and, at another DP size, calls
@@ -72,27 +72,15 @@ class FSDPOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, nxd_config: dict, context: ParallelContext,
                  mesh: DeviceMesh) -> None:
-        # the inner optimizer owns the state; Optimizer.__init__ is not called on purpose (as NxDOptimizer)
-        self.optimizer = optimizer
-        self.nxd_config = nxd_config
+        super().__init__(optimizer, nxd_config)
         self.context = context
         self.mesh = mesh
-        self.grad_norm: torch.Tensor | None = None
         self._plan: list | None = None
-        self._optimizer_step_pre_hooks: dict = {}
-        self._optimizer_step_post_hooks: dict = {}
 
-    param_groups = property(lambda self: self.optimizer.param_groups,
-                            lambda self, v: setattr(self.optimizer, "param_groups", v))
-    state = property(lambda self: self.optimizer.state, lambda self, v: setattr(self.optimizer, "state", v))
-    defaults = property(lambda self: self.optimizer.defaults, lambda self, v: setattr(self.optimizer, "defaults", v))
-
-    def _params(self) -> list[torch.Tensor]:
-        return [p for group in self.param_groups for p in group["params"]]
-
-    def _sync_sequence_parallel(self) -> None:
-        # SP-tagged (TP-replicated) parameters saw only this TP rank's sequence slice: sum over TP.
-        if NxdConfig.of(self.nxd_config).sequence_parallel:
+    def sync_gradients(self) -> None:
+        # FSDP's backward averaged over DP; SP-tagged (TP-replicated) parameters saw only this TP
+        # rank's sequence slice: sum over TP.
+        if self.nxd_config.sequence_parallel:
             allreduce_sequence_parallel_gradients(self._params(), context=self.context)
 
     def _mesh_of(self, param: torch.Tensor) -> DeviceMesh:
@@ -146,19 +134,6 @@ class FSDPOptimizer(torch.optim.Optimizer):
         for (dev, dtype), group_grads in by_kind.items():
             torch._foreach_mul_(group_grads, coef.to(dev, dtype))
         return total
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        if closure is not None:
-            raise ValueError("FSDPOptimizer.step does not take a closure: run the forward/backward before step()")
-        self._sync_sequence_parallel()
-        opt = NxdConfig.of(self.nxd_config).optimizer
-        if opt.grad_clipping:
-            self.grad_norm = self.clip_grad_norm(opt.max_grad_norm)
-        return self.optimizer.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -230,8 +205,5 @@ class FSDPOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict({"state": state, "param_groups": ordered[0]["param_groups"]})
 
     def add_param_group(self, param_group: dict) -> None:
-        self.optimizer.add_param_group(param_group)
+        super().add_param_group(param_group)
         self._plan = None
-
-    def __repr__(self) -> str:
-        return f"FSDPOptimizer({self.optimizer!r})"

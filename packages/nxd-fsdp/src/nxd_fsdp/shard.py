@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from nxd_core_parallel.dtensor import full_rows, shard_like
 from nxd_core_parallel.grads import is_expert_parallel
+from nxd_core_parallel.module_walk import outermost_instances
 from nxd_fsdp.config import FsdpConfig
 from nxd_fsdp.mesh import shard_group
 
@@ -44,18 +45,8 @@ def block_classes(model: nn.Module) -> tuple[type, ...]:
 
 
 def _outermost(model: nn.Module, classes: tuple[type, ...]) -> list[nn.Module]:
-    found: list[nn.Module] = []
-
-    def visit(module: nn.Module) -> None:
-        for child in module.children():
-            if isinstance(child, classes):
-                found.append(child)
-            else:
-                visit(child)
-
-    if classes:
-        visit(model)
-    return found
+    # below the root (the root is its own unit)
+    return [block for child in model.children() for block in outermost_instances(child, classes)]
 
 
 def fully_shard_kwargs(config: FsdpConfig, mesh: DeviceMesh) -> dict[str, Any]:

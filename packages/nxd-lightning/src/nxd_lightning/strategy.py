@@ -25,6 +25,7 @@ import nxd
 from nxd import ConfigError
 from nxd.config import check_config
 from nxd.parallel import check_divisible
+from nxd_core_parallel import parallel_state as ps
 from nxd_lightning.checkpoint_io import NeuronCheckpointIO
 from nxd_lightning.environment import ProcessGroupEnvironment
 
@@ -110,8 +111,6 @@ class NxDStrategy(DDPStrategy):
         self._setup_parallel_state()
 
     def _setup_parallel_state(self) -> None:
-        from nxd_core_parallel import parallel_state as ps
-
         tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
         if ps.model_parallel_is_initialized():
             have = (ps.get_tensor_model_parallel_size(), ps.get_pipeline_model_parallel_size())
@@ -133,26 +132,18 @@ class NxDStrategy(DDPStrategy):
     # ------------------------------------------------------------------ NxD's parallel degrees
     @property
     def data_parallel_size(self) -> int:
-        from nxd_core_parallel import parallel_state as ps
-
         return ps.get_data_parallel_size()
 
     @property
     def data_parallel_rank(self) -> int:
-        from nxd_core_parallel import parallel_state as ps
-
         return ps.get_data_parallel_rank()
 
     @property
     def tensor_parallel_rank(self) -> int:
-        from nxd_core_parallel import parallel_state as ps
-
         return ps.get_tensor_model_parallel_rank()
 
     @property
     def pipeline_parallel_rank(self) -> int:
-        from nxd_core_parallel import parallel_state as ps
-
         return ps.get_pipeline_model_parallel_rank()
 
     @property

@@ -38,15 +38,13 @@ from nxd_core_parallel.parallel_layers import (
     ColumnParallelLinear,
     ParallelEmbedding,
     RowParallelLinear,
-    copy_to_tensor_model_parallel_region,
-    gather_from_sequence_parallel_region,
     gather_from_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
     set_tensor_model_parallel_attributes,
 )
-from nxd_core_parallel.parallel_layers.layers import tensor_parallel_group_of
+from nxd_core_parallel.parallel_layers.layers import column_parallel_input, tensor_parallel_group_of
 from nxd_core_parallel.parallel_layers.mappings import reduce_grad_over_group
 from nxd_lora.config import LoraConfig
 from nxd_lora.naming import CONV_LAYERS, Slot
@@ -54,21 +52,22 @@ from nxd_lora.naming import CONV_LAYERS, Slot
 _CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
+#: the kind of adapter each base layer gets; the first match wins (subclasses before their bases)
+_LAYER_KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (CONV_LAYERS, "conv"),
+    (ParallelEmbedding, "parallel_embedding"),
+    (nn.Embedding, "embedding"),
+    (GQAQKVColumnParallelLinear, "qkv"),
+    (ColumnParallelLinear, "column"),
+    (RowParallelLinear, "row"),
+    (nn.Linear, "linear"),
+)
+
+
 def layer_kind(module: nn.Module) -> str:
-    if isinstance(module, CONV_LAYERS):
-        return "conv"
-    if isinstance(module, ParallelEmbedding):
-        return "parallel_embedding"
-    if isinstance(module, nn.Embedding):
-        return "embedding"
-    if isinstance(module, GQAQKVColumnParallelLinear):
-        return "qkv"
-    if isinstance(module, ColumnParallelLinear):
-        return "column"
-    if isinstance(module, RowParallelLinear):
-        return "row"
-    if isinstance(module, nn.Linear):
-        return "linear"
+    for classes, kind in _LAYER_KINDS:
+        if isinstance(module, classes):
+            return kind
     raise TypeError(f"LoRA cannot adapt {type(module).__name__}")
 
 
@@ -223,12 +222,7 @@ class LoraAdapter(nn.Module):
 
     def _column_h(self, base: nn.Module, active: list[LoraPiece], x: torch.Tensor) -> torch.Tensor:
         """Every rank computes h from the replicated (or sequence-sharded) input."""
-        h = self._h(active, x)
-        group = tensor_parallel_group_of(base)
-        if base.sequence_parallel_enabled:
-            return gather_from_sequence_parallel_region(h, base.sequence_dimension, to_model_parallel=True,
-                                                        process_group=group)
-        return copy_to_tensor_model_parallel_region(h, process_group=group)
+        return column_parallel_input(self._h(active, x), base, tensor_parallel_group_of(base))
 
     def apply(self, base: nn.Module, x: torch.Tensor, output: object) -> object:
         """The base layer's output with the LoRA update added."""

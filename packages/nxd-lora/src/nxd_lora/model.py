@@ -101,6 +101,10 @@ class LoRAModel(nn.Module):
                 raise ConfigError(f"LoraConfig.target_modules matches {name}, whose weight is padded to split over TP "
                                   "(pad=True, or attention heads padded by pad_model); LoRA on padded layers is not "
                                   "supported: leave it out of target_modules or use a TP size that divides it")
+            if getattr(getattr(sub, "weight", None), "qkv_interleave", None) is not None:
+                raise ConfigError(f"LoraConfig.target_modules matches {name}, Megatron's interleaved QKV with K/V heads "
+                                  "replicated over TP (kv_size_multiplier); LoRA on it is not supported: leave it out "
+                                  "of target_modules or use a tensor_parallel_size dividing num_query_groups")
             adapter = LoraAdapter(sub, slots, targeted, self.lora_config, generator)
             self.lora_layers[_safe(name)] = adapter
             self._bases[name] = sub

@@ -31,6 +31,7 @@ from torch import nn
 
 from nxd.parallel import dim_rank, dim_size
 from nxd_core_parallel.hf_interop import clean_param_name as clean_name
+from nxd_core_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
 from nxd_models_gpt.hf_io import unwrap_model
 from nxd_models_gpt.safe_load import load_weights_only
 
@@ -280,7 +281,11 @@ def load_megatron_checkpoint(model: nn.Module, path: str | os.PathLike, strict: 
                                               f"{config.vocab_size}")
             tensor = torch.cat([tensor[: config.vocab_size],
                                 tensor.new_zeros(module.padded_vocab_size - config.vocab_size, *tensor.shape[1:])])
-        local = _shard(name, tensor, tp, rank, gated)
+        owner = module.get_submodule(raw_name.rpartition(".")[0])
+        if isinstance(owner, GroupedQKVColumnParallelLinear):  # K/V replicated over TP: the layer's own rows
+            local = owner.local_of(tensor)
+        else:
+            local = _shard(name, tensor, tp, rank, gated)
         if local.shape != param.shape:
             raise MegatronCheckpointError(f"{path}: {name} gives shape {list(local.shape)} on TP rank {rank}, the "
                                           f"model has {list(param.shape)}; check the model config against the "
@@ -337,6 +342,10 @@ def save_megatron_checkpoint(state: dict[str, torch.Tensor], config: Any, out_di
     config = GPTConfig.from_dict(config) if isinstance(config, dict) else config
     if config.num_layers % pp:
         raise ValueError(f"num_layers ({config.num_layers}) must be divisible by pp ({pp})")
+    if config.num_query_groups % tp:
+        raise ValueError(f"tp={tp} must divide num_query_groups ({config.num_query_groups}): Megatron's checkpoint "
+                         "splits linear_qkv by whole query groups and has no K/V replication (nxd's "
+                         "kv_size_multiplier); write it at a tp dividing the groups")
     gated, post_ln = config.activation == "swiglu", config.transformer_block_type == "post_ln"
     padded = config.padded_vocab_size(tp)
     per = config.num_layers // pp

@@ -23,6 +23,8 @@ from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size, resolve_context
 from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules import plain
+from nxd_core_parallel.modules.attention_mask import build_attention_mask
+from nxd_core_parallel.modules.kv_heads import kv_local_index
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import (
     LayerNorm,
@@ -32,7 +34,6 @@ from nxd_core_parallel.parallel_layers import (
 )
 from nxd_core_parallel.tensor_plan import parallelize as apply_plan
 from nxd_core_parallel.vocab_padding import mask_padded_vocab
-from nxd_models_gpt.attention_mask import build_attention_mask
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.plan import GPT_PLAN
 from nxd_models_gpt.rope import RotaryEmbedding, apply_rotary
@@ -105,41 +106,64 @@ class _null:
 
 
 class GPTSelfAttention(nn.Module):
+    """Megatron attention over ``linear_qkv``'s interleaved groups. Sharded by whole query groups
+    when TP divides them; otherwise the plan replicates K/V heads over TP (NxD's
+    ``kv_size_multiplier``): each rank holds ``[its q heads; its KV piece's k; v]`` and every local
+    query head attends to its group's KV head (``kv_index``)."""
+
     def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
         self.num_query_groups = config.num_query_groups
+        self.num_heads = config.num_attention_heads
         self.head_dim = config.kv_channels
         self.heads_per_group = config.num_attention_heads // config.num_query_groups
         self.local_groups = config.num_query_groups  # this rank's, once the plan shards the groups
+        #: K/V replicated over TP (kv_size_multiplier > 1): (local q heads, local kv heads, kv head of each q head)
+        self.replicated_kv: tuple[int, int, tuple[int, ...]] | None = None
         init, out_init = init_methods(config)
         linear = partial(plain.Linear, bias=config.has_bias, dtype=config.torch_dtype, device=device)
-        qkv_rows = (config.num_attention_heads + 2 * config.num_query_groups) * self.head_dim
-        self.linear_qkv = linear(config.hidden_size, qkv_rows, init_method=init)
+        self.linear_qkv = plain.GroupedQKVLinear(config.hidden_size, config.num_attention_heads,
+                                                 config.num_query_groups, self.head_dim, bias=config.has_bias,
+                                                 init_method=init, dtype=config.torch_dtype, device=device)
         self.core_attention = GPTCoreAttention(config.attention_dropout)
         self.linear_proj = linear(config.num_attention_heads * self.head_dim, config.hidden_size, init_method=out_init)
 
     def nxd_parallelized(self, context: ParallelContext | None) -> None:
-        """This rank's query groups once the plan has sharded ``linear_qkv`` (whole groups) over TP."""
+        """This rank's query groups (or replicated KV heads) once the plan has sharded ``linear_qkv``."""
         tp = _tp(context)
-        if self.num_query_groups % tp:
-            raise ConfigError(f"gpt: num_query_groups ({self.num_query_groups}) must be divisible by "
-                              f"tensor_parallel_size ({tp}) for Megatron's interleaved QKV layout")
-        self.local_groups = self.num_query_groups // tp
+        m = getattr(self.linear_qkv, "kv_size_multiplier", 1)
+        if m == 1:
+            self.local_groups = self.num_query_groups // tp
+            return
+        lq, lk = self.num_heads // tp, self.num_query_groups * m // tp
+        index = kv_local_index(self.num_heads, self.num_query_groups, tp, dim_rank(context, "tp"), m)
+        self.replicated_kv = (lq, lk, tuple(index))
+
+    def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``[b, s, rows]`` -> q ``[b, heads, s, d]``, k/v ``[b, kv_heads, s, d]`` (this rank's)."""
+        b, s, hd = qkv.shape[0], qkv.shape[1], self.head_dim
+        if self.replicated_kv is not None:
+            lq, lk, _ = self.replicated_kv
+            q, k, v = qkv.split([lq * hd, lk * hd, lk * hd], dim=-1)
+            return (q.view(b, s, lq, hd).transpose(1, 2), k.view(b, s, lk, hd).transpose(1, 2),
+                    v.view(b, s, lk, hd).transpose(1, 2))
+        qpg = self.heads_per_group
+        qkv = qkv.view(b, s, self.local_groups, qpg + 2, hd)
+        q = qkv[:, :, :, :qpg].reshape(b, s, self.local_groups * qpg, hd).transpose(1, 2)
+        return q, qkv[:, :, :, qpg].transpose(1, 2), qkv[:, :, :, qpg + 1].transpose(1, 2)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        qkv = self.linear_qkv(x)
-        b, s = qkv.shape[0], qkv.shape[1]
-        qpg, hd = self.heads_per_group, self.head_dim
-        qkv = qkv.view(b, s, self.local_groups, qpg + 2, hd)
-        q = qkv[:, :, :, :qpg].reshape(b, s, self.local_groups * qpg, hd).transpose(1, 2)
-        k = qkv[:, :, :, qpg].transpose(1, 2)
-        v = qkv[:, :, :, qpg + 1].transpose(1, 2)
+        q, k, v = self._split_qkv(self.linear_qkv(x))
+        b, s = x.shape[0], q.shape[2]
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        if qpg > 1:
-            k, v = k.repeat_interleave(qpg, dim=1), v.repeat_interleave(qpg, dim=1)
+        if self.replicated_kv is not None:  # each local query head's KV head, by Megatron's grouping
+            index = torch.tensor(self.replicated_kv[2], device=k.device)
+            k, v = k.index_select(1, index), v.index_select(1, index)
+        elif self.heads_per_group > 1:
+            k, v = k.repeat_interleave(self.heads_per_group, dim=1), v.repeat_interleave(self.heads_per_group, dim=1)
         out = self.core_attention(q, k, v, mask)
         return self.linear_proj(out.transpose(1, 2).reshape(b, s, -1))
 

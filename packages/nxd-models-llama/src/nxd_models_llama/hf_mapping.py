@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 
 from nxd_core_parallel.hf_pipeline import Piece
+from nxd_core_parallel.modules import kv_heads
 from nxd_core_parallel.parallel_layers import get_padding_length
 from nxd_models_llama.config import LlamaConfig
 
@@ -39,11 +40,10 @@ def _heads(key: str, heads: list[int], head_dim: int, dim: int = 0) -> Piece:
 
 def heads_of_rank(config: LlamaConfig, tp: int, rank: int, kv_size_multiplier: int) -> tuple[list[int], list[int]]:
     """``(query heads, kv heads)`` (HF head indices) held by TP ``rank``, in local order: contiguous
-    query heads, and KV piece ``rank // m`` of the ``tp / m`` distinct KV pieces."""
-    nq, nkv, m = config.num_attention_heads, config.num_key_value_heads, kv_size_multiplier
-    lq, lk = nq // tp, nkv * m // tp
-    piece = rank // m
-    return list(range(rank * lq, (rank + 1) * lq)), list(range(piece * lk, (piece + 1) * lk))
+    query heads, and KV piece ``rank // m`` of the ``tp / m`` distinct KV pieces
+    (:func:`nxd_core_parallel.modules.kv_heads.heads_of_rank`)."""
+    return kv_heads.heads_of_rank(config.num_attention_heads, config.num_key_value_heads, tp, rank,
+                                  kv_size_multiplier)
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")

@@ -25,12 +25,12 @@ from nxd.parallel import dim_size as _size
 from nxd_core_parallel import fused_kernels
 from nxd_core_parallel.context_parallel import local_positions, ring_attention
 from nxd_core_parallel.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
-from nxd_core_parallel.modules import plain
+from nxd_core_parallel.modules import kv_heads, plain
+from nxd_core_parallel.modules.attention_mask import build_attention_mask
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import mask_vocab_padding
 from nxd_core_parallel.parallel_layers.mappings import copy_to_tensor_model_parallel_region
 from nxd_core_parallel.tensor_plan import parallelize as apply_plan
-from nxd_models_llama.attention_mask import build_attention_mask
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.plan import LLAMA_PLAN
 from nxd_models_llama.rope import RotaryEmbedding, apply_rotary
@@ -50,33 +50,19 @@ class CausalLMOutput:
 
 
 def kv_size_multiplier_for(config: LlamaConfig, tp: int) -> int:
-    """How many times K/V heads are replicated over TP (NxD's ``kv_size_multiplier``): the smallest
-    ``m`` dividing ``tp`` such that each of the ``tp / m`` KV pieces holds whole heads and holds every
-    KV head its ranks' query heads attend to. 1 when TP divides the KV heads, ``tp / kv`` when the
-    KV heads divide TP, and for odd counts (3 KV heads at TP=2) up to ``tp`` (every rank holds all)."""
+    """How many times K/V heads are replicated over TP (NxD's ``kv_size_multiplier``; the rule is
+    :func:`nxd_core_parallel.modules.kv_heads.kv_size_multiplier_for`): 1 when TP divides the KV
+    heads, ``tp / kv`` when the KV heads divide TP, and for odd counts (3 KV heads at TP=2) up to ``tp``."""
     nq, nkv = config.num_attention_heads, config.num_key_value_heads
     if nq % tp:
         raise ConfigError(f"num_attention_heads ({nq}) must be divisible by tensor_parallel_size ({tp}); nxd's Llama "
                           "does not pad attention heads (NxD's pad_model pads models built from ColumnParallelLinear/"
                           "RowParallelLinear projections: docs/parallel.md)")
-    for m in (d for d in range(1, tp + 1) if tp % d == 0):
-        if (nkv * m) % tp == 0 and all(_kv_local_index(config, tp, r, m) is not None for r in range(tp)):
-            return m
-    raise ConfigError(f"num_key_value_heads={nkv} and num_attention_heads={nq} are not grouped evenly "
-                      "(HF GQA needs num_attention_heads divisible by num_key_value_heads)")
-
-
-def _kv_local_index(config: LlamaConfig, tp: int, rank: int, m: int) -> list[int] | None:
-    """For each local query head of ``rank``, the local KV head it attends to (HF GQA: query head
-    ``i`` uses KV head ``i // (heads / kv_heads)``); None when ``rank``'s KV piece lacks one."""
-    from nxd_models_llama.hf_mapping import heads_of_rank
-
-    nq, nkv = config.num_attention_heads, config.num_key_value_heads
-    if nq % nkv:
-        return None
-    q_heads, kv_heads = heads_of_rank(config, tp, rank, m)
-    needed = [q // (nq // nkv) for q in q_heads]
-    return [kv_heads.index(k) for k in needed] if all(k in kv_heads for k in needed) else None
+    m = kv_heads.kv_size_multiplier_for(nq, nkv, tp)
+    if m is None:
+        raise ConfigError(f"num_key_value_heads={nkv} and num_attention_heads={nq} are not grouped evenly "
+                          "(HF GQA needs num_attention_heads divisible by num_key_value_heads)")
+    return m
 
 
 class KVCache:
@@ -204,10 +190,8 @@ class LlamaAttention(nn.Module):
         self.kv_size_multiplier = kv_size_multiplier_for(config, tp)
         self.num_heads = config.num_attention_heads // tp
         self.num_kv_heads = config.num_key_value_heads * self.kv_size_multiplier // tp
-        index = _kv_local_index(config, tp, _rank(context, "tp"), self.kv_size_multiplier)
-        per_kv = self.num_heads // self.num_kv_heads if self.num_heads % self.num_kv_heads == 0 else 0
-        if index != [i // per_kv if per_kv else -1 for i in range(self.num_heads)]:
-            self.core_attention.kv_index = tuple(index)
+        self.core_attention.kv_index = kv_heads.local_kv_index(
+            config.num_attention_heads, config.num_key_value_heads, tp, _rank(context, "tp"), self.kv_size_multiplier)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
@@ -322,7 +306,7 @@ class LlamaModel(nn.Module):
         cos, sin = self.rotary_emb(position_ids, dtype)
         if cp > 1 and attention_mask is not None:
             attention_mask = _plain_causal_under_cp(attention_mask, context.cp.group)
-        return cos, sin, build_attention_mask(attention_mask, b, s, past, dtype, input_ids.device)
+        return cos, sin, build_attention_mask(attention_mask, b, s, input_ids.device, past=past)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:

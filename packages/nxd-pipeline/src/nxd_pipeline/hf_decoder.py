@@ -1,9 +1,10 @@
 """The pipeline contract for Hugging Face decoder-only LMs that do not declare it.
 
 transformers' ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` (and NxD's
-``modeling_llama_nxd``, built on them) share one shape: ``<base>.embed_tokens``, the
-``<base>.layers`` ``ModuleList``, ``<base>.norm`` and ``lm_head``, ``<base>`` being the model's
-``base_model_prefix``. NxD cuts them by FX tracing; nxd runs each stage through the model's own
+``modeling_llama_nxd`` / ``modeling_mixtral_moe_nxd``, built on them) share one shape:
+``<base>.embed_tokens``, the ``<base>.layers`` ``ModuleList``, ``<base>.norm`` and ``lm_head``,
+``<base>`` being the model's ``base_model_prefix`` (DBRX names them ``wte``, ``blocks``,
+``norm_f``). NxD cuts them by FX tracing; nxd runs each stage through the model's own
 ``forward`` instead, so masks, rotary embeddings, the head and the loss are computed exactly as
 the unsplit model computes them, whatever the transformers version:
 
@@ -18,12 +19,20 @@ the unsplit model computes them, whatever the transformers version:
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
+from nxd_pipeline.packing import pack, unpack
+
+#: (embedding, decoder layers, final norm) of a base model: transformers' decoder LMs; DBRX
+BASE_MODULE_NAMES = (("embed_tokens", "layers", "norm"), ("wte", "blocks", "norm_f"))
+#: the decoder-layer argument through which NxD's MoE examples pass the router logits so far
+ROUTER_LOGITS_ARGUMENT = "past_router_logits"
 
 class _Stop(Exception):
     """Raised by the stand-in first layer to end a ``forward`` early with what it was given."""
@@ -56,9 +65,9 @@ class _StopLayer(nn.Module):
 
 
 class _Constant(nn.Module):
-    """Returns a fixed tensor whatever it is called with (as an embedding or as a layer)."""
+    """Returns a fixed tensor (or tuple) whatever it is called with (as an embedding or as a layer)."""
 
-    def __init__(self, value: torch.Tensor, as_tuple: bool = False) -> None:
+    def __init__(self, value: torch.Tensor | tuple, as_tuple: bool = False) -> None:
         super().__init__()
         self.value, self.as_tuple = value, as_tuple
 
@@ -70,15 +79,34 @@ def _without_hidden(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return args[1:], {k: v for k, v in kwargs.items() if k != "hidden_states"}
 
 
+def _base_names(base: nn.Module) -> tuple[str, str, str] | None:
+    for names in BASE_MODULE_NAMES:
+        if all(isinstance(getattr(base, n, None), nn.Module) for n in names):
+            return names
+    return None
+
+
 def hf_decoder_base(model: nn.Module) -> str | None:
     """``base_model_prefix`` of a model shaped like transformers' decoder-only LMs, else None."""
     prefix = getattr(model, "base_model_prefix", None)
     base = getattr(model, prefix, None) if isinstance(prefix, str) and prefix else None
     if not isinstance(base, nn.Module) or not isinstance(getattr(model, "lm_head", None), nn.Module):
         return None
-    if not all(isinstance(getattr(base, n, None), nn.Module) for n in ("embed_tokens", "layers", "norm")):
-        return None
-    return prefix
+    return prefix if _base_names(base) is not None else None
+
+
+def threads_router_logits(model: nn.Module, base: str) -> bool:
+    """Whether the model's decoder layers take the router logits so far (NxD's MoE examples)."""
+    layers = getattr(getattr(model, base), _base_names(getattr(model, base))[1])
+    first = next(iter(layers), None)
+    return first is not None and ROUTER_LOGITS_ARGUMENT in _layer_signature(first).parameters
+
+
+def _layer_signature(layer: nn.Module) -> inspect.Signature:
+    """The signature of the layer class's own ``forward`` (activation checkpointing may replace the
+    instance's ``forward`` by a ``*args, **kwargs`` wrapper)."""
+    layer = _unwrap(layer)
+    return inspect.signature(partial(type(layer).forward, layer))
 
 
 class HFDecoderPipeline:
@@ -86,33 +114,53 @@ class HFDecoderPipeline:
 
     def __init__(self, model: nn.Module, base: str) -> None:
         self.model, self.base = model, base
+        self.embed_name, self.layers_name, self.norm_name = _base_names(getattr(model, base))
+        #: router logits travel with the hidden state (module doc); stage outputs are then packed
+        self.carries_router_logits = threads_router_logits(model, base)
         #: layer arguments of the current micro-batch (its input_ids) per layer kind
         self._layer_inputs: tuple[Any, dict[Any, tuple[tuple, dict]]] = (None, {})
         self._tuple_outputs = False  # whether this transformers version's decoder layers return tuples
 
     def nxd_pipeline_layout(self) -> dict[str, Any]:
         b = self.base
-        return {"embed": [f"{b}.embed_tokens"], "layers": f"{b}.layers", "head": [f"{b}.norm", "lm_head"]}
+        return {"embed": [f"{b}.{self.embed_name}"], "layers": f"{b}.{self.layers_name}",
+                "head": [f"{b}.{self.norm_name}", "lm_head"]}
 
     # -- the stages
     def nxd_pipeline_embed(self, **batch: Any) -> torch.Tensor:
         args, kwargs = self._stopped_forward(batch, None, self._first_layer())
-        return args[0] if args else kwargs["hidden_states"]
+        hidden = args[0] if args else kwargs["hidden_states"]
+        return pack([hidden, None]) if self.carries_router_logits else hidden
 
     def nxd_pipeline_layer(self, layer: nn.Module, hidden: torch.Tensor, **batch: Any) -> torch.Tensor:
+        router_logits = None
+        if self.carries_router_logits:
+            hidden, router_logits = unpack(hidden)
         args, kwargs = self._layer_args(layer, hidden, batch)
-        out = layer(hidden, *args, **kwargs)
-        self._tuple_outputs = isinstance(out, tuple)
-        return out[0] if self._tuple_outputs else out
+        if not self.carries_router_logits:
+            out = layer(hidden, *args, **kwargs)
+            self._tuple_outputs = isinstance(out, tuple)
+            return out[0] if self._tuple_outputs else out
+        call = _layer_signature(layer).bind(hidden, *args, **kwargs)
+        call.arguments[ROUTER_LOGITS_ARGUMENT] = router_logits
+        out = layer(*call.args, **call.kwargs)
+        self._tuple_outputs = True
+        # with output_router_logits the layer's last output is the router logits so far, its own included
+        return pack([out[0], out[-1] if call.arguments.get("output_router_logits") else router_logits])
 
     def nxd_pipeline_head(self, hidden: torch.Tensor, **batch: Any) -> Any:
-        layer = _like(_Constant(hidden, as_tuple=self._tuple_outputs), self._first_layer())
+        if self.carries_router_logits:
+            hidden, router_logits = unpack(hidden)
+            outputs = (hidden,) if router_logits is None else (hidden, router_logits)
+            layer = _like(_Constant(outputs), self._first_layer())
+        else:
+            layer = _like(_Constant(hidden, as_tuple=self._tuple_outputs), self._first_layer())
         with self._swapped(embedding=_Constant(hidden.detach()), layers=nn.ModuleList([layer])):
             return self.model(**self._forward_kwargs(batch))
 
     # -- helpers
     def _first_layer(self) -> nn.Module | None:
-        return next(iter(getattr(self.model, self.base).layers), None)
+        return next(iter(getattr(getattr(self.model, self.base), self.layers_name)), None)
 
     def _layer_args(self, layer: nn.Module, hidden: torch.Tensor, batch: dict) -> tuple[tuple, dict]:
         ids = batch.get("input_ids")
@@ -142,11 +190,11 @@ class HFDecoderPipeline:
     @contextmanager
     def _swapped(self, embedding: nn.Module | None, layers: nn.ModuleList):
         base = getattr(self.model, self.base)
-        saved = base._modules["embed_tokens"], base._modules["layers"]
+        saved = base._modules[self.embed_name], base._modules[self.layers_name]
         if embedding is not None:
-            base._modules["embed_tokens"] = embedding
-        base._modules["layers"] = layers
+            base._modules[self.embed_name] = embedding
+        base._modules[self.layers_name] = layers
         try:
             yield
         finally:
-            base._modules["embed_tokens"], base._modules["layers"] = saved
+            base._modules[self.embed_name], base._modules[self.layers_name] = saved

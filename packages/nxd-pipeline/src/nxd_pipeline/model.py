@@ -47,7 +47,7 @@ class NxDPPModel(nn.Module):
         self.parallel_context = resolve_context(context)
         cfg = pipeline_config if isinstance(pipeline_config, PipelineConfig) else parse_pipeline_config(
             pipeline_config, pipeline_parallel_size)
-        self.config = cfg
+        self.pipeline_config = cfg
         self.schedule = schedule or _lookup_schedule(cfg.schedule)
         self.pg = group or pipeline_group(pipeline_parallel_size, self.parallel_context)
         p, v = self.pg.size, cfg.virtual_pipeline_size
@@ -140,11 +140,22 @@ class NxDPPModel(nn.Module):
             raise KeyError(f"state dict lacks {len(missing)} key(s) of pipeline stage(s) {self.local_stages}: {missing[:5]}")
         return self.module.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=strict, assign=assign)
 
+    def __getattr__(self, name: str) -> Any:
+        """An attribute this wrapper lacks is the wrapped (pruned) model's, as NxD's ``NxDPPModel``
+        forwards it (NxD's DBRX example calls ``model.zero_padding_weights()`` at any PP size)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is None or name == "module":
+                raise
+            return getattr(module, name)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a pipelined model runs through run_train(**batch) / run_eval(**batch), not forward()")
 
     def _split(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
-        m = self.config.num_microbatches
+        m = self.pipeline_config.num_microbatches
         sizes = {k: v.shape[0] for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
         for key, size in sizes.items():
             if size % m:
@@ -170,7 +181,7 @@ class NxDPPModel(nn.Module):
             return self._train(micro, loss_terms)
 
     def _train(self, micro: list[dict[str, Any]], loss_terms: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        actions = self.schedule.actions(self.pg.size, self.pg.rank, len(micro), self.config.virtual_pipeline_size)
+        actions = self.schedule.actions(self.pg.size, self.pg.rank, len(micro), self.pipeline_config.virtual_pipeline_size)
         terms: dict[str, torch.Tensor] | None = None if loss_terms is None else {}
         losses = run_schedule(self._runner, self.pg, actions, micro, self.num_stages, trace=self.trace,
                               loss_terms=terms)
@@ -190,7 +201,7 @@ class NxDPPModel(nn.Module):
             return self._eval(micro, loss_terms)
 
     def _eval(self, micro: list[dict[str, Any]], loss_terms: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        v = self.config.virtual_pipeline_size
+        v = self.pipeline_config.virtual_pipeline_size
         actions = [Action(FORWARD, c, i) for i in range(len(micro)) for c in range(v)]
         actions.sort(key=lambda a: (a.microbatch // self.pg.size, a.chunk, a.microbatch))
         terms: dict[str, torch.Tensor] | None = None if loss_terms is None else {}
@@ -211,7 +222,7 @@ class NxDPPModel(nn.Module):
             dist.broadcast(values, src=last, group=self.pg.group)
         else:
             names, values = self._broadcast_with_terms(loss, terms or {}, last, device)
-        if self.config.broadcast_and_average_loss:
+        if self.pipeline_config.broadcast_and_average_loss:
             dp = data_parallel_group(self.parallel_context)
             if dp is not None:
                 dist.all_reduce(values, group=dp)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd_pipeline.hf_decoder import HFDecoderPipeline, hf_decoder_base
+from nxd_pipeline.hf_decoder import HFDecoderPipeline, hf_decoder_base, threads_router_logits
 
 LAYOUT_METHOD = "nxd_pipeline_layout"
 REQUIRED_METHODS = (LAYOUT_METHOD, "nxd_pipeline_embed", "nxd_pipeline_head")
@@ -83,13 +83,15 @@ def pipeline_interface(model: nn.Module) -> Any:
             f"{', '.join(missing)} and is not shaped like a Hugging Face decoder-only LM (<base>.embed_tokens, "
             "<base>.layers, <base>.norm, lm_head); see docs/pipeline.md for the model contract"
         )
-    if getattr(getattr(model, "config", None), "output_router_logits", False):
+    if getattr(getattr(model, "config", None), "output_router_logits", False) and not threads_router_logits(model, base):
         # the model's loss would see only the last stage's router logits (none): not its loss
+        # (NxD's MoE examples pass them from layer to layer, and so from stage to stage)
         raise ConfigError(
             f"{type(model).__name__} adds a router load-balancing loss over all its layers "
             "(config.output_router_logits=True), which the Hugging Face pipeline adapter cannot split over stages; "
             "set output_router_logits=False to train without it, or use a model that carries the router "
-            "statistics between stages (nxd-models-mixtral's MixtralForCausalLM, model 'mixtral'; docs/moe.md)"
+            "statistics between stages (nxd-models-mixtral's MixtralForCausalLM, model 'mixtral'; docs/moe.md) or "
+            "whose decoder layers take the router logits so far as 'past_router_logits' (NxD's MoE examples)"
         )
     adapter = model.__dict__["_nxd_pipeline_adapter"] = HFDecoderPipeline(model, base)
     return adapter

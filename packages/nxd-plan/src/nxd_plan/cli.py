@@ -7,8 +7,10 @@ import json
 import sys
 
 from nxd import Command, ComponentNotFound, ConfigError
+from nxd.cli import take_trailing_flags
 
-FLAGS_WITH_VALUE = ("--device-memory", "--peak-tflops", "--link-gbps", "--device")
+#: flags that may also follow the overrides (nxd.cli.take_trailing_flags), with their value's parser
+FLAGS_WITH_VALUE = {"--device-memory": float, "--peak-tflops": float, "--link-gbps": float, "--device": str}
 FLAGS = ("--json", "--dry-run")
 
 
@@ -25,34 +27,12 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="trn1, trn2, h100, h200 or cpu (default: from the config)")
 
 
-def _split_flags(args: argparse.Namespace) -> None:
-    """Flags may follow the overrides (``nxd plan cfg.yaml a.b=1 --json``), as with ``nxd train``."""
-    rest, items = [], list(args.overrides)
-    while items:
-        item = items.pop(0)
-        name, eq, value = item.partition("=")
-        if item in FLAGS:
-            setattr(args, item[2:].replace("-", "_"), True)
-        elif name in FLAGS_WITH_VALUE:
-            raw = value if eq else (items.pop(0) if items else None)
-            if raw is None:
-                raise ConfigError(f"{name} needs a value")
-            attr = name[2:].replace("-", "_")
-            try:
-                setattr(args, attr, raw if name == "--device" else float(raw))
-            except ValueError:
-                raise ConfigError(f"{name}: not a number: {raw!r}") from None
-        else:
-            rest.append(item)
-    args.overrides = rest
-
-
 def _run(args: argparse.Namespace) -> int:
     from nxd_plan import report
     from nxd_plan.planner import make_run_plan
 
     try:
-        _split_flags(args)
+        take_trailing_flags(args, FLAGS, FLAGS_WITH_VALUE)  # as with nxd train
         options = {"device": args.device, "peak_tflops": args.peak_tflops, "link_gbps": args.link_gbps}
         plan = make_run_plan(args.config, args.overrides, memory_gib=args.device_memory, **options)
     except (ConfigError, ComponentNotFound, ValueError) as exc:

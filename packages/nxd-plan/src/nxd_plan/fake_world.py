@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -45,10 +46,8 @@ def fake_rank(rank: int, world_size: int) -> Iterator[None]:
         with torch.device("meta"):
             yield
     finally:
-        from nxd_core_parallel import parallel_state
-
         with contextlib.suppress(Exception):
-            parallel_state.destroy_model_parallel()
+            nxd.parallel.destroy_parallel_context()
         dist.destroy_process_group()
 
 
@@ -59,12 +58,13 @@ def build_rank_model(config: Any, run: Any) -> tuple[torch.nn.Module, nxd.Parall
     device. FSDP2's ``fully_shard`` needs a mesh of a real device type: the transforms that need one
     (:func:`_mesh_transforms`) run after the build on the same meta parameters with a CPU mesh over
     the fake group, so the shards are FSDP's own DTensors."""
+    from nxd_core_parallel.context import start_parallel_context
     from nxd_training import build
-    from nxd_training.runtime import collective_timeout, ensure_parallel_context
 
     nxd_cfg = build.nxd_config(config, run)  # as nxd train: the one NxD config, then its groups
-    context = ensure_parallel_context(nxd_cfg, collective_timeout(config.distributed_strategy))
-    model_config = build.model_config_for_rank(config, run)
+    context = start_parallel_context(**nxd_cfg.sizes(),
+                                     timeout=timedelta(seconds=config.distributed_strategy.collective_timeout))
+    model_config = build.model_config_for_rank(config.precision, run)
     build_fn = nxd.parallel.bind_context(run.spec.build, context)
     later = _mesh_transforms(context, nxd_cfg)
     # built first with no data-parallel strategy (a name none registers), then that strategy runs

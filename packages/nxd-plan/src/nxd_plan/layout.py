@@ -92,7 +92,7 @@ def layout_of(config: Any, run: Any) -> Layout:
     from nxd_training.config.features import recompute_classes
 
     ds, p = config.distributed_strategy, config.precision
-    recompute = recompute_classes(config, run.spec)
+    recompute = recompute_classes(config.model, run.spec)
     if recompute is not None and not isinstance(recompute, str):
         recompute = ",".join(sorted(c.__name__ for c in recompute))
     bf16 = p.type in BF16_PARAM_TYPES

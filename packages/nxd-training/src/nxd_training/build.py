@@ -11,25 +11,29 @@ from nxd.resolved import NxdConfig
 from nxd_training.config import peft
 from nxd_training.config.features import recompute_classes
 from nxd_training.config.plan import RunPlan, data_section
-from nxd_training.config.schema import ModelAlignmentConfig, TrainingConfig
+from nxd_training.config.schema import (
+    CheckpointCallbackParams,
+    DataConfig,
+    ModelAlignmentConfig,
+    OptimConfig,
+    PrecisionConfig,
+    TrainingConfig,
+)
 from nxd_training.lora_export import lora_enabled
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import BF16_PARAM_TYPES, STOCHASTIC_ROUNDING_TYPES, model_transforms, uses_master_weights
 from nxd_training.schedules import make_lr_fn, make_scheduler
 
 
-def mixed_precision_config(config: TrainingConfig) -> dict[str, Any] | None:
-    """NxD's ``mixed_precision_config`` (ZeRO-1 only), from ``precision``."""
-    if not config.distributed_strategy.zero1:
-        return None
-    p = config.precision
+def mixed_precision_config(p: PrecisionConfig, ckpt: CheckpointCallbackParams) -> dict[str, Any]:
+    """NxD's ``mixed_precision_config`` (ZeRO-1 runs), from ``precision``."""
     master = uses_master_weights(p)
     grad_acc = p.fp32_grad_acc if p.fp32_grad_acc is not None else master
     sr = p.type in STOCHASTIC_ROUNDING_TYPES or bool(p.neuron_rt_stochastic_rounding_en)
     return {
         "use_master_weights": bool(master),
         "use_fp32_grad_acc": bool(grad_acc),
-        "use_master_weights_in_ckpt": config.exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt,
+        "use_master_weights_in_ckpt": ckpt.use_master_weights_in_ckpt,
         "stochastic_rounding": sr,
     }
 
@@ -41,22 +45,18 @@ def lora_config(align: ModelAlignmentConfig | None, spec: Any) -> Any:
     return peft.lora_config(align.peft, list(getattr(spec, "lora_target_modules", ()) or ()))
 
 
-def model_init_config(config: TrainingConfig) -> dict[str, Any]:
-    """NxD's ``model_init_config``: ``model.meta_device_init`` builds on the meta device and re-runs each
-    module's own initialisation (nxd's families initialise every tensor in ``reset_parameters``)."""
-    init: dict[str, Any] = {"sequential_move_factor": config.trainer.sequential_move_factor}
-    if config.model.meta_device_init:
-        from nxd_core_parallel.model_init import reset_parameters
-
-        init.update(meta_device_init=True, param_init_fn=reset_parameters)
-    return init
-
-
 def nxd_config(config: TrainingConfig, plan: RunPlan) -> NxdConfig:
     """The run's :class:`nxd.resolved.NxdConfig`, built from its resolution by the one builder every
     path uses (``--validate``, each rank, ``nxd plan``): sizes and micro-batches are the resolution's,
     the strategy and precision are derived by ``neuronx_distributed_config`` from these arguments."""
     ds, clip, r = config.distributed_strategy, config.trainer.gradient_clip_val, plan.resolution
+    init: dict[str, Any] = {"sequential_move_factor": config.trainer.sequential_move_factor}
+    if config.model.meta_device_init:
+        # builds on the meta device and re-runs each module's own initialisation (nxd's families
+        # initialise every tensor in reset_parameters)
+        from nxd_core_parallel.model_init import reset_parameters
+
+        init.update(meta_device_init=True, param_init_fn=reset_parameters)
     pipeline = {}
     if r.pp > 1:
         pipeline = {"num_microbatches": r.num_microbatches}
@@ -73,62 +73,65 @@ def nxd_config(config: TrainingConfig, plan: RunPlan) -> NxdConfig:
         expert_parallel_size=r.ep,
         pipeline_config=pipeline or None,
         optimizer_config={"zero_one_enabled": ds.zero1, "grad_clipping": bool(clip), "max_grad_norm": float(clip or 1.0)},
-        activation_checkpoint_config=recompute_classes(config, plan.spec),
+        activation_checkpoint_config=recompute_classes(config.model, plan.spec),
         sequence_parallel=ds.sequence_parallel,
-        model_init_config=model_init_config(config),
+        model_init_config=init,
         lora_config=lora_config(config.model_alignment_strategy, plan.spec),
-        mixed_precision_config=mixed_precision_config(config),
+        mixed_precision_config=mixed_precision_config(config.precision, config.exp_manager.checkpoint_callback_params)
+        if ds.zero1 else None,
         compile_config=config.trainer.compile,
         fsdp_config=ds.fsdp or None,
-        model_transforms=model_transforms(config),
+        model_transforms=model_transforms(config.precision, config.trainer),
     )
 
 
-def model_config_for_rank(config: TrainingConfig, plan: RunPlan) -> Any:
+def model_config_for_rank(precision: PrecisionConfig, plan: RunPlan) -> Any:
     """The plan's model config, with the parameter dtype the precision type asks for."""
-    if config.precision.type not in BF16_PARAM_TYPES:
+    if precision.type not in BF16_PARAM_TYPES:
         return plan.model_config
     return plan.spec.config_from_dict({**plan.model_dict, "dtype": "bfloat16"})
 
 
-def param_groups(config: TrainingConfig, model: torch.nn.Module) -> list[dict]:
-    """Weight decay on matrices only; norms and biases too when do_layer_norm_weight_decay."""
+def param_groups(model: torch.nn.Module, decay_norms_and_biases: bool) -> list[dict]:
+    """Weight decay on matrices only; norms and biases too with ``decay_norms_and_biases``
+    (``model.do_layer_norm_weight_decay``)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         is_norm_or_bias = param.dim() < 2 or name.endswith(".bias")
-        (no_decay if is_norm_or_bias and not config.model.do_layer_norm_weight_decay else decay).append(param)
+        (no_decay if is_norm_or_bias and not decay_norms_and_biases else decay).append(param)
     groups = [{"params": decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
     return groups
 
 
-def build_optimizer(config: TrainingConfig, nxd_cfg: dict, model: torch.nn.Module,
+def build_optimizer(optim: OptimConfig, groups: list[dict], nxd_cfg: dict,
                     context: nxd.ParallelContext | None = None) -> Any:
-    optim = config.model.optim
+    """``model.optim``'s optimizer over the parameter ``groups``, wrapped by the run's data-parallel strategy."""
     cls, keys = OPTIMIZERS[optim.name.lower()]
     values = {"lr": optim.lr, "weight_decay": optim.weight_decay, "betas": tuple(optim.betas), "eps": optim.eps,
               "momentum": optim.momentum}
-    return nxd.initialize_parallel_optimizer(nxd_cfg, cls, param_groups(config, model), context=context,
+    return nxd.initialize_parallel_optimizer(nxd_cfg, cls, groups, context=context,
                                              **{k: values[k] for k in keys})
 
 
-def build_scheduler(config: TrainingConfig, optimizer: Any) -> torch.optim.lr_scheduler.LambdaLR:
-    optim, tr = config.model.optim, config.trainer
+def build_scheduler(optim: OptimConfig, max_steps: int, optimizer: Any) -> torch.optim.lr_scheduler.LambdaLR:
+    """``model.optim.sched`` over ``sched.max_steps``, else the run's ``max_steps`` (``trainer.max_steps``; -1: none)."""
     sched = optim.sched
-    total = sched.max_steps or (tr.max_steps if tr.max_steps > 0 else None)
+    total = sched.max_steps or (max_steps if max_steps > 0 else None)
     lr_fn = make_lr_fn(sched.name, optim.lr, total, sched.warmup_steps, sched.min_lr, sched.constant_steps)
     return make_scheduler(optimizer, lr_fn, optim.lr)
 
 
-def build_data(config: TrainingConfig, plan: RunPlan, context: nxd.ParallelContext) -> Any:
+def build_data(data: DataConfig, align: ModelAlignmentConfig | None, seed: int, plan: RunPlan,
+               context: nxd.ParallelContext) -> Any:
     """The run's data module for this rank's data-parallel coordinates in ``context`` (a factory
     naming a ``context`` parameter receives the whole context)."""
     factory = nxd.get_data_module(plan.data_module)
     return nxd.parallel.call_with_context(
-        factory, data_section(config, plan.seq_length), context=context, seq_length=plan.seq_length,
-        micro_batch_size=config.data.micro_batch_size, global_batch_size=config.data.global_batch_size,
-        dp_rank=context.dp.rank, dp_size=context.dp.size, seed=config.seed,
+        factory, data_section(data, align, plan.workflow, plan.seq_length), context=context,
+        seq_length=plan.seq_length, micro_batch_size=data.micro_batch_size, global_batch_size=data.global_batch_size,
+        dp_rank=context.dp.rank, dp_size=context.dp.size, seed=seed,
     )

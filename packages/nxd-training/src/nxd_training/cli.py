@@ -10,6 +10,7 @@ from typing import Any
 
 import nxd.trainer
 from nxd import Command, ComponentNotFound, ConfigError
+from nxd.cli import take_trailing_flags
 
 
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,9 +24,9 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
                              "fit is refused (default: the device's own memory when known; never checked on CPU)")
 
 
-def _require_rendezvous(config) -> None:
-    tr = config.trainer
-    if tr.num_nodes > 1 and not config.launcher.rdzv_endpoint:
+def _require_rendezvous(tr: Any, launcher: Any) -> None:
+    """A multi-node run (``trainer.num_nodes``) needs ``launcher.rdzv_endpoint`` or a cluster that says it."""
+    if tr.num_nodes > 1 and not launcher.rdzv_endpoint:
         raise ConfigError(f"trainer.num_nodes={tr.num_nodes}: set launcher.rdzv_endpoint (host:port reachable from every "
                           "node) so the nodes can find each other, or run under SLURM (srun) or a torchrun-style "
                           "environment (MASTER_ADDR/MASTER_PORT, e.g. a Kubernetes PyTorchJob) that says it; "
@@ -49,50 +50,29 @@ def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
     checks: everything ``nxd train`` does before it launches (raises ConfigError)."""
     from nxd_training.cluster import apply_cluster
     from nxd_training.config.loader import load_config
-    from nxd_training.config.plan import make_plan, resolve_config
+    from nxd_training.config.plan import plan_of, resolve_config
     from nxd_training.data_prep import prepare_data
     from nxd_training.exp_manager import resolve_log_dir
     from nxd_training.preflight import preflight
 
     sections, cluster_note = apply_cluster(prepare_data(load_config(source, overrides, check=False)))
     config = resolve_config(sections)  # the one resolution: validation, printing and every rank use it
-    plan = make_plan(config)
+    plan = plan_of(config)
     log_dir = resolve_log_dir(config)
     nxd_config = preflight(config, log_dir, plan)
     return PreparedRun(config, plan, log_dir, cluster_note, nxd_config)
-
-
-def _device_memory_flag(args: argparse.Namespace) -> None:
-    """``--device-memory GiB`` may follow the overrides (they are argparse's REMAINDER)."""
-    rest, items = [], list(args.overrides)
-    while items:
-        item = items.pop(0)
-        name, eq, value = item.partition("=")
-        if name != "--device-memory":
-            rest.append(item)
-            continue
-        raw = value if eq else (items.pop(0) if items else "")
-        try:
-            args.device_memory = float(raw)
-        except ValueError:
-            raise ConfigError(f"--device-memory: not a number of GiB: {raw!r}") from None
-    args.overrides = rest
 
 
 def _run_train(args: argparse.Namespace) -> int:
     from nxd_training.config.loader import dump_config
     from nxd_training.launcher import launch
 
-    for flag in ("--validate", "--print-config"):
-        if flag in args.overrides:
-            args.overrides = [o for o in args.overrides if o != flag]
-            setattr(args, flag[2:].replace("-", "_"), True)
-    dry = args.validate or args.print_config
     try:
-        _device_memory_flag(args)
+        take_trailing_flags(args, ("--validate", "--print-config"), {"--device-memory": float})
+        dry = args.validate or args.print_config
         run = prepare_run(args.config, args.overrides)
         if not dry:
-            _require_rendezvous(run.config)  # a multi-node run needs one before anything starts; validation does not
+            _require_rendezvous(run.config.trainer, run.config.launcher)  # a multi-node run needs one before anything starts; validation does not
     except (ConfigError, ComponentNotFound) as exc:
         print(f"nxd train: {exc}", file=sys.stderr)
         return 2

@@ -7,16 +7,16 @@ import signal
 from datetime import datetime
 from pathlib import Path
 
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.schema import LauncherConfig, TrainingConfig
 
 # torchrun's rendezvous errors carry no message of their own: the exception's name is the signal
 _TIMEOUT, _LOST = "RendezvousTimeoutError", ("RendezvousConnectionError", "RendezvousClosedError")
 
 
-def rendezvous_failure(config: TrainingConfig, stderr_tail: str) -> str | None:
-    """On a multi-node run whose torchrun gave up in the rendezvous: which node this is, how long it
-    waited, and the node(s) that never joined or went away; None for any other failure."""
-    lc, nodes = config.launcher, config.trainer.num_nodes
+def rendezvous_failure(lc: LauncherConfig, nodes: int, stderr_tail: str) -> str | None:
+    """On a multi-node run (``nodes``: trainer.num_nodes) whose torchrun gave up in the rendezvous:
+    which node this is, how long it waited, and the node(s) that never joined or went away; None
+    for any other failure."""
     if nodes < 2:
         return None
     me = lc.node_rank
@@ -97,7 +97,7 @@ def first_failure(config: TrainingConfig, log_dir: Path, stderr_tail: str) -> st
     if not causes and not consequences:
         return None
     if not causes and waited:
-        return hang_line(config, log_dir, waited)
+        return hang_line(config.distributed_strategy.collective_timeout, world, log_dir, waited)
     if not causes and elsewhere:
         _, rank, how, record = min(consequences)
         others = ("rank " if len(elsewhere) == 1 else "ranks ") + ", ".join(map(str, elsewhere))
@@ -109,7 +109,7 @@ def first_failure(config: TrainingConfig, log_dir: Path, stderr_tail: str) -> st
     if record is not None and not record.get("step"):  # its own record: no step of this launch began
         at = " before its first step (starting up or resuming)"
     else:  # no record (a signal): the step rank 0 logged last, + 1
-        step = (record or {}).get("step") or _logged_step(config, log_dir)
+        step = (record or {}).get("step") or _logged_step(config.exp_manager.metrics_file, log_dir)
         at = f" at step {step}" + (f" of {total}" if total else "") if step else ""
     if how == "exited with code 0":
         at += " without finishing"
@@ -118,15 +118,15 @@ def first_failure(config: TrainingConfig, log_dir: Path, stderr_tail: str) -> st
     return f"nxd train: {where} failed first: it {how}{at}"
 
 
-def hang_line(config: TrainingConfig, log_dir: Path, waited: dict[int, dict]) -> str:
-    """No rank failed, some timed out in a collective: name the rank(s) of those collectives that
-    never came (with where each was when stopped), or, when every rank of them waited, the
-    different collectives they waited in (the ranks disagree on the order of collectives)."""
+def hang_line(seconds: float, world: int, log_dir: Path, waited: dict[int, dict]) -> str:
+    """No rank failed, some timed out in a collective (``seconds``: distributed_strategy.collective_timeout,
+    ``world`` ranks writing to ``log_dir``): name the rank(s) of those collectives that never came (with where each was
+    when stopped), or, when every rank of them waited, the different collectives they waited in
+    (the ranks disagree on the order of collectives)."""
     from nxd_training.hang import describe, stopped_at
 
-    seconds = config.distributed_strategy.collective_timeout
-    world = range(config.trainer.devices * config.trainer.num_nodes)  # a group of unknown ranks: any rank
-    members = sorted({r for rec in waited.values() for r in (rec["collective"].get("ranks") or world)})
+    ranks = range(world)  # a group of unknown ranks: any rank
+    members = sorted({r for rec in waited.values() for r in (rec["collective"].get("ranks") or ranks)})
     hung = [r for r in members if r not in waited]
     first = min(waited, key=lambda r: waited[r]["time"])
     record = waited[first]
@@ -153,12 +153,12 @@ def _node(record: dict | None, me: int | None, rank: int, per_node: int) -> int:
     return me if me is not None else rank // per_node
 
 
-def _logged_step(config: TrainingConfig, log_dir: Path) -> int | None:
+def _logged_step(metrics_file: str, log_dir: Path) -> int | None:
     """The step in progress by rank 0's log (the last logged step + 1), or None."""
     from nxd_training.exp_manager import read_metrics
 
     try:
-        steps = [r["step"] for r in read_metrics(log_dir, filename=config.exp_manager.metrics_file) if "step" in r]
+        steps = [r["step"] for r in read_metrics(log_dir, filename=metrics_file) if "step" in r]
     except (OSError, ValueError):
         return None
     return max(steps) + 1 if steps else None

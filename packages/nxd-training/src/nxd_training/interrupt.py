@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.schema import ExpManagerConfig
 from nxd_training.exp_manager import checkpoint_dir, is_url, read_metrics
 
 #: exit code of a run stopped with Ctrl-C (128 + SIGINT, as a shell reports it)
@@ -84,9 +84,9 @@ def _write_stderr(chunk: bytes) -> None:
         sys.stderr.flush()
 
 
-def _last_checkpoint(config: TrainingConfig, log_dir: Path) -> tuple[str, int | None] | None:
+def _last_checkpoint(em: ExpManagerConfig, log_dir: Path) -> tuple[str, int | None] | None:
     """``(tag, step)`` of the newest complete checkpoint of the run, or None."""
-    path = checkpoint_dir(config.exp_manager, log_dir)
+    path = checkpoint_dir(em, log_dir)
     if not is_url(path) and not Path(path).is_dir():
         return None
     from nxd_ckpt.convert import read_user_content
@@ -104,7 +104,7 @@ def _last_checkpoint(config: TrainingConfig, log_dir: Path) -> tuple[str, int | 
     return tag, int(step) if step is not None else None
 
 
-def stopped_message(config: TrainingConfig, log_dir: Path, by: str = "") -> str:
+def stopped_message(em: ExpManagerConfig, log_dir: Path, by: str = "") -> str:
     """``nxd train: stopped at step N; last complete checkpoint: step M (<tag>); resume: nxd train ...``
     (``stopped by SIGTERM at step N`` when ``by`` names the signal; Ctrl-C's line names none)."""
     from nxd_training.rank_status import completed_step
@@ -112,14 +112,14 @@ def stopped_message(config: TrainingConfig, log_dir: Path, by: str = "") -> str:
     step = completed_step(log_dir)  # the ranks' own count: metrics.jsonl lags by up to log_every_n_steps - 1
     if step is None:
         try:
-            records = read_metrics(log_dir, filename=config.exp_manager.metrics_file)
+            records = read_metrics(log_dir, filename=em.metrics_file)
         except (OSError, ValueError):
             records = []
         step = records[-1]["step"] if records else 0
     command = f"nxd train {shlex.quote(str(log_dir / 'config.yaml'))}"
-    if not config.exp_manager.resume_if_exists:
+    if not em.resume_if_exists:
         command += " exp_manager.resume_if_exists=true"
-    last = _last_checkpoint(config, log_dir)
+    last = _last_checkpoint(em, log_dir)
     if last is None:
         return f"nxd train: stopped{by and ' by ' + by} at step {step}; no complete checkpoint yet, so a rerun starts over: {command}"
     tag, saved = last

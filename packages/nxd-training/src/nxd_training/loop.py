@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import nxd
 from nxd import ConfigError
 from nxd_ckpt.run_dir import MODEL_RECORD_KEY, model_record
 from nxd_training import build, lora_export, metrics, precision, rank_status
-from nxd_training.config.plan import RunPlan, make_plan, resolve_config, tokenizer_path
+from nxd_training.config.plan import RunPlan, plan_of, resolve_config, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.exp_manager import (
     MetricsLogger,
@@ -33,13 +34,7 @@ from nxd_training.hang import COLLECTIVE_ATTR, locate_collective
 from nxd_training.precision import autocast_dtype
 from nxd_training.profiling import StepProfiler
 from nxd_training.readback import StepReadback
-from nxd_training.runtime import (
-    collective_timeout,
-    ensure_parallel_context,
-    ensure_process_group,
-    seed_everything,
-    select_backend,
-)
+from nxd_training.runtime import ensure_process_group, parse_max_time, seed_everything, select_backend
 
 #: batch keys the model's forward takes (a data module may add others, e.g. segment_ids)
 MODEL_INPUTS = ("input_ids", "labels", "position_ids", "attention_mask", "loss_mask")
@@ -84,17 +79,6 @@ class TrainResult:
     profile_peak_memory_bytes: int | None = None
 
 
-def parse_max_time(value: str | float | None) -> float | None:
-    """Seconds from ``trainer.max_time``: a number, or NeMo's ``DD:HH:MM:SS``."""
-    if value is None or isinstance(value, (int, float)):
-        return None if value is None else float(value)
-    parts = value.split(":")
-    if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
-        raise ConfigError(f"trainer.max_time must be seconds or DD:HH:MM:SS, got {value!r}")
-    d, h, m, s = (int(p) for p in parts)
-    return float(((d * 24 + h) * 60 + m) * 60 + s)
-
-
 class Trainer:
     """One rank's training run (created by :func:`train`). ``config`` is the resolved config
     (``nxd train``'s ranks get it deserialised from the run directory); a plain TrainingConfig
@@ -102,53 +86,59 @@ class Trainer:
 
     def __init__(self, config: TrainingConfig, log_dir: Path | None = None) -> None:
         self.config = config = resolve_config(config)
-        self.plan: RunPlan = make_plan(config)  # from the resolution: nothing derived again
+        self.plan: RunPlan = plan_of(config)  # from the resolution: nothing derived again
         # the NxD config every hook and transform gets: the same builder and resolution `--validate` used
         self.nxd_config = build.nxd_config(config, self.plan)
         self.backend = select_backend(config.trainer)
-        timeout = collective_timeout(config.distributed_strategy)
+        seed_everything(config.seed)
+        # distributed_strategy.collective_timeout bounds the default group's and every parallel group's collectives
+        timeout = timedelta(seconds=config.distributed_strategy.collective_timeout)
         self.owns_group = ensure_process_group(self.plan.world_size, self.backend, timeout)
-        self.context = ensure_parallel_context(self.nxd_config, timeout)
+        from nxd_core_parallel.context import start_parallel_context
+
+        # the run's groups, with its timeout, before anything else builds them (neuronx_distributed_config
+        # keeps a current context of the same sizes: groups start once)
+        self.context = start_parallel_context(**self.nxd_config.sizes(), timeout=timeout)
         self.rank = dist.get_rank()
         self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
         self.ckpt_dir = checkpoint_dir(config.exp_manager, self.log_dir)
-        seed_everything(config.seed)
-        from nxd_core_parallel import parallel_state
         from nxd_core_parallel.parallel_layers.random import model_parallel_manual_seed
 
-        self.ps = parallel_state
         self.device = self.context.device
         model_parallel_manual_seed(config.seed, self.context)
-        model_config = build.model_config_for_rank(config, self.plan)
+        model_config = build.model_config_for_rank(config.precision, self.plan)
         build_fn = nxd.parallel.bind_context(self.plan.spec.build, self.context)  # the model spec gets the context
         self.model = nxd.initialize_parallel_model(self.nxd_config, build_fn, False, model_config, self.nxd_config)
+        #: the step contract's ``autocast`` dtype (``precision.type: autocast`` or ``fp8``: bf16 forward passes)
+        self.autocast = autocast_dtype(config.precision)
         precision.set_parallel_layers_reduce_dtype(self.model, precision.parallel_layers_reduce_dtype(config.precision))
-        self.lora = lora_export.lora_enabled(config.model_alignment_strategy)
+        lora = self.nxd_config.lora_config  # NxD's LoraConfig, built once with the NxD config (None: no LoRA)
+        self.lora = lora is not None
         self.trainable = lora_export.trainable_counts(self.model)
         if self.lora and dist.get_rank() == 0:
             print(f"nxd train: LoRA: {lora_export.describe(self.trainable)}", flush=True)
         self.lora_exports: list[str] = []
         self.initialised_from: str | None = None
         #: what the checkpoints record of the model, so `nxd ckpt convert RUN_DIR` needs no arguments
-        lora = build.lora_config(config.model_alignment_strategy, self.plan.spec) if self.lora else None
-        self.model_record = model_record(self.plan.spec.name, self.plan.model_dict, tokenizer_path(config),
+        self.model_record = model_record(self.plan.spec.name, self.plan.resolution.model, tokenizer_path(config.data),
                                          lora.to_dict() if lora is not None else None)
         if self.lora and is_url(self.ckpt_dir):
             raise ConfigError(f"LoRA exports are written to a local directory, and checkpoint_callback_params.dirpath "
                               f"is the URL {self.ckpt_dir}; use a local dirpath for LoRA runs")
-        self.optimizer = build.build_optimizer(config, self.nxd_config, self.model, self.context)
-        self.scheduler = build.build_scheduler(config, self.optimizer)
+        groups = build.param_groups(self.model, config.model.do_layer_norm_weight_decay)
+        self.optimizer = build.build_optimizer(config.model.optim, groups, self.nxd_config, self.context)
+        self.scheduler = build.build_scheduler(config.model.optim, config.trainer.max_steps, self.optimizer)
         self.dp_rank = self.context.dp.rank
         self.dp_group = self.context.dp.group
-        self.data = build.build_data(config, self.plan, self.context)
+        self.data = build.build_data(config.data, config.model_alignment_strategy, config.seed, self.plan, self.context)
         #: model_alignment_strategy's workflow (dpo, orpo, ...): its loss replaces the model's
         self.workflow = self.plan.workflow
         self.step_metrics: dict[str, float] = {}
         self.valid_metrics: dict[str, float] = {}
         self.step = 0
         self.logger = MetricsLogger(config.exp_manager, self.log_dir, enabled=self.rank == 0)
-        self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config, self.plan.seq_length)
         self.peak = metrics.peak_tflops(self.backend, config.exp_manager.peak_tflops_per_device)
+        self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config, self.plan.seq_length)
         self.tokens_per_step = config.data.global_batch_size * self.plan.seq_length
         self.profiler = StepProfiler(config.trainer.profile, self.log_dir, self.rank, self.device)
 
@@ -212,9 +202,6 @@ class Trainer:
             self.data.load_state_dict(states[self.dp_rank])
 
     # ------------------------------------------------------------------ steps
-    def _batch(self, it: Iterator[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        return self._model_inputs(next(it))
-
     def _model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The keys the model (or the workflow) takes, on the device; under context parallelism
         this CP rank's chunks of every sequence (with their positions)."""
@@ -237,52 +224,31 @@ class Trainer:
 
         return loss_fn
 
-    def _dp_mean_metric_tensors(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, torch.Tensor]:
-        """Per-micro-batch sums (a workflow's metrics, the model's named loss terms) as the logged
-        means over the ``count`` micro-batches and the DP ranks, as the loss (on the device)."""
-        if not sums:
-            return {}
-        names = sorted(sums)
-        stacked = torch.stack([sums[n].detach().float() / count for n in names])
+    def _dp_means(self, loss: torch.Tensor, sums: dict[str, torch.Tensor], count: int) -> dict[str, torch.Tensor]:
+        """The logged numbers, averaged over data parallelism in one all-reduce (on the device): the
+        step contract's ``loss`` (the same on every rank of a model replica, pipeline stages included)
+        under LOSS_KEY, and per-micro-batch ``sums`` (a workflow's metrics, the model's named loss
+        terms) as means over the ``count`` micro-batches under METRIC_PREFIX + name."""
+        names = sorted(sums)  # the same order on every rank
+        stacked = torch.stack([loss.detach().float(), *(sums[n].detach().float() / count for n in names)])
         if self.plan.dp > 1:
             dist.all_reduce(stacked, group=self.dp_group)
             stacked /= self.plan.dp
-        return dict(zip(names, stacked.unbind()))
-
-    def _dp_mean_metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]:
-        tensors = self._dp_mean_metric_tensors(sums, count)
-        return StepReadback(tensors).values() if tensors else {}
-
-    def _autocast(self) -> torch.dtype | None:
-        """The step contract's ``autocast`` dtype (``precision.type: autocast`` or ``fp8``: bf16 forward passes)."""
-        return autocast_dtype(self.config.precision)
-
-    def _dp_mean_tensor(self, value: torch.Tensor) -> torch.Tensor:
-        """The logged number: the step contract's loss (the same on every rank of a model replica,
-        pipeline stages included) averaged over data parallelism (on the device)."""
-        value = value.detach().float().clone()
-        if self.plan.dp > 1:
-            dist.all_reduce(value, group=self.dp_group)
-            value /= self.plan.dp
-        return value
-
-    def _dp_mean(self, value: torch.Tensor) -> float:
-        return StepReadback({"value": self._dp_mean_tensor(value)}).values()["value"]
+        return dict(zip([LOSS_KEY, *(METRIC_PREFIX + n for n in names)], stacked.unbind()))
 
     def train_step(self, it: Iterator[dict[str, torch.Tensor]]) -> StepReadback:
         """One optimizer step through the step contract, for every parallel layout. Its numbers
         (loss, grad norm, metrics) come back as a :class:`StepReadback`, read by the loop one step
         late: nothing in the step waits for the device."""
         self.model.train()
-        micro_batches = [self._batch(it) for _ in range(self.plan.num_microbatches)]
+        micro_batches = [self._model_inputs(next(it)) for _ in range(self.plan.num_microbatches)]
         sums: dict[str, torch.Tensor] = {}
-        total = self.model.run_train(*micro_batches, autocast=self._autocast(), loss_fn=self._loss_fn(sums),
+        total = self.model.run_train(*micro_batches, autocast=self.autocast, loss_fn=self._loss_fn(sums),
                                      loss_terms=sums)
-        numbers = {METRIC_PREFIX + k: v for k, v in self._dp_mean_metric_tensors(sums, len(micro_batches)).items()}
+        numbers = self._dp_means(total, sums, len(micro_batches))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        numbers[LOSS_KEY] = self._dp_mean_tensor(total)
         grad_norm = getattr(self.optimizer, "grad_norm", None)
         if grad_norm is not None and self.config.exp_manager.log_gradient_norm:
             numbers[GRAD_NORM_KEY] = grad_norm if torch.is_tensor(grad_norm) else torch.tensor(float(grad_norm))
@@ -320,13 +286,17 @@ class Trainer:
         total, n = torch.zeros((), device=self.device), 0
         sums: dict[str, torch.Tensor] = {}
         for group in self._valid_groups(cap):
-            loss = self.model.run_eval(*group, autocast=self._autocast(), loss_fn=self._loss_fn(sums), loss_terms=sums)
+            loss = self.model.run_eval(*group, autocast=self.autocast, loss_fn=self._loss_fn(sums), loss_terms=sums)
             # run_eval gives the group's mean: weigh it by its micro-batches
             total += loss.detach().float() * len(group)
             n += len(group)
-        self.valid_metrics = self._dp_mean_metrics(sums, n) if n else {}
         self.model.train()
-        return self._dp_mean(total / n) if n else None
+        if not n:
+            self.valid_metrics = {}
+            return None
+        means = StepReadback(self._dp_means(total / n, sums, n)).values()
+        self.valid_metrics = {k[len(METRIC_PREFIX):]: v for k, v in means.items() if k.startswith(METRIC_PREFIX)}
+        return means[LOSS_KEY]
 
     def save(self, wall_start: float) -> None:
         consumed = self.step * self.config.data.global_batch_size
@@ -465,7 +435,8 @@ class Trainer:
         if self.config.generation is not None and self.config.generation.prompts:
             from nxd_training.samples import generate_samples
 
-            result.samples = generate_samples(self.config, self.model, self.plan.spec)
+            result.samples = generate_samples(self.config.generation, self.config.data, self.config.seed, self.model,
+                                              self.plan.spec)
         return result
 
     def _progress(self, total: int) -> Any:
@@ -528,7 +499,7 @@ class Trainer:
             print(f"nxd train: rank {self.rank}: {exc}", file=sys.stderr, flush=True)
         if self.owns_group and dist.is_initialized():
             with contextlib.suppress(Exception):
-                self.ps.destroy_model_parallel()
+                nxd.parallel.destroy_parallel_context()  # the groups this trainer started
             dist.destroy_process_group()
 
 

@@ -32,16 +32,17 @@ def autocast_dtype(precision: Any) -> torch.dtype | None:
     return torch.bfloat16 if precision.type in AUTOCAST_TYPES else None
 
 
-def model_transforms(config: Any) -> dict[str, dict] | None:
+def model_transforms(precision: Any, trainer: Any) -> dict[str, dict] | None:
     """The model transforms the precision type turns on (``fp8``: nxd-fp8's, with ``precision.fp8``'s
-    options and the device the ranks train on, so a device without FP8 matmuls is refused before launch)."""
-    if config.precision.type != "fp8":
+    options and the device the ranks train on (``trainer.accelerator``), so a device without FP8
+    matmuls is refused before launch)."""
+    if precision.type != "fp8":
         return None
     from nxd_training.runtime import select_backend
 
-    backend = select_backend(config.trainer)
+    backend = select_backend(trainer)
     device = torch.accelerator.current_accelerator().type if backend == "accelerator" else backend
-    return {FP8_TRANSFORM: {**(config.precision.fp8 or {}), "device": device}}
+    return {FP8_TRANSFORM: {**(precision.fp8 or {}), "device": device}}
 
 
 def parallel_layers_reduce_dtype(precision: Any) -> torch.dtype:

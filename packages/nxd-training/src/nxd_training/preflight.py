@@ -1,12 +1,15 @@
 """Checks of the machine and the file system that ``nxd train`` runs before it starts any rank:
 each failure here would otherwise surface inside the ranks, after minutes of start-up or training
 (a log directory that is a file, an accelerator that is not there, a checkpoint to resume that does
-not exist, a tokenizer that generation needs only at the end, a model that cannot fit)."""
+not exist, a Hugging Face folder to start from that does not match the model, a tokenizer that
+generation needs only at the end, a model that cannot fit)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -14,14 +17,20 @@ import nxd
 from nxd.errors import ConfigError
 from nxd.resolved import NxdConfig
 from nxd_training.build import nxd_config
-from nxd_training.config.plan import RunPlan, file_tokenizer, tokenizer_path
-from nxd_training.config.schema import TrainingConfig
-from nxd_training.loop import parse_max_time
-from nxd_training.pretrained import check_pretrained, looks_like_hf_folder
-from nxd_training.runtime import select_backend
+from nxd_training.config.plan import MODEL_KEY_MAP, RunPlan, file_tokenizer, tokenizer_path
+from nxd_training.config.schema import (
+    DataConfig,
+    ExpManagerConfig,
+    GenerationConfig,
+    ModelConfig,
+    TrainerConfig,
+    TrainingConfig,
+)
+from nxd_training.runtime import parse_max_time, select_backend
 
 #: bytes per parameter for fp32 weights + grads + Adam's two moments (the common worst case)
 _BYTES_PER_PARAM = 16
+PRETRAINED_KEY = "model.pretrained_checkpoint"
 
 
 def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig:
@@ -30,14 +39,16 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
     world_size = plan.world_size
     resolved = nxd_config(config, plan)
     _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
-    remote_checkpoints_writable(config, log_dir)
-    backend = select_backend(config.trainer)  # the ranks' own choice, so an absent CUDA device is refused here first
-    _accelerator(config.trainer.accelerator)
-    _fused_kernels(config, backend)
+    remote_checkpoints_writable(config.exp_manager, log_dir)
+    backend = select_backend(config.trainer)  # the ranks' own choice, so an absent device is refused here first
+    ops = config.model.fused_kernels
+    if ops and backend != "cuda":
+        raise ConfigError(f"model.fused_kernels {ops}: these are Triton kernels for CUDA GPUs, and this run uses "
+                          f"trainer.accelerator={backend}; remove model.fused_kernels or run with trainer.accelerator=cuda")
     parse_max_time(config.trainer.max_time)
-    _resume(config)
-    check_pretrained(config, plan)
     em = config.exp_manager
+    _resume(em.resume_from_checkpoint)
+    check_pretrained(config.model, em.resume_from_checkpoint, plan)
     # the format is checked whenever it is used or written down (a wrong name is wrong with checkpointing off too)
     if em.create_checkpoint_callback or em.resume_from_checkpoint or "checkpoint_format" in em.model_fields_set:
         nxd.get_component("checkpoint_format", em.checkpoint_format,
@@ -46,9 +57,8 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
         raise ConfigError("exp_manager.checkpoint_callback_params.save_top_k=0 would keep no checkpoint of a run that "
                           "saves them: set exp_manager.create_checkpoint_callback=false to save none, or save_top_k "
                           "to N >= 1 (the newest N) or -1 (all)")
-    _data_tokenizer(config)
-    _generation_tokenizer(config)
-    _memory(config, world_size)
+    _tokenizer(config.data, config.generation)
+    _memory(config.model, config.trainer, world_size)
     return resolved
 
 
@@ -64,14 +74,14 @@ def _writable_dir(path: Path, what: str) -> None:
         raise ConfigError(f"{what}: cannot write under {probe} (permission denied)")
 
 
-def remote_checkpoints_writable(config: TrainingConfig, log_dir: Path) -> None:
+def remote_checkpoints_writable(em: ExpManagerConfig, log_dir: Path) -> None:
     """Checkpoints to a URL (``dirpath: s3://bucket/run``): one small object written and removed
     before any rank starts, so a missing bucket or wrong credentials are refused now, not at the
     first save hours into the run (local folders: :func:`_writable_dir`)."""
     from nxd_training.exp_manager import checkpoint_dir, is_url
 
-    url = checkpoint_dir(config.exp_manager, log_dir)
-    if not config.exp_manager.create_checkpoint_callback or not is_url(url):
+    url = checkpoint_dir(em, log_dir)
+    if not em.create_checkpoint_callback or not is_url(url):
         return
     import uuid
 
@@ -89,24 +99,7 @@ def remote_checkpoints_writable(config: TrainingConfig, log_dir: Path) -> None:
                           "(e.g. AWS_* variables) allow writing") from None
 
 
-def _accelerator(name: str) -> None:
-    if name == "xla":
-        try:
-            import torch_xla  # noqa: F401
-        except ImportError:
-            raise ConfigError("trainer.accelerator=xla needs torch-xla (pip install torch-xla matching your torch); "
-                              "use trainer.accelerator=cpu or auto") from None
-
-
-def _fused_kernels(config: TrainingConfig, backend: str) -> None:
-    ops = config.model.fused_kernels
-    if ops and backend != "cuda":
-        raise ConfigError(f"model.fused_kernels {ops}: these are Triton kernels for CUDA GPUs, and this run uses "
-                          f"trainer.accelerator={backend}; remove model.fused_kernels or run with trainer.accelerator=cuda")
-
-
-def _resume(config: TrainingConfig) -> None:
-    source = config.exp_manager.resume_from_checkpoint
+def _resume(source: str | None) -> None:
     if not source or "://" in source:
         return  # remote URLs are checked by the storage plugin when the ranks open them
     path = Path(source)
@@ -118,16 +111,17 @@ def _resume(config: TrainingConfig) -> None:
                           f"checkpoint; to start a run from its weights use model.pretrained_checkpoint={path}")
 
 
-def _data_tokenizer(config: TrainingConfig) -> None:
+def _tokenizer(data: DataConfig, gen: GenerationConfig | None) -> None:
     """A tokenizer given as a path (absolute, ./, ../, ~ or a file name) must exist; hub names and
-    built-in names are the data module's to resolve; a tokenizer built from files needs its files."""
-    files = file_tokenizer(config)
+    built-in names are the data module's to resolve; a tokenizer built from files needs its files.
+    ``generation.prompts`` need the tokenizer at the end of the run: its path must exist now."""
+    files = file_tokenizer(data)
     if files is not None:
         from nxd_data.tokenizers import load_tokenizer
 
         load_tokenizer(files)  # refuses naming data.tokenizer.<key> and the missing file
         return
-    path = tokenizer_path(config)
+    path = tokenizer_path(data)
     if path is None or "://" in str(path):
         return
     text = str(path)
@@ -135,43 +129,82 @@ def _data_tokenizer(config: TrainingConfig) -> None:
     if looks_like_path and not Path(text).expanduser().exists():
         raise ConfigError(f"data.tokenizer: {text} does not exist (give a tokenizer file or folder, or a Hugging Face "
                           "hub name)")
-
-
-def _generation_tokenizer(config: TrainingConfig) -> None:
-    gen = config.generation
-    if gen is None or not gen.prompts:
-        return
-    path = tokenizer_path(config)
-    if path is not None and "://" not in str(path) and not Path(path).exists():
+    if gen is not None and gen.prompts and not Path(path).exists():
         raise ConfigError(f"generation.prompts need the tokenizer, and {path} does not exist (data.tokenizer / "
                           "model.tokenizer); fix the path or drop generation.prompts")
 
 
-def _estimated_parameters(config: TrainingConfig) -> int | None:
-    m = config.model
-    h, layers, vocab = m.hidden_size, m.num_layers, m.vocab_size
-    if not (h and layers):
-        return None
-    ffn = m.ffn_hidden_size or 4 * h
-    experts = max(int(getattr(m.moe, "num_experts", 1) or 1), 1) if getattr(m, "moe", None) is not None else 1
-    per_layer = 4 * h * h + 3 * h * ffn * experts
-    return layers * per_layer + 2 * (vocab or 0) * h
-
-
-def _memory(config: TrainingConfig, world_size: int) -> None:
+def _memory(m: ModelConfig, tr: TrainerConfig, world_size: int) -> None:
     """Refuse sizes that cannot fit by a wide margin (weights + grads + Adam, sharded over all ranks,
     against the machine's RAM for CPU runs); borderline cases are left to the run."""
-    params = _estimated_parameters(config)
-    if params is None or config.trainer.accelerator not in ("cpu", "auto") or torch.cuda.is_available():
+    h, layers, vocab = m.hidden_size, m.num_layers, m.vocab_size
+    if not (h and layers) or tr.accelerator not in ("cpu", "auto") or torch.cuda.is_available():
         return
+    ffn = m.ffn_hidden_size or 4 * h
+    experts = max(int(getattr(m.moe, "num_experts", 1) or 1), 1) if getattr(m, "moe", None) is not None else 1
+    params = layers * (4 * h * h + 3 * h * ffn * experts) + 2 * (vocab or 0) * h  # an estimate from the keys
     try:
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not a POSIX system that reports it
         return
-    needed = params * _BYTES_PER_PARAM / config.trainer.num_nodes  # at least one full copy per node's share
+    needed = params * _BYTES_PER_PARAM / tr.num_nodes  # at least one full copy per node's share
     if needed > 4 * available:
         raise ConfigError(
             f"model: about {params / 1e9:.1f}B parameters need ~{needed / 2**30:.0f} GiB for weights, gradients and "
             f"optimizer state, but this machine has {available / 2**30:.0f} GiB (over {world_size} ranks); reduce "
             "model.num_layers / hidden_size, or run on more or larger machines"
         )
+
+def looks_like_hf_folder(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def looks_like_nxd_checkpoint(path: Path) -> bool:
+    return any((path / name).exists() for name in ("done", "checkpoint", "model", "checkpoints", "metadata.json"))
+
+
+def check_pretrained(model: ModelConfig, resume_from_checkpoint: str | None, plan: RunPlan) -> None:
+    """``model.pretrained_checkpoint``: refuse, naming the field, a Hugging Face folder the run could
+    not start from (checked before launch: the folder, its weights, its ``config.json`` against the
+    model section; each rank then loads its slices through ``ModelSpec.load_hf``)."""
+    source = model.pretrained_checkpoint
+    if not source:
+        return
+    if "://" in source:
+        raise ConfigError(f"{PRETRAINED_KEY}={source}: give a local Hugging Face model folder (download it first, e.g. "
+                          "huggingface-cli download NAME --local-dir DIR)")
+    if resume_from_checkpoint:
+        raise ConfigError(f"{PRETRAINED_KEY} and exp_manager.resume_from_checkpoint are both set: start from the Hugging Face "
+                          "weights or from an nxd checkpoint, not both")
+    path = Path(source)
+    if not path.is_dir():
+        raise ConfigError(f"{PRETRAINED_KEY}: {path} is not a directory (give a Hugging Face model folder: config.json + "
+                          "*.safetensors)")
+    if not looks_like_hf_folder(path):
+        if looks_like_nxd_checkpoint(path):
+            raise ConfigError(f"{PRETRAINED_KEY}: {path} is an nxd checkpoint, not a Hugging Face folder; to start from its "
+                              "weights use exp_manager.resume_from_checkpoint=<dir>/<tag> with model.weight_init_only=true")
+        found = "pytorch_model.bin only; save it as safetensors (model.save_pretrained(dir, safe_serialization=True))" \
+            if any(path.glob("pytorch_model*.bin")) else "no config.json and *.safetensors"
+        raise ConfigError(f"{PRETRAINED_KEY}: {path} holds {found}")
+    if getattr(plan.spec, "load_hf", None) is None:
+        raise ConfigError(f"{PRETRAINED_KEY}: model.architecture={plan.spec.name!r} cannot load Hugging Face weights (its "
+                          "ModelSpec has no load_hf)")
+    hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    model_type = hf.get("model_type")
+    types = tuple(getattr(plan.spec, "hf_model_types", ()) or ()) or (plan.spec.name,)
+    if model_type and model_type not in types:
+        raise ConfigError(f"{PRETRAINED_KEY}: {path}/config.json has model_type {model_type!r}, which model.architecture="
+                          f"{plan.spec.name!r} does not build (it builds {', '.join(types)})")
+    _same_shape(model, plan.model_dict, hf, path)
+
+
+def _same_shape(model: ModelConfig, ours: dict[str, Any], hf: dict[str, Any], path: Path) -> None:
+    for key, hf_key in MODEL_KEY_MAP.items():
+        if hf_key not in hf or hf_key not in ours or ours[hf_key] == hf[hf_key]:
+            continue
+        set_here = getattr(model, key, None) is not None
+        field = f"model.{key}={ours[hf_key]}" if set_here else f"model.model_config's {hf_key}={ours[hf_key]}"
+        raise ConfigError(f"{PRETRAINED_KEY}: {field} disagrees with {path}/config.json ({hf_key}={hf[hf_key]}); remove the "
+                          f"key from the model section (the folder's config.json is the model's) or fix it")
+

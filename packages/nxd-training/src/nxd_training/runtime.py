@@ -1,4 +1,4 @@
-"""Per-rank runtime setup: process group, backend selection and seeding."""
+"""Per-rank runtime setup from the trainer section: backend selection, time limit, process group, seeding."""
 
 from __future__ import annotations
 
@@ -13,14 +13,19 @@ import torch.distributed as dist
 import nxd
 from nxd import ConfigError
 from nxd.parallel import DEFAULT_TIMEOUT
-from nxd.resolved import NxdConfig
-from nxd_training.config.schema import DistributedStrategyConfig, TrainerConfig
+from nxd_training.config.schema import TrainerConfig
 
 
 def select_backend(trainer: TrainerConfig) -> str:
     """``trainer.accelerator`` -> the nxd backend name. The process group starts with that
     backend's ``process_group_backend``, and the parallel context picks the backend from it."""
     choice = trainer.accelerator
+    if choice == "xla":
+        try:
+            import torch_xla  # noqa: F401
+        except ImportError:
+            raise ConfigError("trainer.accelerator=xla needs torch-xla (pip install torch-xla matching your torch); "
+                              "use trainer.accelerator=cpu or auto") from None
     if choice == "auto":  # cuda by name; any other torch.accelerator device (XPU, MPS, out-of-tree) generically
         choice = "cuda" if torch.cuda.is_available() else "accelerator" if torch.accelerator.is_available() else "cpu"
     if choice == "accelerator" and not torch.accelerator.is_available():
@@ -33,9 +38,15 @@ def select_backend(trainer: TrainerConfig) -> str:
     return choice
 
 
-def collective_timeout(strategy: DistributedStrategyConfig) -> timedelta:
-    """``distributed_strategy.collective_timeout``: the default group's and every parallel group's timeout."""
-    return timedelta(seconds=strategy.collective_timeout)
+def parse_max_time(value: str | float | None) -> float | None:
+    """Seconds from ``trainer.max_time``: a number, or NeMo's ``DD:HH:MM:SS``."""
+    if value is None or isinstance(value, (int, float)):
+        return None if value is None else float(value)
+    parts = value.split(":")
+    if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError(f"trainer.max_time must be seconds or DD:HH:MM:SS, got {value!r}")
+    d, h, m, s = (int(p) for p in parts)
+    return float(((d * 24 + h) * 60 + m) * 60 + s)
 
 
 def ensure_process_group(world_size: int, backend: str, timeout: timedelta = DEFAULT_TIMEOUT) -> bool:
@@ -72,13 +83,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
-
-
-def ensure_parallel_context(nxd_config: NxdConfig, timeout: timedelta) -> nxd.ParallelContext:
-    """Build the parallel groups of the run's NxD config, with the configured collective timeout,
-    before anything else builds them (``neuronx_distributed_config`` keeps a current context of the
-    same sizes: groups start once)."""
-    from nxd_core_parallel.context import start_parallel_context
-
-    sizes = nxd_config.sizes()
-    return start_parallel_context(sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], timeout=timeout)

@@ -11,12 +11,13 @@ import torch.distributed as dist
 
 from nxd.specs import ModelSpec
 from nxd_training.config.plan import tokenizer_path
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.schema import DataConfig, GenerationConfig
 
 
-def generate_samples(config: TrainingConfig, model: Any, spec: ModelSpec) -> list[str]:
-    gen = config.generation
-    path = tokenizer_path(config)
+def generate_samples(gen: GenerationConfig | None, data: DataConfig, seed: int, model: Any,
+                     spec: ModelSpec) -> list[str]:
+    """Greedy (or sampled, ``gen.do_sample``) continuations of ``gen.prompts`` with ``data``'s tokenizer."""
+    path = tokenizer_path(data)
     generate = spec.generate
     if gen is None or not gen.prompts or path is None or generate is None:
         return []
@@ -26,7 +27,7 @@ def generate_samples(config: TrainingConfig, model: Any, spec: ModelSpec) -> lis
     # the prompt and the sampling generator live where the model does
     param = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
     device = param.device if param is not None else torch.device("cpu")
-    generator = torch.Generator(device=device).manual_seed(config.seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
     texts = []
     for prompt in gen.prompts:
         ids = tokenizer.encode(prompt)

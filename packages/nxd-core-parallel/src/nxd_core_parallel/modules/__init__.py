@@ -1,1 +1,1 @@
-"""Higher-level TP modules: fused GQA QKV projection, RMSNorm."""
+"""Higher-level modules: fused GQA QKV projection, RMSNorm, rotary embeddings, the attention mask."""

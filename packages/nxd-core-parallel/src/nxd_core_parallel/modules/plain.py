@@ -101,3 +101,19 @@ class QKVLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.input_size}, q={self.q_size}, kv={self.kv_size}"
+
+
+class GroupedQKVLinear(Linear):
+    """Megatron's fused QKV projection on one device: an ``nn.Linear`` whose output rows are, per
+    query group, ``[its q heads; its k head; its v head]`` (groups contiguous). The plan shards it
+    by whole groups when TP divides ``num_kv_heads``, else with K/V replicated over TP (NxD's
+    ``kv_size_multiplier``, :mod:`nxd_core_parallel.modules.kv_heads`)."""
+
+    def __init__(self, in_features: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = True,
+                 init_method: Optional[InitMethod] = None, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        super().__init__(in_features, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias, init_method=init_method,
+                         device=device, dtype=dtype)

@@ -21,13 +21,14 @@ import torch
 from torch import nn
 
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size, resolve_context
-from nxd_core_parallel.parallel_layers.layers import InitMethod, LocalLinear, default_linear_init, shard_of
-from nxd_core_parallel.parallel_layers.mappings import (
-    copy_to_tensor_model_parallel_region,
-    gather_from_sequence_parallel_region,
-    gather_from_tensor_model_parallel_region,
-    reduce_grad_over_group,
+from nxd_core_parallel.parallel_layers.layers import (
+    InitMethod,
+    LocalLinear,
+    column_parallel_input,
+    default_linear_init,
+    shard_of,
 )
+from nxd_core_parallel.parallel_layers.mappings import gather_from_tensor_model_parallel_region, reduce_grad_over_group
 from nxd_core_parallel.parallel_layers.utils import divide, set_tensor_model_parallel_attributes
 
 
@@ -142,11 +143,7 @@ class GQAQKVColumnParallelLinear(LocalLinear, nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         group = dim_group(self.parallel_context, "tp")
-        if self.sequence_parallel_enabled:
-            x = gather_from_sequence_parallel_region(x, self.sequence_dimension, to_model_parallel=True,
-                                                     process_group=group, reduce_dtype=self.reduce_dtype)
-        else:
-            x = copy_to_tensor_model_parallel_region(x, process_group=group, reduce_dtype=self.reduce_dtype)
+        x = column_parallel_input(x, self, group, self.reduce_dtype)
         if self.fuse_qkv and self.kv_size_multiplier == 1:
             out = self.local_linear(x, self.weight_qkv, self.bias_qkv)
             q, k, v = torch.split(out, [self.q_local, self.kv_local, self.kv_local], dim=-1)

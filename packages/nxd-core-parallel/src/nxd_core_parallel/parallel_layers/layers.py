@@ -90,6 +90,17 @@ def tensor_parallel_size_rank_of(layer: nn.Module) -> tuple[int, int]:
     return (comm.group_size(group), comm.group_rank(group)) if group is not None else (1, 0)
 
 
+def column_parallel_input(x: torch.Tensor, layer: nn.Module, group: Any,
+                          reduce_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``x`` as a column-parallel ``layer`` (or an adapter beside it) multiplies it: gathered over
+    the sequence under the layer's sequence parallelism, else through the TP copy region; either
+    way its gradient is summed over TP (in ``reduce_dtype`` when given)."""
+    if layer.sequence_parallel_enabled:
+        return gather_from_sequence_parallel_region(x, layer.sequence_dimension, to_model_parallel=True,
+                                                    process_group=group, reduce_dtype=reduce_dtype)
+    return copy_to_tensor_model_parallel_region(x, process_group=group, reduce_dtype=reduce_dtype)
+
+
 #: Named in a layer's size error: with pad=True a size not divisible by TP is padded inside.
 _PAD_HINT = "; pass pad=True to pad it with zero rows that never show (NxD's option)"
 
@@ -221,11 +232,7 @@ class ColumnParallelLinear(_ShardedLinear):
 
     def forward(self, x: torch.Tensor):
         group = tensor_parallel_group_of(self)
-        if self.sequence_parallel_enabled:
-            x = gather_from_sequence_parallel_region(x, self.sequence_dimension, to_model_parallel=True,
-                                                     process_group=group, reduce_dtype=self.reduce_dtype)
-        else:
-            x = copy_to_tensor_model_parallel_region(x, process_group=group, reduce_dtype=self.reduce_dtype)
+        x = column_parallel_input(x, self, group, self.reduce_dtype)
         out = self.local_linear(x, self.weight, None if self.skip_bias_add else self.bias)
         if self.gather_output:
             out = gather_from_tensor_model_parallel_region(out, process_group=group)

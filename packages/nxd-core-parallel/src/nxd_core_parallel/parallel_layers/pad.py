@@ -24,6 +24,7 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_size, resolve_context
+from nxd_core_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import comm
 from nxd_core_parallel.parallel_layers.layers import (
@@ -121,6 +122,10 @@ def pad_model(model: nn.Module, tp_degree: int, n_heads: int, wrapped_classes: I
             pad_hook_fn(module, ratio)
         if n_padded == n_heads:
             return
+        if isinstance(module, GroupedQKVColumnParallelLinear):
+            raise ValueError(f"pad_model: {name} is Megatron's interleaved QKV with K/V heads replicated over TP "
+                             "(kv_size_multiplier), which head padding does not cover; choose a tensor-parallel size "
+                             f"dividing n_heads={n_heads}")
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
             column = isinstance(module, ColumnParallelLinear)
             if (module.output_size if column else module.input_size) % n_heads:

@@ -1,7 +1,6 @@
 """The YAML config: OmegaConf composition, schema, loading with overrides, whole-config validation."""
 
-from nxd_training.config.compose import compose, read_yaml, resolve
-from nxd_training.config.loader import dump_config, hub_names, load_config, parse_config
+from nxd_training.config.loader import compose, dump_config, hub_names, load_config, parse_config, read_yaml, resolve
 from nxd_training.config.overrides import parse_override
 from nxd_training.config.plan import RunPlan, make_plan, resolve_config
 from nxd_training.config.resolved import Resolution, ResolvedConfig, load_resolved

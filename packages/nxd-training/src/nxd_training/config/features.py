@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd.catalog import provider_of
-from nxd_training.config.legacy import recompute_names
-from nxd_training.config.schema import TrainingConfig
+from nxd_training.config.schema import ModelConfig, TrainingConfig
 
 #: NxD Training's model class for ``model_source: hf`` runs that name nothing else
 DEFAULT_ARCHITECTURE = "llama"
@@ -32,17 +33,17 @@ DEFAULT_ARCHITECTURE = "llama"
 class Feature:
     key: str  # dotted config key
     what: str  # what a non-default value asks for, in words
-    neutral: Callable[[Any, TrainingConfig], bool]  # True when the value leaves a Llama-style model unchanged
+    #: (value, the training sequence length) -> True when the value leaves a Llama-style model unchanged
+    neutral: Callable[[Any, int | None], bool]
     provider: str | None = None  # the model (component name) that implements it, for the hint
 
 
-def _is(*values: Any) -> Callable[[Any, TrainingConfig], bool]:
-    return lambda value, _config: value in values
+def _is(*values: Any) -> Callable[[Any, int | None], bool]:
+    return lambda value, _seq: value in values
 
 
-def _window_covers_sequence(value: Any, config: TrainingConfig) -> bool:
+def _window_covers_sequence(value: Any, seq: int | None) -> bool:
     # a window at least as long as the sequence masks nothing beyond the causal mask
-    seq = config.data.seq_length or config.model.encoder_seq_length
     return value is None or (isinstance(value, int) and seq is not None and value >= seq)
 
 
@@ -74,8 +75,9 @@ FEATURE_KEYS: tuple[Feature, ...] = (
 HF_FEATURE_KEYS: dict[str, str] = {"model.sliding_window": "sliding_window"}
 
 
-def value_at(config: TrainingConfig, dotted: str) -> Any:
-    node: Any = config
+def value_at(section: BaseModel, dotted: str) -> Any:
+    """The value at ``dotted`` under ``section`` (a config or one of its sections), or None."""
+    node: Any = section
     for part in dotted.split("."):
         if node is None:
             return None
@@ -86,21 +88,12 @@ def value_at(config: TrainingConfig, dotted: str) -> Any:
     return node
 
 
-def explicit_value(config: TrainingConfig, dotted: str) -> tuple[bool, Any]:
-    """(whether the config gives ``dotted`` a value, that value). A model key left null means the
-    selected model's own default (as NxDT's model classes do), so it is not passed to the model.
-    Decided by the value alone, never by which keys a YAML happened to spell out: a config written
-    out with every key and read back means the same."""
-    value = value_at(config, dotted)
-    return value is not None, value
-
-
-def hf_config_file(config: TrainingConfig) -> dict[str, Any] | None:
+def hf_config_file(model: ModelConfig) -> dict[str, Any] | None:
     """``model.model_config`` read as JSON (a path or inline dict), else the ``config.json`` of
     ``model.pretrained_checkpoint`` (the Hugging Face folder the run starts from); None when unset."""
-    source, key = config.model.hf_config, "model.model_config"
-    if source is None and config.model.pretrained_checkpoint:
-        source, key = config.model.pretrained_checkpoint, "model.pretrained_checkpoint"
+    source, key = model.hf_config, "model.model_config"
+    if source is None and model.pretrained_checkpoint:
+        source, key = model.pretrained_checkpoint, "model.pretrained_checkpoint"
     if source is None or isinstance(source, dict):
         return source
     path = Path(source)
@@ -129,26 +122,27 @@ def _model_types() -> dict[str, str]:
     return out
 
 
-def select_model(config: TrainingConfig, hf: dict[str, Any] | None) -> tuple[str, str]:
-    """(model name, why): ``model.architecture`` if given, else chosen the way NxDT chooses."""
-    m = config.model
+def select_model(m: ModelConfig, model_source: str, run_name: str, hf: dict[str, Any] | None) -> tuple[str, str]:
+    """(model name, why): ``model.architecture`` if given, else chosen the way NxDT chooses (from
+    ``model_source``, ``model.moe``, the ``model_config`` file ``hf``, the run's ``name``)."""
     if m.architecture is not None:
         return m.architecture, f"model.architecture={m.architecture}"
     if m.moe is not None:
         return "mixtral", "model.moe (a Mixture-of-Experts model)"
-    if config.model_source == "megatron":
+    if model_source == "megatron":
         return "gpt", "model_source=megatron (NxD Training's Megatron GPT model)"
     model_type = (hf or {}).get("model_type")
     if model_type:
         return _model_types().get(model_type, model_type), f"model.model_config (model_type {model_type!r})"
-    if "mixtral" in config.name.lower():
-        return "mixtral", f"name={config.name!r} (NxD Training builds Mixtral for hf runs named *mixtral*)"
+    if "mixtral" in run_name.lower():
+        return "mixtral", f"name={run_name!r} (NxD Training builds Mixtral for hf runs named *mixtral*)"
     return DEFAULT_ARCHITECTURE, "model_source=hf (NxD Training's HF Llama model)"
 
 
-def model_spec(config: TrainingConfig, hf: dict[str, Any] | None) -> Any:
-    """The registered spec of the model this config describes, or a ConfigError naming the plugin."""
-    name, why = select_model(config, hf)
+def model_spec(m: ModelConfig, model_source: str, run_name: str, hf: dict[str, Any] | None) -> tuple[Any, str]:
+    """(the registered spec of the model this config describes, which key chose it), or a
+    ConfigError naming the plugin."""
+    name, why = select_model(m, model_source, run_name, hf)
     try:
         spec = nxd.get_component("model", name, need=why)
     except ComponentNotFound as exc:
@@ -160,7 +154,7 @@ def model_spec(config: TrainingConfig, hf: dict[str, Any] | None) -> Any:
         hint = f"set model.architecture: {other}" if other else _install_hint("model", model_type)
         raise ConfigError(f"model.model_config describes model_type {model_type!r}, but the {spec.name!r} model builds "
                           f"{', '.join(accepted)}; {hint}")
-    return spec
+    return spec, why
 
 
 def _install_hint(kind: str, name: str) -> str:
@@ -177,42 +171,26 @@ def implemented_keys(spec: Any) -> set[str]:
     return implemented
 
 
-def _feature_value(config: TrainingConfig, feature: Feature, hf: dict[str, Any] | None) -> tuple[str, Any]:
-    """(the key to name, its value): the YAML key, else the config.json key that carries the feature."""
-    value = value_at(config, feature.key)
-    hf_key = HF_FEATURE_KEYS.get(feature.key)
-    if value is None and hf_key and hf and hf.get(hf_key) is not None:
-        return f"model.model_config's {hf_key}", hf[hf_key]
-    return feature.key, value
-
-
-def covered_hf_features(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None) -> dict[str, str]:
-    """config.json keys of features the model does not implement whose value leaves its model
-    unchanged (a sliding window covering the training sequence): hf key -> why. The model is
-    given the config without them; the resolved notes say so."""
-    out = {}
-    implemented = implemented_keys(spec)
-    for feature in FEATURE_KEYS:
-        hf_key = HF_FEATURE_KEYS.get(feature.key)
-        if not hf_key or not hf or hf_key not in hf or feature.key in implemented:
-            continue
-        key, value = _feature_value(config, feature, hf)
-        if key != feature.key and feature.neutral(value, config):
-            seq = config.data.seq_length or config.model.encoder_seq_length
-            out[hf_key] = (f"{key}={value!r} covers the training sequence ({seq} tokens), so no position is masked "
-                           f"beyond the causal mask: the {spec.name!r} model (full causal attention) trains the same "
-                           "model; a longer sequence would need sliding-window attention")
-    return out
-
-
-def check_features(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None = None) -> None:
+def check_features(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None, seq: int | None) -> dict[str, str]:
     """Refuse every feature key the selected model does not implement (one error, all keys);
-    ``hf`` is the model_config file, whose HF_FEATURE_KEYS count as the YAML keys they stand for."""
+    ``hf`` is the model_config file, whose HF_FEATURE_KEYS count as the YAML keys they stand for
+    (the YAML key wins when set). Returns the config.json keys of features the model does not
+    implement whose value leaves its model unchanged (a sliding window covering the ``seq``-token
+    training sequence): hf key -> why. The model is given the config without them; the resolved
+    notes say so."""
     implemented = implemented_keys(spec)
-    problems = []
+    problems, covered = [], {}
     for feature in FEATURE_KEYS:
-        key, value = _feature_value(config, feature, hf)
-        if feature.neutral(value, config) or feature.key in implemented:
+        key, value, hf_key = feature.key, value_at(config, feature.key), HF_FEATURE_KEYS.get(feature.key)
+        if value is None and hf_key and hf and hf.get(hf_key) is not None:
+            key, value = f"model.model_config's {hf_key}", hf[hf_key]
+        if feature.key in implemented:
+            continue
+        if feature.neutral(value, seq):
+            if key != feature.key:
+                covered[hf_key] = (f"{key}={value!r} covers the training sequence ({seq} tokens), so no position is "
+                                   f"masked beyond the causal mask: the {spec.name!r} model (full causal attention) "
+                                   "trains the same model; a longer sequence would need sliding-window attention")
             continue
         if feature.provider and feature.provider != spec.name:
             hint = f"the {feature.provider!r} model provides it ({_install_hint('model', feature.provider)})"
@@ -223,12 +201,42 @@ def check_features(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None 
     if problems:
         raise ConfigError(problems[0] if len(problems) == 1 else
                           f"{len(problems)} model features not available:\n  " + "\n  ".join(problems))
+    return covered
 
 
-def recompute_classes(config: TrainingConfig, spec: Any) -> list[type] | str | None:
+#: NxDT 2.20's ``model.activations_checkpoint_recompute_mlp`` (config/nxdt_keys.py): NxDT's MLP class names that ``activations_checkpoint_recompute_mlp`` recomputed (its HF Llama and Mixtral)
+_NXDT_MLP_NAMES = ("LlamaMLP", "MoE")
+#: NxDT recomputed the MLP only from this sequence length on (its llama_model.py / mixtral_model.py)
+RECOMPUTE_MLP_MIN_SEQ = 8192
+
+
+def recompute_names(m: ModelConfig, spec: Any) -> list[str] | None:
+    """``model.activations_checkpoint_recompute``, or the list NxDT's older
+    ``activations_checkpoint_recompute_mlp`` meant for this model."""
+    if m.activations_checkpoint_recompute_mlp is None:
+        return m.activations_checkpoint_recompute
+    if m.activations_checkpoint_recompute:
+        raise ConfigError("model.activations_checkpoint_recompute_mlp (NxD Training 2.20) and its replacement "
+                          "model.activations_checkpoint_recompute are both set; keep activations_checkpoint_recompute")
+    if not m.activations_checkpoint_recompute_mlp or m.activations_checkpoint_granularity != "selective":
+        return None
+    seq = m.encoder_seq_length or 0
+    if seq < RECOMPUTE_MLP_MIN_SEQ:
+        return ["CoreAttention"]
+    known = dict(getattr(spec, "recompute_modules", {}) or {})
+    mlp = [name for name in _NXDT_MLP_NAMES if name in known]
+    if not mlp:
+        raise ConfigError(
+            f"model.activations_checkpoint_recompute_mlp=true (NxD Training 2.20) recomputes the MLP "
+            f"({' / '.join(_NXDT_MLP_NAMES)}) at encoder_seq_length={seq} >= {RECOMPUTE_MLP_MIN_SEQ}, and the "
+            f"{spec.name!r} model has no such module to recompute; use the newer key "
+            f"model.activations_checkpoint_recompute with names it can recompute: {', '.join(sorted(known)) or 'none'}")
+    return ["CoreAttention", mlp[0]]
+
+
+def recompute_classes(m: ModelConfig, spec: Any) -> list[type] | str | None:
     """NxD's ``activation_checkpoint_config`` from ``activations_checkpoint_granularity`` and
     ``activations_checkpoint_recompute`` (NxDT names mapped through ``spec.recompute_modules``)."""
-    m = config.model
     if m.activations_checkpoint_granularity is None:
         return None
     if m.activations_checkpoint_granularity == "full":
@@ -236,7 +244,7 @@ def recompute_classes(config: TrainingConfig, spec: Any) -> list[type] | str | N
     table: dict[str, tuple[type, ...]] = dict(getattr(spec, "recompute_modules", {}) or {})
     for cls in (*getattr(spec, "core_attention_classes", ()), *getattr(spec, "transformer_layer_classes", ())):
         table.setdefault(cls.__name__, (cls,))
-    names = recompute_names(config, spec)  # NxDT 2.20's activations_checkpoint_recompute_mlp included
+    names = recompute_names(m, spec)  # NxDT 2.20's activations_checkpoint_recompute_mlp included
     if not names:
         classes = tuple(getattr(spec, "core_attention_classes", ()) or ())
         if not classes:

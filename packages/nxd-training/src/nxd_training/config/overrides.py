@@ -1,6 +1,6 @@
 """Command-line overrides (``trainer.max_steps=50``): the key path and the YAML-typed value.
 
-They are merged into the OmegaConf node by :func:`nxd_training.config.compose.compose`."""
+They are merged into the OmegaConf node by :func:`nxd_training.config.loader.compose`."""
 
 from __future__ import annotations
 

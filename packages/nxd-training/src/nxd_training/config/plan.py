@@ -3,6 +3,11 @@
 ``make_plan(config)`` either returns a :class:`RunPlan` (world size, DP size, gradient
 accumulation, model config, the plugins the run needs) or raises one :class:`nxd.ConfigError`
 naming the keys involved.
+
+Workflows: a key under ``model_alignment_strategy`` other than ``sft`` and ``peft`` names a workflow that a
+plugin registers through ``nxd_register_workflows`` (nxd-alignment provides ``dpo`` and ``orpo``).
+The trainer only calls the :class:`nxd.specs.Workflow` contract: ``prepare`` once, ``loss`` per
+micro-batch; plain pretraining and SFT need no workflow.
 """
 
 from __future__ import annotations
@@ -15,24 +20,26 @@ import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
 from nxd.resolved import pipeline_schedule
+from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
 from nxd_training.config import peft
-from nxd_training.config.features import (
-    check_features,
-    covered_hf_features,
-    explicit_value,
-    hf_config_file,
-    model_spec,
-    recompute_classes,
-    select_model,
-)
-from nxd_training.config.legacy import check_legacy, newer_keys
-from nxd_training.config.neuron_keys import neuron_only_notes, no_effect_notes
+from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
+from nxd_training.config.nxdt_keys import key_notes, newer_keys
 from nxd_training.config.resolved import Resolution, ResolvedConfig
-from nxd_training.config.schema import TokenizerConfig, TrainingConfig
+from nxd_training.config.schema import (
+    DataConfig,
+    DistributedStrategyConfig,
+    ExpManagerConfig,
+    ModelAlignmentConfig,
+    ModelConfig,
+    OptimConfig,
+    PrecisionConfig,
+    TokenizerConfig,
+    TrainerConfig,
+    TrainingConfig,
+)
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
 from nxd_training.schedules import SCHEDULES, schedule_names
-from nxd_training.workflow import build_workflow, workflow_name
 
 #: NxDT key in ``model`` -> Hugging Face ``config.json`` key (what model plugins accept)
 MODEL_KEY_MAP: dict[str, str] = {
@@ -50,6 +57,36 @@ MODEL_KEY_MAP: dict[str, str] = {
     "init_method_std": "initializer_range",
 }
 
+
+
+#: keys of model_alignment_strategy the trainer handles itself
+BUILTIN_KEYS = ("sft", "peft")
+
+
+def build_workflow(align: ModelAlignmentConfig | None) -> tuple[str | None, Any]:
+    """(the registered workflow ``model_alignment_strategy`` names, its object), or ``(None, None)``
+    for plain pretraining or SFT; a missing plugin or a bad option is a :class:`nxd.ConfigError`
+    naming the key (and what to install)."""
+    names = [k for k in align.model_dump(exclude_none=True) if k not in BUILTIN_KEYS] if align is not None else []
+    if len(names) > 1:
+        raise ConfigError(f"model_alignment_strategy: choose one workflow, got {', '.join(names)}")
+    if names and align.sft is not None:
+        raise ConfigError(f"model_alignment_strategy: sft and {names[0]} are different workflows; set one of them")
+    if not names:
+        return None, None
+    name = names[0]
+    key = f"model_alignment_strategy.{name}"
+    try:
+        factory = nxd.get_workflow(name, need=key)
+    except ComponentNotFound as exc:
+        raise ConfigError(str(exc)) from None
+    options = getattr(align, name, None)
+    try:
+        return name, factory(dict(options or {}))
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{key}: the {name} workflow rejected its options: {exc}") from None
 
 
 @dataclass
@@ -76,8 +113,11 @@ class RunPlan:
         return dict(self.resolution.model)
 
 
-def _world(config: TrainingConfig) -> tuple[int, int, int, int]:
-    ds, tr = config.distributed_strategy, config.trainer
+def _sizes(ds: DistributedStrategyConfig, tr: TrainerConfig, data: DataConfig,
+           model: ModelConfig) -> tuple[int, int, int, int, int, int]:
+    """(world, tp, pp, dp, micro-batches per step, training sequence length). The sequence is
+    ``data.seq_length`` (what the data module cuts), which NxDT's SFT/DPO configs set below the
+    model's ``encoder_seq_length``; longer would exceed the model."""
     world = tr.devices * tr.num_nodes
     tp, pp, cp = ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size, ds.context_parallel_size
     sizes = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp}
@@ -90,60 +130,27 @@ def _world(config: TrainingConfig) -> tuple[int, int, int, int]:
     vpp = ds.virtual_pipeline_model_parallel_size or 1
     if vpp > 1 and pp == 1:
         raise ConfigError("distributed_strategy.virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size > 1")
-    return world, tp, pp, dp
-
-
-def _context_parallel(config: TrainingConfig, spec: Any, seq: int, tp: int) -> None:
-    """CP needs a model whose attention spans CP ranks, and a sequence that cuts into 2 x CP chunks."""
-    cp = config.distributed_strategy.context_parallel_size
-    if cp == 1:
-        return
-    if not getattr(spec, "context_parallel", False):
-        raise ConfigError(
-            f"distributed_strategy.context_parallel_size={cp}: model.architecture {spec.name!r} does not support "
-            "context parallelism (its ModelSpec has no context_parallel capability: ring attention across CP "
-            "ranks); use context_parallel_size=1 or a model that has it (llama)"
-        )
-    if seq % (2 * cp):
-        raise ConfigError(
-            f"distributed_strategy.context_parallel_size={cp}: seq_length={seq} must be divisible by "
-            f"2 x context_parallel_size = {2 * cp} (each CP rank holds two equal chunks of every sequence)"
-        )
-    if config.distributed_strategy.sequence_parallel and (seq // cp) % tp:
-        raise ConfigError(
-            f"distributed_strategy.sequence_parallel with context_parallel_size={cp}: each CP rank's "
-            f"{seq // cp} tokens must be divisible by tensor_model_parallel_size={tp}"
-        )
-
-
-def _batches(config: TrainingConfig, dp: int) -> int:
-    data = config.data
     per_step = data.micro_batch_size * dp
     if data.global_batch_size % per_step:
         raise ConfigError(
             f"data.global_batch_size={data.global_batch_size} must be a multiple of data.micro_batch_size x DP = "
             f"{data.micro_batch_size} x {dp} = {per_step} (global batch = micro batch x DP x gradient accumulation)"
         )
-    return data.global_batch_size // per_step
-
-
-def _seq_length(config: TrainingConfig) -> int:
-    """The training sequence length: ``data.seq_length`` (what the data module cuts), which NxDT's
-    SFT/DPO configs set below the model's ``encoder_seq_length``; longer would exceed the model."""
-    data_len, model_len = config.data.seq_length, config.model.encoder_seq_length
+    data_len, model_len = data.seq_length, model.encoder_seq_length
     if data_len is not None and model_len is not None and data_len > model_len:
         raise ConfigError(f"data.seq_length={data_len} exceeds model.encoder_seq_length={model_len} (the longest "
                           "sequence the model is configured for); lower data.seq_length or raise encoder_seq_length")
-    length = data_len or model_len
-    if length is None:
+    seq = data_len or model_len
+    if seq is None:
         raise ConfigError("data.seq_length (or model.encoder_seq_length) is required")
-    return length
+    return world, tp, pp, dp, data.global_batch_size // per_step, seq
 
 
-def model_dict(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The model config as Hugging Face keys: preset, then ``model_config`` file, then keys; the
-    feature keys the model implements (``spec.implements``) are passed under their NxDT names."""
-    m = config.model
+def model_dict(m: ModelConfig, data: DataConfig, spec: Any, hf: dict[str, Any] | None,
+               covered: dict[str, str]) -> dict[str, Any]:
+    """The model config as Hugging Face keys: preset, then the ``model_config`` file ``hf`` (less its
+    ``covered`` feature keys: :func:`check_features`), then keys; the feature keys the model
+    implements (``spec.implements``) are passed under their NxDT names."""
     result: dict[str, Any] = {}
     if m.preset is not None:
         presets = dict(getattr(spec, "presets", {}) or {})
@@ -153,30 +160,30 @@ def model_dict(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None = No
             raise ConfigError(f"model.preset: unknown preset {m.preset!r}{suggest(m.preset, list(presets))}; "
                               f"available: {', '.join(sorted(presets)) or 'none'}")
         result.update(presets[m.preset])
-    hf = hf if hf is not None else (hf_config_file(config) or {})
-    result.update({k: v for k, v in hf.items() if k not in covered_hf_features(config, spec, hf)})
+    result.update({k: v for k, v in (hf or {}).items() if k not in covered})
     for ours, theirs in MODEL_KEY_MAP.items():
         value = getattr(m, ours)
         if value is not None:
             result[theirs] = value
     if "vocab_size" not in result and not m.preset:
-        vocab = _tokenizer_vocab(config)
+        vocab = _tokenizer_vocab(data)
         if vocab is not None:
             result["vocab_size"] = vocab  # NxDT's Megatron models take the vocabulary from the tokenizer
     for key in sorted(getattr(spec, "implements", ()) or ()):
-        present, value = explicit_value(config, key)
-        if key.startswith("model.") and present and value is not None:
+        # a model key left null means the model's own default (as NxDT's model classes do): not passed
+        value = value_at(m, key[len("model."):]) if key.startswith("model.") else None
+        if value is not None:
             result[key[len("model."):]] = value
     return result
 
 
-def _tokenizer_vocab(config: TrainingConfig) -> int | None:
+def _tokenizer_vocab(data: DataConfig) -> int | None:
     from nxd_data.tokenizers import load_tokenizer
 
-    files = file_tokenizer(config)
+    files = file_tokenizer(data)
     if files is not None:
         return int(load_tokenizer(files).vocab_size)  # refuses naming the key of a missing file
-    path = tokenizer_path(config)
+    path = tokenizer_path(data)
     if path is None or not Path(path).exists():
         return None
     try:
@@ -185,34 +192,69 @@ def _tokenizer_vocab(config: TrainingConfig) -> int | None:
         raise ConfigError(f"data.tokenizer: cannot read {path!r} to size the model's vocabulary: {exc}") from None
 
 
-def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str]:
-    hf = hf_config_file(config)
-    spec = model_spec(config, hf)
-    reason = select_model(config, hf)[1]
-    check_features(config, spec, hf)
-    recompute_classes(config, spec)
-    as_dict = model_dict(config, spec, hf)
+def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str, list[str]]:
+    """(spec, model dict, model config, why this model, notes on config.json keys it does not take)."""
+    hf = hf_config_file(config.model)
+    spec, reason = model_spec(config.model, config.model_source, config.name, hf)
+    # the training sequence (checked with the batch sizes later: the model is refused first)
+    covered = check_features(config, spec, hf, config.data.seq_length or config.model.encoder_seq_length)
+    recompute_classes(config.model, spec)
+    as_dict = model_dict(config.model, config.data, spec, hf, covered)
     try:
         model_config = spec.config_from_dict(dict(as_dict))
     except ConfigError as exc:
         raise ConfigError(f"model: {exc}") from None
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"model: the {spec.name} plugin rejected the model config: {exc}") from None
-    return spec, as_dict, model_config, reason
+    return spec, as_dict, model_config, reason, list(covered.values())
 
 
-def _pipeline_model(spec: Any, pp: int) -> None:
-    """Refuse PP > 1 before launch for a model class without the pipeline contract (docs/pipeline.md)."""
+def _layout_fits_model(ds: DistributedStrategyConfig, spec: Any, model_config: Any, seq: int, tp: int, pp: int) -> None:
+    """The parallel layout fits the model: heads (and K/V heads, replicated or not) split over TP,
+    the sequence over SP and CP (CP needs a model whose attention spans CP ranks, and a sequence
+    that cuts into 2 x CP chunks), the vocabulary over TP, PP only for a model with the pipeline
+    contract (docs/pipeline.md)."""
+    cp = ds.context_parallel_size
+    if cp > 1 and not getattr(spec, "context_parallel", False):
+        raise ConfigError(
+            f"distributed_strategy.context_parallel_size={cp}: model.architecture {spec.name!r} does not support "
+            "context parallelism (its ModelSpec has no context_parallel capability: ring attention across CP "
+            "ranks); use context_parallel_size=1 or a model that has it (llama)"
+        )
+    if cp > 1 and seq % (2 * cp):
+        raise ConfigError(
+            f"distributed_strategy.context_parallel_size={cp}: seq_length={seq} must be divisible by "
+            f"2 x context_parallel_size = {2 * cp} (each CP rank holds two equal chunks of every sequence)"
+        )
+    if cp > 1 and ds.sequence_parallel and (seq // cp) % tp:
+        raise ConfigError(
+            f"distributed_strategy.sequence_parallel with context_parallel_size={cp}: each CP rank's "
+            f"{seq // cp} tokens must be divisible by tensor_model_parallel_size={tp}"
+        )
+    max_pos = getattr(model_config, "max_position_embeddings", None)
+    if max_pos is not None and seq > max_pos:
+        raise ConfigError(f"data.seq_length={seq} exceeds the model's max_position_embeddings={max_pos}")
+    if ds.sequence_parallel and seq % tp:
+        raise ConfigError(f"distributed_strategy.sequence_parallel: seq_length={seq} must be divisible by "
+                          f"tensor_model_parallel_size={tp}")
+    vocab = getattr(model_config, "vocab_size", None)
+    pads_vocab = callable(getattr(model_config, "padded_vocab_size", None))  # Megatron-style padding in the model
+    if vocab is not None and tp > 1 and vocab % tp and not pads_vocab:
+        raise ConfigError(f"model vocab_size={vocab} must be divisible by tensor_model_parallel_size={tp} "
+                          "(vocab-parallel embedding)")
     model_class = (getattr(spec, "extras", None) or {}).get("model_class")
     if pp > 1 and model_class is not None and not hasattr(model_class, "nxd_pipeline_layout"):
         raise ConfigError(f"distributed_strategy.pipeline_model_parallel_size={pp}: the {spec.name!r} model "
                           f"({model_class.__name__}) does not implement pipeline parallelism (no nxd_pipeline_layout; "
                           "see docs/pipeline.md); use pipeline_model_parallel_size=1 and tensor/expert parallelism")
+    _heads(ds, model_config, tp)
 
 
-def _heads(config: TrainingConfig, model_config: Any, tp: int) -> None:
+def _heads(ds: DistributedStrategyConfig, model_config: Any, tp: int) -> None:
+    """TP must shard whole query heads; K/V heads TP does not divide are replicated by the model
+    (NxD's ``kv_size_multiplier``), and ``kv_replicator``, when given, must be that replication."""
     heads = getattr(model_config, "num_attention_heads", None)
-    kv = getattr(model_config, "num_key_value_heads", None) or heads
+    kv = getattr(model_config, "num_key_value_heads", None) or getattr(model_config, "num_query_groups", None) or heads
     if heads is None:
         return
     if heads % tp:
@@ -223,18 +265,26 @@ def _heads(config: TrainingConfig, model_config: Any, tp: int) -> None:
         )
     if kv % tp == 0:
         return
-    rep = config.distributed_strategy.kv_replicator
+    rep = ds.kv_replicator
+    multiplier = kv_size_multiplier_for(heads, kv, tp)
     if rep is None:
         if tp % kv == 0:
             return  # the model replicates K/V heads (kv_size_multiplier = TP / kv heads)
         raise ConfigError(
             f"distributed_strategy.tensor_model_parallel_size={tp} must divide num_kv_heads={kv}, or be a multiple "
-            f"of it so K/V heads can be replicated (set distributed_strategy.kv_replicator)"
+            f"of it so K/V heads can be replicated (set distributed_strategy.kv_replicator"
+            + (f": {multiplier} places these heads)" if multiplier else ")")
         )
     if (kv * rep) % tp:
         raise ConfigError(
             f"distributed_strategy.kv_replicator={rep}: num_kv_heads x kv_replicator = {kv * rep} must be divisible "
             f"by tensor_model_parallel_size={tp}"
+        )
+    if multiplier is not None and rep != multiplier:
+        raise ConfigError(
+            f"distributed_strategy.kv_replicator={rep}: nxd's models replicate {kv} K/V heads over "
+            f"tensor_model_parallel_size={tp} {multiplier} times (each rank then holds the KV heads its query heads "
+            f"use); set kv_replicator: {multiplier}"
         )
 
 
@@ -244,63 +294,64 @@ def _need(kind: str, name: str, key: str, install: str) -> None:
         raise ConfigError(f"{key}: needs the {kind.replace('_', ' ')} {name!r} (installed: {installed}); pip install {install}")
 
 
-def default_data_module(config: TrainingConfig) -> str:
-    if config.data.module:
-        return config.data.module
-    if config.model_alignment_strategy is not None and config.model_alignment_strategy.sft is not None:
+def default_data_module(data: DataConfig, align: ModelAlignmentConfig | None, model_source: str,
+                        workflow: Any) -> str:
+    """``data.module``, else the one the alignment strategy, its ``workflow`` or the model source trains on."""
+    if data.module:
+        return data.module
+    if align is not None and align.sft is not None:
         return "sft"
-    workflow = build_workflow(config)
     if workflow is not None and getattr(workflow, "data_module", None):
         return workflow.data_module
-    if (config.data.model_extra or {}).get("use_sft_style_data_module"):  # NxDT: HF-style SFT data, Megatron model
+    if (data.model_extra or {}).get("use_sft_style_data_module"):  # NxDT: HF-style SFT data, Megatron model
         return "sft"
-    return "indexed" if config.model_source == "megatron" or "data_prefix" in (config.data.model_extra or {}) else "hf"
+    return "indexed" if model_source == "megatron" or "data_prefix" in (data.model_extra or {}) else "hf"
 
 
-def tokenizer_path(config: TrainingConfig) -> str | None:
+def tokenizer_path(data: DataConfig) -> str | None:
     """``data.tokenizer`` as a path: a string, or NxDT's section (``type``, else ``model``); None
     for a tokenizer built from files (:func:`file_tokenizer`)."""
-    tok = config.data.tokenizer
+    tok = data.tokenizer
     if tok is None or isinstance(tok, str):
         return tok
-    if file_tokenizer(config) is not None:
+    if file_tokenizer(data) is not None:
         return None
     return tok.type or tok.model or tok.vocab_file
 
 
-def file_tokenizer(config: TrainingConfig) -> dict[str, Any] | None:
+def file_tokenizer(data: DataConfig) -> dict[str, Any] | None:
     """NxDT's ``data.tokenizer`` section when its ``type`` names a tokenizer built from files
     (Megatron's ``GPT2BPETokenizer``: ``vocab_file`` + ``merge_file``), as ``load_tokenizer`` takes it."""
     from nxd_data.tokenizers import FILE_TOKENIZERS
 
-    tok = config.data.tokenizer
+    tok = data.tokenizer
     if isinstance(tok, TokenizerConfig) and tok.type in FILE_TOKENIZERS:
         return tok.model_dump(mode="json")
     return None
 
 
-def data_section(config: TrainingConfig, seq_length: int) -> dict[str, Any]:
-    """The ``data`` section as the data module sees it (common keys included)."""
-    section = config.data.model_dump(mode="json", exclude_none=True)
+def data_section(data: DataConfig, align: ModelAlignmentConfig | None, workflow: Any,
+                 seq_length: int) -> dict[str, Any]:
+    """The ``data`` section as the data module sees it (common keys, the SFT packing switch and
+    the ``workflow``'s data options included)."""
+    section = data.model_dump(mode="json", exclude_none=True)
     for key in ("module", "prepare", "prepare_dir", "alignment_strategy"):  # nxd's keys; NxDT's earlier alignment place
         section.pop(key, None)
-    path = tokenizer_path(config)
+    path = tokenizer_path(data)
     if path is not None:
         section["tokenizer"] = path
     else:
         section.pop("tokenizer", None)
     section["seq_length"] = seq_length
-    align = config.model_alignment_strategy
     if align is not None and align.sft is not None:
         section.setdefault("packing", align.sft.packing)  # NxDT's switch; data.packing wins if both are set
-    workflow = build_workflow(config)
     for key, value in (getattr(workflow, "data_options", None) or {}).items():
         section.setdefault(key, value)  # e.g. dpo.max_prompt_length, truncation_mode
     return section
 
 
-def _data(config: TrainingConfig, seq_length: int) -> str:
-    name = default_data_module(config)
+def _data(name: str, section: dict[str, Any]) -> None:
+    """The data module ``name`` is installed and takes ``section``."""
     try:
         factory = nxd.get_data_module(name)
     except ComponentNotFound as exc:
@@ -308,23 +359,20 @@ def _data(config: TrainingConfig, seq_length: int) -> str:
     validate = getattr(factory, "validate", None)
     if callable(validate):
         try:
-            validate(data_section(config, seq_length))
+            validate(section)
         except ConfigError as exc:
             text = str(exc)
             raise ConfigError(text if text.startswith("data") else f"data: {text}") from None
         except (TypeError, ValueError, KeyError) as exc:  # a value of the wrong kind the module did not expect
             raise ConfigError(f"data: the {name!r} data module rejected the data section: "
                               f"{type(exc).__name__}: {exc}") from None
-    return name
 
 
-def _training(config: TrainingConfig, world: int) -> None:
-    tr = config.trainer
+def _training(tr: TrainerConfig, optim: OptimConfig, em: ExpManagerConfig, run_name: str) -> None:
     if tr.max_steps == -1 and tr.max_epochs == -1 and tr.max_time is None:
         raise ConfigError("trainer.max_steps and trainer.max_epochs are both -1: set one of them so training ends")
     if tr.max_steps == 0:
         raise ConfigError("trainer.max_steps must be -1 or a positive number of steps, got 0")
-    optim = config.model.optim
     if optim.name.lower() not in OPTIMIZERS:
         from nxd_training.config.errors import suggest
 
@@ -341,18 +389,15 @@ def _training(config: TrainingConfig, world: int) -> None:
         raise ConfigError(f"model.optim.sched.min_lr={sched.min_lr} is larger than model.optim.lr={optim.lr}")
     if isinstance(tr.val_check_interval, float) and not tr.val_check_interval.is_integer():
         raise ConfigError(f"trainer.val_check_interval must be a whole number of steps, got {tr.val_check_interval}")
-    ckpt = config.exp_manager.checkpoint_callback_params
-    if config.exp_manager.save_xser or config.exp_manager.load_xser:
-        pass  # xser is a Neuron file layout; nxd-ckpt writes its own format, the flags are accepted for compatibility
+    # exp_manager.save_xser/load_xser name a Neuron file layout; nxd-ckpt writes its own, the flags are accepted
     try:
-        ckpt.filename.format(name=config.name, step=0, consumed_samples=0, epoch=0)
+        em.checkpoint_callback_params.filename.format(name=run_name, step=0, consumed_samples=0, epoch=0)
     except (KeyError, IndexError, ValueError) as exc:
         raise ConfigError(f"exp_manager.checkpoint_callback_params.filename: bad template ({exc}); "
                           "fields available: {name}, {step}, {consumed_samples}, {epoch}") from None
 
 
-def _precision(config: TrainingConfig) -> None:
-    p, ds = config.precision, config.distributed_strategy
+def _precision(p: PrecisionConfig, ds: DistributedStrategyConfig) -> None:
     if p.fp8 is not None and p.type != "fp8":
         raise ConfigError(f"precision.fp8 holds FP8 options, and precision.type={p.type}: set precision.type=fp8 "
                           "to train with FP8, or remove precision.fp8")
@@ -371,8 +416,9 @@ def _precision(config: TrainingConfig) -> None:
         )
 
 
-def _plugins(config: TrainingConfig, pp: int) -> None:
-    ds = config.distributed_strategy
+def _plugins(ds: DistributedStrategyConfig, align: ModelAlignmentConfig | None, em: ExpManagerConfig,
+             pp: int, dp: int) -> None:
+    """The plugins the sections need are installed; the data-parallel strategy's sizes fit ``dp``."""
     if pp > 1:
         schedule = pipeline_schedule(ds.pipeline_schedule, ds.virtual_pipeline_model_parallel_size or 1)
         _need("pipeline_schedule", schedule, "distributed_strategy.pipeline_model_parallel_size", "nxd-pipeline")
@@ -383,7 +429,11 @@ def _plugins(config: TrainingConfig, pp: int) -> None:
             raise ConfigError("distributed_strategy.zero1 and distributed_strategy.fsdp are two data-parallel strategies "
                               "(FSDP already shards the optimizer state, with the parameters and gradients): set one")
         _need("model_transform", "fsdp", "distributed_strategy.fsdp", "nxd-fsdp")
-    align = config.model_alignment_strategy
+        # what needs the world size; nxd-fsdp checks the rest when the run's NxD config is built (preflight)
+        replicate = ds.fsdp.get("replicate_degree", 1) if isinstance(ds.fsdp, dict) else 1
+        if isinstance(replicate, int) and replicate > 0 and dp % replicate:
+            raise ConfigError(f"distributed_strategy.fsdp.replicate_degree={replicate} must divide the data-parallel "
+                              f"size {dp} (HSDP: replicas x shards = DP)")
     if align is not None:
         if align.peft is not None:
             if pp > 1:
@@ -391,17 +441,8 @@ def _plugins(config: TrainingConfig, pp: int) -> None:
                                   f"(pipeline_model_parallel_size={pp}); use tensor/data parallelism with LoRA")
             _need("adapter", "lora", "model_alignment_strategy.peft", "nxd-lora")
             peft.lora_config(align.peft, [])  # every key checked now, not on the ranks
-    if config.exp_manager.create_checkpoint_callback or config.exp_manager.resume_if_exists:
+    if em.create_checkpoint_callback or em.resume_if_exists:
         _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")
-
-
-def _fsdp(config: TrainingConfig, dp: int) -> None:
-    # what needs the world size; nxd-fsdp checks the rest when the run's NxD config is built (preflight)
-    fsdp = config.distributed_strategy.fsdp
-    replicate = fsdp.get("replicate_degree", 1) if isinstance(fsdp, dict) else 1
-    if isinstance(replicate, int) and replicate > 0 and dp % replicate:
-        raise ConfigError(f"distributed_strategy.fsdp.replicate_degree={replicate} must divide the data-parallel size "
-                          f"{dp} (HSDP: replicas x shards = DP)")
 
 
 def make_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
@@ -425,7 +466,7 @@ def resolve_config(config: TrainingConfig, check_data: bool = True) -> ResolvedC
     plan = derive_plan(config, check_data)
     sections = config.model_dump(by_alias=True)
     sections["model"]["architecture"] = plan.spec.name
-    newer_keys(sections, config, plan.spec)  # keys of earlier NxDT releases written under their newer names
+    newer_keys(sections, config.model, plan.spec)  # keys of earlier NxDT releases written under their newer names
     return ResolvedConfig.model_validate({**sections, "resolved": plan.resolution})
 
 
@@ -436,53 +477,38 @@ def plan_of(config: ResolvedConfig) -> RunPlan:
         spec = nxd.get_component("model", r.architecture, need=r.architecture_reason)
     except ComponentNotFound as exc:
         raise ConfigError(str(exc)) from None
-    return RunPlan(r, spec.config_from_dict(dict(r.model)), spec, build_workflow(config))
+    return RunPlan(r, spec.config_from_dict(dict(r.model)), spec, build_workflow(config.model_alignment_strategy)[1])
 
 
 def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     """Check every cross-field rule and the plugins the run needs; return the derived values.
     The model comes first: a config for a model nxd cannot build is refused for that reason."""
-    spec, as_dict, model_config, reason = _model(config)
-    world, tp, pp, dp = _world(config)
-    num_mb = _batches(config, dp)
-    seq = _seq_length(config)
-    _training(config, world)
-    _precision(config)
-    _plugins(config, pp)
-    _fsdp(config, dp)
-    _heads(config, model_config, tp)
-    _context_parallel(config, spec, seq, tp)
-    max_pos = getattr(model_config, "max_position_embeddings", None)
-    if max_pos is not None and seq > max_pos:
-        raise ConfigError(f"data.seq_length={seq} exceeds the model's max_position_embeddings={max_pos}")
-    if config.distributed_strategy.sequence_parallel and seq % tp:
-        raise ConfigError(f"distributed_strategy.sequence_parallel: seq_length={seq} must be divisible by "
-                          f"tensor_model_parallel_size={tp}")
-    vocab = getattr(model_config, "vocab_size", None)
-    pads_vocab = callable(getattr(model_config, "padded_vocab_size", None))  # Megatron-style padding in the model
-    if vocab is not None and tp > 1 and vocab % tp and not pads_vocab:
-        raise ConfigError(f"model vocab_size={vocab} must be divisible by tensor_model_parallel_size={tp} "
-                          "(vocab-parallel embedding)")
-    _pipeline_model(spec, pp)
-    workflow = build_workflow(config)
+    spec, as_dict, model_config, reason, covered_notes = _model(config)
+    ds, align = config.distributed_strategy, config.model_alignment_strategy
+    world, tp, pp, dp, num_mb, seq = _sizes(ds, config.trainer, config.data, config.model)
+    _training(config.trainer, config.model.optim, config.exp_manager, config.name)
+    _precision(config.precision, ds)
+    _plugins(ds, align, config.exp_manager, pp, dp)
+    _layout_fits_model(ds, spec, model_config, seq, tp, pp)
+    workflow_key, workflow = build_workflow(align)
     if workflow is not None and pp > 1 and not getattr(workflow, "supports_pipeline", False):
-        raise ConfigError(f"model_alignment_strategy.{workflow_name(config.model_alignment_strategy)} does not support pipeline parallelism "
+        raise ConfigError(f"model_alignment_strategy.{workflow_key} does not support pipeline parallelism "
                           f"(pipeline_model_parallel_size={pp}): the pipeline schedule computes the next-token loss "
                           "itself; use tensor/data parallelism")
-    cp = config.distributed_strategy.context_parallel_size
+    cp = ds.context_parallel_size
     if workflow is not None and cp > 1:
-        raise ConfigError(f"model_alignment_strategy.{workflow_name(config.model_alignment_strategy)} does not support context parallelism "
+        raise ConfigError(f"model_alignment_strategy.{workflow_key} does not support context parallelism "
                           f"(context_parallel_size={cp}): its loss reads whole sequences (pairs of responses), "
                           "which CP splits over ranks; use context_parallel_size=1")
-    data_module = _data(config, seq) if check_data else default_data_module(config)
+    data_module = default_data_module(config.data, align, config.model_source, workflow)
+    if check_data:
+        _data(data_module, data_section(config.data, align, workflow, seq))
     needs = getattr(workflow, "data_module", None)
     if needs and data_module != needs:
-        raise ConfigError(f"model_alignment_strategy.{workflow_name(config.model_alignment_strategy)} trains on the {needs!r} data module, but "
+        raise ConfigError(f"model_alignment_strategy.{workflow_key} trains on the {needs!r} data module, but "
                           f"data.module={data_module!r}; remove data.module or set it to {needs!r}")
     resolution = Resolution(
         architecture=spec.name, architecture_reason=reason, model=as_dict, world_size=world, tp=tp, pp=pp, dp=dp,
-        cp=config.distributed_strategy.context_parallel_size, ep=config.distributed_strategy.expert_model_parallel_size,
-        num_microbatches=num_mb, seq_length=seq, data_module=data_module, workflow=workflow_name(config.model_alignment_strategy),
-        notes=check_legacy(config, spec) + neuron_only_notes(config) + no_effect_notes(config)
-        + list(covered_hf_features(config, spec, hf_config_file(config)).values()))
+        cp=cp, ep=ds.expert_model_parallel_size, num_microbatches=num_mb, seq_length=seq, data_module=data_module,
+        workflow=workflow_key, notes=key_notes(config, spec) + covered_notes)
     return RunPlan(resolution, model_config, spec, workflow)

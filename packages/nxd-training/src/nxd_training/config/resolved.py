@@ -70,10 +70,6 @@ def dump_resolved(config: ResolvedConfig) -> str:
     return yaml.safe_dump({**data, RESOLVED_KEY: resolution}, sort_keys=False)
 
 
-def is_resolved(raw: dict[str, Any]) -> bool:
-    return isinstance(raw, dict) and RESOLVED_KEY in raw
-
-
 def resolved_from_mapping(raw: dict[str, Any], source: str) -> ResolvedConfig:
     """Deserialise a written resolved config (no resolution): the sections must be exactly the ones
     the resolution was made from."""
@@ -99,7 +95,7 @@ def load_resolved(path: str | Path) -> ResolvedConfig:
         raise ConfigError(f"{path}: no such file (a run directory's config.yaml, written by `nxd train`)") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
-    if not is_resolved(raw):
+    if not isinstance(raw, dict) or RESOLVED_KEY not in raw:
         raise ConfigError(f"{path}: not a resolved config (no '{RESOLVED_KEY}' section); ranks read the config.yaml "
                           "that `nxd train` writes into the run directory, never a hand-written YAML")
     return resolved_from_mapping(raw, str(path))

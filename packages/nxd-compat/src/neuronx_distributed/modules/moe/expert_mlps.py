@@ -21,6 +21,7 @@ from nxd_compat.optional import require
 require("nxd_moe", "neuronx_distributed.modules.moe.expert_mlps", "nxd-moe")
 
 import nxd_moe  # noqa: E402
+from neuronx_distributed.modules.moe.model_utils import GLUType  # noqa: E402
 from nxd.parallel import current_parallel_context  # noqa: E402
 from nxd_compat.surface import NotProvidedError  # noqa: E402
 from nxd_core_parallel import parallel_state  # noqa: E402
@@ -87,12 +88,15 @@ class ExpertMLPs(torch.nn.Module):
                        "gate_clamp_lower_limit": gate_clamp_lower_limit is not None,
                        "up_clamp_upper_limit": up_clamp_upper_limit is not None,
                        "up_clamp_lower_limit": up_clamp_lower_limit is not None,
-                       "expert_distribution": expert_distribution is not None}
+                       "expert_distribution": expert_distribution is not None,
+                       # NxD's SWIGLU is gate * act(gate) * up; nxd-moe computes act(gate) * up (NxD's GLU)
+                       "glu_type": GLUType.validate(glu_type)
+                       != GLUType.GLU}
         for name, refused in unsupported.items():
             if refused:
                 raise NotProvidedError(f"neuronx_distributed.modules.moe.ExpertMLPs({name}={locals()[name]!r}) is not "
                                        "provided by nxd-compat: nxd-moe's experts are bias-free SwiGLU (silu, "
-                                       "glu_mlp=True), split evenly over the expert-parallel ranks")
+                                       "glu_mlp=True, glu_type GLU), split evenly over the expert-parallel ranks")
         self.num_experts, self.top_k = num_experts, top_k
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.capacity_factor, self.normalize_top_k_affinities = capacity_factor, normalize_top_k_affinities

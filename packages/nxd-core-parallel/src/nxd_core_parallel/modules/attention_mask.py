@@ -1,4 +1,5 @@
-"""Turn the ``attention_mask`` a batch carries into the boolean mask SDPA takes.
+"""Turn the ``attention_mask`` a batch carries into the boolean mask SDPA takes (every model
+family's attention: Llama and its descendants, GPT).
 
 Accepted forms (always combined with causality):
 
@@ -19,8 +20,8 @@ from __future__ import annotations
 import torch
 
 
-def build_attention_mask(attention_mask: torch.Tensor | None, batch: int, seq: int, past: int,
-                         dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+def build_attention_mask(attention_mask: torch.Tensor | None, batch: int, seq: int, device: torch.device,
+                         past: int = 0) -> torch.Tensor | None:
     """``None`` (plain causal) or a bool mask ``[batch, 1, seq, past + seq]``."""
     keys = past + seq
     if attention_mask is None:

@@ -201,6 +201,38 @@ def test_nxd_shared_experts_rmsnorm_and_expert_index_match_a_dense_reference(ran
             assert g["names"] == sorted(f"shared_experts.{p}.weight" for p in [*proj, "down_proj"]), msg
 
 
+def nxd_token_shuffle_test_body() -> dict:
+    """What NxD's ``test/unit_test/modules/moe/test_token_shuffle.py`` (Release 2.29) does, through
+    the same calls (its module setup: ``initialize_model_parallel``, ``parallel_state.
+    initialize_token_shuffle_group``, ``random.model_parallel_xla_manual_seed``; its test:
+    ``token_shuffle`` of ``arange(2048)`` then ``token_unshuffle``, exactly equal), at its group
+    size 1 and, over the 2 data-parallel ranks here, 2."""
+    from neuronx_distributed import parallel_layers
+    from neuronx_distributed.modules.moe import token_shuffling
+
+    parallel_layers.parallel_state.initialize_model_parallel(tensor_model_parallel_size=1,
+                                                             pipeline_model_parallel_size=1)
+    out = {}
+    for size in (1, 2):
+        parallel_layers.parallel_state.initialize_token_shuffle_group(token_shuffle_group_size=size)
+        parallel_layers.random.model_parallel_xla_manual_seed(0)
+        hidden_states = torch.arange(2048).reshape(1, -1, 1) + 10_000 * torch.distributed.get_rank()
+        permuted_states, permutation = token_shuffling.token_shuffle(hidden_states)
+        unpermuted_states = token_shuffling.token_unshuffle(permuted_states, permutation)
+        out[size] = {"equal": torch.equal(hidden_states, unpermuted_states),
+                     "moved": not torch.equal(permuted_states, hidden_states),
+                     "foreign": bool((permuted_states // 10_000 != torch.distributed.get_rank()).any()),
+                     "groups": parallel_layers.parallel_state.get_token_shuffle_replica_groups(),
+                     "size": parallel_layers.parallel_state.get_token_shuffle_group_size()}
+    return out
+
+
+def test_nxds_token_shuffle_unit_test_on_two_ranks(rank_pool):
+    for rank, got in enumerate(rank_pool(2).run(nxd_token_shuffle_test_body)):
+        assert got[1] == {"equal": True, "moved": True, "foreign": False, "groups": [[0], [1]], "size": 1}, rank
+        assert got[2] == {"equal": True, "moved": True, "foreign": True, "groups": [[0, 1]], "size": 2}, rank
+
+
 def test_unsupported_nxd_options_are_refused():
     from neuronx_distributed.modules.moe.expert_mlps import ExpertMLPs
     from nxd_compat.surface import NotProvidedError

@@ -88,3 +88,29 @@ def rmsg(msg: str) -> str:
         return f"[rank_{rank}_pp-1_tp-1_dp-1_cp-1] {msg}"
     return (f"[rank_{rank}_pp{get_pipeline_model_parallel_rank()}_tp{get_tensor_model_parallel_rank()}"
             f"_dp{get_data_parallel_rank()}_cp{get_context_model_parallel_rank()}] {msg}")
+
+
+def _token_shuffling():  # NxD keeps the token shuffle groups here; nxd-compat's MoE module owns them
+    from neuronx_distributed.modules.moe import token_shuffling
+
+    return token_shuffling
+
+
+def initialize_token_shuffle_group(token_shuffle_group_size: int = 1) -> None:
+    _token_shuffling().initialize_token_shuffle_group(token_shuffle_group_size)
+
+
+def get_token_shuffle_group(as_list: bool = False) -> Any:
+    return _token_shuffling().get_token_shuffle_group(as_list)
+
+
+def get_token_shuffle_replica_groups() -> list[list[int]]:
+    return _token_shuffling().get_token_shuffle_replica_groups()
+
+
+def get_token_shuffle_group_size() -> int:
+    return _token_shuffling().get_token_shuffle_group_size()
+
+
+def destroy_token_shuffle_group() -> None:
+    _token_shuffling().destroy_token_shuffle_group()

@@ -89,12 +89,15 @@ class ExpertMLPs(torch.nn.Module):
                        "up_clamp_upper_limit": up_clamp_upper_limit is not None,
                        "up_clamp_lower_limit": up_clamp_lower_limit is not None,
                        "expert_distribution": expert_distribution is not None,
+                       # Llama4's order: tokens scaled by their affinity before the experts, not after
+                       "early_expert_affinity_modulation": bool(kernel_options.get("early_expert_affinity_modulation")),
                        # NxD's SWIGLU is gate * act(gate) * up; nxd-moe computes act(gate) * up (NxD's GLU)
                        "glu_type": GLUType.validate(glu_type)
                        != GLUType.GLU}
+        given = {**kernel_options, **locals()}
         for name, refused in unsupported.items():
             if refused:
-                raise NotProvidedError(f"neuronx_distributed.modules.moe.ExpertMLPs({name}={locals()[name]!r}) is not "
+                raise NotProvidedError(f"neuronx_distributed.modules.moe.ExpertMLPs({name}={given[name]!r}) is not "
                                        "provided by nxd-compat: nxd-moe's experts are bias-free SwiGLU (silu, "
                                        "glu_mlp=True, glu_type GLU), split evenly over the expert-parallel ranks")
         self.num_experts, self.top_k = num_experts, top_k

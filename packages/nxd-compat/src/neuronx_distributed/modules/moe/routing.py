@@ -12,7 +12,7 @@ from nxd_compat.optional import require
 require("nxd_moe", "neuronx_distributed.modules.moe.routing", "nxd-moe")
 
 import nxd_moe  # noqa: E402
-from nxd_compat.surface import NotProvidedError  # noqa: E402
+from nxd_compat.surface import NotProvidedError, not_provided  # noqa: E402
 
 __all__ = ["RouterSinkhorn", "RouterTopK"]
 
@@ -74,3 +74,10 @@ class RouterSinkhorn(_NxDRouter, nxd_moe.RouterSinkhorn):
                          sinkhorn_tol=sinkhorn_tol, dtype=dtype, device=device, activation=act_fn)
         self._hold_weight_as_nxd()
         self.sequence_parallel_enabled, self.sequence_dimension = sequence_parallel_enabled, sequence_dimension
+
+
+__getattr__ = not_provided(__name__, {
+    "RouterBase": "NxD's abstract router base; MoE takes RouterTopK or RouterSinkhorn (nxd-moe's routers), a router "
+                  "subclassed from NxD's base is not provided",
+    "GroupLimitedRouter": "DeepSeek-V3's group-limited routing is nxd's deepseek_v3 model family "
+                          "(nxd_moe.MoEConfig n_group / topk_group), not NxD's module"})

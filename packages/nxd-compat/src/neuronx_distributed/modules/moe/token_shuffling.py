@@ -25,11 +25,13 @@ require("nxd_moe", "neuronx_distributed.modules.moe.token_shuffling", "nxd-moe")
 from nxd.parallel import current_parallel_context, rank_layout  # noqa: E402
 from nxd_moe import all_to_all  # noqa: E402
 
-__all__ = ["all_to_all_for_shuffle", "initialize_token_shuffle_group", "token_shuffle", "token_unshuffle"]
+__all__ = ["all_to_all_for_shuffle", "destroy_token_shuffle_group", "get_token_shuffle_group",
+           "get_token_shuffle_group_size", "get_token_shuffle_replica_groups", "initialize_token_shuffle_group",
+           "token_shuffle", "token_unshuffle"]
 
-#: (context id, size) -> this rank's token shuffle group; one group set per parallel context
-_GROUPS: dict[tuple[int, int], Any] = {}
-_CURRENT: list[Any] = [1, None]  # [size, group] of the group the functions below use
+#: (context id, size) -> (this rank's token shuffle group, every group's ranks); one set per context
+_GROUPS: dict[tuple[int, int], tuple[Any, list[list[int]]]] = {}
+_CURRENT: list[Any] = [1, None, None]  # [size, group, all groups' ranks] the functions below use
 
 
 def initialize_token_shuffle_group(token_shuffle_group_size: int = 1) -> None:
@@ -41,22 +43,51 @@ def initialize_token_shuffle_group(token_shuffle_group_size: int = 1) -> None:
     if size < 1 or dp % size:
         raise ValueError(f"token_shuffle_group_size ({size}) must divide the data-parallel size ({dp})")
     key = (id(context), size)
-    if size > 1 and key not in _GROUPS:
-        sizes = context.sizes()
-        mine = None
-        for dp_ranks in rank_layout(dist.get_world_size(), tp=sizes["tp"], pp=sizes["pp"], cp=sizes["cp"])["dp"]:
+    if key not in _GROUPS:
+        sizes = context.sizes() if context is not None else {"tp": 1, "pp": 1, "cp": 1}
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        mine, everyone = None, []
+        for dp_ranks in rank_layout(world, tp=sizes["tp"], pp=sizes["pp"], cp=sizes["cp"])["dp"]:
             for first in range(0, len(dp_ranks), size):
-                ranks = dp_ranks[first:first + size]
-                group = dist.new_group(ranks)  # every rank creates every group, in the same order
-                if dist.get_rank() in ranks:
-                    mine = group
-        _GROUPS[key] = mine
-    _CURRENT[:] = [size, _GROUPS.get(key)]
+                ranks = list(dp_ranks[first:first + size])
+                everyone.append(ranks)
+                if size > 1:
+                    group = dist.new_group(ranks)  # every rank creates every group, in the same order
+                    if dist.get_rank() in ranks:
+                        mine = group
+        _GROUPS[key] = (mine, everyone)
+    _CURRENT[:] = [size, *_GROUPS[key]]
+
+
+def get_token_shuffle_group(as_list: bool = False) -> Any:
+    """This rank's token shuffle group (NxD's ``parallel_state`` name; ``as_list``: every group's
+    ranks). Size 1 has no process group (nothing is exchanged): ``None``."""
+    _initialized()
+    return _CURRENT[2] if as_list else _CURRENT[1]
+
+
+def get_token_shuffle_replica_groups() -> list[list[int]]:
+    _initialized()
+    return _CURRENT[2]
+
+
+def get_token_shuffle_group_size() -> int:
+    _initialized()
+    return _CURRENT[0]
+
+
+def destroy_token_shuffle_group() -> None:
+    _CURRENT[:] = [1, None, None]
+
+
+def _initialized() -> None:
+    if _CURRENT[2] is None:
+        raise RuntimeError("token_shuffle parallel group is not initialized (initialize_token_shuffle_group)")
 
 
 def all_to_all_for_shuffle(hidden_states: torch.Tensor, input_is_sequence_parallel: bool = True) -> torch.Tensor:
     """Rows ``[T, H]`` split in ``size`` equal parts, part ``j`` sent to group rank ``j``."""
-    size, group = _CURRENT
+    size, group, _ = _CURRENT
     if size == 1:
         return hidden_states
     if not input_is_sequence_parallel:

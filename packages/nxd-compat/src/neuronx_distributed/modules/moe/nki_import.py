@@ -1,0 +1,9 @@
+"""``neuronx_distributed.modules.moe.nki_import``: NxD's NKI kernel imports. Not provided by nxd-compat; its names
+raise NotProvidedError saying what to use."""
+
+from nxd_compat.surface import not_provided
+
+_WHY = "NxD's Neuron (NKI) kernels and inference path; nxd-moe computes the experts with torch"
+__getattr__ = not_provided(__name__, dict.fromkeys((
+    'NKIImport', 'import_nki', 'import_nki_beta2',
+), _WHY))

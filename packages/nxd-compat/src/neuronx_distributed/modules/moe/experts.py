@@ -1,9 +1,6 @@
-"""``neuronx_distributed.modules.moe.experts``: NxD's expert computation inside ExpertMLPs. Not provided by nxd-compat; its names
-raise NotProvidedError saying what to use."""
+"""``neuronx_distributed.modules.moe.experts``: NxD's expert computation inside ExpertMLPs; not provided by nxd-compat (its
+names raise NotProvidedError saying what to use: ``_not_provided``)."""
 
-from nxd_compat.surface import not_provided
+from neuronx_distributed.modules.moe._not_provided import module_getattr
 
-_WHY = "use neuronx_distributed.modules.moe.ExpertMLPs (its mlp_op holds NxD's gate_up_proj / down_proj parameters) inside MoE"
-__getattr__ = not_provided(__name__, dict.fromkeys((
-    'Experts',
-), _WHY))
+__getattr__ = module_getattr(__name__)

@@ -1,0 +1,59 @@
+"""NxD's ``modules.moe`` modules nxd-compat does not provide (Neuron kernels, inference, the layers
+``ExpertMLPs`` stands for): each module's public names and what to use instead, in one place."""
+
+from collections.abc import Callable
+from typing import Any
+
+from nxd_compat.surface import not_provided
+
+_KERNEL = "NxD's Neuron (NKI) kernels and inference path; nxd-moe computes the experts with torch"
+
+#: module -> (its public names in NxD, what to use)
+NOT_PROVIDED: dict[str, tuple[tuple[str, ...], str]] = {
+    # NxD's blockwise-matmul Neuron kernels (NKI)
+    "blockwise": (("torch_to_nki_dtype", "initialize_nki_components", "initialize_training_kernels",
+             "dynamic_slice_3D", "dynamic_slice_2D", "dynamic_slice_1D", "BlockwiseMatmulArgs", "get_data",
+             "TorchBlockwiseTraining", "KernelConfig", "KernelAvailabilityError", "check_kernel_availability",
+             "check_blockwise_mm_kernel_compatibility", "can_use_blockwise_matmul_nki",
+             "augment_inputs_for_padded_blockwise_matmul", "BlockwiseMatmulNKIFunc",
+             "BlockwiseMatmulMXNKIFunc"),
+            _KERNEL),
+    # NxD's NKI kernel imports
+    "nki_import": (("NKIImport", "import_nki", "import_nki_beta2"),
+            _KERNEL),
+    # NxD's fused token-generation MoE kernel (inference)
+    "moe_fused_tkg": (("MoEFusedTKG",),
+            _KERNEL),
+    # NxD's MXFP4 fused token-generation MoE kernel (inference)
+    "moe_fused_tkg_mx": (("mxfp4_moe_block_tkg_wrapper", "MoEFusedTKGMX"),
+            _KERNEL),
+    # NxD's validator of its kernel/inference MoE configs
+    "moe_config_validator": (("MoeConfigValidator",),
+            _KERNEL),
+    # NxD's inference expert MLPs
+    "expert_mlps_v2": (("ExpertMLPsV2", "create_spmd_ranks", "duplicate_and_replace_prefixes",
+             "can_use_find_index_kernel"),
+            "NxD's inference ExpertMLPsV2 (RoutedExpertsMLPOpsConfig, kernels); training uses "
+            'neuronx_distributed.modules.moe.ExpertMLPs'),
+    # NxD's expert computation inside ExpertMLPs
+    "experts": (("Experts",),
+            "use neuronx_distributed.modules.moe.ExpertMLPs (its mlp_op holds NxD's gate_up_proj / "
+            'down_proj parameters) inside MoE'),
+    # NxD's expert-fused parallel linear layers
+    "moe_parallel_layers": (("ExpertFusedLinearWithAsyncCommunication", "ExpertFusedLinear",
+             "ExpertFusedColumnParallelLinear", "ExpertFusedRowParallelLinear"),
+            "neuronx_distributed.modules.moe.ExpertMLPs holds their parameters in NxD's layouts "
+            '(mlp_op.gate_up_proj.weight [E_local, H, 2I/tp], mlp_op.down_proj.weight [E_local, I/tp, H]); '
+            'nxd-moe computes with them'),
+    # NxD's inference MoE TP/EP process groups
+    "moe_process_group": (("init_tensor_expert_parallel_moe_process_groups", "get_moe_tp_ep_group",
+             "get_moe_ep_group", "destroy_moe_model_parallel"),
+            "NxD's inference MoE groups; training's expert-parallel groups come from "
+            'initialize_model_parallel(expert_model_parallel_size=...) / the nxd config'),
+}
+
+
+def module_getattr(module: str) -> Callable[[str], Any]:
+    """The ``__getattr__`` of NxD's module ``module`` (a full dotted name)."""
+    names, why = NOT_PROVIDED[module.rsplit(".", 1)[1]]
+    return not_provided(module, dict.fromkeys(names, why))

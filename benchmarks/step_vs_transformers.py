@@ -47,7 +47,7 @@ def spec_builder(spec_name: str) -> Callable[[torch.nn.Module, str], torch.nn.Mo
 
     def build(hf: torch.nn.Module, hf_dir: str) -> torch.nn.Module:
         spec = nxd.get_model(spec_name)
-        model = spec.build(spec.config_from_dict(json.loads((Path(hf_dir) / "config.json").read_text())), None)
+        model = nxd.build_parallel_model(spec, json.loads((Path(hf_dir) / "config.json").read_text()))
         spec.load_hf(model, hf_dir)
         return model
 

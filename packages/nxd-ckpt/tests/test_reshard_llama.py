@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 import nxd
+from nxd.transforms import parallelize_model
 from nxd_ckpt import Sharding, merge_shards, split_full
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -28,7 +29,7 @@ def _model(tp: int, seed: int, **overrides):
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tp)
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig.from_dict({**CONFIG, **overrides}))
+    return parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict({**CONFIG, **overrides})))
 
 
 def tp1_to_tp2_body(path: str) -> dict:

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nxd.transforms import parallelize_model
+
 pytest.importorskip("transformers")
 pytest.importorskip("nxd_models_llama")
 
@@ -90,7 +92,7 @@ def load_logits_body(root: str, cases: dict[str, str], tp: int) -> dict | None:
     out = {}
     for tag, config in cases.items():
         torch.manual_seed(123)  # not the HF seed: every weight must come from the checkpoint
-        model = LlamaForCausalLM(json.loads(Path(config).read_text()))
+        model = parallelize_model(LlamaForCausalLM(json.loads(Path(config).read_text())))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             nxd.load_checkpoint(root, tag=tag, model=model)
@@ -148,7 +150,7 @@ def save_nxd_body(root: str, hf_dir: str) -> None:
     from nxd_models_llama import LlamaForCausalLM, load_hf_checkpoint
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-    model = LlamaForCausalLM(json.loads((Path(hf_dir) / "config.json").read_text()))
+    model = parallelize_model(LlamaForCausalLM(json.loads((Path(hf_dir) / "config.json").read_text())))
     load_hf_checkpoint(model, hf_dir)
     nxd.save_checkpoint(root, "from_nxd", model=model)
 

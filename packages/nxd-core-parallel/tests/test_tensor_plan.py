@@ -113,3 +113,16 @@ def test_plan_refuses_what_it_cannot_shard():
     with pytest.raises(ConfigError, match=r"lm_head\.weight shares its weight with model\.embed_tokens"):
         tied = tiny_model("qwen3")
         parallelize(tied, ParallelPlan(vocab=("model.embed_tokens",)), None)
+
+
+def test_plan_gives_the_configs_reduce_dtype_to_its_linear_layers():
+    """``parallel_layers_reduce_dtype`` is set where the plan makes the layers (not looked for later)."""
+    from nxd.transforms import parallelize_model
+    from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear
+
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8), torch.nn.Linear(8, 4))
+    setattr(model, PLAN_ATTRIBUTE, ParallelPlan(vocab=("0",), column=("1",), row=("2",)))
+    model = parallelize_model(model, None, nxd.neuronx_distributed_config(parallel_layers_reduce_dtype="bf16"))
+    assert isinstance(model[0], ParallelEmbedding)
+    assert isinstance(model[1], ColumnParallelLinear) and isinstance(model[2], RowParallelLinear)
+    assert model[1].reduce_dtype == model[2].reduce_dtype == torch.bfloat16

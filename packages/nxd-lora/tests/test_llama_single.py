@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from llama_lora_utils import batch, make_peft_adapter, peft_reference, quiet, rel, save_base  # noqa: E402
 from test_llama_tp2 import _adapter_grads  # noqa: E402
@@ -31,7 +33,7 @@ def test_partial_fused_targets_match_peft(tmp_path, targets, dropout):
     base = save_base("gqa", tmp_path / "base")
     adapter = make_peft_adapter(base, tmp_path / "peft", targets=targets, dropout=dropout)
     data = batch()
-    model = LlamaForCausalLM(LlamaConfig.from_dict(json.loads((base / "config.json").read_text())))
+    model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(json.loads((base / "config.json").read_text()))))
     load_hf_checkpoint(model, base)
     lora = from_pretrained(model, adapter)
     assert lora.lora_config.lora_dropout == dropout

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from llama_lora_utils import ALPHA, RANK, batch, make_peft_adapter, peft_reference, quiet, rel, save_base  # noqa: E402
 
@@ -49,7 +51,7 @@ def subset_body(base_dir: str, peft_dir: str, out_dir: str, targets: list[str], 
     hf_config = json.loads((Path(base_dir) / "config.json").read_text())
 
     def build():
-        model = LlamaForCausalLM(LlamaConfig.from_dict(hf_config))
+        model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(hf_config)))
         load_hf_checkpoint(model, base_dir)
         return model
 

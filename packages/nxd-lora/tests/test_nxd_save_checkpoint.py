@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from llama_lora_utils import batch, hf_logits, load_hf, make_peft_adapter, quiet, rel, save_base  # noqa: E402
 
@@ -19,7 +21,7 @@ def _lora_model(base: Path, adapter: Path, **overrides):
     from nxd_lora.checkpoint import from_pretrained
     from nxd_models_llama import LlamaConfig, LlamaForCausalLM, load_hf_checkpoint
 
-    model = LlamaForCausalLM(LlamaConfig.from_dict(json.loads((base / "config.json").read_text())))
+    model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(json.loads((base / "config.json").read_text()))))
     load_hf_checkpoint(model, base)
     return from_pretrained(model, adapter, **overrides)
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from nxd.cli import main as nxd_main
+from nxd.transforms import parallelize_model
 
 H, HEADS, KV, FFN, VOCAB, LAYERS, TP, PP = 16, 4, 2, 24, 32, 4, 2, 2
 HD = H // HEADS
@@ -96,7 +97,7 @@ def _load_tp2(ckpt_dir: str) -> dict[str, object]:
     from nxd_models_llama import LlamaForCausalLM
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-    model = LlamaForCausalLM(dict(CONFIG))
+    model = parallelize_model(LlamaForCausalLM(dict(CONFIG)))
     nxd.load_checkpoint(ckpt_dir, "converted", model=model)
     expected = expected_local(reference(), parallel_state.get_tensor_model_parallel_rank())
     state = model.state_dict()

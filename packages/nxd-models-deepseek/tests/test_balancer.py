@@ -20,7 +20,7 @@ def balancer_body(zero1: bool, steps: int = 2) -> dict:
                                          optimizer_config={"zero_one_enabled": zero1, "grad_clipping": False})
     spec = nxd.get_model("deepseek_v3")
     torch.manual_seed(0)
-    model = spec.build(spec.config_from_dict({"preset": "deepseek-v3-tiny", "bias_update_rate": 0.01}), None)
+    model = nxd.build_parallel_model(spec, {"preset": "deepseek-v3-tiny", "bias_update_rate": 0.01}, cfg)
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=1e-3)
     routers = biased_routers(model)
     expected = [torch.zeros_like(r.e_score_correction_bias) for r in routers]

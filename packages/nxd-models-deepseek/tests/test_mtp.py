@@ -167,7 +167,7 @@ def _build(src: Path, nxd_config: dict | None = None, **overrides):
     import nxd
 
     spec = nxd.get_model("deepseek_v3")
-    model = spec.build(spec.config_from_dict({**json.loads((src / "config.json").read_text()), **overrides}), nxd_config)
+    model = nxd.build_parallel_model(spec, {**json.loads((src / "config.json").read_text()), **overrides}, nxd_config)
     spec.load_hf(model, str(src))
     return spec, model
 

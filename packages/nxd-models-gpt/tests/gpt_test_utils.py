@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from nxd.transforms import parallelize_model
+
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import torch  # noqa: E402
@@ -112,7 +114,7 @@ def nxd_forward_backward(hf_dir: Path, data: dict[str, torch.Tensor], sequence_p
     from nxd_models_gpt import GPTConfig, GPTForCausalLM, collect_hf_state_dict, gather_vocab_logits, load_hf_checkpoint
 
     config = GPTConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = GPTForCausalLM(config, sequence_parallel=sequence_parallel)
+    model = parallelize_model(GPTForCausalLM(config, sequence_parallel=sequence_parallel))
     load_hf_checkpoint(model, hf_dir)
     # norm/bias grads are partial per rank under SP (the optimizer wrapper all-reduces them)
     return forward_backward_result(model, data, gather_logits=lambda logits: gather_vocab_logits(model, logits),
@@ -142,7 +144,7 @@ def roundtrip_body(tp: int, hf_dir: str, out_dir: str, prompt: torch.Tensor, new
     if distributed:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     config = GPTConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = GPTForCausalLM(config)
+    model = parallelize_model(GPTForCausalLM(config))
     load_hf_checkpoint(model, hf_dir)
     save_hf_checkpoint(model, out_dir)
     tokens = generate(model, prompt, new_tokens)
@@ -177,7 +179,7 @@ def pipeline_roundtrip_body(cases: list[tuple[str, str]]) -> None:
     parallel_state.initialize_model_parallel(1, 2)
     for hf_dir, out_dir in cases:
         config = GPTConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-        model = NxDPPModel(GPTForCausalLM(config), 2, {"num_microbatches": 1, "schedule": "1f1b"})
+        model = NxDPPModel(parallelize_model(GPTForCausalLM(config)), 2, {"num_microbatches": 1, "schedule": "1f1b"})
         with torch.no_grad():
             for p in model.parameters():
                 p.zero_()

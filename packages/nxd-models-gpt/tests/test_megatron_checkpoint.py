@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import torch
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 VOCAB = 100
@@ -48,7 +50,7 @@ def _reference(config: dict):
     from nxd_models_gpt import GPTConfig, GPTForCausalLM
 
     torch.manual_seed(0)
-    model = GPTForCausalLM(GPTConfig.from_dict(config))
+    model = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(config)))
     with torch.no_grad():  # non-trivial norms and biases
         for p in model.parameters():
             if p.dim() == 1:
@@ -157,7 +159,7 @@ def load_body(config: dict, ckpt: str, ids: torch.Tensor) -> torch.Tensor:
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     torch.manual_seed(123)  # a different init: every weight must come from the checkpoint
-    model = GPTForCausalLM(GPTConfig.from_dict(config))
+    model = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(config)))
     load_megatron_checkpoint(model, ckpt)
     out = _logits(model, ids)
     parallel_state.destroy_model_parallel()
@@ -180,7 +182,7 @@ def test_megatron_checkpoint_loads_at_tp1_and_tp2(config, tp, pp, style, tmp_pat
     expected = _logits(reference, ids)
 
     torch.manual_seed(123)
-    model = GPTForCausalLM(GPTConfig.from_dict(config))
+    model = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(config)))
     args = load_megatron_checkpoint(model, root)
     assert style != "legacy" or args.padded_vocab_size == 128
     assert torch.equal(_logits(model, ids), expected)  # TP=1: the same computation
@@ -199,7 +201,7 @@ def test_pickled_code_is_refused(tmp_path):
     d = tmp_path / "ckpt" / "mp_rank_00"
     d.mkdir(parents=True)
     torch.save({"model": {}, "callback": NotAllowed()}, d / "model_optim_rng.pt")
-    model = GPTForCausalLM(GPTConfig.from_dict(dict(LEGACY, num_layers=1)))
+    model = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(dict(LEGACY, num_layers=1))))
     with pytest.raises(UnsafeCheckpointError, match="refused to unpickle .*NotAllowed.*weights-only"):
         load_megatron_checkpoint(model, tmp_path / "ckpt")
 
@@ -208,7 +210,7 @@ def test_bad_layouts_are_named(tmp_path):
     from nxd_models_gpt import GPTConfig, GPTForCausalLM, load_megatron_checkpoint
     from nxd_models_gpt.megatron_ckpt import MegatronCheckpointError
 
-    model = GPTForCausalLM(GPTConfig.from_dict(dict(LEGACY, num_layers=1)))
+    model = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(dict(LEGACY, num_layers=1))))
     (tmp_path / "empty").mkdir()
     with pytest.raises(MegatronCheckpointError, match="no mp_rank_XX"):
         load_megatron_checkpoint(model, tmp_path / "empty")
@@ -244,7 +246,7 @@ def test_export_roundtrip_and_nxd_ckpt_convert(tmp_path):
     ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
     expected = _logits(reference, ids)
 
-    model = GPTForCausalLM(GPTConfig.from_dict(LEGACY))
+    model = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(LEGACY)))
     load_megatron_checkpoint(model, src)
     save_megatron_checkpoint(model.state_dict(), model.config, tmp_path / "out", tp=2, pp=2, iteration=10)
     for rank_dir in sorted(p.name for p in src.iterdir()):
@@ -265,6 +267,6 @@ def test_export_roundtrip_and_nxd_ckpt_convert(tmp_path):
     assert (hf_logits - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
     back = tmp_path / "back"
     convert("hf", "megatron", ConvertRequest(str(hf_dir), str(back), model="gpt"))
-    again = GPTForCausalLM(GPTConfig.from_dict(LEGACY))
+    again = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(LEGACY)))
     load_megatron_checkpoint(again, back)
     assert torch.equal(_logits(again, ids), expected)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nxd.transforms import parallelize_model
+
 TOL = 1e-5
 BASE = dict(vocab_size=64, make_vocab_size_divisible_by=8, hidden_size=32, ffn_hidden_size=48, num_layers=2,
             num_attention_heads=4, max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0,
@@ -35,7 +37,7 @@ def _build(config: dict, sequence_parallel: bool = False):
     from nxd_models_gpt import GPTConfig, GPTForCausalLM
 
     torch.manual_seed(0)
-    model = GPTForCausalLM(GPTConfig.from_dict(config), sequence_parallel=sequence_parallel)
+    model = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(config), sequence_parallel=sequence_parallel))
     with torch.no_grad():  # replicated norms and biases away from 1 and 0 (the same at any TP)
         for p in model.parameters():
             if p.dim() == 1 and not getattr(p, "tensor_model_parallel", False):

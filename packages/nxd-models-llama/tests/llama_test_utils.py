@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from nxd.transforms import parallelize_model
+
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import torch  # noqa: E402
@@ -97,7 +99,7 @@ def nxd_forward_backward(hf_dir: Path, data: dict[str, torch.Tensor], sequence_p
     )
 
     config = LlamaConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = LlamaForCausalLM(config, sequence_parallel=sequence_parallel)
+    model = parallelize_model(LlamaForCausalLM(config, sequence_parallel=sequence_parallel))
     load_hf_checkpoint(model, hf_dir)
     # norm grads are partial per rank under SP (the optimizer wrapper all-reduces them)
     return forward_backward_result(model, data, gather_logits=lambda logits: gather_vocab_logits(logits, config.vocab_size),
@@ -126,7 +128,7 @@ def roundtrip_body(tp: int, hf_dir: str, out_dir: str, prompt: torch.Tensor, new
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     config = LlamaConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = LlamaForCausalLM(config)
+    model = parallelize_model(LlamaForCausalLM(config))
     load_hf_checkpoint(model, hf_dir)
     save_hf_checkpoint(model, out_dir)
     return generate(model, prompt, new_tokens)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from llama_test_utils import CONFIGS, batch, hf_reference, quiet_transformers, rel_err, save_hf  # noqa: E402
 
@@ -39,7 +41,7 @@ def cp_body(tp: int, cp: int, hf_dir: str, data: dict, sequence_parallel: bool, 
     cp_rank = parallel_state.get_context_model_parallel_rank()
     dp_rank, dp = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_size()
     config = LlamaConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = LlamaForCausalLM(config, sequence_parallel=sequence_parallel)
+    model = parallelize_model(LlamaForCausalLM(config, sequence_parallel=sequence_parallel))
     load_hf_checkpoint(model, hf_dir)
     # DP ranks take their rows of the batch, CP ranks their chunks of the sequence
     rows = {k: v.chunk(dp)[dp_rank] for k, v in data.items()}
@@ -150,14 +152,14 @@ def train_body(cp: int, steps: int, overlap: bool) -> dict:
     config = LlamaConfig.from_dict(dict(CONFIG_GQA))
     data = [batch(seed=s) for s in range(steps)]
     torch.manual_seed(0)
-    ref = LlamaForCausalLM(config)
+    ref = parallelize_model(LlamaForCausalLM(config))
     start = {k: v.clone() for k, v in ref.state_dict().items()}
     ref.double()
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     step_bound = AdamWStepBound(opt)
 
     parallel_state.initialize_model_parallel(context_parallel_size=cp)
-    model = LlamaForCausalLM(config)
+    model = parallelize_model(LlamaForCausalLM(config))
     model.load_state_dict(start)
     nxd_opt = NxDOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2),
                            {"optimizer_config": {"grad_clipping": True, "max_grad_norm": 1.0}}, overlap_grad_sync=overlap)
@@ -215,7 +217,7 @@ def refuse_body(hf_dir: str) -> str:
 
     parallel_state.initialize_model_parallel(context_parallel_size=2)
     config = LlamaConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = LlamaForCausalLM(config)
+    model = parallelize_model(LlamaForCausalLM(config))
     ids = torch.zeros(1, 8, dtype=torch.long)
     segments = torch.tensor([[1, 1, 1, 2]]) if parallel_state.get_context_model_parallel_rank() else torch.ones(1, 4)
     model(ids[:, :4], attention_mask=torch.ones(1, 4, dtype=torch.long))  # one segment everywhere: fine

@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from llama_test_utils import (  # noqa: E402
     CONFIGS,
@@ -37,7 +39,7 @@ def _load(name: str, tmp_path: Path):
     from transformers import LlamaForCausalLM as HF
 
     hf_dir = save_hf(name, tmp_path / name)
-    model = LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS[name]))
+    model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS[name])))
     load_hf_checkpoint(model, hf_dir)
     return model, HF.from_pretrained(str(hf_dir))
 
@@ -94,7 +96,7 @@ def test_bad_inputs_name_the_problem(tmp_path):
         LlamaConfig.from_dict({**CONFIGS["mha"], "num_key_value_heads": 3})
     with pytest.raises(ConfigError, match="rope_type"):
         LlamaConfig.from_dict({**CONFIGS["mha"], "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
-    model = LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["mha"]))
+    model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["mha"])))
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_hf_checkpoint(model, tmp_path)
     hf_dir = save_hf("gqa", tmp_path / "gqa")

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from llama_test_utils import (  # noqa: E402
     CONFIGS,
@@ -48,12 +50,12 @@ def reshard_body(hf_dir: str, root: str) -> torch.Tensor:
 
     config = json.loads((Path(hf_dir) / "config.json").read_text())
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-    model = LlamaForCausalLM(config)
+    model = parallelize_model(LlamaForCausalLM(config))
     load_hf_checkpoint(model, hf_dir)
     nxd.save_checkpoint(root, "tp2", model=model)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
     torch.manual_seed(5)
-    single = LlamaForCausalLM(config)
+    single = parallelize_model(LlamaForCausalLM(config))
     nxd.load_checkpoint(root, "tp2", model=single)
     with torch.no_grad():
         return gather_vocab_logits(single(batch()["input_ids"]).logits, single.config.vocab_size)

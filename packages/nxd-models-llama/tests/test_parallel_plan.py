@@ -1,4 +1,6 @@
-"""The family's parallel plan (data on its ModelSpec) names exactly the parallel layers it builds."""
+"""The family's parallel plan (data on its ModelSpec) names exactly the parallel layers it makes of
+the plain build; the build itself is plain, and the plan applied by the transform list is the same
+model on every path (``nxd.build_parallel_model``, ``initialize_parallel_model``, a meta-device build)."""
 
 from __future__ import annotations
 
@@ -11,39 +13,45 @@ CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_l
 
 def test_parallel_plan_matches_the_built_model():
     spec = nxd.get_model("llama")
-    model = spec.build(spec.config_from_dict(CONFIG))
+    model = nxd.build_parallel_model(spec, CONFIG)
     assert spec.parallel_plan is not None
     assert plan_mismatches(model, spec.parallel_plan) == []
 
 
 def test_the_family_is_built_plain_and_its_plan_makes_it_parallel():
-    """``parallelize=False``: one-device modules only (the plan's data is all that parallelises it)."""
+    """``spec.build``: one-device modules only (the plan's data is all that parallelises it)."""
     from nxd_core_parallel.modules import plain
-    from nxd_models_llama import LlamaForCausalLM
+    from nxd_core_parallel.parallel_plan import LAYER_STYLES
 
-    model = LlamaForCausalLM(dict(CONFIG), parallelize=False)
+    spec = nxd.get_model("llama")
+    model = spec.build(spec.config_from_dict(CONFIG))
     named = [name for name, _ in model.named_modules() if model.nxd_parallel_plan.style_of(name) in
              ("column", "row", "vocab")]
     assert len(named) == 2 * 4 + 2
     assert all(type(model.get_submodule(n)) in (plain.Linear, plain.Embedding, plain.QKVLinear) for n in named)
-    assert plan_mismatches(LlamaForCausalLM(dict(CONFIG)), model.nxd_parallel_plan) == []
+    parallel = {cls for cls, style in LAYER_STYLES.items() if style != "sequence"}
+    assert not [n for n, m in model.named_modules() if type(m) in parallel]
+    assert plan_mismatches(nxd.transforms.parallelize_model(model), model.nxd_parallel_plan) == []
 
 
-def transform_equals_direct_build_body(config: dict, sequence_parallel: bool) -> list[str]:
-    """On each rank: the model the constructor parallelises and the plain model the ``parallel_plan``
-    transform of ``initialize_parallel_model`` parallelises, from the same seed: every parameter,
-    its sharding attributes and the loss bitwise equal."""
+def every_path_builds_the_same_model_body(config: dict, sequence_parallel: bool) -> list[str]:
+    """On each rank, from the same seed: ``nxd.build_parallel_model`` and ``initialize_parallel_model``
+    on the meta device (the plan applied to meta parameters, then each module's ``reset_parameters``):
+    every parameter, its sharding attributes and the loss bitwise equal."""
     import torch
 
-    from nxd_models_llama import LlamaForCausalLM
+    from nxd_core_parallel.model_init import reset_parameters
 
+    spec = nxd.get_model("llama")
     nxd_config = nxd.neuronx_distributed_config(tensor_parallel_size=2, sequence_parallel=sequence_parallel)
-    context = nxd.get_parallel_context()
     torch.manual_seed(0)
-    direct = LlamaForCausalLM(dict(config), sequence_parallel, context=context)
+    direct = nxd.build_parallel_model(spec, dict(config), nxd_config)
+    meta_config = nxd.neuronx_distributed_config(
+        tensor_parallel_size=2, sequence_parallel=sequence_parallel,
+        model_init_config={"meta_device_init": True, "param_init_fn": reset_parameters})
     torch.manual_seed(0)
-    plain_model = LlamaForCausalLM(dict(config), sequence_parallel, context=context, parallelize=False)
-    planned = nxd.initialize_parallel_model(nxd_config, lambda: plain_model, False).local_module()
+    planned = nxd.initialize_parallel_model(meta_config, nxd.parallel.bind_context(spec.build, direct.parallel_context),
+                                            False, spec.config_from_dict(dict(config)), meta_config).local_module()
     attrs = ("tensor_model_parallel", "partition_dim", "partition_stride", "fused_splits", "kv_size_multiplier",
              "sequence_parallel_enabled")
     problems = []
@@ -59,10 +67,10 @@ def transform_equals_direct_build_body(config: dict, sequence_parallel: bool) ->
     return problems
 
 
-def test_plain_family_parallelised_by_the_transform_equals_the_direct_build(rank_pool):
+def test_every_path_applies_the_plan_to_the_same_model(rank_pool):
     # 101-word vocabulary (padded at TP=2), 3 KV heads for 6 query heads (replicated KV at TP=2)
     config = dict(CONFIG, vocab_size=101, hidden_size=48, num_attention_heads=6, num_key_value_heads=3)
     for sequence_parallel in (False, True):
-        for rank, problems in enumerate(rank_pool(2).run(transform_equals_direct_build_body, config,
+        for rank, problems in enumerate(rank_pool(2).run(every_path_builds_the_same_model_body, config,
                                                          sequence_parallel)):
             assert problems == [], (rank, sequence_parallel, problems)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nxd.transforms import parallelize_model
+
 TOL = 1e-5
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, initializer_range=0.1)
@@ -32,7 +34,7 @@ def _build(tied: bool):
     from nxd_models_llama import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig.from_dict(dict(CONFIG, tie_word_embeddings=tied)))
+    return parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(dict(CONFIG, tie_word_embeddings=tied))))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from llama_test_utils import CONFIGS, batch, quiet_transformers, save_hf  # noqa: E402
 
@@ -33,7 +35,7 @@ def test_spec_is_registered_and_builds_from_hf_config(tmp_path):
     import json
 
     config = spec.config_from_dict(json.loads((hf_dir / "config.json").read_text()))
-    model = spec.build(config, nxd.neuronx_distributed_config(sequence_parallel=False))
+    model = nxd.build_parallel_model(spec, config, nxd.neuronx_distributed_config(sequence_parallel=False))
     spec.load_hf(model, str(hf_dir))
     spec.save_hf(model, str(tmp_path / "out"))
     assert (tmp_path / "out" / "model.safetensors").is_file()
@@ -88,7 +90,7 @@ def test_activation_checkpointing_keeps_loss_and_grads(tmp_path):
     data = batch()
     grads = []
     for checkpointed in (False, True):
-        model = LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["gqa"]))
+        model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["gqa"])))
         if checkpointed:
             assert apply_activation_checkpointing(model, model.nxd_transformer_layer_classes) == 2
         load_hf_checkpoint(model, hf_dir)
@@ -105,13 +107,13 @@ def test_nxdt_recompute_names_keep_loss_and_grads(tmp_path):
 
     hf_dir = save_hf("gqa", tmp_path / "gqa")
     data = batch()
-    reference = LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["gqa"]))
+    reference = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["gqa"])))
     load_hf_checkpoint(reference, hf_dir)
     reference(**data).loss.backward()
     spec = nxd.get_model("llama")
     assert {"CoreAttention", "LlamaMLP", "LlamaRMSNorm", "ActivationMultiplyMLP"} <= set(spec.recompute_modules)
     for name, classes in spec.recompute_modules.items():
-        model = LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["gqa"]))
+        model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["gqa"])))
         assert apply_activation_checkpointing(model, classes) >= 2, name  # at least one per layer
         load_hf_checkpoint(model, hf_dir)
         model(**data).loss.backward()
@@ -120,7 +122,7 @@ def test_nxdt_recompute_names_keep_loss_and_grads(tmp_path):
 
 
 def _tiny_model(tmp_path: Path) -> LlamaForCausalLM:
-    model = LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["llama3_rope"]))
+    model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["llama3_rope"])))
     load_hf_checkpoint(model, save_hf("llama3_rope", tmp_path / "m"))
     return model
 
@@ -152,7 +154,7 @@ def test_meta_device_init_through_initialize_parallel_model(tmp_path):
         model_init_config={"meta_device_init": True, "param_init_fn": LlamaForCausalLM.init_weights})
     wrapped = nxd.initialize_parallel_model(nxd_config, nxd.get_model("llama").build, False, config, nxd_config)
     load_hf_checkpoint(wrapped, hf_dir)
-    eager = LlamaForCausalLM(config)
+    eager = parallelize_model(LlamaForCausalLM(config))
     load_hf_checkpoint(eager, hf_dir)
     data = batch()
     assert torch.equal(wrapped(**data).loss, eager(**data).loss)

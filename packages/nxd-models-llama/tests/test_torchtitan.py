@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed.checkpoint as dcp
 
+from nxd.transforms import parallelize_model
 from nxd_models_llama import LlamaConfig, LlamaForCausalLM
 from nxd_models_llama.torchtitan import from_torchtitan, nxd_to_hf, to_torchtitan
 
@@ -23,7 +24,7 @@ TORCHTITAN_KEYS = {"tok_embeddings.weight", "norm.weight", "output.weight"} | {
 def _model() -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     config = LlamaConfig.from_dict(dict(CONFIG))
-    return config, {k: v.detach().clone() for k, v in LlamaForCausalLM(config).state_dict().items()}
+    return config, {k: v.detach().clone() for k, v in parallelize_model(LlamaForCausalLM(config)).state_dict().items()}
 
 
 def test_dcp_round_trip_under_torchtitan_names(tmp_path):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from mixtral_test_utils import quiet_transformers, save_hf  # noqa: E402
 
@@ -27,7 +29,7 @@ def ckpt_body(ep: int, hf_dir: str | None, ckpt_dir: str, action: str) -> dict |
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, expert_model_parallel_size=ep)
     config = MixtralConfig.from_dict(json.loads((Path(ckpt_dir) / "config.json").read_text()))
-    model = MixtralForCausalLM(config)
+    model = parallelize_model(MixtralForCausalLM(config))
     if action == "save":
         load_hf_checkpoint(model, hf_dir)
         nxd.save_checkpoint(ckpt_dir, tag="step1", model=model)

@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from mixtral_test_utils import (  # noqa: E402
     batch,
@@ -47,7 +49,7 @@ def zero1_body(tp: int, ep: int, hf_dir: str, batches: list[dict[str, torch.Tens
     cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp, expert_parallel_size=ep, optimizer_config={
         "zero_one_enabled": True, "grad_clipping": True, "max_grad_norm": MAX_NORM})
     config = MixtralConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = MixtralForCausalLM(config)
+    model = parallelize_model(MixtralForCausalLM(config))
     load_hf_checkpoint(model, hf_dir)
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), **HPARAMS)
     sharded = [layout.dp_size for layout in opt._layouts]

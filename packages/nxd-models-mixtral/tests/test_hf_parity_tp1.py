@@ -31,7 +31,7 @@ def test_export_roundtrip_and_generate(tmp_path):
 
     src = save_hf(tmp_path / "hf")
     spec = nxd.get_model("mixtral")
-    model = spec.build(spec.config_from_dict(__import__("json").loads((src / "config.json").read_text())))
+    model = nxd.build_parallel_model(spec, __import__("json").loads((src / "config.json").read_text()))
     spec.load_hf(model, str(src))
     spec.save_hf(model, str(tmp_path / "out"))
     a, b = load_file(str(src / "model.safetensors")), load_file(str(tmp_path / "out" / "model.safetensors"))

@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from mixtral_test_utils import batch, quiet_transformers, rel_err, save_hf  # noqa: E402
 
@@ -39,7 +41,7 @@ def test_step_loss_terms_match_transformers_and_add_up_to_the_loss(tmp_path):
     src = save_hf(tmp_path / "hf")
     hf_config = json.loads((src / "config.json").read_text())
     config = MixtralConfig.from_dict({**hf_config, "moe": {"router_z_loss_coef": Z_COEF}})
-    model = MixtralForCausalLM(config)
+    model = parallelize_model(MixtralForCausalLM(config))
     load_hf_checkpoint(model, str(src))
     micro_batches = [batch(seed=1), batch(seed=2)]
 
@@ -64,7 +66,7 @@ def test_no_router_terms_without_output_router_logits(tmp_path):
     from nxd_models_mixtral import MixtralConfig, MixtralForCausalLM
 
     config = json.loads((save_hf(tmp_path / "hf") / "config.json").read_text())
-    model = MixtralForCausalLM(MixtralConfig.from_dict({**config, "output_router_logits": False}))
+    model = parallelize_model(MixtralForCausalLM(MixtralConfig.from_dict({**config, "output_router_logits": False})))
     sums: dict[str, torch.Tensor] = {}
     NxDModel(model).run_train(batch(), loss_terms=sums)
     assert sums == {}  # the loss is the cross-entropy alone: nothing more to log

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from mixtral_test_utils import VOCAB, batch, hf_reference, quiet_transformers, rel_err, save_hf  # noqa: E402
 
@@ -30,7 +32,7 @@ def padded_body(hf_dir: str, data: dict[str, torch.Tensor], out_dir: str) -> dic
 
     config = MixtralConfig.from_dict({**json.loads((Path(hf_dir) / "config.json").read_text()),
                                       "make_vocab_size_divisible_by": DIVISIBLE_BY})
-    model = MixtralForCausalLM(config)
+    model = parallelize_model(MixtralForCausalLM(config))
     load_hf_checkpoint(model, hf_dir)
     save_hf_checkpoint(model, out_dir)
     out = model(data["input_ids"], labels=data["labels"])
@@ -84,12 +86,12 @@ def test_scaled_init_method_scales_the_output_projections():
     base = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, initializer_range=0.1)
     torch.manual_seed(0)
-    scaled = MixtralForCausalLM(MixtralConfig.from_dict({**base, "use_scaled_init_method": True}))
+    scaled = parallelize_model(MixtralForCausalLM(MixtralConfig.from_dict({**base, "use_scaled_init_method": True})))
     layer = scaled.model.layers[1]
     expected = 0.1 / (2 * 2) ** 0.5  # Megatron: init_method_std / sqrt(2 * num_layers)
     assert abs(layer.self_attn.o_proj.weight.std().item() / expected - 1) < 0.1
     assert abs(layer.block_sparse_moe.experts.down_proj.std().item() / expected - 1) < 0.1
     assert abs(layer.block_sparse_moe.experts.gate_up_proj.std().item() / 0.1 - 1) < 0.1  # inputs: unscaled
     torch.manual_seed(0)
-    plain = MixtralForCausalLM(MixtralConfig.from_dict(base))
+    plain = parallelize_model(MixtralForCausalLM(MixtralConfig.from_dict(base)))
     assert abs(plain.model.layers[1].self_attn.o_proj.weight.std().item() / 0.1 - 1) < 0.1

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nxd.transforms import parallelize_model
+
 sys.path.insert(0, str(Path(__file__).parent))
 from mixtral_test_utils import batch, lm_loss, quiet_transformers, save_hf  # noqa: E402
 
@@ -35,7 +37,7 @@ def optim_body(ep: int, zero1: bool, hf_dir: str, load_from: str | None, save_to
 
     cfg = nxd.neuronx_distributed_config(expert_parallel_size=ep, optimizer_config={
         "zero_one_enabled": zero1, "grad_clipping": True, "max_grad_norm": 1.0})
-    model = MixtralForCausalLM(MixtralConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text())))
+    model = parallelize_model(MixtralForCausalLM(MixtralConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))))
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=1e-2, weight_decay=0.1)
     if load_from is None:
         load_hf_checkpoint(model, hf_dir)

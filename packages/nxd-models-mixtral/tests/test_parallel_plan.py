@@ -1,4 +1,4 @@
-"""The family's parallel plan (data on its ModelSpec) names exactly the parallel layers it builds."""
+"""The family's parallel plan (data on its ModelSpec) names exactly the parallel layers it makes of the plain build."""
 
 from __future__ import annotations
 
@@ -12,6 +12,6 @@ CONFIG = dict(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_l
 
 def test_parallel_plan_matches_the_built_model():
     spec = nxd.get_model("mixtral")
-    model = spec.build(spec.config_from_dict(CONFIG))
+    model = nxd.build_parallel_model(spec, CONFIG)
     assert spec.parallel_plan is not None
     assert plan_mismatches(model, spec.parallel_plan, {ExpertMLPs: "experts"}) == []

@@ -156,7 +156,7 @@ def test_trained_run_converts_to_hf_with_no_arguments(corpus, tmp_path, capsys):
     ids = torch.tensor([[1, 5, 9, 23, 77, 4, 301, 2]])
     spec = nxd.get_model(record["name"])
     with single_rank():
-        model = spec.build(spec.config_from_dict(record["config"]), None)
+        model = nxd.build_parallel_model(spec, record["config"])
         model.load_state_dict(full_model_state(ckpt, tag))
         with torch.no_grad():
             ours = model.eval()(ids).logits.float()

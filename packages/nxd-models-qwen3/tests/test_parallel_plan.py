@@ -1,4 +1,4 @@
-"""The parallel plans (data on the specs) name exactly the parallel layers the models build."""
+"""The parallel plans (data on the specs) name exactly the parallel layers they make of the plain builds."""
 
 from __future__ import annotations
 
@@ -15,5 +15,5 @@ from nxd_moe.experts import ExpertMLPs
 ])
 def test_parallel_plan_matches_the_built_model(name, config):
     spec = nxd.get_model(name)
-    model = spec.build(spec.config_from_dict(config))
+    model = nxd.build_parallel_model(spec, config)
     assert plan_mismatches(model, spec.parallel_plan, {ExpertMLPs: "experts"}) == []

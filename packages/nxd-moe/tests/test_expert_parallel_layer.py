@@ -21,9 +21,12 @@ def _inputs(rank: int) -> torch.Tensor:
 
 
 def _run(moe: dict, weights: dict[str, torch.Tensor], x: torch.Tensor, first: int, count: int) -> dict:
-    from nxd_moe import MoEConfig, MoELayer
+    import nxd
+    from nxd_moe import MoEConfig, MoELayer, split_experts
 
     layer = MoELayer(MoEConfig(num_experts=E, top_k=2, **moe), H, INTER)
+    assert layer.experts.num_local_experts == E  # built plain: the expert-parallel plan splits it
+    layer.experts = split_experts(layer.experts, nxd.parallel.resolve_context())
     assert layer.experts.num_local_experts == count
     with torch.no_grad():
         layer.router.weight.copy_(weights["router"])

@@ -219,20 +219,27 @@ def test_sinkhorn_tol_stops_early():
                      sinkhorn_tol="None").sinkhorn_tol is None  # NxDT's YAML writes `sinkhorn_tol: None`
 
 
-def test_expert_init_is_the_same_at_every_ep_degree():
-    """EP rank r's experts are experts [r*E/ep, (r+1)*E/ep) of the EP=1 init (the ranks' experts are
-    not copies of each other), and the RNG is left where EP=1 leaves it."""
-    from nxd_moe import ExpertMLPs
+def test_expert_init_is_the_same_at_every_ep_and_tp_degree():
+    """EP rank r's experts are experts [r*E/ep, (r+1)*E/ep) of the whole init, and TP rank t's slice
+    of each is t's gate and up rows / down columns of it (the ranks' experts are not copies of each
+    other); the RNG is left where the whole build leaves it. So a meta-device build, initialised
+    after the expert-parallel plan split it, equals the plain build split."""
+    from nxd_moe import ExpertMLPs, ExpertShard
 
-    def build(ep: int, rank: int) -> tuple[ExpertMLPs, torch.Tensor]:
+    def build(shard: ExpertShard) -> tuple[ExpertMLPs, torch.Tensor]:
         torch.manual_seed(7)
-        experts = ExpertMLPs(4, 8, 6, ep_size=ep, ep_rank=rank)
+        experts = ExpertMLPs(4, 8, 6, shard=shard)
         return experts, torch.randn(3)
 
-    full, after = build(1, 0)
-    for rank in (0, 1):
-        part, after_part = build(2, rank)
-        for name in ("gate_up_proj", "down_proj"):
-            assert torch.equal(getattr(part, name), getattr(full, name)[2 * rank:2 * rank + 2])
-        assert torch.equal(after_part, after)
+    full, after = build(ExpertShard())
+    for ep, tp in ((2, 1), (1, 2), (2, 2)):
+        for ep_rank in range(ep):
+            for tp_rank in range(tp):
+                part, after_part = build(ExpertShard(ep_size=ep, ep_rank=ep_rank, tp_size=tp, tp_rank=tp_rank))
+                first, count = ep_rank * 4 // ep, 4 // ep
+                gate, up = full.gate_up_proj[first:first + count].chunk(2, dim=1)
+                rows = slice(tp_rank * 6 // tp, (tp_rank + 1) * 6 // tp)
+                assert torch.equal(part.gate_up_proj, torch.cat([gate[:, rows], up[:, rows]], dim=1))
+                assert torch.equal(part.down_proj, full.down_proj[first:first + count, :, rows])
+                assert torch.equal(after_part, after)
     assert not torch.equal(full.gate_up_proj[0], full.gate_up_proj[2])

@@ -1,5 +1,5 @@
-"""``precision.parallel_layers_reduce_dtype`` reaches the tensor-parallel layers with NxDT's
-defaults: fp32 runs reduce in fp32 unless the key says bf16; bf16 runs in bf16 unless it says fp32."""
+"""``precision.parallel_layers_reduce_dtype`` reaches the NxD config (whose parallel plan gives it
+to the tensor-parallel layers) with NxDT's defaults: fp32 runs reduce in fp32 unless the key says bf16; bf16 runs in bf16 unless it says fp32."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nxd_training.config.schema import PrecisionConfig
-from nxd_training.precision import parallel_layers_reduce_dtype, set_parallel_layers_reduce_dtype
+from nxd_training.precision import parallel_layers_reduce_dtype
 
 
 @pytest.mark.parametrize(("ptype", "key", "expected"), [
@@ -20,10 +20,10 @@ def test_nxdt_rule(ptype, key, expected):
     assert parallel_layers_reduce_dtype(precision) == expected
 
 
-def test_every_parallel_layer_gets_it():
-    from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+def test_the_nxd_config_carries_it():
+    """The one NxD config every transform reads names it (the parallel plan gives it to the layers)."""
+    import nxd
 
-    model = torch.nn.Sequential(ColumnParallelLinear(4, 8, gather_output=False), torch.nn.ReLU(),
-                                RowParallelLinear(8, 4, input_is_parallel=True), torch.nn.Linear(4, 4))
-    assert set_parallel_layers_reduce_dtype(model, torch.bfloat16) == 2
-    assert model[0].reduce_dtype == model[2].reduce_dtype == torch.bfloat16
+    assert nxd.neuronx_distributed_config(parallel_layers_reduce_dtype=torch.bfloat16).parallel_layers_reduce_dtype \
+        == torch.bfloat16
+    assert nxd.neuronx_distributed_config().parallel_layers_reduce_dtype is None

@@ -33,7 +33,7 @@ def _nxd_logits(run: Path, with_lora: bool = False) -> torch.Tensor:
     record = read_user_content(ckpt, tag)[MODEL_RECORD_KEY]
     spec = nxd.get_model(record["name"])
     with single_rank():
-        model = spec.build(spec.config_from_dict(record["config"]), None)
+        model = nxd.build_parallel_model(spec, record["config"])
         if with_lora:
             model = nxd.get_component("adapter", "lora")(model, {**record["lora"], "lora_verbose": False})
         model.load_state_dict(full_model_state(ckpt, tag))

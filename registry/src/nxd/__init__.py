@@ -39,10 +39,11 @@ from nxd.trainer import (
     load_checkpoint,
     save_checkpoint,
 )
+from nxd.transforms import build_parallel_model
 
 __all__ = [
     "PLUGIN_API_VERSION", "Command", "ComponentNotFound", "ConfigError", "NxdError", "ParallelContext", "ParallelDim",
-    "PluginError", "current_parallel_context", "get_parallel_context", "parallel", "transforms",
+    "PluginError", "build_parallel_model", "current_parallel_context", "get_parallel_context", "parallel", "transforms",
     "finalize_checkpoint", "get_adapter", "get_backend", "get_checkpoint_converter", "get_checkpoint_format", "get_checkpointer",
     "get_command", "get_component", "get_data_module", "get_model", "get_optimizer", "get_schedule",
     "get_storage", "get_workflow", "has_checkpoint", "hookimpl", "hookspec", "initialize_parallel_model",

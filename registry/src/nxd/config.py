@@ -122,6 +122,7 @@ def neuronx_distributed_config(
     data_parallel_strategy: str | None = None,
     fsdp_config: dict | bool | None = None,
     model_transforms: dict[str, Any] | None = None,
+    parallel_layers_reduce_dtype: Any = None,
 ) -> NxdConfig:
     """Validate NxD's training config, initialise model parallelism when ``torch.distributed`` is
     up, and return the resolved config: an :class:`nxd.resolved.NxdConfig`, NxD's dict with typed
@@ -137,6 +138,9 @@ def neuronx_distributed_config(
     (docs/fsdp.md). ``model_transforms`` (an nxd addition) turns on registered model transforms that
     no NxD argument names, with their options: ``{"fp8": {...}, "acme_recipe": True}``; each must
     be installed (a transform reads its options with ``config.transform_options(name)``).
+    ``parallel_layers_reduce_dtype`` (an nxd addition; NxDT's ``precision`` key of that name):
+    ``torch.float32``/``torch.bfloat16`` (or ``"fp32"``/``"bf16"``), the dtype the tensor-parallel
+    linear layers that the parallel plan makes sum their partial results in (``None``: fp32).
     """
     tp = _positive_int("tensor_parallel_size", tensor_parallel_size)
     pp = _positive_int("pipeline_parallel_size", pipeline_parallel_size)
@@ -189,6 +193,7 @@ def neuronx_distributed_config(
         "data_parallel_strategy": strategy,
         "fsdp_config": fsdp,
         "model_transforms": _model_transforms(model_transforms),
+        "parallel_layers_reduce_dtype": _reduce_dtype(parallel_layers_reduce_dtype),
         CONFIG_MARKER: 1,
     })
     _require_plugins(config)
@@ -196,6 +201,19 @@ def neuronx_distributed_config(
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         initialize_parallel(config)
     return config
+
+
+#: ``parallel_layers_reduce_dtype`` values -> the ``torch`` dtype name the config keeps
+_REDUCE_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+
+
+def _reduce_dtype(value: Any) -> str | None:
+    if value is None:
+        return None
+    name = str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+    if not isinstance(name, str) or name not in _REDUCE_DTYPES:
+        raise ConfigError(f"parallel_layers_reduce_dtype must be fp32 or bf16 (or the torch dtype), got {value!r}")
+    return _REDUCE_DTYPES[name]
 
 
 def _fsdp_config(value: Any) -> dict | None:

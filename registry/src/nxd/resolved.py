@@ -132,6 +132,18 @@ class NxdConfig(dict):
         """The registered data-parallel strategy that applies (``ddp``, ``zero1``, ...)."""
         return self.get("data_parallel_strategy") or default_data_parallel_strategy(self.optimizer.zero_one_enabled)
 
+    @property
+    def parallel_layers_reduce_dtype(self) -> Any:
+        """The ``torch.dtype`` the tensor-parallel linear layers sum their partial results in (an
+        nxd addition; NxDT's ``precision.parallel_layers_reduce_dtype``), or ``None`` (the layers'
+        default, fp32). Applied when the parallel plan makes the layers."""
+        name = self.get("parallel_layers_reduce_dtype")
+        if name is None:
+            return None
+        import torch
+
+        return getattr(torch, name)
+
     def transform_options(self, name: str) -> dict[str, Any] | None:
         """The options ``neuronx_distributed_config(model_transforms={name: ...})`` gave the
         transform ``name``; ``None`` when the config does not turn it on."""

@@ -157,6 +157,19 @@ class ModelSpec:
     parallel_plan: ParallelPlan | None = None
 
 
+def family_spec(name: str, model_class: type[torch.nn.Module], config_from_dict: Callable[[Any], Any],
+                **fields: Any) -> ModelSpec:
+    """The :class:`ModelSpec` of a model class that carries its family's facts as class attributes
+    (nxd's families do): ``build`` (:func:`model_builder`), the block and core-attention classes
+    (``nxd_transformer_layer_classes``, ``nxd_core_attention_classes``), the parallel plan
+    (``nxd_parallel_plan``) and ``extras["model_class"]`` come from the class; ``fields`` give the rest."""
+    extras = {"model_class": model_class, **fields.pop("extras", {})}
+    return ModelSpec(name=name, config_from_dict=config_from_dict, build=model_builder(model_class, config_from_dict),
+                     transformer_layer_classes=tuple(model_class.nxd_transformer_layer_classes),
+                     core_attention_classes=tuple(getattr(model_class, "nxd_core_attention_classes", ())),
+                     parallel_plan=getattr(model_class, "nxd_parallel_plan", None), extras=extras, **fields)
+
+
 @runtime_checkable
 class DataModule(Protocol):
     """Yields this data-parallel rank's micro-batches and remembers its position exactly."""

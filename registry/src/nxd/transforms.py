@@ -107,6 +107,31 @@ def apply_model_transforms(model: Any, context: Any, config: Any, *, until: int 
     return model
 
 
+def parallelize_model(model: Any, context: Any = None, config: Any = None) -> Any:
+    """``model`` (built plain, e.g. by a :class:`nxd.specs.ModelSpec`'s ``build``) with its parallel
+    layout applied: the applicable transforms ordered before :data:`LOW_PRECISION` (the TP/SP plan,
+    head padding, expert parallelism, in the trainer's order). ``context``: the current parallel
+    context when left out; ``config``: the NxD config (a partial dict is read with its defaults)."""
+    from nxd.parallel import resolve_context
+    from nxd.resolved import NxdConfig
+
+    return apply_model_transforms(model, resolve_context(context), NxdConfig.of(config), until=LOW_PRECISION)
+
+
+def build_parallel_model(spec: Any, model_config: Any, nxd_config: Any = None, context: Any = None) -> Any:
+    """The model of ``spec`` (a :class:`nxd.specs.ModelSpec`) for ``context`` (the current one when
+    left out), built plain from ``model_config`` (a config object or dict) and parallelised by
+    :func:`parallelize_model`: what the trainer's transform list makes of it before low precision,
+    adapters, checkpointing, the pipeline cut and the data-parallel strategy. For callers that need
+    the parallel model alone (checkpoint conversion, Hugging Face import in tests, benchmarks)."""
+    from nxd.parallel import bind_context, resolve_context
+
+    context = resolve_context(context)
+    config = spec.config_from_dict(model_config) if isinstance(model_config, dict) else model_config
+    model = bind_context(spec.build, context)(config, nxd_config)
+    return parallelize_model(model, context, nxd_config)
+
+
 def meta_materialiser(context: Any, config: Any) -> Any:
     """The applicable transform that materialises a meta-device model after sharding it, or None."""
     for transform in applicable_transforms(context, config):

@@ -183,17 +183,20 @@ def _spec(request: ConvertRequest, need: str, recorded: str | None = None) -> An
 
 
 def _read_hf(request: ConvertRequest) -> FullState:
+    import nxd
+
     spec = _spec(request, "--from hf")
     config_path = os.path.join(request.input, "config.json")
     config = request.config or json.loads(open(config_path).read())
     with single_rank():
-        model = spec.build(spec.config_from_dict(config), None)
+        model = nxd.build_parallel_model(spec, config)
         spec.load_hf(model, request.input)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return FullState(state, config)
 
 
 def _write_hf(full: FullState, request: ConvertRequest) -> None:
+    import nxd
     from nxd_ckpt.hf_export import copy_tokenizer, lora_mode, write_lora_hf
 
     spec = _spec(request, "--to hf", full.model)
@@ -203,7 +206,7 @@ def _write_hf(full: FullState, request: ConvertRequest) -> None:
                               "record it, this one does not)")
     mode = lora_mode(full, request.options.get("lora"), request.input)
     with single_rank():
-        model = spec.build(spec.config_from_dict(config), None)
+        model = nxd.build_parallel_model(spec, config)
         try:
             if mode is None:
                 model.load_state_dict(full.state, strict=True)

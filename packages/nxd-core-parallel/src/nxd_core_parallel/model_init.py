@@ -222,8 +222,4 @@ def build_model(nxd_config: Mapping[str, Any] | None, model_fn: Callable[..., nn
         run_in_waves(lambda: move_to_device(model, device), init.sequential_move_factor)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model_fn must return an nn.Module, got {type(model).__name__}")
-    if nxd_config.pad_model:
-        from nxd_core_parallel.parallel_layers.pad import pad_model_from_config
-
-        model = pad_model_from_config(model, context)  # structural: before adapters, checkpointing and the pipeline cut
-    return model
+    return model  # parallelism (TP plan, pad_model, ...) is the transforms' (nxd.transforms)

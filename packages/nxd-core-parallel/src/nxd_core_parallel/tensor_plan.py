@@ -21,8 +21,11 @@ were sharded (``num_heads``, ``num_key_value_heads``) are divided by the TP size
 needs the TP size to divide both head counts (the model's ``config``) and is refused otherwise.
 
 The ``parallel_plan`` transform (order ``PARALLEL_PLAN``) applies the plan a model carries in
-``nxd_parallel_plan`` (set it in ``model_fn``; :func:`transformers_plan` reads Hugging Face's own TP
-plan); modules already parallel (nxd's families) are left as they are.
+``nxd_parallel_plan`` (nxd's families declare theirs as a class attribute and build plain; set it in
+``model_fn`` for any other model; :func:`transformers_plan` reads Hugging Face's own TP plan). It is
+the only place nxd's models become tensor parallel: outside the trainer, ``nxd.build_parallel_model``
+(or ``nxd.transforms.parallelize_model`` on a built model) runs the same transforms. Modules that are
+already parallel (a model written with NxD's layers) are left as they are.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
+from nxd.resolved import NxdConfig
 from nxd.specs import ParallelPlan
 from nxd_core_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
 from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
@@ -206,9 +210,13 @@ def _check_heads(model: nn.Module, tp: int) -> None:
                               "a plain model does not)")
 
 
-def _layer_options(name: str, style: str, plan: ParallelPlan, sequence_parallel: bool) -> dict:
-    """Constructor options of the parallel layer for ``name``: sequence parallelism, padding."""
+def _layer_options(name: str, style: str, plan: ParallelPlan, sequence_parallel: bool,
+                   reduce_dtype: torch.dtype | None) -> dict:
+    """Constructor options of the parallel layer for ``name``: sequence parallelism, padding, the
+    dtype its TP sums run in (linear layers only: an embedding's sum is exact, one rank holds each row)."""
     options: dict[str, Any] = {}
+    if reduce_dtype is not None and style != "vocab":
+        options["reduce_dtype"] = reduce_dtype
     whole = any(fnmatch.fnmatchcase(name, p) for p in plan.whole_sequence)
     if sequence_parallel and style != "gathered" and not whole:
         options.update(sequence_parallel_enabled=True, sequence_dimension=plan.sequence_dimension)
@@ -235,14 +243,15 @@ def _parallel_layer(name: str, module: nn.Module, style: str, context: ParallelC
 
 
 def parallelize(model: nn.Module, plan: ParallelPlan, context: ParallelContext | None,
-                sequence_parallel: bool = False) -> nn.Module:
+                sequence_parallel: bool = False, reduce_dtype: torch.dtype | None = None) -> nn.Module:
     """Swap the plain modules ``plan`` names for nxd's parallel layers over ``context``'s TP group,
     each holding its shard of the weight it replaces (in place; returns ``model``). Tied weights
     (an embedding and its LM head, both sharded by vocabulary) stay tied. Modules that are already
     parallel are left alone. Modules defining ``nxd_parallelized(context)`` (an attention that
     derives its per-rank head counts) are called after the swap; the others' head-count attributes
     are divided by the TP size. ``sequence_parallel``: the swapped layers run on sequence shards
-    (the plan must name the ``sequence`` modules, the norms in between)."""
+    (the plan must name the ``sequence`` modules, the norms in between). ``reduce_dtype``: the dtype
+    the linear layers sum their TP partial results in (NxD's ``reduce_dtype``; fp32 when ``None``)."""
     if sequence_parallel and not plan.sequence:
         raise ConfigError("parallel plan on a plain model: sequence_parallel is not supported (the plain model's "
                           "norms and residuals run on whole sequences); set sequence_parallel=False or build the "
@@ -260,7 +269,8 @@ def parallelize(model: nn.Module, plan: ParallelPlan, context: ParallelContext |
         if style == "partial_grad":
             _sum_grad_over_tp(module, context)
             continue
-        layer = _parallel_layer(name, module, style, context, _layer_options(name, style, plan, sequence_parallel))
+        layer = _parallel_layer(name, module, style, context, _layer_options(name, style, plan, sequence_parallel,
+                                                                                 reduce_dtype))
         old = getattr(module, "weight", None)
         if old is None:
             pass
@@ -322,10 +332,23 @@ def plan_of(model: nn.Module) -> ParallelPlan | None:
     return plan
 
 
+def _sequence_parallel(model: nn.Module, config: NxdConfig) -> bool:
+    """Sequence parallelism is the model's when it was built for it (its norms and masks run on
+    sequence shards: nxd's families), else the config's; a config asking otherwise is refused."""
+    built_for = getattr(model, "sequence_parallel", None)
+    if not isinstance(built_for, bool):
+        return config.sequence_parallel
+    if "sequence_parallel" in config and config.sequence_parallel != built_for:
+        raise ConfigError(f"sequence_parallel={config.sequence_parallel}, but {type(model).__name__} was built with "
+                          f"sequence_parallel={built_for}; build it with the config's value (ModelSpec.build reads it)")
+    return built_for
+
+
 def apply_parallel_plan(model: nn.Module, context: ParallelContext | None, config: Any) -> nn.Module | None:
     """The ``parallel_plan`` transform: :func:`parallelize` with the plan the model carries (nothing
-    without one)."""
+    without one), the config's ``parallel_layers_reduce_dtype`` given to every linear layer it makes."""
     plan = plan_of(model)
     if plan is None:
         return None
-    return parallelize(model, plan, context, sequence_parallel=bool(getattr(config, "sequence_parallel", False)))
+    config = NxdConfig.of(config)
+    return parallelize(model, plan, context, _sequence_parallel(model, config), config.parallel_layers_reduce_dtype)

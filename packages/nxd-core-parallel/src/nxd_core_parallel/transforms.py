@@ -1,6 +1,6 @@
 """nxd-core-parallel's model transforms (:mod:`nxd.transforms`): the tensor-parallel plan of a plain
-model, activation checkpointing, compile and the ``ddp`` data-parallel strategy (``NxDModel`` +
-``NxDOptimizer``)."""
+model, NxD's attention-head padding (``pad_model``), activation checkpointing, compile and the
+``ddp`` data-parallel strategy (``NxDModel`` + ``NxDOptimizer``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from nxd import ParallelContext
 from nxd.resolved import NxdConfig
 from nxd.transforms import ACTIVATION_CHECKPOINTING, COMPILE, DATA_PARALLEL, PARALLEL_PLAN, ModelTransform
 
+#: head padding runs on the tensor-parallel layers the plan made (and expert parallelism's split)
+PAD_MODEL = PARALLEL_PLAN + 50
+
 
 def _plan_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
     # at any TP: a model carrying a plan (nxd's families built plain) gets its layers at TP=1 too
@@ -22,6 +25,17 @@ def _apply_plan(model: torch.nn.Module, context: ParallelContext | None, config:
     from nxd_core_parallel.tensor_plan import apply_parallel_plan
 
     return apply_parallel_plan(model, context, config)
+
+
+def _pad_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
+    return config.pad_model
+
+
+def _pad(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
+    # structural: after the TP layers exist, before adapters, checkpointing and the pipeline cut
+    from nxd_core_parallel.parallel_layers.pad import pad_model_from_config
+
+    return pad_model_from_config(model, context)
 
 
 def _checkpointing_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
@@ -79,6 +93,8 @@ TRANSFORMS = (
     ModelTransform("parallel_plan", PARALLEL_PLAN, _apply_plan, _plan_applies,
                    description="a model's nxd_parallel_plan (a family's, or a plain model's): nn.Linear/nn.Embedding/QKVLinear "
                                "-> TP/SP layers with their shards"),
+    ModelTransform("pad_model", PAD_MODEL, _pad, _pad_applies,
+                   description="NxD's pad_model: attention heads padded with zero heads to a multiple of the TP size"),
     ModelTransform("activation_checkpointing", ACTIVATION_CHECKPOINTING, _checkpoint, _checkpointing_applies,
                    description="full or selective (module classes) activation checkpointing"),
     ModelTransform("compile", COMPILE, _compile, _compile_applies, description="torch.compile per transformer block"),

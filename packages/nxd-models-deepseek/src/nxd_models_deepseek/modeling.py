@@ -12,7 +12,6 @@ from torch import nn
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_size
 from nxd_core_parallel.lm_loss import causal_lm_loss
-from nxd_core_parallel.tensor_plan import parallelize as apply_plan
 from nxd_models_deepseek.attention import DeepseekV3Attention
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_deepseek.mtp import mtp_hidden, mtp_module, shift_left
@@ -51,9 +50,8 @@ class DeepseekV3ForCausalLM(MixtralForCausalLM):
     nxd_parallel_plan = DEEPSEEK_PLAN
 
     def __init__(self, config: DeepseekV3Config | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None,
-                 parallelize: bool = True) -> None:
-        super().__init__(config, sequence_parallel, device, context, parallelize=False)  # the plan runs last
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+        super().__init__(config, sequence_parallel, device, context)
         c, context = self.config, self.parallel_context
         if c.seq_aux_loss_coef and dim_size(context, "pp") > 1:
             raise ConfigError("deepseek_v3: seq_aux_loss_coef > 0 is not implemented under pipeline parallelism "
@@ -75,8 +73,6 @@ class DeepseekV3ForCausalLM(MixtralForCausalLM):
         self.model.keep_hidden = bool(c.mtp_depth)
         if c.mtp_depth:
             self.nxd_parallel_plan = DEEPSEEK_MTP_PLAN
-        if parallelize:
-            apply_plan(self, self.nxd_parallel_plan, context, sequence_parallel)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

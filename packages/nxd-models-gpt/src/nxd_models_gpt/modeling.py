@@ -32,7 +32,6 @@ from nxd_core_parallel.parallel_layers import (
     scatter_to_sequence_parallel_region,
     set_tensor_model_parallel_attributes,
 )
-from nxd_core_parallel.tensor_plan import parallelize as apply_plan
 from nxd_core_parallel.vocab_padding import mask_padded_vocab
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.plan import GPT_PLAN
@@ -287,8 +286,8 @@ class GPTDecoder(nn.Module):
 
 class GPTForCausalLM(nn.Module):
     """Megatron GPT with a vocabulary-parallel output layer and vocabulary-parallel cross-entropy.
-    Built on one device and parallelised by :attr:`nxd_parallel_plan` over ``context``
-    (``parallelize=False``: the plain model, for the ``parallel_plan`` transform)."""
+    Built plain (one-device modules) for ``context``; the ``parallel_plan`` transform parallelises
+    it by :attr:`nxd_parallel_plan`."""
 
     #: the family's parallel plan (data; the spec registers the same object)
     nxd_parallel_plan = GPT_PLAN
@@ -299,8 +298,7 @@ class GPTForCausalLM(nn.Module):
     nxd_core_attention_classes = (GPTCoreAttention,)
 
     def __init__(self, config: GPTConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None,
-                 parallelize: bool = True) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         """``context``: the parallel context to build for (the current one when left out); every
         block takes it from here."""
         super().__init__()
@@ -323,8 +321,6 @@ class GPTForCausalLM(nn.Module):
                                          dtype=config.torch_dtype, device=device)
         if config.share_embeddings_and_output_weights:
             self.output_layer.weight = self.embedding.word_embeddings.weight
-        if parallelize:
-            apply_plan(self, self.nxd_parallel_plan, context, sequence_parallel)
 
     @staticmethod
     def init_weights(module: nn.Module) -> None:

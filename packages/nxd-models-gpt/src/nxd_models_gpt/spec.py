@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
-from nxd.specs import ModelSpec, config_reader, model_builder
+from nxd.specs import config_reader, family_spec
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.generate import generate
 from nxd_models_gpt.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_gpt.modeling import GPTCoreAttention, GPTForCausalLM, GPTTransformerLayer
-from nxd_models_gpt.plan import GPT_PLAN
 from nxd_models_gpt.presets import PRESETS, preset
 
 #: nxd module names of the attention projections (the fused QKV and the output projection).
@@ -28,8 +25,6 @@ RECOMPUTE_MODULES = {"CoreAttention": (GPTCoreAttention,), "ParallelTransformerL
 #: Megatron/NeMo/NxDT or Hugging Face (GPT-2, GPT-NeoX) keys -> :class:`GPTConfig`;
 #: ``{"preset": name, ...}`` starts from a preset and overrides it
 config_from_dict = config_reader(GPTConfig.from_dict, preset)
-#: this rank's model for ``context`` (``sequence_parallel`` from ``nxd_config``)
-build = model_builder(GPTForCausalLM, config_from_dict)
 
 
 def flops_per_token(config: GPTConfig | dict, seq_length: int | None = None) -> float:
@@ -45,29 +40,18 @@ def flops_per_token(config: GPTConfig | dict, seq_length: int | None = None) -> 
     return flops
 
 
-#: ModelSpec fields newer than nxd's first plugin API (feature keys, recompute names, HF model
-#: types); given when the installed nxd defines them.
-_NEWER_FIELDS = {"implements": NXDT_FEATURES, "recompute_modules": RECOMPUTE_MODULES,
-                 "hf_model_types": ("gpt2", "gpt_neox")}
-
-SPEC = ModelSpec(
-    name="gpt",
-    config_from_dict=config_from_dict,
-    build=build,
-    transformer_layer_classes=(GPTTransformerLayer,),
-    core_attention_classes=(GPTCoreAttention,),
+SPEC = family_spec(
+    "gpt", GPTForCausalLM, config_from_dict,
+    implements=NXDT_FEATURES,
+    recompute_modules=RECOMPUTE_MODULES,
+    hf_model_types=("gpt2", "gpt_neox"),
     lora_target_modules=DEFAULT_LORA_TARGETS,
     load_hf=load_hf_checkpoint,
     save_hf=save_hf_checkpoint,
     generate=generate,
     flops_per_token=flops_per_token,
     presets=PRESETS,
-    extras={
-        "model_class": GPTForCausalLM,
-        "config_class": GPTConfig,
-        "sequence_dimension": 1,
-        "hf_layouts": ("gpt2", "gpt_neox"),
-    },
-    **{k: v for k, v in _NEWER_FIELDS.items() if k in {f.name for f in fields(ModelSpec)}},
-    parallel_plan=GPT_PLAN,
+    extras={"config_class": GPTConfig, "sequence_dimension": 1, "hf_layouts": ("gpt2", "gpt_neox")},
 )
+#: the plain model for ``context``; the transform list (``nxd.build_parallel_model``) parallelises it
+build = SPEC.build

@@ -30,7 +30,6 @@ from nxd_core_parallel.modules.attention_mask import build_attention_mask
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import mask_vocab_padding
 from nxd_core_parallel.parallel_layers.mappings import copy_to_tensor_model_parallel_region
-from nxd_core_parallel.tensor_plan import parallelize as apply_plan
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.plan import LLAMA_PLAN
 from nxd_models_llama.rope import RotaryEmbedding, apply_rotary
@@ -268,6 +267,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    """Token embedding, the decoder blocks, the final norm and RoPE. A model on this one (Mixtral)
+    sets its block class and, if it pads the vocabulary itself, :meth:`embedding_rows`."""
+
+    #: the block class, built ``decoder_layer_class(config, layer_idx, sequence_parallel, device, context)``
+    decoder_layer_class: type[nn.Module] = LlamaDecoderLayer
+
     def __init__(self, config: LlamaConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
@@ -275,14 +280,19 @@ class LlamaModel(nn.Module):
         self.config = config
         self.sequence_parallel = sequence_parallel
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        self.embed_tokens = plain.Embedding(config.vocab_size, config.hidden_size, init_method=init,
-                                            dtype=config.torch_dtype, device=device)
+        self.embed_tokens = plain.Embedding(self.embedding_rows(config, context), config.hidden_size,
+                                            init_method=init, dtype=config.torch_dtype, device=device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, sequence_parallel, device, context) for i in range(config.num_hidden_layers)
+            self.decoder_layer_class(config, i, sequence_parallel, device, context)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, sequence_parallel_enabled=sequence_parallel,
                             dtype=config.torch_dtype, device=device, fused="rms_norm" in config.fused_kernels)
         self.rotary_emb = RotaryEmbedding(config)
+
+    def embedding_rows(self, config: LlamaConfig, context: ParallelContext | None) -> int:
+        """Rows of the token embedding: the vocabulary (the plan pads it for TP where needed)."""
+        return config.vocab_size
 
     def layer_inputs(self, input_ids: torch.Tensor, dtype: torch.dtype, position_ids: torch.Tensor | None = None,
                      attention_mask: torch.Tensor | None = None, past: int = 0
@@ -322,9 +332,9 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Llama with a vocabulary-parallel LM head and vocabulary-parallel cross-entropy.
 
-    Built on one device and parallelised by :attr:`nxd_parallel_plan` over ``context``
-    (``parallelize=False``: the plain model, which ``initialize_parallel_model``'s ``parallel_plan``
-    transform parallelises with the same plan)."""
+    Built plain (one-device modules) for ``context``; the ``parallel_plan`` transform
+    (``initialize_parallel_model``, ``nxd.build_parallel_model``) parallelises it by
+    :attr:`nxd_parallel_plan`."""
 
     #: the family's parallel plan (data; the spec registers the same object)
     nxd_parallel_plan = LLAMA_PLAN
@@ -335,8 +345,7 @@ class LlamaForCausalLM(nn.Module):
     nxd_core_attention_classes = (LlamaCoreAttention,)
 
     def __init__(self, config: LlamaConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None,
-                 parallelize: bool = True) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         """``context``: the parallel context to build for (the current one when left out); every
         block takes it from here."""
         super().__init__()
@@ -355,8 +364,6 @@ class LlamaForCausalLM(nn.Module):
                                     dtype=config.torch_dtype, device=device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        if parallelize:
-            apply_plan(self, self.nxd_parallel_plan, context, sequence_parallel)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary slice of the LM head's logits; TP padding columns are -inf."""

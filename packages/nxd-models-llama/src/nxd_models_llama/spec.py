@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nxd.specs import ModelSpec, config_reader, model_builder
+from nxd.specs import config_reader, family_spec
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.generate import generate
@@ -18,7 +18,6 @@ from nxd_models_llama.modeling import (
     LlamaMLP,
     kv_size_multiplier_for,
 )
-from nxd_models_llama.plan import LLAMA_PLAN
 from nxd_models_llama.presets import PRESETS
 
 #: NxD Training's selective-recompute names (its HF Llama module classes) -> ours
@@ -43,8 +42,6 @@ def _preset(name: str, **overrides: Any) -> dict[str, Any]:
 #: nxd or Hugging Face ``config.json`` keys -> :class:`LlamaConfig`; ``{"preset": name, ...}`` starts
 #: from a preset and overrides it
 config_from_dict = config_reader(LlamaConfig.from_dict, _preset)
-#: this rank's model for ``context`` (``sequence_parallel`` from ``nxd_config``)
-build = model_builder(LlamaForCausalLM, config_from_dict)
 
 
 def flops_per_token(config: LlamaConfig | dict, seq_length: int | None = None) -> float:
@@ -69,12 +66,8 @@ def hf_param_plan(model: LlamaForCausalLM, name: str, tp: int, rank: int) -> lis
     return [(p.hf_key, p.dim, tuple(p.index)) for p in plan_for(name, model.config, tp, rank, multiplier)]
 
 
-SPEC = ModelSpec(
-    name="llama",
-    config_from_dict=config_from_dict,
-    build=build,
-    transformer_layer_classes=(LlamaDecoderLayer,),
-    core_attention_classes=(LlamaCoreAttention,),
+SPEC = family_spec(
+    "llama", LlamaForCausalLM, config_from_dict,
     recompute_modules=RECOMPUTE_MODULES,
     # Mistral 7B is Llama's architecture plus a sliding window (nxd-training refuses a window shorter
     # than the training sequence; NxDT trains its Mistral config with its Llama model too)
@@ -91,9 +84,10 @@ SPEC = ModelSpec(
         "hf_key_mapping": HF_KEY_MAPPING,
         "hf_module_to_nxd": HF_MODULE_TO_NXD,
         "hf_param_plan": hf_param_plan,
-        "model_class": LlamaForCausalLM,
         "config_class": LlamaConfig,
         "sequence_dimension": 1,
     },
-    parallel_plan=LLAMA_PLAN,
 )
+#: the plain model for ``context`` (``sequence_parallel`` from ``nxd_config``); the transform list
+#: (``nxd.build_parallel_model``) parallelises it
+build = SPEC.build

@@ -19,11 +19,9 @@ from nxd_core_parallel.context_parallel import context_parallel_token_mean
 from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules import plain
 from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.tensor_plan import parallelize as apply_plan
 from nxd_core_parallel.vocab_padding import mask_padded_vocab
 from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention, LlamaMLP
 from nxd_models_llama.modeling import LlamaModel
-from nxd_models_llama.rope import RotaryEmbedding
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_models_mixtral.plan import MIXTRAL_PLAN
 from nxd_moe import (
@@ -117,34 +115,23 @@ class MixtralDecoderLayer(nn.Module):
         return h + out
 
 
-class MixtralModel(nn.Module):
+class MixtralModel(LlamaModel):
+    """Llama's model (embedding, decoder loop, norm, RoPE, CP positions and masks) with Mixtral's
+    blocks, Megatron's vocabulary padding and Hugging Face's sliding window."""
+
     #: the block class (a family on this model sets its own; its ``last_router_logits`` is ``None``
     #: in a layer without experts)
     decoder_layer_class: type[nn.Module] = MixtralDecoderLayer
 
-    def __init__(self, config: MixtralConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
-        super().__init__()
-        self.parallel_context = context = resolve_context(context)
-        self.config = config
-        self.sequence_parallel = sequence_parallel
-        init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        # Megatron's vocabulary padding (make_vocab_size_divisible_by x TP) is the config's
-        self.embed_tokens = plain.Embedding(config.padded_vocab_size(dim_size(context, "tp")), config.hidden_size,
-                                            init_method=init, dtype=config.torch_dtype, device=device)
-        self.layers = nn.ModuleList(
-            self.decoder_layer_class(config, i, sequence_parallel, device, context)
-            for i in range(config.num_hidden_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, sequence_parallel_enabled=sequence_parallel,
-                            dtype=config.torch_dtype, device=device)
-        self.rotary_emb = RotaryEmbedding(config)
+    def embedding_rows(self, config: MixtralConfig, context: ParallelContext | None) -> int:
+        """Megatron's vocabulary padding (``make_vocab_size_divisible_by`` x TP) is the config's."""
+        return config.padded_vocab_size(dim_size(context, "tp"))
 
     def layer_inputs(self, input_ids: torch.Tensor, dtype: torch.dtype, position_ids: torch.Tensor | None = None,
                      attention_mask: torch.Tensor | None = None, past: int = 0
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Llama's (positions of this CP rank's chunks, RoPE, mask) plus HF's sliding window."""
-        cos, sin, mask = LlamaModel.layer_inputs(self, input_ids, dtype, position_ids, attention_mask, past)
+        cos, sin, mask = super().layer_inputs(input_ids, dtype, position_ids, attention_mask, past)
         b, s = input_ids.shape
         cp, window = dim_size(self.parallel_context, "cp"), self.config.sliding_window
         if cp > 1 and window is not None and s * cp > window:
@@ -152,9 +139,6 @@ class MixtralModel(nn.Module):
                              f"context_parallel_size={cp}): ring attention runs plain causal attention only; use "
                              "context_parallel_size=1 or sequences no longer than the window")
         return cos, sin, sliding_window_mask(mask, b, s, past, window, input_ids.device)
-
-    #: Llama's decoder loop, unchanged (this model's ``layer_inputs`` adds the sliding window)
-    forward = LlamaModel.forward
 
 
 class MixtralForCausalLM(nn.Module):
@@ -166,14 +150,12 @@ class MixtralForCausalLM(nn.Module):
     nxd_core_attention_classes: tuple[type[nn.Module], ...] = (LlamaCoreAttention,)
     model_class: type[MixtralModel] = MixtralModel
     config_class: type[MixtralConfig] = MixtralConfig
-    #: the family's parallel plan (data; the spec registers the same object). Built on one device
-    #: and parallelised by it over ``context`` (``parallelize=False``: the plain model, which
-    #: ``initialize_parallel_model``'s ``parallel_plan`` transform parallelises)
+    #: the family's parallel plan (data; the spec registers the same object): the model is built
+    #: plain and the ``parallel_plan`` transform applies it
     nxd_parallel_plan = MIXTRAL_PLAN
 
     def __init__(self, config: MixtralConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None,
-                 parallelize: bool = True) -> None:
+                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
         config = self.config_class.from_dict(config) if isinstance(config, dict) else config
         self.parallel_context = context = resolve_context(context)
@@ -190,8 +172,6 @@ class MixtralForCausalLM(nn.Module):
                                     dtype=config.torch_dtype, device=device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        if parallelize:
-            apply_plan(self, self.nxd_parallel_plan, context, sequence_parallel)
 
     @property
     def sequence_parallel(self) -> bool:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from nxd.specs import ModelSpec, config_reader, model_builder
+from nxd.specs import config_reader, family_spec, model_builder
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention, generate
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_models_mixtral.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralForCausalLM
-from nxd_models_mixtral.plan import MIXTRAL_PLAN
 from nxd_models_mixtral.presets import PRESETS, preset
 
 #: NxD Training config keys that change the model and that this plugin builds (the ``moe`` section,
@@ -32,8 +31,6 @@ config_from_dict = config_reader(MixtralConfig.from_dict, preset)
 builder = model_builder
 
 
-build = builder(MixtralForCausalLM, config_from_dict)
-
 
 def flops_per_token(config: MixtralConfig | dict, seq_length: int | None = None) -> float:
     """Training FLOPs per token: ``6 x`` the matmul parameters a token touches (attention, then in a
@@ -48,12 +45,8 @@ def flops_per_token(config: MixtralConfig | dict, seq_length: int | None = None)
     return 6.0 * params + (12.0 * c.num_hidden_layers * q * seq_length if seq_length else 0.0)
 
 
-SPEC = ModelSpec(
-    name="mixtral",
-    config_from_dict=config_from_dict,
-    build=build,
-    transformer_layer_classes=(MixtralDecoderLayer,),
-    core_attention_classes=(LlamaCoreAttention,),
+SPEC = family_spec(
+    "mixtral", MixtralForCausalLM, config_from_dict,
     recompute_modules=RECOMPUTE_MODULES,
     hf_model_types=("mixtral",),
     implements=IMPLEMENTS,
@@ -63,6 +56,7 @@ SPEC = ModelSpec(
     flops_per_token=flops_per_token,
     generate=generate,  # MixtralConfig extends LlamaConfig: Llama's KV-cached generate runs Mixtral
     presets=PRESETS,
-    extras={"model_class": MixtralForCausalLM, "config_class": MixtralConfig, "sequence_dimension": 1},
-    parallel_plan=MIXTRAL_PLAN,
+    extras={"config_class": MixtralConfig, "sequence_dimension": 1},
 )
+#: the plain model for ``context``; the transform list (``nxd.build_parallel_model``) parallelises it
+build = SPEC.build

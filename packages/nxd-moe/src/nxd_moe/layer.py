@@ -1,5 +1,8 @@
 """The MoE layer: router -> (capacity) -> dispatch -> SwiGLU experts -> combine.
 
+The layer is built plain (every expert, whole); the expert-parallel plan
+(:mod:`nxd_moe.expert_plan`) splits its experts, and the layer follows their split:
+
 Tensor parallelism (NxD's layout): the router is replicated, each TP rank holds every local
 expert's slice of the intermediate dimension, and the partial outputs are summed over TP after
 the affinity weighting (all-reduce; reduce-scatter under sequence parallelism). Expert
@@ -23,7 +26,6 @@ from nxd_moe.capacity import expert_capacity, kept_assignments, max_routed_rows
 from nxd_moe.config import MoEConfig
 from nxd_moe.dispatch import combine, dispatch
 from nxd_moe.experts import ExpertMLPs
-from nxd_moe.groups import expert_parallel_groups
 from nxd_moe.losses import sequence_balance_loss
 from nxd_moe.routing import make_router
 
@@ -49,10 +51,9 @@ class MoELayer(nn.Module):
             raise ValueError("MoELayer takes batch-first activations [batch, seq, hidden] (sequence_dimension=1)")
         self.config = MoEConfig.from_dict(config)
         self.sequence_parallel = sequence_parallel
-        #: the parallel context whose EP groups the experts are split over (``None``: the current one)
+        #: the parallel context the layer is built for (``None``: the current one); its TP group sums
+        #: the experts' partial outputs once the plan has split them over TP
         self.parallel_context = resolve_context(context)
-        groups = expert_parallel_groups(self.parallel_context)
-        self.ep_size = groups.ep_size
         tp = dim_size(self.parallel_context, "tp")
         self.router = make_router(self.config.routing_algorithm, self.config.num_experts, self.config.top_k,
                                   hidden_size, self.config.sinkhorn_iterations, self.config.sinkhorn_tol,
@@ -64,20 +65,27 @@ class MoELayer(nn.Module):
             # under SP each TP rank routes only its sequence slice: the router's gradient is partial
             # and the optimizer sums it over TP (like norm weights)
             self.router.weight.sequence_parallel_enabled = True
-        self.experts = ExpertMLPs(self.config.num_experts, hidden_size, intermediate_size, tp_size=tp,
-                                  ep_size=groups.ep_size, ep_rank=groups.ep_rank, ep_group=groups.ep_group,
-                                  edp_group=groups.edp_group, dtype=dtype, device=device,
+        self.experts = ExpertMLPs(self.config.num_experts, hidden_size, intermediate_size, dtype=dtype, device=device,
                                   init_std=init_std, output_init_std=output_init_std,
                                   grouped_gemm=self.config.grouped_gemm)
         #: shared experts (DeepSeek-V3): one dense SwiGLU every token goes through, unweighted, TP-sharded
         #: like the routed experts and never split over EP (``shared_intermediate_size`` = the shared
         #: experts' intermediate sizes together); its partial output joins the routed one before the
         #: single TP reduction
-        self.shared_experts = ExpertMLPs(1, hidden_size, shared_intermediate_size, tp_size=tp, dtype=dtype,
-                                         device=device, init_std=init_std, output_init_std=output_init_std) \
-            if shared_intermediate_size else None
+        self.shared_experts = ExpertMLPs(1, hidden_size, shared_intermediate_size, dtype=dtype, device=device,
+                                         init_std=init_std, output_init_std=output_init_std,
+                                         expert_parallel=False) if shared_intermediate_size else None
         #: DeepSeek-V3's sequence-wise balance loss of the last training forward (``seq_aux_loss_coef`` > 0)
         self.last_seq_aux_loss: torch.Tensor | None = None
+
+    @property
+    def ep_size(self) -> int:
+        """The expert-parallel size the experts are split over (1 before the plan splits them)."""
+        return self.experts.ep_size
+
+    def _tp_group(self) -> object:
+        """The group the experts' partial outputs are summed over: TP once the plan split them."""
+        return dim_group(self.parallel_context, "tp") if self.experts.tp_size > 1 else None
 
     def nxd_plan_note(self) -> str:
         """What ``nxd plan`` assumed for this layer's routed tokens (it collects one note per kind)."""
@@ -125,8 +133,13 @@ class MoELayer(nn.Module):
         return weights, kept
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        tp_group = dim_group(self.parallel_context, "tp")
-        sp = self.sequence_parallel and dim_size(self.parallel_context, "tp") > 1
+        tp = dim_size(self.parallel_context, "tp")
+        sp = self.sequence_parallel and tp > 1
+        if sp and self.experts.tp_size != tp:
+            raise RuntimeError(f"MoELayer under sequence parallelism at TP={tp} holds experts split for TP="
+                               f"{self.experts.tp_size}: apply the expert-parallel plan first "
+                               "(nxd.transforms.parallelize_model / nxd.build_parallel_model)")
+        tp_group = self._tp_group()
         logits, probs = self.router.logits_and_probs(hidden)
         if sp:
             # every TP rank routes the whole micro-batch: the gradient of the gathered affinities is
@@ -154,9 +167,9 @@ class MoELayer(nn.Module):
         else:
             token_ids = torch.arange(b * s, device=tokens.device).unsqueeze(1).expand_as(index)[kept]
             expert_ids, weights = index[kept], weights[kept]
-            groups = expert_parallel_groups(self.parallel_context)
-            grouped, plan = dispatch(tokens, token_ids, expert_ids, self.config.num_experts, groups.ep_size,
-                                     groups.ep_group)
+            shard = self.experts.shard  # tokens travel to the EP ranks holding their experts
+            grouped, plan = dispatch(tokens, token_ids, expert_ids, self.config.num_experts, shard.ep_size,
+                                     shard.ep_group)
             out = combine(self.experts(grouped, plan.local_counts), plan)  # rows in plan.order
             weights = weights[plan.order].unsqueeze(1).to(out.dtype)
             out = torch.zeros_like(tokens).index_add(0, token_ids[plan.order], out * weights)

@@ -1,6 +1,7 @@
-"""nxd plugin entry point for nxd-moe: a library for model plugins; it registers no component (its
-presence is what lets a core-only install name the package to install for ``model.moe``). Its one
-hook attaches the aux-loss-free expert-bias update to the optimizer of a model that uses it."""
+"""nxd plugin entry point for nxd-moe: a library for model plugins (its presence is what lets a
+core-only install name the package to install for ``model.moe``). It registers the
+``expert_parallel`` model transform (a plan's experts split over EP and TP) and attaches the
+aux-loss-free expert-bias update to the optimizer of a model that uses it."""
 
 from __future__ import annotations
 
@@ -22,3 +23,10 @@ def nxd_wrap_optimizer(nxd_config: dict, optimizer: Any, context: Any) -> None:
         group = None if context is None else (context.dp_cp.group if context.cp.size > 1 else context.dp.group)
         attach_expert_bias_update(optimizer, routers, group)
     return None
+
+
+@nxd.hookimpl
+def nxd_register_model_transforms(registry: Any) -> None:
+    from nxd_moe.expert_plan import EXPERT_PARALLEL_TRANSFORM
+
+    registry.add(EXPERT_PARALLEL_TRANSFORM.name, EXPERT_PARALLEL_TRANSFORM)

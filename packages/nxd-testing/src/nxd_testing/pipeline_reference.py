@@ -52,7 +52,7 @@ def pipeline_grads_body(spec_name: str, hf_dir: str, micro: Sequence[Mapping[str
     context = parallel_state.initialize_model_parallel(1, pp, expert_model_parallel_size=ep)
     dp, d = context.dp.size, context.dp.rank
     per = len(micro) // dp
-    model = nxd.parallel.bind_context(spec.build, context)(reference.config, None)
+    model = nxd.build_parallel_model(spec, reference.config, context=context)
     if checkpointing:
         assert apply_activation_checkpointing(model, spec.transformer_layer_classes) > 0
     model = NxDPPModel(model, pp, {"num_microbatches": per, "schedule": "1f1b"}, context=context)

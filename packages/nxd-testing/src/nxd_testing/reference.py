@@ -325,7 +325,7 @@ def build_from_hf(spec_name: str, hf_dir: Any, sequence_parallel: bool = False) 
 
     spec = nxd.get_model(spec_name)
     config = json.loads((Path(hf_dir) / "config.json").read_text())
-    model = spec.build(spec.config_from_dict(config), {"sequence_parallel": sequence_parallel})
+    model = nxd.build_parallel_model(spec, config, {"sequence_parallel": sequence_parallel})
     spec.load_hf(model, str(hf_dir))
     return spec, model
 

@@ -21,7 +21,13 @@ from nxd_training.config.schema import (
 )
 from nxd_training.lora_export import lora_enabled
 from nxd_training.optimizers import OPTIMIZERS
-from nxd_training.precision import BF16_PARAM_TYPES, STOCHASTIC_ROUNDING_TYPES, model_transforms, uses_master_weights
+from nxd_training.precision import (
+    BF16_PARAM_TYPES,
+    STOCHASTIC_ROUNDING_TYPES,
+    model_transforms,
+    parallel_layers_reduce_dtype,
+    uses_master_weights,
+)
 from nxd_training.schedules import make_lr_fn, make_scheduler
 
 
@@ -82,6 +88,7 @@ def nxd_config(config: TrainingConfig, plan: RunPlan) -> NxdConfig:
         compile_config=config.trainer.compile,
         fsdp_config=ds.fsdp or None,
         model_transforms=model_transforms(config.precision, config.trainer),
+        parallel_layers_reduce_dtype=parallel_layers_reduce_dtype(config.precision),
     )
 
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import nxd
 from nxd import ConfigError
 from nxd_ckpt.run_dir import MODEL_RECORD_KEY, model_record
-from nxd_training import build, lora_export, metrics, precision, rank_status
+from nxd_training import build, lora_export, metrics, rank_status
 from nxd_training.config.plan import RunPlan, plan_of, resolve_config, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.exp_manager import (
@@ -111,7 +111,6 @@ class Trainer:
         self.model = nxd.initialize_parallel_model(self.nxd_config, build_fn, False, model_config, self.nxd_config)
         #: the step contract's ``autocast`` dtype (``precision.type: autocast`` or ``fp8``: bf16 forward passes)
         self.autocast = autocast_dtype(config.precision)
-        precision.set_parallel_layers_reduce_dtype(self.model, precision.parallel_layers_reduce_dtype(config.precision))
         lora = self.nxd_config.lora_config  # NxD's LoraConfig, built once with the NxD config (None: no LoRA)
         self.lora = lora is not None
         self.trainable = lora_export.trainable_counts(self.model)

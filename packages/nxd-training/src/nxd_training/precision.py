@@ -52,11 +52,3 @@ def parallel_layers_reduce_dtype(precision: Any) -> torch.dtype:
     name = precision.parallel_layers_reduce_dtype or ("fp32" if precision.type == "fp32" else "bf16")
     return torch.float32 if name == "fp32" else torch.bfloat16
 
-
-def set_parallel_layers_reduce_dtype(model: torch.nn.Module, dtype: torch.dtype) -> int:
-    """Give every tensor-parallel layer of ``model`` (modules with NxD's ``reduce_dtype`` attribute)
-    ``dtype``; returns how many layers it set."""
-    layers = [m for m in model.modules() if isinstance(getattr(m, "reduce_dtype", None), torch.dtype)]
-    for m in layers:
-        m.reduce_dtype = dtype
-    return len(layers)

@@ -104,12 +104,12 @@ class ExpertMLPs(torch.nn.Module):
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.capacity_factor, self.normalize_top_k_affinities = capacity_factor, normalize_top_k_affinities
         self.sequence_parallel_enabled, self.return_bias = sequence_parallel_enabled, return_bias
-        groups = expert_parallel_groups(current_parallel_context())
-        # nxd-moe's experts compute; built empty (meta), their weights are views of NxD's parameters
-        experts = nxd_moe.ExpertMLPs(num_experts, hidden_size, intermediate_size,
-                                     tp_size=parallel_state.get_tensor_model_parallel_size(),
-                                     ep_size=groups.ep_size, ep_rank=groups.ep_rank, ep_group=groups.ep_group,
-                                     edp_group=groups.edp_group, dtype=dtype, device="meta")
+        context = current_parallel_context()  # NxD's signature: built for the current context
+        groups = expert_parallel_groups(context)
+        # nxd-moe's experts compute; built empty (meta) and split as NxD's are at construction (the
+        # expert-parallel plan's split), their weights are views of NxD's parameters
+        experts = nxd_moe.split_experts(nxd_moe.ExpertMLPs(num_experts, hidden_size, intermediate_size, dtype=dtype,
+                                                           device="meta"), context)
         self.mlp_op = torch.nn.Module()
         for name in ("gate_up_proj", "down_proj"):
             setattr(self.mlp_op, name, ExpertFusedWeight(experts._parameters.pop(name), num_experts,

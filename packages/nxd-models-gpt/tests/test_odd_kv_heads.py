@@ -33,10 +33,11 @@ def _parallel(tp: int) -> None:
 
 
 def _build(config: dict, seed: int = SEED):
+    from nxd.transforms import parallelize_model
     from nxd_models_gpt import GPTForCausalLM
 
     torch.manual_seed(seed)
-    return GPTForCausalLM(config)
+    return parallelize_model(GPTForCausalLM(config))
 
 
 def _full(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:

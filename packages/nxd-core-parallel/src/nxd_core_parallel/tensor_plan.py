@@ -165,7 +165,8 @@ def _grouped_qkv(name: str, module: GroupedQKVLinear, context: ParallelContext |
     if m == 1:
         return _linear(name, module, "column", context, options)
     weight, bias = module.weight, module.bias
-    options = {k: v for k, v in options.items() if k in ("sequence_parallel_enabled", "sequence_dimension")}
+    options = {k: v for k, v in options.items() if k in ("sequence_parallel_enabled", "sequence_dimension",
+                                                         "reduce_dtype")}
     layer = GroupedQKVColumnParallelLinear(module.in_features, module.num_heads, module.num_kv_heads, module.head_dim,
                                            m, bias=bias is not None, dtype=weight.dtype, device=weight.device,
                                            init_method=_skip_init, context=context, **options)

@@ -35,7 +35,8 @@ class GroupedQKVColumnParallelLinear(ColumnParallelLinear):
     def __init__(self, input_size: int, num_heads: int, num_kv_heads: int, head_dim: int, kv_size_multiplier: int,
                  bias: bool = True, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
                  init_method: InitMethod | None = None, sequence_parallel_enabled: bool = False,
-                 sequence_dimension: int | None = None, context: ParallelContext | None = None) -> None:
+                 sequence_dimension: int | None = None, context: ParallelContext | None = None,
+                 reduce_dtype: torch.dtype = torch.float32) -> None:
         context = resolve_context(context)
         tp, rank, m = dim_size(context, "tp"), dim_rank(context, "tp"), int(kv_size_multiplier)
         if m < 2 or tp % m or (num_kv_heads * m) % tp or num_heads % tp:
@@ -50,7 +51,7 @@ class GroupedQKVColumnParallelLinear(ColumnParallelLinear):
         super().__init__(input_size, tp * (self.q_local + 2 * self.kv_local), bias=bias, gather_output=False,
                          dtype=dtype, device=device, init_method=_no_init,
                          sequence_parallel_enabled=sequence_parallel_enabled, sequence_dimension=sequence_dimension,
-                         context=context)
+                         context=context, reduce_dtype=reduce_dtype)
         self.output_size = len(order)  # the real (one-device) row count
         self.init_method = init_method or default_linear_init
         splits = (self.q_local, self.kv_local, self.kv_local)

@@ -36,8 +36,6 @@ PRETRAINED_KEY = "model.pretrained_checkpoint"
 def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig:
     """Raise :class:`ConfigError` naming the key and what would be valid for anything that cannot work.
     Builds the run's NxD config (returned), so every plugin's ``nxd_validate_config`` hook judges it now."""
-    world_size = plan.world_size
-    resolved = nxd_config(config, plan)
     _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
     remote_checkpoints_writable(config.exp_manager, log_dir)
     backend = select_backend(config.trainer)  # the ranks' own choice, so an absent device is refused here first
@@ -58,8 +56,8 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
                           "saves them: set exp_manager.create_checkpoint_callback=false to save none, or save_top_k "
                           "to N >= 1 (the newest N) or -1 (all)")
     _tokenizer(config.data, config.generation)
-    _memory(config.model, config.trainer, world_size)
-    return resolved
+    _memory(config.model, config.trainer, plan.world_size)
+    return nxd_config(config, plan)  # last: the plugins judge a config whose files and machine passed
 
 
 def _writable_dir(path: Path, what: str) -> None:

@@ -40,8 +40,8 @@ def _nxd_moe_as_mixtral_example(config_capacity_factor=None, **moe_options):
     expert_mlps = ExpertMLPs(num_experts=E, top_k=K, hidden_size=H, intermediate_size=INTER, hidden_act="silu",
                              glu_mlp=True, capacity_factor=config_capacity_factor, normalize_top_k_affinities=True,
                              init_method=init_method, output_layer_init_method=init_method)
-    return MoE(router=router, expert_mlps=expert_mlps, return_router_logits=True,
-               sequence_parallel_enabled=False, sequence_dimension=0, **{"return_expert_index": False, **moe_options})
+    options = {"return_expert_index": False, "sequence_parallel_enabled": False, **moe_options}
+    return MoE(router=router, expert_mlps=expert_mlps, return_router_logits=True, sequence_dimension=0, **options)
 
 
 def moe_body(state: dict, x: torch.Tensor) -> dict:
@@ -127,11 +127,12 @@ def shared_body(state: dict, x: torch.Tensor) -> dict:
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     rank, i, n = parallel_state.get_tensor_model_parallel_rank(), INTER // 2, SHARED_N
     out = {}
-    for fused in (False, True):
+    for fused, sp in ((False, False), (True, False), (False, True)):
         shared = SharedExperts(hidden_size=H, intermediate_size=INTER, num_shared_experts=n, hidden_act="silu",
                                fused_gate_up_projection=fused)
         norm = torch.nn.RMSNorm(H, eps=1e-6)
-        moe = _nxd_moe_as_mixtral_example(shared_experts=shared, rmsnorm=norm, return_expert_index=True)
+        moe = _nxd_moe_as_mixtral_example(shared_experts=shared, rmsnorm=norm, return_expert_index=True,
+                                          sequence_parallel_enabled=sp)
         dim = n * i  # this rank's rows of the shared experts' [n*I, H] gate / up
         gate, up = (state[f"shared.{k}_proj.weight"][rank * dim:(rank + 1) * dim] for k in ("gate", "up"))
         with torch.no_grad():
@@ -147,12 +148,17 @@ def shared_body(state: dict, x: torch.Tensor) -> dict:
                 shared.gate_proj.weight.copy_(gate)
                 shared.up_proj.weight.copy_(up)
             shared.down_proj.weight.copy_(state["shared.down_proj.weight"][:, rank * dim:(rank + 1) * dim])
-        xs = x.clone().requires_grad_(True)
+        # under sequence parallelism each rank holds its half of the sequence ([s/2, b, h])
+        xs = (x.chunk(2)[rank] if sp else x).clone().requires_grad_(True)
         y, logits, index = moe(xs)
-        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
-        out[fused] = {"out": y.detach(), "logits": logits.detach(), "index": index, "x_grad": xs.grad,
-                      "down_grad": shared.down_proj.weight.grad, "norm_grad": norm.weight.grad,
-                      "names": sorted(k for k in moe.state_dict() if k.startswith("shared_experts"))}
+        weights = torch.linspace(-1, 1, x.numel()).view_as(x)
+        (y * (weights.chunk(2)[rank] if sp else weights)).sum().backward()
+        norm_grad = norm.weight.grad.clone()
+        if sp:  # each rank normalised its own tokens: the optimizer sums the norm's gradient over TP
+            torch.distributed.all_reduce(norm_grad)
+        out[(fused, sp)] = {"out": y.detach(), "logits": logits.detach(), "index": index, "x_grad": xs.grad,
+                            "down_grad": shared.down_proj.weight.grad, "norm_grad": norm_grad,
+                            "names": sorted(k for k in moe.state_dict() if k.startswith("shared_experts"))}
     return out
 
 
@@ -161,7 +167,7 @@ SHARED_N = 2
 
 def test_nxd_shared_experts_rmsnorm_and_expert_index_match_a_dense_reference(rank_pool):
     """``MoE(shared_experts=SharedExperts(...), rmsnorm=..., return_expert_index=True)`` at TP=2
-    against one process: transformers' ``MixtralSparseMoeBlock`` plus a dense SwiGLU of
+    (fused and separate gate/up; and with sequence parallelism) against one process: transformers' ``MixtralSparseMoeBlock`` plus a dense SwiGLU of
     ``num_shared_experts * intermediate_size`` (``LlamaMLP``), both after the same RMSNorm. Output,
     router logits, expert index, input / norm / shared-down gradients; fp32, sums over 2 ranks in
     another order (~1e-7)."""
@@ -188,12 +194,14 @@ def test_nxd_shared_experts_rmsnorm_and_expert_index_match_a_dense_reference(ran
     want_index = logits.softmax(-1).topk(K, dim=-1).indices
     d = SHARED_N * INTER // 2
     for rank, per_rank in enumerate(got):
-        for fused, g in per_rank.items():
-            msg = f"rank {rank} fused={fused}"
-            torch.testing.assert_close(g["out"], want.detach().transpose(0, 1), rtol=1e-5, atol=1e-6, msg=msg)
-            torch.testing.assert_close(g["logits"], logits, rtol=1e-5, atol=1e-6, msg=msg)
-            assert torch.equal(g["index"].sort(-1).values, want_index.sort(-1).values), msg
-            torch.testing.assert_close(g["x_grad"], xb.grad.transpose(0, 1), rtol=1e-5, atol=1e-6, msg=msg)
+        for (fused, sp), g in per_rank.items():
+            msg = f"rank {rank} fused={fused} sequence_parallel={sp}"
+            mine = (lambda t, r=rank: t.chunk(2)[r]) if sp else (lambda t: t)  # noqa: E731  this rank's half
+            torch.testing.assert_close(g["out"], mine(want.detach().transpose(0, 1)), rtol=1e-5, atol=1e-6, msg=msg)
+            if not sp:  # under SP the logits / index rows are the layer's (every token, batch-major)
+                torch.testing.assert_close(g["logits"], logits, rtol=1e-5, atol=1e-6, msg=msg)
+                assert torch.equal(g["index"].sort(-1).values, want_index.sort(-1).values), msg
+            torch.testing.assert_close(g["x_grad"], mine(xb.grad.transpose(0, 1)), rtol=1e-5, atol=1e-6, msg=msg)
             torch.testing.assert_close(g["norm_grad"], norm.weight.grad, rtol=1e-5, atol=1e-6, msg=msg)
             torch.testing.assert_close(g["down_grad"], dense.down_proj.weight.grad[:, rank * d:(rank + 1) * d],
                                        rtol=1e-5, atol=1e-6, msg=msg)

@@ -144,27 +144,96 @@ def test_nxd_converter_trn2_kv_pieces_load_as_nxd_computes_them_and_say_so(tmp_p
     assert any("--hw_backend trn1" in m for m in messages), messages
 
 
-def save_nxd_body(root: str, hf_dir: str) -> None:
+def save_nxd_body(root: str, hf_dirs: dict[str, str]) -> None:
     import nxd
     from nxd_core_parallel import parallel_state
     from nxd_models_llama import LlamaForCausalLM, load_hf_checkpoint
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-    model = parallelize_model(LlamaForCausalLM(json.loads((Path(hf_dir) / "config.json").read_text())))
-    load_hf_checkpoint(model, hf_dir)
-    nxd.save_checkpoint(root, "from_nxd", model=model)
+    for tag, hf_dir in hf_dirs.items():
+        model = parallelize_model(LlamaForCausalLM(json.loads((Path(hf_dir) / "config.json").read_text())))
+        load_hf_checkpoint(model, hf_dir)
+        nxd.save_checkpoint(root, tag, model=model)
+
+
+#: tag -> (query heads, KV heads, NxD converter flags beyond --qkv_linear 1 --fuse_qkv 1)
+SAVED = {
+    # 2 query heads over 1 KV head replicated on both ranks: NxD's converter splits a fused local
+    # [q | k | v] in three equal parts, which is this model's local layout (1 head each)
+    "kv_replicas": (2, 1, ["--kv_size_multiplier", "2"]),
+    # multi-head attention, fused: NxD's converter splits it by hidden_size / tp (its non-GQA path).
+    # Not here: GQA with fewer local KV than query heads (NxD's converter splits any fused
+    # weight_qkv in three equal parts, so it cannot merge NxD's own such files either)
+    "mha": (4, 4, []),
+}
 
 
 def test_nxd_checkpoint_converts_back_with_nxd_converter(rank_pool, tmp_path):
-    # 2 query heads over 1 KV head replicated on both ranks: NxD's converter splits a fused local
-    # [q | k | v] in three equal parts, which is this model's local layout (1 head each)
-    hf = _hf_model(kv_heads=1, heads=2)
-    hf.save_pretrained(tmp_path / "hf")
-    rank_pool(2).run(save_nxd_body, str(tmp_path / "ckpts"), str(tmp_path / "hf"))
-    _nxd_converter("--convert_to_full_state", "--tp_size", "2", "--hw_backend", "trn2", "--qkv_linear", "1",
-                   "--fuse_qkv", "1", "--kv_size_multiplier", "2", "--config", str(tmp_path / "hf" / "config.json"),
-                   "--input_dir", str(tmp_path / "ckpts" / "from_nxd" / "model"), "--output_dir", str(tmp_path / "full"))
-    merged = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=True)
-    original = hf.state_dict()
-    assert sorted(merged) == sorted(original)
-    assert [k for k in original if not torch.equal(merged[k], original[k])] == []
+    hfs = {tag: _hf_model(kv_heads=kv, heads=heads) for tag, (heads, kv, _) in SAVED.items()}
+    for tag, hf in hfs.items():
+        hf.save_pretrained(tmp_path / "hf" / tag)
+    rank_pool(2).run(save_nxd_body, str(tmp_path / "ckpts"), {tag: str(tmp_path / "hf" / tag) for tag in SAVED})
+    for tag, (_, _, flags) in SAVED.items():
+        _nxd_converter("--convert_to_full_state", "--tp_size", "2", "--hw_backend", "trn2", "--qkv_linear", "1",
+                       "--fuse_qkv", "1", *flags, "--config", str(tmp_path / "hf" / tag / "config.json"),
+                       "--input_dir", str(tmp_path / "ckpts" / tag / "model"), "--output_dir", str(tmp_path / "full" / tag))
+        merged = torch.load(tmp_path / "full" / tag / "checkpoint.pt", weights_only=True)
+        original = hfs[tag].state_dict()
+        assert sorted(merged) == sorted(original), tag
+        assert [k for k in original if not torch.equal(merged[k], original[k])] == [], tag
+
+
+def _nxd_module_attention(heads: int, kv_heads: int, kv_mult: int) -> torch.nn.Module:
+    """Llama's attention names over NxD's modules (``neuronx_distributed``): separate
+    ``qkv_proj.weight_q/k/v`` (``fuse_qkv=False``), as NxD's example models build with
+    ``--fuse_qkv 0``; the same seed gives the same full weights at every TP size."""
+    from neuronx_distributed.modules.qkv_linear import GQAQKVColumnParallelLinear
+    from neuronx_distributed.parallel_layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear
+
+    torch.manual_seed(7)
+    hidden, head_dim = 32, 32 // heads
+    attn = torch.nn.Module()
+    attn.qkv_proj = GQAQKVColumnParallelLinear(hidden, [heads * head_dim, kv_heads * head_dim], bias=False,
+                                               kv_size_multiplier=kv_mult, fuse_qkv=False)
+    attn.o_proj = RowParallelLinear(hidden, hidden, bias=False, input_is_parallel=True)
+    layer = torch.nn.Module()
+    layer.self_attn = attn
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.embed_tokens = ParallelEmbedding(64, hidden)
+    model.model.layers = torch.nn.ModuleList([layer])
+    model.lm_head = ColumnParallelLinear(hidden, 64, bias=False, gather_output=False)
+    return model
+
+
+#: tag -> (query heads, KV heads, kv_size_multiplier at TP=2)
+UNFUSED = {"unfused_gqa": (4, 2, 1), "unfused_kv_replicas": (4, 1, 2)}
+
+
+def save_unfused_body(root: str) -> None:
+    import nxd
+    from neuronx_distributed.parallel_layers import parallel_state
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    for tag, (heads, kv_heads, mult) in UNFUSED.items():
+        nxd.save_checkpoint(root, tag, model=_nxd_module_attention(heads, kv_heads, mult))
+
+
+def test_nxd_module_checkpoint_with_separate_qkv_converts_back(rank_pool, tmp_path):
+    # nxd saves NxD's modules as they are named; NxD's converter (--qkv_linear 1, no --fuse_qkv)
+    # merges the TP=2 files into the full tensors the same modules hold at TP=1
+    rank_pool(2).run(save_unfused_body, str(tmp_path / "ckpts"))
+    for tag, (heads, kv_heads, mult) in UNFUSED.items():
+        config = tmp_path / f"{tag}.json"
+        config.write_text(json.dumps(dict(BASE, num_hidden_layers=1, num_attention_heads=heads,
+                                          num_key_value_heads=kv_heads)))
+        _nxd_converter("--convert_to_full_state", "--tp_size", "2", "--hw_backend", "trn2", "--qkv_linear", "1",
+                       "--kv_size_multiplier", str(mult), "--config", str(config), "--input_dir",
+                       str(tmp_path / "ckpts" / tag / "model"), "--output_dir", str(tmp_path / "full" / tag))
+        merged = torch.load(tmp_path / "full" / tag / "checkpoint.pt", weights_only=True)
+        full = _nxd_module_attention(heads, kv_heads, 1).state_dict()  # TP=1 in this process: the full tensors
+        want = {k.replace("qkv_proj.weight_", "").replace("self_attn.q", "self_attn.q_proj.weight")
+                .replace("self_attn.k", "self_attn.k_proj.weight").replace("self_attn.v", "self_attn.v_proj.weight"): v
+                for k, v in full.items()}
+        assert sorted(merged) == sorted(want), (tag, sorted(merged))
+        assert [k for k in want if not torch.equal(merged[k], want[k])] == [], tag

@@ -82,3 +82,15 @@ def test_convert_of_an_nxd_tag_says_what_describes_its_sharding(tmp_path):
     _nxd_tag(str(tmp_path), _model().state_dict())
     with pytest.raises(CheckpointError, match=r"NxD does not record.*nxd.load_checkpoint\(path, tag=..., model=...\)"):
         run_convert("nxd", "full", str(tmp_path), str(tmp_path / "full.pt"), tag="t")
+
+
+def test_nxd_expert_parallel_files_at_another_tp_are_refused(tmp_path):
+    # NxD's per-EP-rank model files load at the EP/TP/PP they were written at only
+    full = _model().state_dict()
+    os.makedirs(tmp_path / "t" / "model")
+    for r in range(2):
+        for e in range(2):
+            torch.save({"up.weight": full["up.weight"].chunk(2, 0)[r]},
+                       tmp_path / "t" / "model" / f"dp_rank_00_ep_rank_{e:02d}_tp_rank_{r:02d}_pp_rank_00.pt")
+    with pytest.raises(CheckpointError, match=r"per expert-parallel rank.*\(TP=2 PP=1\) only"):
+        nxd.load_checkpoint(str(tmp_path), tag="t", model=_model())

@@ -13,33 +13,54 @@ import torch
 
 from nxd_compat.run import STAND_IN
 
-#: module -> names, from aws-neuron/neuronx-distributed src/ at commit fbac349
+#: module -> names, from aws-neuron/neuronx-distributed src/ at commit fbac349 (for parallel_layers.mappings
+#: / utils / comm / layers_utils, modules.qkv_linear_utils / lora.*, trainer.checkpoint_storage: every name the
+#: module defines at top level, private helpers included where NxD's scripts call them)
 NXD_NAMES = {
     "neuronx_distributed.parallel_layers": ["save", "load", "ColumnParallelLinear", "parallel_state"],
     "neuronx_distributed.parallel_layers.checkpointing": ["save", "load", "get_sharded_model_dict",
                                                           "ensure_directory_exists"],
-    "neuronx_distributed.parallel_layers.mappings": [
-        "_reduce", "_split_along_last_dim", "_split_along_first_dim", "_split_along_dim", "_gather_along_dim",
+    "neuronx_distributed.parallel_layers.mappings": ["nonzero_partition_dim_swap", "_reduce",
+        "_split_along_last_dim", "_split_along_first_dim", "_split_along_dim", "_gather_along_dim",
         "_gather_along_first_dim", "_gather_along_last_dim", "_reduce_scatter_along_first_dim",
         "_reduce_scatter_along_last_dim", "_reduce_scatter_along_dim", "_all_to_all_in_expert_parallel_region",
-        "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
-        "reduce_from_context_model_parallel_region", "scatter_input_channels_to_tensor_model_parallel_region",
-        "scatter_to_tensor_model_parallel_region", "gather_from_tensor_model_parallel_region",
-        "scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",
-        "reduce_scatter_to_sequence_parallel_region", "reduce_scatter_to_tensor_model_parallel_region_with_dim",
+        "_CopyToModelParallelRegion", "_ReduceFromModelParallelRegion", "_ScatterToModelParallelRegion",
+        "_GatherFromModelParallelRegion", "_ScatterToSequenceParallelRegion", "_GatherFromSequenceParallelRegion",
+        "_ReduceScatterToSequenceParallelRegion", "_AllToAllInExpertParallelRegion",
+        "_ScatterInputChannelsToModelParallelRegion", "copy_to_tensor_model_parallel_region",
+        "reduce_from_tensor_model_parallel_region", "reduce_from_context_model_parallel_region",
+        "scatter_input_channels_to_tensor_model_parallel_region", "scatter_to_tensor_model_parallel_region",
+        "gather_from_tensor_model_parallel_region", "scatter_to_sequence_parallel_region",
+        "gather_from_sequence_parallel_region", "reduce_scatter_to_sequence_parallel_region",
+        "reduce_scatter_to_tensor_model_parallel_region_with_dim",
         "gather_from_tensor_model_parallel_region_with_dim", "enter_expert_parallel_region",
-        "exit_expert_parallel_region", "scatter_to_process_group_spmd", "round_robin_scatter_to_process_group_spmd"],
-    "neuronx_distributed.parallel_layers.utils": ["get_local_world_size", "requires_init_pg_override"],
+        "exit_expert_parallel_region", "_ScatterToProcessGroupSPMD", "_RoundRobinScatterToProcessGroupSPMD",
+        "scatter_to_process_group_spmd", "round_robin_scatter_to_process_group_spmd"],
+    "neuronx_distributed.parallel_layers.utils": ["logger", "EmbeddingUtility",
+        "param_is_not_tensor_parallel_duplicate", "set_tensor_model_parallel_attributes",
+        "set_defaults_if_not_set_tensor_model_parallel_attributes", "copy_tensor_model_parallel_attributes",
+        "ensure_divisibility", "divide", "split_tensor_along_dim", "get_padding_length",
+        "split_tensor_along_last_dim", "split_tensor_along_second_dim", "is_torch_version_greater_than_2",
+        "is_pjrt_device", "requires_init_pg_override", "cast_tensor", "cast_all", "cast_if_autocast_enabled",
+        "move_all_tensor_to_cpu", "get_local_world_size", "move_model_to_device", "verify_casted_dtype",
+        "indices_split_along_dim", "initialize_fallback_parallel_state"],
     "neuronx_distributed.parallel_layers.layers_utils": ["_linear_autograd_base_setup_fwd",
-                                                         "_linear_autograd_bwd_grad_reduce"],
-    "neuronx_distributed.parallel_layers.comm": ["all_reduce", "all_gather", "reduce_scatter"],
-    "neuronx_distributed.modules.qkv_linear_utils": ["check_use_bias", "_qkvlinear_autograd_base_setup_fwd"],
+        "_linear_autograd_base_setup_bwd", "_linear_autograd_bwd_grad_reduce", "_linear_autograd_bwd_no_weight_grad",
+        "_linear_autograd_bwd_input_grad"],
+    "neuronx_distributed.parallel_layers.comm": ["logger", "cpu_reduce_scatter", "gloo_reduce_scatter",
+        "reduce_scatter", "all_gather", "all_reduce"],
+    "neuronx_distributed.modules.qkv_linear_utils": ["check_use_bias", "check_requires_grad",
+        "_qkvlinear_autograd_base_setup_fwd", "_qkvlinear_autograd_base_setup_bwd",
+        "_qkvlinear_autograd_bwd_grad_reduce", "_qkvlinear_autograd_bwd_no_weight_grad",
+        "_qkvlinear_autograd_bwd_input_grad"],
     "neuronx_distributed.modules.lora.config": ["LoraConfig"],
-    "neuronx_distributed.modules.lora.model": ["LoraModel"],
+    "neuronx_distributed.modules.lora.model": ["MODELS_TO_LORA_TARGET_MODULES_MAPPING", "logger", "WEIGHTS_NAME",
+        "CONFIG_NAME", "LoraModel"],
     "neuronx_distributed.modules.lora.layer": ["LoraLayer", "LoraLinear", "LoraEmbedding", "LoraConv2d"],
     "neuronx_distributed.modules.lora.tp_layer": ["LoraParallelLinear", "LoraGQAQKVParallelLinear"],
-    "neuronx_distributed.trainer.checkpoint_storage": ["BaseCheckpointStorage", "FilesysCheckpointStorage",
-                                                       "S3CheckpointStorage", "create_checkpoint_storage"],
+    "neuronx_distributed.trainer.checkpoint_storage": ["logger", "MB", "SHM_PATH", "BaseCheckpointStorage",
+        "FilesysCheckpointStorage", "wait_decrementing_with_jitter", "is_slow_down_error", "S3CheckpointStorage",
+        "create_checkpoint_storage"],
     "neuronx_distributed.trainer.checkpoint": ["save_checkpoint", "load_checkpoint", "_xser_load_data"],
     "neuronx_distributed.pipeline.partition": ["create_partitions", "stage_to_pipeline_parallel_rank",
                                                "partition_traced_model"],
@@ -103,6 +124,13 @@ def collectives_body() -> dict:
            "reduce_scatter": torch.equal(mappings._reduce_scatter_along_first_dim(x), 2 * x[2 * rank:2 * rank + 2]),
            "last": torch.equal(mappings._gather_along_last_dim(mappings._split_along_last_dim(x[:, :2])), x[:, :2]),
            "local_world": get_local_world_size()}
+    # NxD's region autograd classes, called as NxD's code calls them
+    y = x.clone().requires_grad_()
+    mappings._CopyToModelParallelRegion.apply(y).sum().backward()
+    out["regions"] = (torch.equal(mappings._ReduceFromModelParallelRegion.apply(x), 2 * x)
+                      and torch.equal(mappings._GatherFromModelParallelRegion.apply(
+                          mappings._ScatterToModelParallelRegion.apply(x[:, :2])), x[:, :2])
+                      and torch.equal(y.grad, torch.full_like(x, 2.0)))
     layer = torch.nn.Linear(2, 1, bias=False)
     layer.weight.grad = torch.full_like(layer.weight, float(rank + 1))
     reduce_gradients(torch.optim.SGD(layer.parameters(), lr=1.0),
@@ -115,4 +143,27 @@ def test_mapping_helpers_and_reduce_gradients_on_two_ranks(rank_pool):
     out = rank_pool(2).run(collectives_body)
     for o in out:
         assert o["split"] and o["gather"] and o["reduce_scatter"] and o["last"] and o["local_world"] == 2
+        assert o["regions"]
         assert o["grad"] == [1.5, 1.5]  # (1 + 2) / world size, as torch-xla's xm.reduce_gradients
+
+
+def test_nxd_helpers_compute_as_nxd_defines_them():
+    from neuronx_distributed.modules.qkv_linear_utils import check_use_bias
+    from neuronx_distributed.parallel_layers import utils
+    from neuronx_distributed.parallel_layers.mappings import nonzero_partition_dim_swap
+    from nxd_compat.surface import NotProvidedError
+
+    assert utils.EmbeddingUtility.range_from_global_vocab_size(10, 1, 2) == (5, 10)
+    x = torch.arange(24.0).view(2, 4, 3)
+    assert [c.shape[1] for c in utils.split_tensor_along_second_dim(x, 2)] == [2, 2]
+    assert utils.indices_split_along_dim(x, 1, 1, 2).tolist() == [2, 3]
+    cast = utils.cast_all({"a": [x, torch.ones(1, dtype=torch.int64)]})
+    assert cast["a"][0].dtype == torch.bfloat16 and cast["a"][1].dtype == torch.int64
+    first_row = nonzero_partition_dim_swap(lambda t, dim: t[:1])
+    assert torch.equal(first_row(x, 2), x[:, :, :1])
+    w = torch.nn.Parameter(torch.ones(2))
+    assert check_use_bias(None, False, w, torch.zeros(1), None) and not check_use_bias(w, True, None, None, None)
+    utils.set_tensor_model_parallel_attributes(w, True, 0, 1, num_partitions=2)
+    assert (w.tensor_model_parallel, w.partition_dim, w.num_partitions) == (True, 0, 2)
+    with pytest.raises(NotProvidedError, match="rank_ordering"):
+        utils.set_tensor_model_parallel_attributes(torch.nn.Parameter(torch.ones(2)), True, 0, 1, 2, [1, 0])

@@ -3,13 +3,15 @@
 The public regions are nxd-core-parallel's. NxD's raw helpers that its examples call directly
 (``_split_along_first_dim``, ``_gather_along_first_dim``, ``_reduce``, ``_reduce_scatter_along_*``,
 ...) are here with NxD's signatures: plain collectives over the TP group (or ``process_group``),
-no autograd, as in NxD. Expert-parallel regions and NxD's SPMD (inference tracing) scatters
-raise, naming what to use instead.
+no autograd, as in NxD; so are its region autograd classes (``_CopyToModelParallelRegion.apply``
+...: NxD's positional arguments, nxd's regions). Expert-parallel regions, input-channel scatters
+and NxD's SPMD (inference tracing) scatters raise, naming what to use instead.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -19,9 +21,13 @@ from nxd_core_parallel.parallel_layers.mappings import *  # noqa: F403
 from nxd_core_parallel.parallel_layers.mappings import (
     _tp_group,
     _trivial,
+    copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
+    gather_from_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
+    scatter_to_sequence_parallel_region,
+    scatter_to_tensor_model_parallel_region,
 )
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mul": dist.ReduceOp.PRODUCT}
@@ -32,6 +38,10 @@ _NOT_PROVIDED = {
     "scatter_to_process_group_spmd": "scatter_to_tensor_model_parallel_region (NxD's SPMD form is for traced inference)",
     "round_robin_scatter_to_process_group_spmd": "scatter_to_tensor_model_parallel_region (SPMD inference form)",
     "scatter_input_channels_to_tensor_model_parallel_region": "nothing: nxd has no TP-sharded convolution",
+    "_AllToAllInExpertParallelRegion": "nxd-moe's expert parallelism (nxd_moe, all-to-all over the EP group)",
+    "_ScatterInputChannelsToModelParallelRegion": "nothing: nxd has no TP-sharded convolution",
+    "_ScatterToProcessGroupSPMD": "scatter_to_tensor_model_parallel_region (NxD's SPMD form is for traced inference)",
+    "_RoundRobinScatterToProcessGroupSPMD": "scatter_to_tensor_model_parallel_region (SPMD inference form)",
 }
 
 
@@ -106,6 +116,56 @@ def reduce_scatter_to_tensor_model_parallel_region_with_dim(input_: torch.Tensor
 def gather_from_tensor_model_parallel_region_with_dim(input_: torch.Tensor, gather_dim: int,
                                                       process_group: Any = None) -> torch.Tensor:
     return gather_from_sequence_parallel_region(input_, gather_dim, False, process_group)
+
+
+def nonzero_partition_dim_swap(func: Callable[..., Any]) -> Callable[..., Any]:
+    """NxD's decorator: ``func(x, partition_dim, ...)`` computed along dim 0 of ``x`` transposed."""
+
+    @functools.wraps(func)
+    def wrapped_fn(x: torch.Tensor, partition_dim: int, *args: Any, **kwargs: Any) -> torch.Tensor:
+        x_t = x.transpose(0, partition_dim) if partition_dim != 0 else x
+        y_t = func(x_t, 0, *args, **kwargs)
+        return y_t.transpose(0, partition_dim) if partition_dim != 0 else y_t
+
+    return wrapped_fn
+
+
+def _region(name: str, fn: Callable[..., torch.Tensor], doc: str) -> type:
+    """NxD's autograd class for a region: ``.apply`` with NxD's positional arguments runs nxd's
+    region function (its own autograd: the same forward and backward collectives)."""
+    return type(name, (), {"__doc__": doc, "apply": staticmethod(fn)})
+
+
+_CopyToModelParallelRegion = _region(
+    "_CopyToModelParallelRegion",
+    lambda input_, process_group=None: copy_to_tensor_model_parallel_region(input_, process_group=process_group),
+    "identity forward, all-reduced gradient")
+_ReduceFromModelParallelRegion = _region(
+    "_ReduceFromModelParallelRegion",
+    lambda input_, process_group=None: reduce_from_tensor_model_parallel_region(input_, process_group=process_group),
+    "all-reduce forward, identity gradient")
+_ScatterToModelParallelRegion = _region(
+    "_ScatterToModelParallelRegion",
+    lambda input_, process_group=None: scatter_to_tensor_model_parallel_region(input_, process_group=process_group),
+    "split the last dim forward, all-gathered gradient")
+_GatherFromModelParallelRegion = _region(
+    "_GatherFromModelParallelRegion",
+    lambda input_, process_group=None: gather_from_tensor_model_parallel_region(input_, process_group=process_group),
+    "all-gather the last dim forward, split gradient")
+_ScatterToSequenceParallelRegion = _region(
+    "_ScatterToSequenceParallelRegion",
+    lambda input_, partition_dim, process_group=None: scatter_to_sequence_parallel_region(
+        input_, partition_dim, process_group), "split ``partition_dim`` forward, all-gathered gradient")
+_GatherFromSequenceParallelRegion = _region(
+    "_GatherFromSequenceParallelRegion",
+    lambda input_, partition_dim, to_model_parallel=True, process_group=None, tile_cc=False:
+    gather_from_sequence_parallel_region(input_, partition_dim, to_model_parallel, process_group),
+    "all-gather ``partition_dim`` forward; reduce-scattered (or split) gradient")
+_ReduceScatterToSequenceParallelRegion = _region(
+    "_ReduceScatterToSequenceParallelRegion",
+    lambda input_, partition_dim, process_group=None, tile_cc=False, dtype=None:
+    reduce_scatter_to_sequence_parallel_region(input_, partition_dim, process_group, reduce_dtype=dtype),
+    "reduce-scatter ``partition_dim`` forward, all-gathered gradient")
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,19 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from neuronx_distributed.utils.logger import get_logger
+from nxd_compat.surface import not_provided
+
 __all__ = ["BaseCheckpointStorage", "FilesysCheckpointStorage", "S3CheckpointStorage", "create_checkpoint_storage"]
+
+logger = get_logger()
+# bytes in MB
+MB = 1024**2
+# glibc linux system expects POSIX shared memory to be mounted at /dev/shm
+SHM_PATH = "/dev/shm"
+_S3 = ("NxD's S3 retry helper (boto3/CRT) is not provided; save_checkpoint / load_checkpoint accept s3:// paths "
+       "through nxd-ckpt (fsspec/s3fs, which retries)")
+__getattr__ = not_provided(__name__, {"wait_decrementing_with_jitter": _S3, "is_slow_down_error": _S3})
 
 
 class BaseCheckpointStorage:

@@ -262,3 +262,25 @@ def test_plain_checkpoint_loads_into_the_base_of_an_adapted_model(tmp_path):
     again = _Adapted(_fresh()[0])
     nxd.load_checkpoint(str(tmp_path), "adapted", model=again)
     _assert_same_state(adapted.state_dict(), again.state_dict())
+
+
+class _Unprefixed(torch.nn.Module):
+    """A wrapper whose state_dict drops its own prefix (as NxDModel's does)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def state_dict(self, *args, **kwargs):
+        return self.inner.state_dict(*args, **kwargs)
+
+
+def test_shards_inside_a_prefix_dropping_wrapper_are_recorded_sharded():
+    from nxd_ckpt.metadata import shardings_of
+
+    outer = torch.nn.Module()
+    outer.model = _Unprefixed(torch.nn.Linear(4, 2))
+    outer.model.inner.weight.tensor_model_parallel, outer.model.inner.weight.partition_dim = True, 0
+    shardings = shardings_of(outer)
+    assert "model.weight" in outer.state_dict() and shardings["model.weight"].dim == 0
+    assert shardings["model.inner.weight"].dim == 0 and shardings["model.bias"] is None

@@ -34,10 +34,19 @@ def tensor_entries(state: dict[str, Any], shardings: dict[str, Sharding | None],
 
 
 def shardings_of(module: Any) -> dict[str, Sharding | None]:
-    """Sharding of every parameter of ``module`` (state-dict names); buffers are replicated."""
+    """Sharding of every parameter of ``module`` under its parameter and its state-dict names;
+    buffers are replicated. The names differ when ``module`` holds a wrapper whose ``state_dict``
+    drops its own prefix (an NxDModel inside a LightningModule, which NxD's fine-tuning example
+    saves): matched by tensor, not name, so such a save records its shards as sharded."""
     if not hasattr(module, "named_parameters"):
         return {}
-    return {name: sharding_of(p) for name, p in module.named_parameters(remove_duplicate=False)}
+    params = dict(module.named_parameters(remove_duplicate=False))
+    out = {name: sharding_of(p) for name, p in params.items()}
+    if isinstance(module, torch.nn.Module):
+        by_tensor = {id(p): sharding for p, sharding in zip(params.values(), out.values(), strict=True)}
+        out.update({name: by_tensor[id(t)] for name, t in module.state_dict(keep_vars=True).items()
+                    if id(t) in by_tensor})
+    return out
 
 
 def library_versions() -> dict[str, str]:

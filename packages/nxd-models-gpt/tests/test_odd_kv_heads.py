@@ -81,6 +81,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def odd_kv_body(root: str) -> dict:
     import nxd
+    from nxd_core_parallel.parallel_plan import plan_mismatches
     from nxd_models_gpt.megatron_ckpt import load_megatron_checkpoint, save_megatron_checkpoint
 
     data = _data()
@@ -97,6 +98,7 @@ def odd_kv_body(root: str) -> dict:
     for name, config, _tp, multiplier in cases[:2]:
         model = _build(config)
         assert model.decoder.layers[0].self_attention.linear_qkv.kv_size_multiplier == multiplier
+        assert plan_mismatches(model, model.nxd_parallel_plan) == []
         got = _run(model, data)
         errors[name] = max([_rel(got["loss"], want[name]["loss"])] +
                            [_rel(got["grads"][n], g) for n, g in want[name]["grads"].items()])

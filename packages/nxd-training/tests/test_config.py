@@ -235,3 +235,14 @@ def test_random_mutations_give_clean_errors(make_config) -> None:
             assert "\n" not in text or text.startswith("invalid config")
 
     check()
+
+
+def test_gpt_pads_heads_and_replicates_query_groups(make_config) -> None:
+    """GPT pads query heads TP does not divide and replicates query groups it does not divide (the
+    kv_replicator NxDT names must then be that replication); Llama refuses heads TP does not divide."""
+    gpt = {"architecture": "gpt", "num_attention_heads": 3, "num_kv_heads": 3, "hidden_size": 48}
+    assert make_plan(load_config(make_config(model=gpt))).tp == 2
+    grouped = dict(gpt, num_attention_heads=6, num_kv_heads=3)
+    assert make_plan(load_config(make_config(model=grouped, distributed_strategy={"kv_replicator": 2}))).tp == 2
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size=2 must divide model num_attention_heads=3"):
+        load_config(make_config(model={"num_attention_heads": 3, "num_kv_heads": 3, "hidden_size": 48}))

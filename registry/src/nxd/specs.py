@@ -78,7 +78,9 @@ class ParallelPlan:
     #: context parallelism: attention modules that exchange K/V over ``cp`` (ring attention)
     context_parallel: tuple[str, ...] = ()
     #: sharded modules whose sharded size is padded at its end to a multiple of the TP size when
-    #: TP does not divide it (NxD's ``pad=True``: a vocabulary of any size at any TP)
+    #: TP does not divide it (NxD's ``pad=True``: a vocabulary of any size at any TP); a module
+    #: declaring ``pad_heads`` gets whole zero query groups when TP does not divide its query heads
+    #: (NxD's ``pad_model``: GPT's attention projections)
     padded: tuple[str, ...] = ()
     #: column-parallel layers fed the whole sequence under sequence parallelism (the model gathers
     #: it before them, e.g. after replicated down projections): no sequence gather inside

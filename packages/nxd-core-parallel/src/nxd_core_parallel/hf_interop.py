@@ -179,11 +179,11 @@ def place_piece(out: dict[str, torch.Tensor], shape: tuple[int, ...], piece: Sli
     """Write ``chunk`` (the part of a shard ``piece`` names) into the full HF tensor
     ``out[piece.hf_key]``, created with ``shape`` and ``dtype`` (default: the chunk's) on first use;
     TP padding rows (``piece.zeros``) are dropped, a ``piece.transpose`` chunk is transposed back."""
+    if getattr(piece, "transpose", False):  # stored transposed (GPT-2's Conv1D): piece.dim is the HF one
+        chunk = chunk.t()
     zeros = getattr(piece, "zeros", 0)
     if zeros:
         chunk = chunk.narrow(piece.dim, 0, len(piece.index))
-    if getattr(piece, "transpose", False):  # stored transposed (GPT-2's Conv1D)
-        chunk = chunk.t()
     target = out.get(piece.hf_key)
     if target is None:
         target = out[piece.hf_key] = torch.empty(shape, dtype=dtype or chunk.dtype)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from torch import nn
 
 from nxd.specs import PLAN_STYLES, ParallelPlan
+from nxd_core_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers.layer_norm import LayerNorm
@@ -14,7 +15,8 @@ from nxd_core_parallel.parallel_layers.layers import ColumnParallelLinear, Paral
 
 #: layer class -> the plan style its modules must be named under
 LAYER_STYLES: dict[type, str] = {
-    ColumnParallelLinear: "column", GQAQKVColumnParallelLinear: "column", RowParallelLinear: "row",
+    ColumnParallelLinear: "column", GQAQKVColumnParallelLinear: "column", GroupedQKVColumnParallelLinear: "column",
+    RowParallelLinear: "row",
     ParallelEmbedding: "vocab", RMSNorm: "sequence", LayerNorm: "sequence",
 }
 

@@ -52,6 +52,7 @@ from nxd_core_parallel.parallel_layers.layers import (
     RowParallelLinear,
     shard_of,
 )
+from nxd_core_parallel.parallel_layers.utils import mark_padding
 
 #: the attribute a model carries its plan in (read by the ``parallel_plan`` transform)
 PLAN_ATTRIBUTE = "nxd_parallel_plan"
@@ -100,7 +101,46 @@ def _keep_init(layer: nn.Module, module: nn.Module) -> nn.Module:
     return layer
 
 
+def _padded_heads(name: str, module: nn.Linear, style: str, context: ParallelContext | None,
+                  options: dict) -> nn.Module | None:
+    """NxD's ``pad_model`` as plan data: a ``padded`` projection whose module declares ``pad_heads =
+    (query heads, rows of one query group along its sharded dimension)`` and whose query heads TP
+    does not divide is sharded from its full weight with zero groups appended, so every rank holds whole groups. The
+    zero groups give zero attention output into zero output-projection columns (the model computes
+    what it did unpadded, the padding gets no gradient); the weights are marked like ``pad=True``
+    ones, so checkpoints and exports hold the real size. None when no padding is needed."""
+    heads, unit = getattr(module, "pad_heads", (None, None))
+    tp = dim_size(context, "tp")
+    real = module.out_features if style != "row" else module.in_features
+    if not options.get("pad") or heads is None or heads % tp == 0:
+        return None
+    padded = -(-real // (unit * tp)) * unit * tp
+    weight, bias = module.weight, module.bias
+    common = dict(bias=bias is not None, dtype=weight.dtype, device=weight.device, init_method=_skip_init,
+                  context=context, **{k: v for k, v in options.items() if k != "pad"})
+    if style == "row":
+        layer = RowParallelLinear(padded, module.out_features, input_is_parallel=True, **common)
+        _copy_shard(layer.weight, weight, 1, context, pad=padded - real)
+        if bias is not None and not (bias.is_meta or layer.bias.is_meta):
+            with torch.no_grad():
+                layer.bias.copy_(bias)
+        layer.input_size, sharded = real, [layer.weight]
+    else:
+        layer = ColumnParallelLinear(module.in_features, padded, gather_output=False, **common)
+        for param, full in ((layer.weight, weight), (layer.bias, bias)):
+            if full is not None:
+                _copy_shard(param, full, 0, context, pad=padded - real)
+        layer.output_size, sharded = real, [p for p in (layer.weight, layer.bias) if p is not None]
+    for param in sharded:
+        mark_padding(param, real, unit)
+    layer.pad, layer.pad_size, layer.padded_heads = True, padded - real, True
+    return _keep_init(layer, module)
+
+
 def _linear(name: str, module: nn.Module, style: str, context: ParallelContext | None, options: dict) -> nn.Module:
+    padded = _padded_heads(name, module, style, context, options) if isinstance(module, nn.Linear) else None
+    if padded is not None:
+        return padded
     if not isinstance(module, nn.Linear):
         raise ConfigError(f"parallel plan: {name} is named {style} but is a {type(module).__name__}; "
                           f"{style} shards an nn.Linear")
@@ -157,6 +197,8 @@ def _grouped_qkv(name: str, module: GroupedQKVLinear, context: ParallelContext |
     replicated over TP (``kv_size_multiplier``, :mod:`nxd_core_parallel.modules.grouped_qkv`)."""
     tp = dim_size(context, "tp")
     m = kv_size_multiplier_for(module.num_heads, module.num_kv_heads, tp)
+    if m is None and options.get("pad") and module.num_heads % tp:
+        return _linear(name, module, "column", context, options)  # whole zero groups appended (pad_heads)
     if m is None:
         raise ConfigError(f"parallel plan: {name} has {module.num_heads} query heads in {module.num_kv_heads} groups, "
                           f"which tensor_parallel_size {tp} cannot split into whole heads (the query heads must be "

@@ -11,6 +11,8 @@ one description.
   QKV is per head ``[q_h; k_h; v_h]``, so the piece is a gather of columns.
 * GPT-NeoX's ``query_key_value`` already is Megatron's per-head interleaved layout: a TP rank's
   rows are one contiguous slice.
+* Query heads TP does not divide are padded with zero heads (NxD's ``pad_model``): a rank's
+  zero heads come after its real ones and have no HF rows either (``zeros``).
 * Padded vocabulary rows (Megatron padding) have no HF rows: a vocabulary piece's ``zeros`` rows
   are zeros on import and dropped on export.
 """
@@ -25,8 +27,8 @@ from nxd_models_gpt.config import GPTConfig
 LAYOUTS = ("gpt2", "gpt_neox")
 
 
-def _rows(key: str, start: int, stop: int, dim: int = 0, transpose: bool = False) -> Piece:
-    return Piece(key, dim, tuple(range(start, stop)), transpose)
+def _rows(key: str, start: int, stop: int, dim: int = 0, transpose: bool = False, zeros: int = 0) -> Piece:
+    return Piece(key, dim, tuple(range(start, stop)), transpose, zeros)
 
 
 def check_exportable(config: GPTConfig, layout: str) -> None:
@@ -95,10 +97,12 @@ def plan_for(name: str, config: GPTConfig, layout: str, tp: int, rank: int, padd
         raise KeyError(f"{name}: no {layout} Hugging Face tensor for this parameter")
     i, rest = match.group(1), match.group(2)
     h, hd, ffn = config.hidden_size, config.kv_channels, config.ffn_hidden_size
-    heads = config.num_attention_heads // tp
-    my_heads = range(rank * heads, (rank + 1) * heads)
+    nq = config.num_attention_heads
+    heads = -(-nq // tp)  # per rank, zero heads appended when TP does not divide them (pad_model)
+    my_heads = range(min(rank * heads, nq), min((rank + 1) * heads, nq))
+    pad = heads - len(my_heads)  # this rank's zero heads, after its real ones
     f_lo, f_hi = rank * ffn // tp, (rank + 1) * ffn // tp
-    h_lo, h_hi = rank * h // tp, (rank + 1) * h // tp
+    h_lo, h_hi = my_heads.start * hd, my_heads.stop * hd
     kind = rest.rsplit(".", 1)[1]  # weight / bias
     if gpt2:
         layer = f"{pre}h.{i}."
@@ -108,9 +112,9 @@ def plan_for(name: str, config: GPTConfig, layout: str, tp: int, rank: int, padd
         if rest.startswith("self_attention.linear_qkv."):
             cols = tuple(part * h + g * hd + d for g in my_heads for part in range(3) for d in range(hd))
             key = layer + "attn.c_attn." + kind
-            return [Piece(key, 1, cols, True)] if kind == "weight" else [Piece(key, 0, cols)]
+            return [Piece(key, 1, cols, True, 3 * hd * pad)] if kind == "weight" else [Piece(key, 0, cols, zeros=3 * hd * pad)]
         if rest == "self_attention.linear_proj.weight":
-            return [_rows(layer + "attn.c_proj.weight", h_lo, h_hi, 0, True)]
+            return [_rows(layer + "attn.c_proj.weight", h_lo, h_hi, 0, True, hd * pad)]
         if rest == "self_attention.linear_proj.bias":
             return [Piece(layer + "attn.c_proj.bias", None)]
         if rest == "mlp.linear_fc1.weight":
@@ -127,9 +131,10 @@ def plan_for(name: str, config: GPTConfig, layout: str, tp: int, rank: int, padd
         if rest.split(".")[0] in norms:
             return [Piece(layer + norms[rest.split(".")[0]] + "." + kind, None)]
         if rest.startswith("self_attention.linear_qkv."):
-            return [_rows(layer + "attention.query_key_value." + kind, 3 * hd * my_heads.start, 3 * hd * my_heads.stop)]
+            return [_rows(layer + "attention.query_key_value." + kind, 3 * hd * my_heads.start, 3 * hd * my_heads.stop,
+                          zeros=3 * hd * pad)]
         if rest == "self_attention.linear_proj.weight":
-            return [_rows(layer + "attention.dense.weight", h_lo, h_hi, 1)]
+            return [_rows(layer + "attention.dense.weight", h_lo, h_hi, 1, zeros=hd * pad)]
         if rest == "self_attention.linear_proj.bias":
             return [Piece(layer + "attention.dense.bias", None)]
         if rest == "mlp.linear_fc1.weight" or rest == "mlp.linear_fc1.bias":

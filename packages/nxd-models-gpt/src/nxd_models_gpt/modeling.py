@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size, resolve_context
 from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.modules import plain
@@ -127,13 +126,15 @@ class GPTSelfAttention(nn.Module):
                                                  init_method=init, dtype=config.torch_dtype, device=device)
         self.core_attention = GPTCoreAttention(config.attention_dropout)
         self.linear_proj = linear(config.num_attention_heads * self.head_dim, config.hidden_size, init_method=out_init)
+        # padded with linear_qkv (zero query groups) when TP does not divide the query heads
+        self.linear_proj.pad_heads = (self.num_heads, self.heads_per_group * self.head_dim)
 
     def nxd_parallelized(self, context: ParallelContext | None) -> None:
         """This rank's query groups (or replicated KV heads) once the plan has sharded ``linear_qkv``."""
         tp = _tp(context)
         m = getattr(self.linear_qkv, "kv_size_multiplier", 1)
-        if m == 1:
-            self.local_groups = self.num_query_groups // tp
+        if m == 1:  # whole groups per rank, zero groups included when the plan padded them (pad_model)
+            self.local_groups = self.linear_qkv.weight.shape[0] // ((self.heads_per_group + 2) * self.head_dim)
             return
         lq, lk = self.num_heads // tp, self.num_query_groups * m // tp
         index = kv_local_index(self.num_heads, self.num_query_groups, tp, dim_rank(context, "tp"), m)
@@ -291,6 +292,8 @@ class GPTForCausalLM(nn.Module):
 
     #: the family's parallel plan (data; the spec registers the same object)
     nxd_parallel_plan = GPT_PLAN
+    #: query heads TP does not divide are padded with zero query groups by the plan (NxD's pad_model)
+    nxd_pads_attention_heads = True
 
     #: Blocks wrapped by full activation checkpointing and used as pipeline cut points.
     nxd_transformer_layer_classes = (GPTTransformerLayer,)
@@ -307,10 +310,6 @@ class GPTForCausalLM(nn.Module):
         self.config = config
         self.sequence_parallel = sequence_parallel
         tp = _tp(context)
-        if config.num_attention_heads % tp:
-            raise ConfigError(f"gpt: num_attention_heads ({config.num_attention_heads}) must be divisible by "
-                              f"tensor_parallel_size ({tp}); nxd's GPT does not pad attention heads (NxD's pad_model "
-                              "pads models built from ColumnParallelLinear/RowParallelLinear projections)")
         self.padded_vocab_size = config.padded_vocab_size(tp)
         self.embedding = GPTEmbedding(config, self.padded_vocab_size, sequence_parallel, device, context)
         self.decoder = GPTDecoder(config, sequence_parallel, device, context)

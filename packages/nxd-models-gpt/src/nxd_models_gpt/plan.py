@@ -1,7 +1,8 @@
 """GPT's parallel plan, as data (the model class carries it, the spec registers it; applied by
 :func:`nxd_core_parallel.tensor_plan.parallelize`, the ``parallel_plan`` transform's function).
 ``linear_qkv`` holds Megatron's per-group interleave, so a plain row shard is whole query groups;
-the word embeddings keep whole sequences (``GPTEmbedding`` scatters after adding positions)."""
+the word embeddings keep whole sequences (``GPTEmbedding`` scatters after adding positions).
+Query heads TP does not divide are padded with zero query groups (NxD's ``pad_model``)."""
 
 from __future__ import annotations
 
@@ -14,5 +15,8 @@ GPT_PLAN = ParallelPlan(
     sequence=("decoder.layers.*layernorm", "decoder.final_layernorm"),
     pipeline_blocks=("decoder.layers.*",),
     whole_sequence=("embedding.word_embeddings",),
+    # NxD's pad_model: query groups TP does not divide (and query heads it does not divide either,
+    # else K/V heads are replicated) are padded with zero groups (pad_heads)
+    padded=("decoder.layers.*.self_attention.linear_qkv", "decoder.layers.*.self_attention.linear_proj"),
     sequence_dimension=1,
 )

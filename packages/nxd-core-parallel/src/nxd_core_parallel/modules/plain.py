@@ -107,7 +107,8 @@ class GroupedQKVLinear(Linear):
     """Megatron's fused QKV projection on one device: an ``nn.Linear`` whose output rows are, per
     query group, ``[its q heads; its k head; its v head]`` (groups contiguous). The plan shards it
     by whole groups when TP divides ``num_kv_heads``, else with K/V replicated over TP (NxD's
-    ``kv_size_multiplier``, :mod:`nxd_core_parallel.modules.kv_heads`)."""
+    ``kv_size_multiplier``, :mod:`nxd_core_parallel.modules.kv_heads`), or, named ``padded`` and
+    with query heads TP does not divide, with zero groups appended (NxD's ``pad_model``)."""
 
     def __init__(self, in_features: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = True,
                  init_method: Optional[InitMethod] = None, device: torch.device | str | None = None,
@@ -115,5 +116,8 @@ class GroupedQKVLinear(Linear):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        #: (query heads, rows of one query group): a ``padded`` plan entry appends zero groups when TP
+        #: does not divide the query heads
+        self.pad_heads = (num_heads, (num_heads // num_kv_heads + 2) * head_dim)
         super().__init__(in_features, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias, init_method=init_method,
                          device=device, dtype=dtype)

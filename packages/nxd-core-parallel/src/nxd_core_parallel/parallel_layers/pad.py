@@ -122,6 +122,8 @@ def pad_model(model: nn.Module, tp_degree: int, n_heads: int, wrapped_classes: I
             pad_hook_fn(module, ratio)
         if n_padded == n_heads:
             return
+        if getattr(module, "padded_heads", False):
+            return  # its heads were padded by the model's parallel plan already
         if isinstance(module, GroupedQKVColumnParallelLinear):
             raise ValueError(f"pad_model: {name} is Megatron's interleaved QKV with K/V heads replicated over TP "
                              "(kv_size_multiplier), which head padding does not cover; choose a tensor-parallel size "

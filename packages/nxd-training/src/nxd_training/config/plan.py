@@ -247,21 +247,25 @@ def _layout_fits_model(ds: DistributedStrategyConfig, spec: Any, model_config: A
         raise ConfigError(f"distributed_strategy.pipeline_model_parallel_size={pp}: the {spec.name!r} model "
                           f"({model_class.__name__}) does not implement pipeline parallelism (no nxd_pipeline_layout; "
                           "see docs/pipeline.md); use pipeline_model_parallel_size=1 and tensor/expert parallelism")
-    _heads(ds, model_config, tp)
+    model_class = (getattr(spec, "extras", None) or {}).get("model_class")
+    _heads(ds, model_config, tp, pads_heads=bool(getattr(model_class, "nxd_pads_attention_heads", False)))
 
 
-def _heads(ds: DistributedStrategyConfig, model_config: Any, tp: int) -> None:
+def _heads(ds: DistributedStrategyConfig, model_config: Any, tp: int, pads_heads: bool = False) -> None:
     """TP must shard whole query heads; K/V heads TP does not divide are replicated by the model
-    (NxD's ``kv_size_multiplier``), and ``kv_replicator``, when given, must be that replication."""
+    (NxD's ``kv_size_multiplier``), and ``kv_replicator``, when given, must be that replication.
+    ``pads_heads``: the model pads query heads TP does not divide itself (NxD's ``pad_model``; GPT)."""
     heads = getattr(model_config, "num_attention_heads", None)
     kv = getattr(model_config, "num_key_value_heads", None) or getattr(model_config, "num_query_groups", None) or heads
     if heads is None:
         return
+    if heads % tp and pads_heads:
+        return  # padded with zero heads (and, for GQA, zero query groups) by the model's plan
     if heads % tp:
         raise ConfigError(
             f"distributed_strategy.tensor_model_parallel_size={tp} must divide model num_attention_heads={heads} "
-            "(nxd's models do not pad attention heads; NxD's pad_model covers scripts whose model is built from "
-            "ColumnParallelLinear/RowParallelLinear projections)"
+            "(nxd's Llama/Qwen3/Mixtral/DeepSeek do not pad attention heads, its GPT does; NxD's pad_model covers "
+            "scripts whose model is built from ColumnParallelLinear/RowParallelLinear projections)"
         )
     if kv % tp == 0:
         return

@@ -39,6 +39,7 @@ CONFIGS["neox_3heads"] = ("gpt_neox", dict(_NEOX, hidden_size=48, num_attention_
 
 def reshard_body(hf_dir: str, root: str) -> dict:
     import nxd
+    from nxd.transforms import parallelize_model
     from nxd_core_parallel import parallel_state
     from nxd_core_parallel.parallel_plan import plan_mismatches
     from nxd_models_gpt import GPTConfig, GPTForCausalLM, gather_vocab_logits, load_hf_checkpoint
@@ -47,7 +48,8 @@ def reshard_body(hf_dir: str, root: str) -> dict:
     # Megatron's vocabulary padding depends on TP (128 x TP by default): keep it equal at TP=1 and 2
     config.make_vocab_size_divisible_by = 64
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-    model = GPTForCausalLM(config)
+    # NxD's pad_model=True asks for what the plan does already: its transform leaves the plan's padding alone
+    model = parallelize_model(GPTForCausalLM(config), config={"pad_model": True})
     qkv = model.decoder.layers[0].self_attention.linear_qkv
     assert plan_mismatches(model, model.nxd_parallel_plan) == []
     load_hf_checkpoint(model, hf_dir)
@@ -58,10 +60,10 @@ def reshard_body(hf_dir: str, root: str) -> dict:
     local_rows = qkv.weight.shape[0]
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-    expected = GPTForCausalLM(config)
+    expected = parallelize_model(GPTForCausalLM(config))
     load_hf_checkpoint(expected, hf_dir)
     torch.manual_seed(9)
-    single = GPTForCausalLM(config)
+    single = parallelize_model(GPTForCausalLM(config))
     nxd.load_checkpoint(root, "tp2", model=single)
     want = expected.state_dict()
     differ = [k for k, v in single.state_dict().items() if not torch.equal(v, want[k])]

@@ -152,7 +152,10 @@ def pad_model(model: nn.Module, tp_degree: int, n_heads: int, wrapped_classes: I
 def pad_model_from_config(model: nn.Module, context: ParallelContext | None = None) -> nn.Module:
     """``neuronx_distributed_config(pad_model=True)``: pad ``model`` to the TP size of ``context``
     (the current one when left out) with the head count of its ``config.num_attention_heads`` (NxD
-    pads Hugging Face-style models)."""
+    pads Hugging Face-style models). A model whose class declares ``nxd_pads_attention_heads`` (nxd's
+    GPT: its plan pads the attention projections) is left as it is."""
+    if getattr(model, "nxd_pads_attention_heads", False):
+        return model
     heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
     if isinstance(heads, bool) or not isinstance(heads, int):
         raise ConfigError(f"pad_model=True needs the model's config.num_attention_heads (an int) to know the head "

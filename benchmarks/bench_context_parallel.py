@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from nxd.transforms import parallelize_model
 from nxd_testing import run_on_ranks
 
 CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -33,7 +34,7 @@ def body(seq: int, steps: int) -> dict[str, float]:
     cp = dist.get_world_size()
     parallel_state.initialize_model_parallel(context_parallel_size=cp)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig.from_dict({**CONFIG, "max_position_embeddings": seq}))
+    model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict({**CONFIG, "max_position_embeddings": seq})))
     g = torch.Generator().manual_seed(1)
     full = {"input_ids": torch.randint(0, 512, (1, seq), generator=g), "labels": torch.randint(0, 512, (1, seq), generator=g)}
     batch = get_batch_on_this_context_parallel_rank(full)

@@ -10,6 +10,7 @@ from step_vs_transformers import compare
 from transformers import GPT2Config as HFConfig
 from transformers import GPT2LMHeadModel as HFGPT2
 
+from nxd.transforms import parallelize_model
 from nxd_models_gpt import GPTConfig, GPTForCausalLM, load_hf_checkpoint
 
 # dropout off on both sides: the step is then deterministic and the losses comparable
@@ -18,7 +19,7 @@ CONFIG = dict(vocab_size=4096, n_embd=256, n_layer=4, n_head=8, n_positions=1024
 
 
 def build_nxd(hf: HFGPT2, hf_dir: str) -> GPTForCausalLM:
-    ours = GPTForCausalLM(GPTConfig.from_dict(hf.config.to_dict()))
+    ours = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(hf.config.to_dict())))
     load_hf_checkpoint(ours, hf_dir)
     return ours
 

@@ -10,6 +10,7 @@ from step_vs_transformers import compare
 from transformers import LlamaConfig as HFConfig
 from transformers import LlamaForCausalLM as HFLlama
 
+from nxd.transforms import parallelize_model
 from nxd_models_llama import LlamaConfig, LlamaForCausalLM, load_hf_checkpoint
 
 CONFIG = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
@@ -17,7 +18,7 @@ CONFIG = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidde
 
 
 def build_nxd(hf: HFLlama, hf_dir: str) -> LlamaForCausalLM:
-    ours = LlamaForCausalLM(LlamaConfig.from_dict(CONFIG))
+    ours = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(CONFIG)))
     load_hf_checkpoint(ours, hf_dir)
     return ours
 

@@ -20,6 +20,8 @@ import statistics
 import tempfile
 import time
 
+from nxd.transforms import parallelize_model
+
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import torch  # noqa: E402
@@ -117,7 +119,7 @@ def main() -> None:
         HFLlama(hf_config(args)).float().save_pretrained(tmp)
 
         def nxd_model():
-            model = LlamaForCausalLM(LlamaConfig.from_dict(hf_config(args).to_dict()))
+            model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(hf_config(args).to_dict())))
             load_hf_checkpoint(model, tmp)
             return model
 

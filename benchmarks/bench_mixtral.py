@@ -17,6 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from nxd.transforms import parallelize_model
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -43,7 +45,7 @@ def main() -> None:
     hf = HFMixtral(HFConfig(**cfg)).float()
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)
-        ours = MixtralForCausalLM(MixtralConfig.from_dict(cfg))
+        ours = parallelize_model(MixtralForCausalLM(MixtralConfig.from_dict(cfg)))
         load_hf_checkpoint(ours, d)
     hf, ours = hf.to(device), ours.to(device)
     ids = torch.randint(0, 512, (args.batch, args.seq), device=device)

@@ -281,6 +281,6 @@ def test_shards_inside_a_prefix_dropping_wrapper_are_recorded_sharded():
     outer = torch.nn.Module()
     outer.model = _Unprefixed(torch.nn.Linear(4, 2))
     outer.model.inner.weight.tensor_model_parallel, outer.model.inner.weight.partition_dim = True, 0
-    shardings = shardings_of(outer)
+    shardings = shardings_of(outer, outer.state_dict())
     assert "model.weight" in outer.state_dict() and shardings["model.weight"].dim == 0
     assert shardings["model.inner.weight"].dim == 0 and shardings["model.bias"] is None

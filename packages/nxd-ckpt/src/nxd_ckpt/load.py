@@ -133,7 +133,7 @@ def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, st
         return
     module, adapters = _load_target(reader, meta, unwrap_model(model), topo)
     target = module.state_dict()
-    shardings = shardings_of(module)
+    shardings = shardings_of(module, target)
     if meta is None and needs_nxd_reshard(reader, shardings, topo.tp, topo.pp):
         state, tiled = nxd_written_state(reader, module, shardings, topo.tp, topo.tp_rank, topo.pp)
         reader.nxd_renumbered = tiled

@@ -33,20 +33,34 @@ def tensor_entries(state: dict[str, Any], shardings: dict[str, Sharding | None],
     return out
 
 
-def shardings_of(module: Any) -> dict[str, Sharding | None]:
-    """Sharding of every parameter of ``module`` under its parameter and its state-dict names;
-    buffers are replicated. The names differ when ``module`` holds a wrapper whose ``state_dict``
-    drops its own prefix (an NxDModel inside a LightningModule, which NxD's fine-tuning example
-    saves): matched by tensor, not name, so such a save records its shards as sharded."""
+def shardings_of(module: Any, state: dict[str, Any] | None = None) -> dict[str, Sharding | None]:
+    """Sharding of every parameter of ``module`` under its parameter names, and under the names of
+    ``state`` (``module``'s state dict, which every rank built) where they differ; buffers are
+    replicated. The names differ when ``module`` holds a wrapper whose ``state_dict`` drops its own
+    prefix (an NxDModel inside a LightningModule, which NxD's fine-tuning example saves): matched by
+    the storage a state entry shares with a parameter, so such a save records its shards as sharded.
+    ``state`` is passed in, never built here: a state dict may be collective (expert-parallel
+    modules gather their experts), and only the ranks that write a replica ask for shardings."""
     if not hasattr(module, "named_parameters"):
         return {}
     params = dict(module.named_parameters(remove_duplicate=False))
     out = {name: sharding_of(p) for name, p in params.items()}
-    if isinstance(module, torch.nn.Module):
-        by_tensor = {id(p): sharding for p, sharding in zip(params.values(), out.values(), strict=True)}
-        out.update({name: by_tensor[id(t)] for name, t in module.state_dict(keep_vars=True).items()
-                    if id(t) in by_tensor})
+    if state:
+        by_storage = {_storage_key(p): sharding for p, sharding in zip(params.values(), out.values(), strict=True)}
+        by_storage.pop(None, None)
+        for name, t in state.items():
+            key = _storage_key(t) if name not in out else None
+            if key in by_storage:
+                out[name] = by_storage[key]
     return out
+
+
+def _storage_key(t: Any) -> tuple | None:
+    """Where a plain tensor's data lives and its shape (a state dict's entries are detached
+    parameters: new tensor objects on the parameters' storage); ``None`` for anything else."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_meta or t.data_ptr() == 0:
+        return None
+    return (t.data_ptr(), tuple(t.shape), t.dtype)
 
 
 def library_versions() -> dict[str, str]:

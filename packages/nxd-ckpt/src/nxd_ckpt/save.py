@@ -80,7 +80,7 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
             params = {p.data_ptr() for p in module.parameters()} if hasattr(module, "parameters") else set()
             data = snap(state, "model", lambda t: t.data_ptr() in params)
             plan.files.append((f"model/{shard_name(0, topo.tp_rank, topo.pp_rank, fmt.suffix)}", fmt, data))
-            plan.tensors = tensor_entries(data, shardings_of(module), topo)
+            plan.tensors = tensor_entries(data, shardings_of(module, state), topo)
     if optimizer is not None:
         # every rank asks, as for the model: an optimizer's state_dict() may be collective (nxd-core-parallel's
         # gathers expert-parallel state over the EP group); building one references tensors, copies nothing

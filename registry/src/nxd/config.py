@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from nxd.dtypes import dtype_name
 from nxd.errors import ComponentNotFound, ConfigError, PluginError
 from nxd.lookup import get_component
 from nxd.parallel import ParallelContext, current_parallel_context, set_parallel_context
@@ -203,17 +204,8 @@ def neuronx_distributed_config(
     return config
 
 
-#: ``parallel_layers_reduce_dtype`` values -> the ``torch`` dtype name the config keeps
-_REDUCE_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
-
-
 def _reduce_dtype(value: Any) -> str | None:
-    if value is None:
-        return None
-    name = str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
-    if not isinstance(name, str) or name not in _REDUCE_DTYPES:
-        raise ConfigError(f"parallel_layers_reduce_dtype must be fp32 or bf16 (or the torch dtype), got {value!r}")
-    return _REDUCE_DTYPES[name]
+    return dtype_name(value, "parallel_layers_reduce_dtype", allowed=(torch.float32, torch.bfloat16))
 
 
 def _fsdp_config(value: Any) -> dict | None:

@@ -137,12 +137,9 @@ class NxdConfig(dict):
         """The ``torch.dtype`` the tensor-parallel linear layers sum their partial results in (an
         nxd addition; NxDT's ``precision.parallel_layers_reduce_dtype``), or ``None`` (the layers'
         default, fp32). Applied when the parallel plan makes the layers."""
-        name = self.get("parallel_layers_reduce_dtype")
-        if name is None:
-            return None
-        import torch
+        from nxd.dtypes import torch_dtype
 
-        return getattr(torch, name)
+        return torch_dtype(self.get("parallel_layers_reduce_dtype"))
 
     def transform_options(self, name: str) -> dict[str, Any] | None:
         """The options ``neuronx_distributed_config(model_transforms={name: ...})`` gave the

@@ -7,6 +7,7 @@ party's model or data plugin works with all of them. See docs/plugins/*.md for t
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -159,17 +160,32 @@ class ModelSpec:
     parallel_plan: ParallelPlan | None = None
 
 
+#: what :func:`family_spec` reads from the model class (never inherited from a ``base`` spec)
+_CLASS_FIELDS = ("build", "transformer_layer_classes", "core_attention_classes", "parallel_plan")
+#: a family's own identity (never inherited from a ``base`` spec either)
+_OWN_FIELDS = ("name", "config_from_dict", "hf_model_types", "presets")
+
+
 def family_spec(name: str, model_class: type[torch.nn.Module], config_from_dict: Callable[[Any], Any],
-                **fields: Any) -> ModelSpec:
+                base: ModelSpec | None = None, **fields: Any) -> ModelSpec:
     """The :class:`ModelSpec` of a model class that carries its family's facts as class attributes
     (nxd's families do): ``build`` (:func:`model_builder`), the block and core-attention classes
     (``nxd_transformer_layer_classes``, ``nxd_core_attention_classes``), the parallel plan
-    (``nxd_parallel_plan``) and ``extras["model_class"]`` come from the class; ``fields`` give the rest."""
-    extras = {"model_class": model_class, **fields.pop("extras", {})}
+    (``nxd_parallel_plan``) and ``extras["model_class"]`` come from the class; ``fields`` give the rest.
+
+    ``base``: the spec of the family whose model this one runs on (Qwen3 on Llama's, Qwen3-MoE and
+    DeepSeek-V3 on Mixtral's): what ``fields`` leave out (HF import/export, generate, LoRA targets,
+    context parallel, implemented keys, extras) is ``base``'s; the class facts, name, config reader,
+    HF model types and presets are never inherited."""
+    skip = set(_CLASS_FIELDS) | set(_OWN_FIELDS)
+    inherited = {} if base is None else {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
+                                         if f.name not in skip}
+    extras = {**inherited.pop("extras", {}), "model_class": model_class, **fields.pop("extras", {})}
     return ModelSpec(name=name, config_from_dict=config_from_dict, build=model_builder(model_class, config_from_dict),
                      transformer_layer_classes=tuple(model_class.nxd_transformer_layer_classes),
                      core_attention_classes=tuple(getattr(model_class, "nxd_core_attention_classes", ())),
-                     parallel_plan=getattr(model_class, "nxd_parallel_plan", None), extras=extras, **fields)
+                     parallel_plan=getattr(model_class, "nxd_parallel_plan", None), extras=extras,
+                     **{**inherited, **fields})
 
 
 @runtime_checkable

@@ -11,13 +11,8 @@ from typing import Any
 import torch
 
 from nxd import ConfigError
+from nxd.dtypes import dtype_name, torch_dtype
 
-#: dtype names accepted for ``mixed_precision.param_dtype`` / ``reduce_dtype``
-DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32, "float32": torch.float32,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16,
-}
 KEYS = ("reshard_after_forward", "replicate_degree", "cpu_offload", "mixed_precision")
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype")
 
@@ -45,21 +40,11 @@ class FsdpConfig:
 
     @property
     def param_torch_dtype(self) -> torch.dtype | None:
-        return DTYPES[self.param_dtype] if self.param_dtype else None
+        return torch_dtype(self.param_dtype)
 
     @property
     def reduce_torch_dtype(self) -> torch.dtype | None:
-        return DTYPES[self.reduce_dtype] if self.reduce_dtype else None
-
-
-def _dtype(field: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, torch.dtype):
-        value = str(value).removeprefix("torch.")
-    if not isinstance(value, str) or value not in DTYPES:
-        raise ConfigError(f"{field} must be one of {', '.join(DTYPES)}, got {value!r}")
-    return str(DTYPES[value]).removeprefix("torch.")
+        return torch_dtype(self.reduce_dtype)
 
 
 def resolve_fsdp_config(value: Any, field: str = "fsdp_config") -> FsdpConfig | None:
@@ -93,8 +78,8 @@ def resolve_fsdp_config(value: Any, field: str = "fsdp_config") -> FsdpConfig | 
         raise ConfigError(f"{field}.mixed_precision has unknown key {bad[0]!r}; valid keys: "
                           f"{', '.join(MIXED_PRECISION_KEYS)}")
     return FsdpConfig(reshard_after_forward=reshard, replicate_degree=int(replicate), cpu_offload=offload,
-                      param_dtype=_dtype(f"{field}.mixed_precision.param_dtype", mp.get("param_dtype")),
-                      reduce_dtype=_dtype(f"{field}.mixed_precision.reduce_dtype", mp.get("reduce_dtype")))
+                      param_dtype=dtype_name(mp.get("param_dtype"), f"{field}.mixed_precision.param_dtype"),
+                      reduce_dtype=dtype_name(mp.get("reduce_dtype"), f"{field}.mixed_precision.reduce_dtype"))
 
 
 def refusals(fsdp: FsdpConfig, *, data_parallel_size: int | None, expert_parallel_size: int = 1,

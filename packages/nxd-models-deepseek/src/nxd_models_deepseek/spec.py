@@ -3,21 +3,16 @@ by the config's names and attention layout, ``generate``) for DeepSeek-V3's conf
 
 from __future__ import annotations
 
-import dataclasses
-
-from nxd.specs import config_reader
+from nxd.specs import config_reader, family_spec
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_deepseek.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_deepseek.modeling import DeepseekV3DecoderLayer, DeepseekV3ForCausalLM
-from nxd_models_deepseek.plan import DEEPSEEK_PLAN
 from nxd_models_deepseek.presets import PRESETS, preset
 from nxd_models_llama import LlamaCoreAttention
 from nxd_models_mixtral.spec import SPEC as MIXTRAL_SPEC
-from nxd_models_mixtral.spec import builder
 
 config_from_dict = config_reader(DeepseekV3Config.from_dict, preset)
-build = builder(DeepseekV3ForCausalLM, config_from_dict)
 
 
 def flops_per_token(config: DeepseekV3Config | dict, seq_length: int | None = None) -> float:
@@ -49,15 +44,15 @@ def hf_param_plan(model: DeepseekV3ForCausalLM, name: str, tp: int, rank: int) -
     return [(p.hf_key, p.dim, tuple(p.index)) for p in model.config.hf_pieces(name, tp, rank, 1)]
 
 
-SPEC = dataclasses.replace(
-    MIXTRAL_SPEC, name="deepseek_v3", config_from_dict=config_from_dict, build=build,
-    transformer_layer_classes=(DeepseekV3DecoderLayer,), hf_model_types=("deepseek_v3",),
+SPEC = family_spec(
+    "deepseek_v3", DeepseekV3ForCausalLM, config_from_dict, base=MIXTRAL_SPEC, hf_model_types=("deepseek_v3",),
     recompute_modules={"CoreAttention": (LlamaCoreAttention,), "DeepseekV3RMSNorm": (RMSNorm,),
                        "DeepseekV3DecoderLayer": (DeepseekV3DecoderLayer,)},
     implements=MIXTRAL_SPEC.implements - {"model.sliding_window"},
     lora_target_modules=("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
-    flops_per_token=flops_per_token, presets=PRESETS, context_parallel=True, parallel_plan=DEEPSEEK_PLAN,
+    flops_per_token=flops_per_token, presets=PRESETS, context_parallel=True,
     load_hf=load_hf_checkpoint, save_hf=save_hf_checkpoint,
-    extras={**MIXTRAL_SPEC.extras, "hf_module_to_nxd": HF_MODULE_TO_NXD, "hf_param_plan": hf_param_plan,
-            "model_class": DeepseekV3ForCausalLM, "config_class": DeepseekV3Config},
+    extras={"hf_module_to_nxd": HF_MODULE_TO_NXD, "hf_param_plan": hf_param_plan, "config_class": DeepseekV3Config},
 )
+#: the plain model for ``context``; the transform list (``nxd.build_parallel_model``) parallelises it
+build = SPEC.build

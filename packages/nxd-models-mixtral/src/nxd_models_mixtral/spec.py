@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nxd.specs import config_reader, family_spec, model_builder
+from nxd.specs import config_reader, family_spec
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention, generate
 from nxd_models_mixtral.config import MixtralConfig
@@ -27,9 +27,6 @@ RECOMPUTE_MODULES = {
 #: Hugging Face ``config.json`` keys (plus a ``moe`` section of NxDT keys) -> :class:`MixtralConfig`;
 #: ``{"preset": name, ...}`` starts from a preset
 config_from_dict = config_reader(MixtralConfig.from_dict, preset)
-#: a spec's ``build`` for a model class on Mixtral's model (the name families on it import)
-builder = model_builder
-
 
 
 def flops_per_token(config: MixtralConfig | dict, seq_length: int | None = None) -> float:

@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from nxd.dtypes import DTYPE_NAMES
+
 #: every ``precision.type`` nxd accepts (NxDT's names)
 PRECISION_TYPES = ("fp32", "autocast", "bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR", "manual",
                    "fp8")
@@ -50,5 +52,5 @@ def parallel_layers_reduce_dtype(precision: Any) -> torch.dtype:
     run reduces in ``precision.parallel_layers_reduce_dtype`` (fp32 unless set), every other type in
     bf16 unless that key asks for fp32."""
     name = precision.parallel_layers_reduce_dtype or ("fp32" if precision.type == "fp32" else "bf16")
-    return torch.float32 if name == "fp32" else torch.bfloat16
+    return DTYPE_NAMES[name]
 

@@ -52,8 +52,7 @@ class NxDStrategy(DDPStrategy):
     ) -> None:
         if nxd_config is not None:
             nxd_config = check_config(nxd_config)
-            tensor_parallel_size = nxd_config["tensor_parallel_size"]
-            pipeline_parallel_size = nxd_config["pipeline_parallel_size"]
+            tensor_parallel_size, pipeline_parallel_size = nxd_config.tensor_parallel_size, nxd_config.pipeline_parallel_size
         for name, value in (("expert_parallel_size", expert_parallel_size), ("context_parallel_size", context_parallel_size)):
             if value != 1:
                 raise ConfigError(f"NxDStrategy: {name}={value} is not supported by nxd yet; use 1")

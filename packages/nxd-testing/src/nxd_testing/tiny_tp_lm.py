@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nxd_core_parallel import parallel_state as ps
+from nxd.parallel import ParallelContext, dim_size, resolve_context
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import (
@@ -36,10 +36,10 @@ class TinyDims:
 
 
 class Block(nn.Module):
-    def __init__(self, sp: bool, dims: TinyDims) -> None:
+    def __init__(self, sp: bool, dims: TinyDims, context: ParallelContext | None = None) -> None:
         super().__init__()
-        tp = ps.get_tensor_model_parallel_size() if ps.model_parallel_is_initialized() else 1
-        kw = {"sequence_parallel_enabled": sp, "sequence_dimension": 1}
+        tp = dim_size(context, "tp")
+        kw = {"sequence_parallel_enabled": sp, "sequence_dimension": 1, "context": context}
         hid = dims.hidden
         self.head_dim = hid // dims.heads
         self.attn_norm = RMSNorm(hid, sequence_parallel_enabled=sp)
@@ -65,11 +65,14 @@ class TinyLM(nn.Module):
 
     nxd_transformer_layer_classes = (Block,)
 
-    def __init__(self, dims: TinyDims, sp: bool = False, layers: int = 2) -> None:
+    def __init__(self, dims: TinyDims, sp: bool = False, layers: int = 2, context: ParallelContext | None = None) -> None:
+        """``context``: the parallel context to build for (the current one when left out, as NxD-style
+        model code does); every layer takes it from here."""
         super().__init__()
-        kw = {"sequence_parallel_enabled": sp, "sequence_dimension": 1}
+        context = resolve_context(context)
+        kw = {"sequence_parallel_enabled": sp, "sequence_dimension": 1, "context": context}
         self.embed = ParallelEmbedding(dims.vocab, dims.hidden, **kw)
-        self.layers = nn.ModuleList(Block(sp, dims) for _ in range(layers))
+        self.layers = nn.ModuleList(Block(sp, dims, context) for _ in range(layers))
         self.lm_head = ColumnParallelLinear(dims.hidden, dims.vocab, bias=False, gather_output=False, **kw)
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

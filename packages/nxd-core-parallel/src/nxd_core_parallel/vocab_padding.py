@@ -7,11 +7,21 @@ from __future__ import annotations
 
 import torch
 
+from nxd_core_parallel.parallel_layers.utils import mark_padding
+
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     """``vocab_size`` rounded up to a multiple of ``divisible_by * tp``."""
     multiple = int(divisible_by) * int(tp)
     return -(-int(vocab_size) // multiple) * multiple
+
+
+def mark_vocab_padding(weight: torch.Tensor, vocab_size: int, divisible_by: int) -> None:
+    """Mark a vocabulary-parallel ``weight`` of ``padded_vocab_size(vocab_size, divisible_by, tp)``
+    rows as ``pad=True`` layers mark theirs (the real size, then zero rows to a multiple of
+    ``divisible_by`` per rank): nxd checkpoints then hold the real rows and re-pad them for the
+    loading TP, whose padding differs."""
+    mark_padding(weight, vocab_size, divisible_by)
 
 
 def real_vocab_rows(vocab_size: int, padded: int, tp: int, tp_rank: int) -> range:

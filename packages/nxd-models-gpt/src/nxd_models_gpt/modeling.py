@@ -31,7 +31,7 @@ from nxd_core_parallel.parallel_layers import (
     scatter_to_sequence_parallel_region,
     set_tensor_model_parallel_attributes,
 )
-from nxd_core_parallel.vocab_padding import mask_padded_vocab
+from nxd_core_parallel.vocab_padding import mark_vocab_padding, mask_padded_vocab
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.plan import GPT_PLAN
 from nxd_models_gpt.rope import RotaryEmbedding, apply_rotary
@@ -320,6 +320,12 @@ class GPTForCausalLM(nn.Module):
                                          dtype=config.torch_dtype, device=device)
         if config.share_embeddings_and_output_weights:
             self.output_layer.weight = self.embedding.word_embeddings.weight
+
+    def nxd_parallelized(self, context: ParallelContext | None) -> None:
+        """Once the plan has sharded the vocabulary layers: their Megatron padding rows are marked, so
+        a checkpoint holds the real vocabulary and loads at any TP (the padding depends on TP)."""
+        for weight in {id(w): w for w in (self.embedding.word_embeddings.weight, self.output_layer.weight)}.values():
+            mark_vocab_padding(weight, self.config.vocab_size, self.config.make_vocab_size_divisible_by)
 
     @staticmethod
     def init_weights(module: nn.Module) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -97,6 +98,8 @@ class NxdConfig(dict):
     compile_config: _Key[dict[str, Any] | None] = _Key(None)
     #: nxd-fsdp's settings when FSDP is the data-parallel strategy (the plugin types them), or None
     fsdp_config: _Key[dict[str, Any] | None] = _Key(None)
+    #: registered transforms no NxD argument names, by name, with their options (read them with transform_options)
+    model_transforms: _Key[Mapping[str, dict[str, Any]]] = _Key(MappingProxyType({}))
 
     @classmethod
     def of(cls, value: Mapping[str, Any] | None) -> NxdConfig:
@@ -144,7 +147,7 @@ class NxdConfig(dict):
     def transform_options(self, name: str) -> dict[str, Any] | None:
         """The options ``neuronx_distributed_config(model_transforms={name: ...})`` gave the
         transform ``name``; ``None`` when the config does not turn it on."""
-        options = (self.get("model_transforms") or {}).get(name)
+        options = (self.model_transforms or {}).get(name)
         return None if options is None else dict(options)
 
     def sizes(self) -> dict[str, int]:

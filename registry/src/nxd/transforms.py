@@ -7,7 +7,9 @@ kind ``model_transform``) with
 * ``name``: its registered name (``"lora"``, ``"pipeline"``, ``"zero1"``, ...);
 * ``order``: where it runs; the anchors below leave room between them, and a third-party
   transform picks any number (ties run by name);
-* ``applies(context, config) -> bool``: whether the resolved config asks for it;
+* ``applies``: whether the resolved config asks for it, as data: a :class:`When` (a config
+  attribute and the test of its value) that the runner evaluates itself, or, for a condition no
+  attribute test states, a callable ``(context, config) -> bool``;
 * ``apply(model, context, config) -> nn.Module | None``: the rewritten model (``None``: changed in place);
 * data-parallel strategies only (order :data:`DATA_PARALLEL`): ``make_optimizer(config,
   optimizer_class, parameters, *, context, **defaults) -> torch.optim.Optimizer``, the optimizer
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nxd.errors import ComponentNotFound, PluginError
+from nxd.resolved import NxdConfig
 
 #: Order anchors, in the order transforms run. Between two anchors a plugin may add its own.
 PARALLEL_PLAN = 100       # tensor/sequence parallel plan, context parallel, expert parallel
@@ -50,8 +53,36 @@ ORDERS: dict[str, int] = {
 KIND = "model_transform"
 
 
-def _always(context: Any, config: Any) -> bool:
-    return True
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class When:
+    """When a transform applies, as data the runner reads off the resolved config (no call into
+    the plugin): ``When()`` always; ``When(key)`` when the config attribute ``key`` is set (neither
+    None nor False); ``When(key, equals=v)`` when it is ``v``; ``When(key, above=n)`` when it is
+    greater than ``n``; ``When(key, contains=name)`` when ``name`` is in it."""
+
+    key: str | None = None
+    equals: Any = _UNSET
+    above: Any = _UNSET
+    contains: Any = _UNSET
+
+    def holds(self, config: Any) -> bool:
+        if self.key is None:
+            return True
+        value = getattr(config, self.key)
+        if self.equals is not _UNSET:
+            return value == self.equals
+        if self.above is not _UNSET:
+            return value > self.above
+        if self.contains is not _UNSET:
+            return self.contains in value
+        return value is not None and value is not False
+
+
+#: ``applies`` of a transform that runs for every config
+ALWAYS = When()
 
 
 @dataclass(frozen=True)
@@ -61,7 +92,7 @@ class ModelTransform:
     name: str
     order: int
     apply: Callable[[Any, Any, Any], Any]
-    applies: Callable[[Any, Any], bool] = _always
+    applies: When | Callable[[Any, Any], bool] = ALWAYS
     #: data-parallel strategies: ``(config, optimizer_class, parameters, *, context, **defaults)``
     make_optimizer: Callable[..., Any] | None = None
     description: str = ""
@@ -75,7 +106,10 @@ def check_transform(name: str, transform: Any) -> None:
     for attr in ("order", "applies", "apply"):
         if not hasattr(transform, attr):
             raise PluginError(f"model transform {name!r} has no {attr!r}: a transform has name, order, "
-                              "applies(context, config) and apply(model, context, config)")
+                              "applies (a When, or a callable (context, config) -> bool) and apply(model, context, config)")
+    if not isinstance(transform.applies, When) and not callable(transform.applies):
+        raise PluginError(f"model transform {name!r} has applies={transform.applies!r}: an nxd.transforms.When or a "
+                          "callable (context, config) -> bool")
     if isinstance(transform.order, bool) or not isinstance(transform.order, (int, float)):
         raise PluginError(f"model transform {name!r} has order {transform.order!r}: a number (see nxd.transforms.ORDERS)")
     if getattr(transform, "name", name) != name:
@@ -91,8 +125,10 @@ def model_transforms() -> list[Any]:
 
 
 def applicable_transforms(context: Any, config: Any) -> list[Any]:
-    """The transforms ``config`` asks for, in order."""
-    return [t for t in model_transforms() if t.applies(context, config)]
+    """The transforms ``config`` asks for, in order (a :class:`When` is read here, a callable asked)."""
+    typed = NxdConfig.of(config)  # a partial dict answers with the defaults
+    return [t for t in model_transforms()
+            if (t.applies.holds(typed) if isinstance(t.applies, When) else t.applies(context, config))]
 
 
 def apply_model_transforms(model: Any, context: Any, config: Any, *, until: int | None = None) -> Any:
@@ -113,7 +149,6 @@ def parallelize_model(model: Any, context: Any = None, config: Any = None) -> An
     head padding, expert parallelism, in the trainer's order). ``context``: the current parallel
     context when left out; ``config``: the NxD config (a partial dict is read with its defaults)."""
     from nxd.parallel import resolve_context
-    from nxd.resolved import NxdConfig
 
     return apply_model_transforms(model, resolve_context(context), NxdConfig.of(config), until=LOW_PRECISION)
 
@@ -157,7 +192,7 @@ def data_parallel_strategy(context: Any, config: Any) -> Any:
     if name not in installed:
         raise ComponentNotFound(missing_message(KIND, name, installed, need=f"data_parallel_strategy={name!r}"))
     raise PluginError(f"the data-parallel strategy {name!r} is installed but does not apply to this config "
-                      "(its applies() returned False, or it has no make_optimizer)")
+                      "(its applies is false for it, or it has no make_optimizer)")
 
 
 def _get(name: str) -> Any:

@@ -10,25 +10,24 @@ import torch
 
 from nxd import ParallelContext
 from nxd.resolved import NxdConfig
-from nxd.transforms import ACTIVATION_CHECKPOINTING, COMPILE, DATA_PARALLEL, PARALLEL_PLAN, ModelTransform
+from nxd.transforms import (
+    ACTIVATION_CHECKPOINTING,
+    ALWAYS,
+    COMPILE,
+    DATA_PARALLEL,
+    PARALLEL_PLAN,
+    ModelTransform,
+    When,
+)
 
 #: head padding runs on the tensor-parallel layers the plan made (and expert parallelism's split)
 PAD_MODEL = PARALLEL_PLAN + 50
-
-
-def _plan_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
-    # at any TP: a model carrying a plan (nxd's families built plain) gets its layers at TP=1 too
-    return True
 
 
 def _apply_plan(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module | None:
     from nxd_core_parallel.tensor_plan import apply_parallel_plan
 
     return apply_parallel_plan(model, context, config)
-
-
-def _pad_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
-    return config.pad_model
 
 
 def _pad(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
@@ -38,20 +37,12 @@ def _pad(model: torch.nn.Module, context: ParallelContext | None, config: NxdCon
     return pad_model_from_config(model, context)
 
 
-def _checkpointing_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
-    return config.activation_checkpoint_config is not None
-
-
 def _checkpoint(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
     from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing, transformer_layer_classes
 
     setting = config.activation_checkpoint_config
     apply_activation_checkpointing(model, transformer_layer_classes(model) if setting == "full" else setting)
     return model
-
-
-def _compile_applies(context: ParallelContext | None, config: NxdConfig) -> bool:
-    return bool(config.compile_config)
 
 
 def _compile(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
@@ -63,13 +54,9 @@ def _compile(model: torch.nn.Module, context: ParallelContext | None, config: Nx
     return model
 
 
-def strategy_selected(name: str) -> Any:
+def strategy_selected(name: str) -> When:
     """``applies`` of the data-parallel strategy ``name``: the config names it."""
-
-    def applies(context: ParallelContext | None, config: NxdConfig) -> bool:
-        return config.data_parallel_strategy == name
-
-    return applies
+    return When("data_parallel_strategy", equals=name)
 
 
 def wrap_nxd_model(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
@@ -90,14 +77,15 @@ def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, 
 
 
 TRANSFORMS = (
-    ModelTransform("parallel_plan", PARALLEL_PLAN, _apply_plan, _plan_applies,
+    # at any TP: a model carrying a plan (nxd's families built plain) gets its layers at TP=1 too
+    ModelTransform("parallel_plan", PARALLEL_PLAN, _apply_plan, ALWAYS,
                    description="a model's nxd_parallel_plan (a family's, or a plain model's): nn.Linear/nn.Embedding/QKVLinear "
                                "-> TP/SP layers with their shards"),
-    ModelTransform("pad_model", PAD_MODEL, _pad, _pad_applies,
+    ModelTransform("pad_model", PAD_MODEL, _pad, When("pad_model"),
                    description="NxD's pad_model: attention heads padded with zero heads to a multiple of the TP size"),
-    ModelTransform("activation_checkpointing", ACTIVATION_CHECKPOINTING, _checkpoint, _checkpointing_applies,
+    ModelTransform("activation_checkpointing", ACTIVATION_CHECKPOINTING, _checkpoint, When("activation_checkpoint_config"),
                    description="full or selective (module classes) activation checkpointing"),
-    ModelTransform("compile", COMPILE, _compile, _compile_applies, description="torch.compile per transformer block"),
+    ModelTransform("compile", COMPILE, _compile, When("compile_config"), description="torch.compile per transformer block"),
     ModelTransform("ddp", DATA_PARALLEL, wrap_nxd_model, strategy_selected("ddp"), make_optimizer=ddp_optimizer,
                    description="replicated parameters; bucketed gradient all-reduce overlapped with backward"),
 )

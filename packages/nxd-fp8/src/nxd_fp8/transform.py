@@ -10,7 +10,7 @@ import torch
 
 from nxd import ConfigError
 from nxd.resolved import NxdConfig
-from nxd.transforms import LOW_PRECISION, ModelTransform
+from nxd.transforms import LOW_PRECISION, ModelTransform, When
 from nxd_fp8.options import NAME, Fp8Options, parse_options
 from nxd_fp8.support import default_device_type, fp8_refusal
 
@@ -40,10 +40,6 @@ def _device_of(model: torch.nn.Module, context: Any) -> str | None:
     return None if device is None else torch.device(device).type
 
 
-def _applies(context: Any, nxd_config: dict) -> bool:
-    return NxdConfig.of(nxd_config).transform_options(NAME) is not None
-
-
 def _apply(model: torch.nn.Module, context: Any, nxd_config: dict) -> torch.nn.Module:
     from nxd_fp8.convert import convert_to_fp8  # torchao is imported only when FP8 is on
 
@@ -60,5 +56,5 @@ def _apply(model: torch.nn.Module, context: Any, nxd_config: dict) -> torch.nn.M
     return model
 
 
-FP8_TRANSFORM = ModelTransform(NAME, LOW_PRECISION, _apply, _applies,
+FP8_TRANSFORM = ModelTransform(NAME, LOW_PRECISION, _apply, When("model_transforms", contains=NAME),
                                description="FP8 linear layers through torchao's float8 training (tensorwise/rowwise)")

@@ -19,7 +19,7 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_rank, dim_size
-from nxd.transforms import PARALLEL_PLAN, ModelTransform
+from nxd.transforms import ALWAYS, PARALLEL_PLAN, ModelTransform
 from nxd_moe.experts import ExpertMLPs, ExpertShard
 from nxd_moe.groups import expert_parallel_groups
 
@@ -75,11 +75,7 @@ def apply_expert_plan(model: nn.Module, context: ParallelContext | None, config:
     return model
 
 
-def _applies(context: ParallelContext | None, config: Any) -> bool:
-    # at any size: the split also gives the experts their EP groups at EP=1 (ZeRO-1's param groups)
-    return True
-
-
 EXPERT_PARALLEL_TRANSFORM = ModelTransform(
-    NAME, EXPERT_PARALLEL, apply_expert_plan, _applies,
+    # at any size: the split also gives the experts their EP groups at EP=1 (ZeRO-1's param groups)
+    NAME, EXPERT_PARALLEL, apply_expert_plan, ALWAYS,
     description="the plan's experts (nxd_moe.ExpertMLPs, built whole) split over EP and each expert's MLP over TP")

@@ -6,7 +6,7 @@ from typing import Any
 
 import nxd
 from nxd.resolved import NxdConfig
-from nxd.transforms import PIPELINE, ModelTransform
+from nxd.transforms import PIPELINE, ModelTransform, When
 from nxd_pipeline.config import parse_pipeline_config
 from nxd_pipeline.schedules import BUILTIN_SCHEDULES
 
@@ -37,17 +37,13 @@ def nxd_validate_config(nxd_config: NxdConfig) -> None:
             )
 
 
-def _pipeline_applies(context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> bool:
-    return nxd_config.pipeline_parallel_size > 1
-
-
 def _split(model: Any, context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> Any:
     from nxd_pipeline.model import NxDPPModel
 
     return NxDPPModel(model, nxd_config.pipeline_parallel_size, nxd_config.pipeline_config, context=context)
 
 
-PIPELINE_TRANSFORM = ModelTransform("pipeline", PIPELINE, _split, _pipeline_applies,
+PIPELINE_TRANSFORM = ModelTransform("pipeline", PIPELINE, _split, When("pipeline_parallel_size", above=1),
                                     description="cut the model into stages over context.pp (NxDPPModel)")
 
 

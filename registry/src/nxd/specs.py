@@ -106,12 +106,13 @@ class ParallelPlan:
 class ModelSpec:
     """What a model plugin tells the rest of nxd about one model family.
 
-    The model returned by ``build`` is an ``nn.Module`` built from nxd-core-parallel layers for
-    the parallel context it is given. Its ``forward(input_ids, labels=None, position_ids=None,
-    attention_mask=None, loss_mask=None)`` returns an object with ``.loss`` (mean over tokens whose
-    ``loss_mask`` is 1, computed with vocab-parallel cross-entropy; ``None`` without labels) and
-    ``.logits`` (vocab-sharded on TP ranks unless gathered).
-    """
+    The model returned by ``build`` is an ``nn.Module`` for the parallel context it is given,
+    written for one device (``nn.Linear``/``nn.Embedding`` or ``nxd_core_parallel.modules.plain``);
+    the transform list parallelises it by its ``parallel_plan`` (a model built from nxd-core-parallel's
+    parallel layers itself keeps working: the plan transform skips them). Its ``forward(input_ids,
+    labels=None, position_ids=None, attention_mask=None, loss_mask=None)`` returns an object with
+    ``.loss`` (mean over tokens whose ``loss_mask`` is 1, computed with vocab-parallel cross-entropy;
+    ``None`` without labels) and ``.logits`` (vocab-sharded on TP ranks unless gathered)."""
 
     name: str
     #: config dict (nxd or Hugging Face ``config.json`` keys) -> model config object

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 import nxd
-from nxd.specs import ModelSpec, config_reader, model_builder
+from nxd.specs import config_reader, family_spec
 from nxd.transforms import LOW_PRECISION, ModelTransform
-from nxd_example_tinylm.model import PLAN, TinyBlock, TinyLM, TinyLMConfig
+from nxd_example_tinylm.model import TinyLM, TinyLMConfig
 
 NXD_PLUGIN_API = (3, 3)
 
@@ -29,16 +29,9 @@ def _config(data: dict | TinyLMConfig) -> TinyLMConfig:
 #: {"preset": "tiny", ...} or the config's keys (the core's helper: presets handled the same way in every family)
 config_from_dict = config_reader(_config, lambda name, **overrides: {**PRESETS[name], **overrides})
 
-SPEC = ModelSpec(
-    name="tinylm",
-    config_from_dict=config_from_dict,
-    # TinyLM(config, sequence_parallel=..., context=...): one-device layers, sharded by the plan
-    build=model_builder(TinyLM, config_from_dict),
-    transformer_layer_classes=(TinyBlock,),
-    presets=PRESETS,
-    # the same data the model class carries: MLP column/row-parallel, a pipeline may cut before the block
-    parallel_plan=PLAN,
-)
+#: the model class carries its family's facts (blocks, parallel plan); family_spec reads them from it and
+#: builds TinyLM(config, sequence_parallel=..., context=...): one-device layers, sharded by the plan
+SPEC = family_spec("tinylm", TinyLM, config_from_dict, presets=PRESETS)
 
 
 def _bf16_applies(context, config) -> bool:

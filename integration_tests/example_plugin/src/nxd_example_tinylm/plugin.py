@@ -14,7 +14,7 @@ import torch
 
 import nxd
 from nxd.specs import config_reader, family_spec
-from nxd.transforms import LOW_PRECISION, ModelTransform
+from nxd.transforms import LOW_PRECISION, ModelTransform, When
 from nxd_example_tinylm.model import TinyLM, TinyLMConfig
 
 NXD_PLUGIN_API = (3, 3)
@@ -34,10 +34,6 @@ config_from_dict = config_reader(_config, lambda name, **overrides: {**PRESETS[n
 SPEC = family_spec("tinylm", TinyLM, config_from_dict, presets=PRESETS)
 
 
-def _bf16_applies(context, config) -> bool:
-    return config.transform_options("tinylm_bf16") is not None
-
-
 def _bf16(model: torch.nn.Module, context, config) -> torch.nn.Module:
     """Keep the named submodules' parameters in bfloat16 (all of them when no ``modules`` option)."""
     names = config.transform_options("tinylm_bf16").get("modules")
@@ -47,7 +43,8 @@ def _bf16(model: torch.nn.Module, context, config) -> torch.nn.Module:
     return model
 
 
-BF16 = ModelTransform("tinylm_bf16", LOW_PRECISION, _bf16, _bf16_applies,
+#: applies when the config names it in ``model_transforms`` (as data: nxd reads it without calling the plugin)
+BF16 = ModelTransform("tinylm_bf16", LOW_PRECISION, _bf16, When("model_transforms", contains="tinylm_bf16"),
                       description="example low-precision recipe: bfloat16 parameters for the named modules")
 
 

@@ -6,14 +6,20 @@ downloads and the base model's tokenizer are ``dolly_stand_in.py``'s, the pretra
 loads (``--pretrained_ckpt``, tag ``pretrained_weight``) ``make_pretrained_weight.py``'s.
 
 * TP=2 + sequence parallel + ZeRO-1 gives the per-step losses of one process (fp32, 1e-5 relative:
-  TP only reorders the additions of row-parallel partial sums). Both load one pretrained checkpoint
+  TP only reorders the additions of row-parallel partial sums).
+* ``--do_eval`` at TP=2 + SP: the model keeps its logits vocab-sharded and the example makes
+  generation work through optimum-neuron's patch (``nxd-compat-run``'s stand-in gathers them over
+  TP), so both ranks sample from the whole vocabulary with the same random stream. The beam samples
+  are the one process's token for token and the ROUGE scores equal: the logits differ from one
+  process's by fp32 reordering (~1e-7 relative), which moves a draw across a sampling boundary with
+  probability of that order per draw (~4k draws here), and identical texts score identically. Both load one pretrained checkpoint
   and shuffle dolly after loading it, so they see the same packed 2048-token chunks only because
   loading (NxD's ``load_checkpoint``) leaves the random streams alone.
 * ``--enable_lora`` (one process; LoRA under TP is nxd-lora's tests'): the pretrained base loads
   under the adapters (step 1, with lora_B = 0, is the full fine-tuning's step-1 loss), only the
   adapters train (the saved norms are the pretrained ones exactly; lora_B moved; step 2 differs
   from full fine-tuning's).
-* ``--do_eval`` (one process): beam-sampled generation on the held-out rows and torchmetrics' ROUGE,
+* ``--do_eval``: beam-sampled generation on the held-out rows and torchmetrics' ROUGE,
   the "punkt" sentence splitter it downloads stood in by an empty one (the stand-in words end with " .").
 """
 
@@ -53,6 +59,13 @@ def run_dir(legacy_python, tmp_path_factory) -> Path:
     return run
 
 
+def generated(out: str) -> tuple[list[str], str]:
+    """The texts the example printed after "=== GENERATED SEQUENCE ===", and its ROUGE score line."""
+    texts = re.findall(r"=== GENERATED SEQUENCE ===\n(.*?)\n=== LABEL ===", out, flags=re.S)
+    scores = out.split("=== Evaluation Rouge Scores ===\n", 1)[1].splitlines()[0]
+    return texts, scores
+
+
 def train(python: Path, run: Path, tp: int, *extra: str) -> tuple[list[float], str]:
     done = torchrun(python, run, tp, SCRIPT, *COMMON, "--tensor_parallel_size", str(tp), "--log_dir", f"logs{tp}",
                     *extra, env={"NLTK_DATA": str(run / "nltk_data")})
@@ -60,16 +73,20 @@ def train(python: Path, run: Path, tp: int, *extra: str) -> tuple[list[float], s
 
 
 @pytest.mark.slow
-def test_finetune_example_tp2_matches_one_process_and_lora_trains_adapters_only(legacy_python, run_dir):
+def test_finetune_example_tp2_matches_one_process_in_training_and_eval_and_lora_trains_adapters_only(legacy_python, run_dir):
     reference, out = train(legacy_python, run_dir, 1, "--do_eval")
     assert "=== Evaluation Rouge Scores ===" in out and "Evaluation Finished!" in out
     rouge = re.search(r"'rougeLsum_fmeasure': (?:np\.float64\()?([0-9.]+)", out)
     assert rouge and 0.0 <= float(rouge.group(1)) <= 1.0
 
-    losses, _ = train(legacy_python, run_dir, 2, "--sequence_parallel_enabled")
+    losses, out_tp2 = train(legacy_python, run_dir, 2, "--sequence_parallel_enabled", "--do_eval")
     assert len(reference) == STEPS and len(losses) == STEPS
     print(f"fine-tuning TP=2 + SP + ZeRO-1 losses {losses} vs one process {reference}: max rel {rel(losses, reference):.2e}")
     assert rel(losses, reference) <= 1e-5
+    texts, scores = generated(out)
+    texts_tp2, scores_tp2 = generated(out_tp2)
+    assert len(texts) == 8 and texts_tp2 == texts  # the held-out rows' beam samples, token for token
+    assert scores_tp2 == scores, (scores_tp2, scores)
 
     lora, _ = train(legacy_python, run_dir, 1, "--enable_lora")
     assert len(lora) == STEPS

@@ -2,7 +2,8 @@
 
 Where torch-xla is not installed, a stand-in for the ``torch_xla`` modules NxD's examples import
 (``core.xla_model``, ``runtime``, ``distributed.parallel_loader``, ``distributed.xla_multiprocessing``,
-``utils.checkpoint``) is put on the path, ``init_process_group("xla")`` gets gloo (CPU) or NCCL (CUDA),
+``utils.checkpoint``) is put on the path, with optimum-neuron's generation patch for TP models
+(``optimum.neuron.utils.training_utils``), ``init_process_group("xla")`` gets gloo (CPU) or NCCL (CUDA),
 and tensors made on ``device="xla"`` land on nxd's device. Where torch-xla is installed the script
 runs as is. Launch ranks with torchrun: ``torchrun --nproc-per-node 2 -m nxd_compat.run train.py ...``.
 """
@@ -10,6 +11,8 @@ runs as is. Launch ranks with torchrun: ``torchrun --nproc-per-node 2 -m nxd_com
 from __future__ import annotations
 
 import atexit
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import runpy
@@ -24,6 +27,16 @@ def _say(message: str) -> None:
         print(f"nxd-compat-run: {message}", file=sys.stderr, flush=True)
 
 
+class _OptimumNeuronStandIn(importlib.abc.MetaPathFinder):
+    """``optimum.neuron`` from the stand-in also where optimum itself (a regular package, which
+    would hide the stand-in's ``optimum`` directory) is installed."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+        if fullname != "optimum.neuron":
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, [str(STAND_IN / "optimum")])
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -36,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         _say("torch-xla is installed; running the script on it as is")
     else:
         sys.path.insert(0, str(STAND_IN))
+        sys.meta_path.insert(0, _OptimumNeuronStandIn())
         from nxd_compat import xla_emulation
 
         xla_emulation.install()

@@ -1,0 +1,1 @@
+"""optimum.neuron.utils (nxd-compat stand-in)."""

@@ -202,7 +202,6 @@ class GPTTransformerLayer(nn.Module):
     def __init__(self, config: GPTConfig, layer_number: int, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        context = resolve_context(context)
         self.layer_number = layer_number
         self.post_ln = config.transformer_block_type == "post_ln"
         self.parallel_residual = config.parallel_residual
@@ -242,7 +241,7 @@ class GPTEmbedding(nn.Module):
         init, _ = init_methods(config)
         self.sequence_parallel = sequence_parallel
         self.dropout = config.hidden_dropout
-        self.parallel_context = resolve_context(context)
+        self.parallel_context = context  # GPTForCausalLM's (the model's entry point resolves it)
         self.word_embeddings = plain.Embedding(padded_vocab, config.hidden_size, init_method=init,
                                                dtype=config.torch_dtype, device=device)
         self.position_embeddings = None
@@ -277,7 +276,6 @@ class GPTDecoder(nn.Module):
     def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        context = resolve_context(context)
         self.layers = nn.ModuleList(GPTTransformerLayer(config, i + 1, sequence_parallel, device, context)
                                     for i in range(config.num_layers))
         # NeMo's post-LN stack ends with the last block's norm (no final layernorm)

@@ -45,3 +45,20 @@ def test_qwen3_dense_and_moe_three_kv_heads_at_tp2(rank_pool, tmp_path):
         if not moe:
             assert pool.run(export_body, str(src), str(tmp_path / "out"), data["input_ids"][:1, :4]) == [2, 2]
     print(f"\n3 KV heads at TP=2 vs transformers: {worst}")
+
+
+@pytest.mark.slow
+def test_qwen3_dense_and_moe_query_heads_tp_does_not_divide_are_padded(rank_pool, tmp_path):
+    """NxD's pad_model at TP=2 through Llama's and Mixtral's attention, per-head q/k norms included:
+    Qwen3 with 3 query heads over 1 KV head (padded inside the group to 4, K/V on both ranks) and
+    Qwen3-MoE with 3 heads (MHA: padded by one zero group). Same oracle and tolerance as above (the
+    export of padded heads: nxd-models-llama/tests/test_padded_heads.py)."""
+    pool = rank_pool(2)
+    worst = {}
+    for name, moe, export, heads in (("qwen3", False, "nxd_models_llama:collect_hf_state_dict", (3, 1)),
+                                     ("qwen3_moe", True, "nxd_models_mixtral:collect_hf_state_dict", (3, 3))):
+        src = save_hf(tmp_path / name, moe=moe, seed=7, num_attention_heads=heads[0], num_key_value_heads=heads[1])
+        data = batch(seed=8)
+        got = pool.run(parallel_grads_body, 2, 1, name, export, str(src), data, timeout=600)[0]
+        worst[name] = check(got, hf_reference(src, data))
+    print(f"\n3 query heads padded to 4 at TP=2 vs transformers: {worst}")

@@ -20,6 +20,12 @@ per group, head_dim)``, nxd-core-parallel's ``GroupedQKVColumnParallelLinear``) 
 fused ``[q; k; v]`` tensor above; merging re-interleaves it and splitting de-interleaves first, so
 the checkpoint holds the one-device model's tensor.
 
+A tensor of attention heads padded so TP divides them (``head_padding`` = ``(query heads, KV heads,
+query slots per KV group, KV groups, head_dim)``, nxd-core-parallel's ``HeadPadding``: Llama's
+``qkv_proj`` fused ``[q; k; v]``, its ``o_proj`` input columns) is sharded as the padded tensor above;
+merging drops the padded heads and splitting puts zero heads back, so the checkpoint holds the
+real heads and loads at any TP.
+
 Checkpoints written before the Megatron KV layout used the tiled one (rank ``r`` held piece
 ``r % (tp / m)``); their metadata lacks ``kv_replicas`` and is read as ``"tiled"``.
 """
@@ -31,7 +37,7 @@ from typing import Any
 
 import torch
 
-from nxd_core_parallel.modules.kv_heads import interleaved_to_fused
+from nxd_core_parallel.modules.kv_heads import HeadPadding, interleaved_to_fused
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,9 @@ class Sharding:
     #: (groups, q heads per group, head_dim): the full tensor is the fused [q; k; v] one in Megatron's
     #: per-group interleaved row order
     qkv_interleave: tuple[int, int, int] | None = None
+    #: (query heads, KV heads, query slots per KV group, KV groups, head_dim): the sharded tensor holds
+    #: attention heads padded so TP divides them; fused pieces mean ``[q; k; v]``, else ``q`` alone
+    head_padding: tuple[int, int, int, int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.fused_splits and self.stride != 1:
@@ -68,10 +77,11 @@ class Sharding:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["fused_splits"] = list(self.fused_splits) if self.fused_splits else None
-        if self.qkv_interleave is None:
-            del d["qkv_interleave"]  # metadata of other tensors stays as before
-        else:
-            d["qkv_interleave"] = list(self.qkv_interleave)
+        for key in ("qkv_interleave", "head_padding"):
+            if d[key] is None:
+                del d[key]  # metadata of other tensors stays as before
+            else:
+                d[key] = list(d[key])
         return d
 
     @classmethod
@@ -80,11 +90,18 @@ class Sharding:
             return None
         fs = d.get("fused_splits")
         mult = int(d.get("kv_size_multiplier", 1))
-        size, interleave = d.get("size"), d.get("qkv_interleave")
+        size, interleave, heads = d.get("size"), d.get("qkv_interleave"), d.get("head_padding")
         return cls(int(d["dim"]), int(d.get("stride", 1)), tuple(int(x) for x in fs) if fs else None, mult,
                    str(d.get("kv_replicas", "tiled" if mult > 1 else "adjacent")),
                    None if size is None else int(size), int(d.get("pad_alignment", 1)),
-                   None if interleave is None else tuple(int(x) for x in interleave))
+                   None if interleave is None else tuple(int(x) for x in interleave),
+                   None if heads is None else tuple(int(x) for x in heads))
+
+    def head_layout(self) -> tuple[HeadPadding, int, bool]:
+        """``(padded layout, head_dim, kv)`` of a ``head_padding`` tensor (``kv``: fused ``[q; k; v]``)."""
+        assert self.head_padding is not None
+        *layout, head_dim = self.head_padding
+        return HeadPadding(*layout), head_dim, self.fused_splits is not None
 
     def piece_multipliers(self) -> list[int]:
         if not self.fused_splits:
@@ -105,6 +122,7 @@ def sharding_of(tensor: Any) -> Sharding | None:
         size=None if getattr(tensor, "unpadded_size", None) is None else int(tensor.unpadded_size),
         pad_alignment=int(getattr(tensor, "pad_alignment_size_per_rank", 1) or 1),
         qkv_interleave=tuple(tensor.qkv_interleave) if getattr(tensor, "qkv_interleave", None) else None,
+        head_padding=tuple(tensor.head_padding) if getattr(tensor, "head_padding", None) else None,
     )
 
 
@@ -115,6 +133,10 @@ def global_shape(local_shape: tuple[int, ...], sharding: Sharding | None, tp: in
         return shape
     if sharding.size is not None:
         shape[sharding.dim] = sharding.size
+        return shape
+    if sharding.head_padding is not None:
+        padding, head_dim, kv = sharding.head_layout()
+        shape[sharding.dim] = len(padding.real_rows(head_dim, kv))
         return shape
     pieces = list(sharding.fused_splits) if sharding.fused_splits else [shape[sharding.dim]]
     shape[sharding.dim] = sum(p * tp // m for p, m in zip(pieces, sharding.piece_multipliers()))
@@ -145,6 +167,9 @@ def merge_shards(shards: list[torch.Tensor], sharding: Sharding) -> torch.Tensor
         fused = merge_shards(shards, replace(sharding, qkv_interleave=None))
         order = _interleave_order(sharding).to(fused.device)
         return torch.empty_like(fused).index_copy_(sharding.dim, order, fused)
+    if sharding.head_padding is not None:
+        padding, head_dim, kv = sharding.head_layout()
+        return padding.unpad(merge_shards(shards, replace(sharding, head_padding=None)), sharding.dim, head_dim, kv)
     if sharding.size is not None:
         return torch.cat(shards, dim=sharding.dim).narrow(sharding.dim, 0, sharding.size)
     if not sharding.fused_splits:
@@ -174,6 +199,14 @@ def split_full(full: torch.Tensor, sharding: Sharding, tp: int, rank: int, name:
     if sharding.qkv_interleave is not None:
         fused = full.index_select(sharding.dim, _interleave_order(sharding).to(full.device))
         return split_full(fused, replace(sharding, qkv_interleave=None), tp, rank, name)
+    if sharding.head_padding is not None:
+        padding, head_dim, kv = sharding.head_layout()
+        real = len(padding.real_rows(head_dim, kv))
+        if full.shape[sharding.dim] != real:
+            raise ValueError(f"{name}: size {full.shape[sharding.dim]} along dim {sharding.dim}, expected the real "
+                             f"(unpadded) heads' {real}")
+        padded = padding.pad(full, sharding.dim, head_dim, kv)
+        return split_full(padded, replace(sharding, head_padding=None), tp, rank, name)
     if sharding.size is not None:
         if full.shape[sharding.dim] != sharding.size:
             raise ValueError(f"{name}: size {full.shape[sharding.dim]} along dim {sharding.dim}, expected the real "

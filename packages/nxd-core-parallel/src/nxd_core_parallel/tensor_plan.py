@@ -42,7 +42,7 @@ from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
 from nxd.resolved import NxdConfig
 from nxd.specs import ParallelPlan
 from nxd_core_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
-from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
+from nxd_core_parallel.modules.kv_heads import HeadPadding, head_padding_for, kv_size_multiplier_for
 from nxd_core_parallel.modules.plain import GroupedQKVLinear, QKVLinear
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import comm
@@ -101,6 +101,26 @@ def _keep_init(layer: nn.Module, module: nn.Module) -> nn.Module:
     return layer
 
 
+def _head_padding(module: nn.Module, options: dict, tp: int) -> tuple[HeadPadding, int] | None:
+    """``(padded layout, head_dim)`` of a ``padded`` module declaring ``attention_heads = (query
+    heads, KV heads, head_dim)`` (Llama's ``qkv_proj``/``o_proj``) whose query heads TP does not
+    divide; else None."""
+    heads = getattr(module, "attention_heads", None)
+    if not options.get("pad") or heads is None:
+        return None
+    padding = head_padding_for(heads[0], heads[1], tp)
+    return (padding, heads[2]) if padding.padded else None
+
+
+def _tag_head_padding(layer: nn.Module, params: list, padding: HeadPadding, head_dim: int) -> None:
+    """Checkpoints and exports hold the real heads (nxd-ckpt reads ``head_padding``)."""
+    for param in params:
+        if param is not None:
+            param.head_padding = (padding.num_heads, padding.num_kv_heads, padding.group_slots, padding.kv_groups,
+                                  head_dim)
+    layer.padded_heads = True  # pad_model leaves it alone
+
+
 def _padded_heads(name: str, module: nn.Linear, style: str, context: ParallelContext | None,
                   options: dict) -> nn.Module | None:
     """NxD's ``pad_model`` as plan data: a ``padded`` projection whose module declares ``pad_heads =
@@ -109,8 +129,22 @@ def _padded_heads(name: str, module: nn.Linear, style: str, context: ParallelCon
     zero groups give zero attention output into zero output-projection columns (the model computes
     what it did unpadded, the padding gets no gradient); the weights are marked like ``pad=True``
     ones, so checkpoints and exports hold the real size. None when no padding is needed."""
-    heads, unit = getattr(module, "pad_heads", (None, None))
     tp = dim_size(context, "tp")
+    grouped = _head_padding(module, options, tp) if style == "row" else None
+    if grouped is not None:  # an output projection's input columns of GQA heads padded inside their groups
+        padding, head_dim = grouped
+        common = dict(bias=module.bias is not None, dtype=module.weight.dtype, device=module.weight.device,
+                      init_method=_skip_init, context=context, **{k: v for k, v in options.items() if k != "pad"})
+        layer = RowParallelLinear(padding.padded_heads * head_dim, module.out_features, input_is_parallel=True,
+                                  **common)
+        if not module.weight.is_meta:
+            _copy_shard(layer.weight, padding.pad(module.weight.detach(), 1, head_dim, kv=False), 1, context)
+        if module.bias is not None and not (module.bias.is_meta or layer.bias.is_meta):
+            with torch.no_grad():
+                layer.bias.copy_(module.bias)
+        _tag_head_padding(layer, [layer.weight], padding, head_dim)
+        return _keep_init(layer, module)
+    heads, unit = getattr(module, "pad_heads", (None, None))
     real = module.out_features if style != "row" else module.in_features
     if not options.get("pad") or heads is None or heads % tp == 0:
         return None
@@ -174,20 +208,34 @@ def _linear(name: str, module: nn.Module, style: str, context: ParallelContext |
 
 def _qkv(name: str, module: QKVLinear, context: ParallelContext | None, options: dict) -> nn.Module:
     """A one-device fused QKV projection -> ``GQAQKVColumnParallelLinear`` with the family's K/V
-    replication at this TP size (``module.kv_size_multiplier_for``)."""
+    replication at this TP size (``module.kv_size_multiplier_for``); named ``padded`` and declaring
+    ``attention_heads`` with query heads TP does not divide, its heads are padded
+    (:class:`~nxd_core_parallel.modules.kv_heads.HeadPadding`: zero query heads inside the KV groups,
+    zero groups) and tagged ``head_padding``."""
+    tp = dim_size(context, "tp")
+    grouped = _head_padding(module, options, tp)
     options = {k: v for k, v in options.items() if k != "pad"}
     bias = module.bias_qkv
+    if grouped is not None:  # query heads padded inside their KV groups (and zero groups), NxD's pad_model
+        padding, head_dim = grouped
+        q_size, kv_size, m = padding.padded_heads * head_dim, padding.kv_groups * head_dim, padding.kv_size_multiplier(tp)
+    else:
+        q_size, kv_size, m = module.q_size, module.kv_size, module.kv_size_multiplier_for(tp)
     layer = GQAQKVColumnParallelLinear(
-        module.input_size, [module.q_size, module.kv_size], bias=bias is not None, gather_output=False,
+        module.input_size, [q_size, kv_size], bias=bias is not None, gather_output=False,
         dtype=module.weight_qkv.dtype, device=module.weight_qkv.device, init_method=_skip_init,
-        kv_size_multiplier=module.kv_size_multiplier_for(dim_size(context, "tp")), fuse_qkv=True, context=context,
-        **options)
+        kv_size_multiplier=m, fuse_qkv=True, context=context, **options)
+    if grouped is not None:
+        _tag_head_padding(layer, [layer.weight_qkv, layer.bias_qkv], *grouped)
     if not module.weight_qkv.is_meta:
         with torch.no_grad():
-            layer.weight_qkv.copy_(torch.cat(layer.local_pieces([w.detach() for w in module.full_pieces()])))
-            if bias is not None:
-                pieces = bias.detach().split([module.q_size, module.kv_size, module.kv_size])
-                layer.bias_qkv.copy_(torch.cat(layer.local_pieces(list(pieces))))
+            for param, full in ((layer.weight_qkv, module.weight_qkv), (layer.bias_qkv, bias)):
+                if full is None:
+                    continue
+                full = full.detach()
+                if grouped is not None:
+                    full = grouped[0].pad(full, 0, grouped[1], kv=True)
+                param.copy_(torch.cat(layer.local_pieces(list(full.split([q_size, kv_size, kv_size])))))
     return _keep_init(layer, module)
 
 

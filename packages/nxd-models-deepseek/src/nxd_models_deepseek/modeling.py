@@ -48,6 +48,8 @@ class DeepseekV3ForCausalLM(MixtralForCausalLM):
     model_class = DeepseekV3Model
     config_class = DeepseekV3Config
     nxd_parallel_plan = DEEPSEEK_PLAN
+    #: MLA's heads are not padded (Mixtral's attention is)
+    nxd_pads_attention_heads = False
 
     def __init__(self, config: DeepseekV3Config | dict, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:

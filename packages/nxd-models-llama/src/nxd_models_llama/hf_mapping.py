@@ -15,6 +15,9 @@ Layout notes (also published as ``spec.extras["hf_key_mapping"]``):
   heads ``[r*Lq, (r+1)*Lq)`` attend to (for odd counts, e.g. 3 KV heads at TP=2, that is all of
   them, and the attention picks each query head's KV head), so q/k/v and ``o_proj`` shards are
   contiguous slices in HF head order.
+* Query heads TP does not divide are padded (``kv_heads.HeadPadding``: zero query heads at the
+  end of each KV group, zero groups): a shard's padded heads are zero rows (``Piece.zeros``) no
+  HF tensor holds, so imports fill them with zeros and exports drop them.
 * ``mlp.gate_up_proj.weight`` = this rank's ``[gate; up]`` rows (``fused_splits``).
 * A vocabulary not divisible by TP is padded at its end (``pad=True``): the last ranks' embedding
   and LM-head shards end in zero rows that no HF tensor holds (``Piece.zeros``).
@@ -34,16 +37,34 @@ def _rows(key: str, start: int, stop: int, dim: int = 0) -> Piece:
     return Piece(key, dim, tuple(range(start, stop)))
 
 
-def _heads(key: str, heads: list[int], head_dim: int, dim: int = 0) -> Piece:
-    return Piece(key, dim, tuple(h * head_dim + d for h in heads for d in range(head_dim)))
+def _heads(key: str, heads: list[int | None], head_dim: int, dim: int = 0) -> list[Piece]:
+    """The pieces of ``heads`` (HF head indices; None: a padded head, zero rows no HF tensor holds)."""
+    pieces: list[Piece] = []
+    run: list[int] = []
+    zeros = 0
+    for h in [*heads, -1]:  # -1: flush the last run
+        if h is None:
+            zeros += 1
+            continue
+        if run or zeros:
+            pieces.append(Piece(key, dim, tuple(r * head_dim + d for r in run for d in range(head_dim)),
+                                zeros=zeros * head_dim))
+        run, zeros = [h], 0
+    return pieces
 
 
-def heads_of_rank(config: LlamaConfig, tp: int, rank: int, kv_size_multiplier: int) -> tuple[list[int], list[int]]:
-    """``(query heads, kv heads)`` (HF head indices) held by TP ``rank``, in local order: contiguous
-    query heads, and KV piece ``rank // m`` of the ``tp / m`` distinct KV pieces
-    (:func:`nxd_core_parallel.modules.kv_heads.heads_of_rank`)."""
-    return kv_heads.heads_of_rank(config.num_attention_heads, config.num_key_value_heads, tp, rank,
-                                  kv_size_multiplier)
+def heads_of_rank(config: LlamaConfig, tp: int, rank: int, kv_size_multiplier: int
+                  ) -> tuple[list[int | None], list[int | None]]:
+    """``(query heads, kv heads)`` (HF head indices; None: a padded head) held by TP ``rank``, in
+    local order: contiguous query heads, and KV piece ``rank // m`` of the ``tp / m`` distinct KV
+    pieces (:func:`nxd_core_parallel.modules.kv_heads.heads_of_rank`); when TP does not divide the
+    query heads, those of the padded layout (:func:`~nxd_core_parallel.modules.kv_heads.head_padding_for`)."""
+    padding = kv_heads.head_padding_for(config.num_attention_heads, config.num_key_value_heads, tp)
+    if padding.padded:
+        return padding.heads_of_rank(tp, rank)
+    q, kv = kv_heads.heads_of_rank(config.num_attention_heads, config.num_key_value_heads, tp, rank,
+                                   kv_size_multiplier)
+    return list(q), list(kv)
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -76,14 +97,14 @@ def plan_for(name: str, config: LlamaConfig, tp: int, rank: int, kv_size_multipl
         return [Piece(name, None)]
     if rest in ("self_attn.qkv_proj.weight_qkv", "self_attn.qkv_proj.bias_qkv"):
         kind = rest.rsplit("_", 1)[0].rsplit(".", 1)[1]  # "weight" or "bias"
-        return [_heads(f"{attn}q_proj.{kind}", q_heads, hd), _heads(f"{attn}k_proj.{kind}", kv_heads, hd),
-                _heads(f"{attn}v_proj.{kind}", kv_heads, hd)]
+        return [*_heads(f"{attn}q_proj.{kind}", q_heads, hd), *_heads(f"{attn}k_proj.{kind}", kv_heads, hd),
+                *_heads(f"{attn}v_proj.{kind}", kv_heads, hd)]
     split = re.fullmatch(r"self_attn\.qkv_proj\.(weight|bias)_([qkv])", rest)
     if split:
         kind, which = split.groups()
-        return [_heads(f"{attn}{which}_proj.{kind}", q_heads if which == "q" else kv_heads, hd)]
+        return _heads(f"{attn}{which}_proj.{kind}", q_heads if which == "q" else kv_heads, hd)
     if rest == "self_attn.o_proj.weight":
-        return [_heads(f"{attn}o_proj.weight", q_heads, hd, dim=1)]
+        return _heads(f"{attn}o_proj.weight", q_heads, hd, dim=1)
     if rest == "self_attn.o_proj.bias":
         return [Piece(f"{attn}o_proj.bias", None)]
     if rest in ("mlp.gate_up_proj.weight", "mlp.gate_up_proj.bias"):

@@ -48,20 +48,22 @@ class CausalLMOutput:
     logits: torch.Tensor | None
 
 
+def head_padding(config: LlamaConfig, tp: int) -> kv_heads.HeadPadding:
+    """The attention heads' layout at TP size ``tp``: query heads TP does not divide are padded
+    inside their KV groups (or by zero groups) as NxD's ``pad_model`` does
+    (:func:`nxd_core_parallel.modules.kv_heads.head_padding_for`; unpadded when TP divides them)."""
+    try:
+        return kv_heads.head_padding_for(config.num_attention_heads, config.num_key_value_heads, tp)
+    except ValueError as err:
+        raise ConfigError(f"{err} (HF GQA groups query heads evenly over the KV heads)") from None
+
+
 def kv_size_multiplier_for(config: LlamaConfig, tp: int) -> int:
     """How many times K/V heads are replicated over TP (NxD's ``kv_size_multiplier``; the rule is
-    :func:`nxd_core_parallel.modules.kv_heads.kv_size_multiplier_for`): 1 when TP divides the KV
-    heads, ``tp / kv`` when the KV heads divide TP, and for odd counts (3 KV heads at TP=2) up to ``tp``."""
-    nq, nkv = config.num_attention_heads, config.num_key_value_heads
-    if nq % tp:
-        raise ConfigError(f"num_attention_heads ({nq}) must be divisible by tensor_parallel_size ({tp}); nxd's Llama "
-                          "does not pad attention heads (NxD's pad_model pads models built from ColumnParallelLinear/"
-                          "RowParallelLinear projections: docs/parallel.md)")
-    m = kv_heads.kv_size_multiplier_for(nq, nkv, tp)
-    if m is None:
-        raise ConfigError(f"num_key_value_heads={nkv} and num_attention_heads={nq} are not grouped evenly "
-                          "(HF GQA needs num_attention_heads divisible by num_key_value_heads)")
-    return m
+    :func:`nxd_core_parallel.modules.kv_heads.kv_size_multiplier_for`, on the padded heads when TP
+    does not divide the query heads): 1 when TP divides the KV heads, ``tp / kv`` when the KV heads
+    divide TP, and for odd counts (3 KV heads at TP=2) up to ``tp``."""
+    return head_padding(config, tp).kv_size_multiplier(tp)
 
 
 class KVCache:
@@ -182,15 +184,22 @@ class LlamaAttention(nn.Module):
         self.o_proj = plain.Linear(config.num_attention_heads * config.head_dim, config.hidden_size,
                                    bias=config.attention_bias, init_method=init, dtype=config.torch_dtype,
                                    device=device)
+        # the plan pads both by heads (plan ``padded``) when TP does not divide the query heads
+        self.qkv_proj.attention_heads = self.o_proj.attention_heads = (
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+        #: which local query heads are real (None: all); padded heads' output is zeroed
+        self.real_heads: tuple[bool, ...] | None = None
 
     def nxd_parallelized(self, context: ParallelContext | None) -> None:
-        """This rank's heads once the plan has sharded the projections over ``context``'s TP."""
-        config, tp = self.config, _size(context, "tp")
-        self.kv_size_multiplier = kv_size_multiplier_for(config, tp)
-        self.num_heads = config.num_attention_heads // tp
-        self.num_kv_heads = config.num_key_value_heads * self.kv_size_multiplier // tp
-        self.core_attention.kv_index = kv_heads.local_kv_index(
-            config.num_attention_heads, config.num_key_value_heads, tp, _rank(context, "tp"), self.kv_size_multiplier)
+        """This rank's heads once the plan has sharded the projections over ``context``'s TP
+        (padded ones included when TP does not divide the query heads)."""
+        tp, rank = _size(context, "tp"), _rank(context, "tp")
+        padding = head_padding(self.config, tp)
+        self.kv_size_multiplier = padding.kv_size_multiplier(tp)
+        self.num_heads = padding.padded_heads // tp
+        self.num_kv_heads = padding.kv_groups * self.kv_size_multiplier // tp
+        self.core_attention.kv_index = padding.local_kv_index(tp, rank)
+        self.real_heads = padding.query_mask(tp, rank)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
@@ -209,6 +218,8 @@ class LlamaAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)
         out = self.core_attention(q, k, v, attention_mask)
+        if self.real_heads is not None:  # padded query heads: no output, so no gradient (NxD's padding mask)
+            out = out * torch.tensor(self.real_heads, dtype=out.dtype, device=out.device).view(1, -1, 1, 1)
         out = out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
         return self.o_proj(out)
 
@@ -338,6 +349,8 @@ class LlamaForCausalLM(nn.Module):
 
     #: the family's parallel plan (data; the spec registers the same object)
     nxd_parallel_plan = LLAMA_PLAN
+    #: query heads TP does not divide are padded by the plan (NxD's pad_model; zero heads, masked output)
+    nxd_pads_attention_heads = True
 
     #: Blocks wrapped by full activation checkpointing and used as pipeline cut points.
     nxd_transformer_layer_classes = (LlamaDecoderLayer,)

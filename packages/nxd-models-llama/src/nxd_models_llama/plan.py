@@ -14,7 +14,8 @@ LLAMA_PLAN = ParallelPlan(
     sequence=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"),
     pipeline_blocks=("model.layers.*",),
     context_parallel=("model.layers.*.self_attn",),
-    # any vocabulary at any TP: padded rows never show (logits -inf, exports cut them)
-    padded=("model.embed_tokens", "lm_head"),
+    # any vocabulary at any TP: padded rows never show (logits -inf, exports cut them); query heads
+    # TP does not divide get zero heads (NxD's pad_model; the attention zeroes their output)
+    padded=("model.embed_tokens", "lm_head", "model.layers.*.self_attn.qkv_proj", "model.layers.*.self_attn.o_proj"),
     sequence_dimension=1,
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nxd.errors import ConfigError
 from nxd.specs import config_reader, family_spec
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama.config import LlamaConfig
@@ -63,7 +64,12 @@ def hf_param_plan(model: LlamaForCausalLM, name: str, tp: int, rank: int) -> lis
     (``dim=0``), columns (``dim=1``) or whole (``dim=None``) make up parameter ``name`` (an nxd
     name, e.g. ``model.layers.0.self_attn.qkv_proj.weight_qkv``) on TP ``rank`` of ``tp``, in local order."""
     multiplier = kv_size_multiplier_for(model.config, tp)
-    return [(p.hf_key, p.dim, tuple(p.index)) for p in plan_for(name, model.config, tp, rank, multiplier)]
+    pieces = plan_for(name, model.config, tp, rank, multiplier)
+    if "self_attn" in name and any(p.zeros for p in pieces):  # the triples cannot say where padded heads sit
+        raise ConfigError(f"{name}: its attention heads are padded at tensor_parallel_size {tp} (TP does not divide "
+                          f"num_attention_heads={model.config.num_attention_heads}), which LoRA adapters on it do "
+                          "not cover; choose a tensor_parallel_size dividing the query heads")
+    return [(p.hf_key, p.dim, tuple(p.index)) for p in pieces]
 
 
 SPEC = family_spec(

@@ -153,6 +153,8 @@ class MixtralForCausalLM(nn.Module):
     #: the family's parallel plan (data; the spec registers the same object): the model is built
     #: plain and the ``parallel_plan`` transform applies it
     nxd_parallel_plan = MIXTRAL_PLAN
+    #: query heads TP does not divide are padded by the plan (NxD's pad_model; zero heads, masked output)
+    nxd_pads_attention_heads = True
 
     def __init__(self, config: MixtralConfig | dict, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:

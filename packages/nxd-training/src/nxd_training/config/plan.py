@@ -254,18 +254,19 @@ def _layout_fits_model(ds: DistributedStrategyConfig, spec: Any, model_config: A
 def _heads(ds: DistributedStrategyConfig, model_config: Any, tp: int, pads_heads: bool = False) -> None:
     """TP must shard whole query heads; K/V heads TP does not divide are replicated by the model
     (NxD's ``kv_size_multiplier``), and ``kv_replicator``, when given, must be that replication.
-    ``pads_heads``: the model pads query heads TP does not divide itself (NxD's ``pad_model``; GPT)."""
+    ``pads_heads``: the model pads query heads TP does not divide itself (NxD's ``pad_model``; GPT,
+    Llama, Qwen3, Mixtral)."""
     heads = getattr(model_config, "num_attention_heads", None)
     kv = getattr(model_config, "num_key_value_heads", None) or getattr(model_config, "num_query_groups", None) or heads
     if heads is None:
         return
     if heads % tp and pads_heads:
-        return  # padded with zero heads (and, for GQA, zero query groups) by the model's plan
+        return  # padded with zero heads (inside KV groups, or zero groups) by the model's plan
     if heads % tp:
         raise ConfigError(
             f"distributed_strategy.tensor_model_parallel_size={tp} must divide model num_attention_heads={heads} "
-            "(nxd's Llama/Qwen3/Mixtral/DeepSeek do not pad attention heads, its GPT does; NxD's pad_model covers "
-            "scripts whose model is built from ColumnParallelLinear/RowParallelLinear projections)"
+            "(this model does not pad attention heads; nxd's GPT, Llama, Qwen3 and Mixtral do, and NxD's pad_model "
+            "covers scripts whose model is built from ColumnParallelLinear/RowParallelLinear projections)"
         )
     if kv % tp == 0:
         return

@@ -5,7 +5,8 @@ The attention zeroes the padded heads' output, so the model is the unpadded one.
 transformers (loss, every gradient after nxd's sync, the gradient norm, within 1e-5 relative: fp32
 sums of a few hundred terms, as in the unpadded parity tests); the padding gets exactly zero gradient; the HF
 export is byte-equal to its source, reloads with the same logits and generates the same tokens; an
-nxd checkpoint saved padded at TP=2 loads at TP=1 with exactly the HF-imported tensors."""
+nxd checkpoint saved padded at TP=2 loads at TP=1 with exactly the HF-imported tensors (a tag NxD
+wrote, which does not record how it padded, is refused at a padded TP)."""
 
 from __future__ import annotations
 
@@ -68,18 +69,26 @@ def heads_body(src: str, out: str, prompt: torch.Tensor) -> dict:
     return {"padding": padding, "layout": layout}
 
 
-def reshard_body(src: str, root: str) -> list[str]:
-    """Saved padded at TP=2 (x DP=2), loaded at TP=1: the tensors the HF import gives at TP=1."""
+def reshard_body(src: str, root: str) -> tuple[list[str], str]:
+    """Saved padded at TP=2 (x DP=2), loaded at TP=1: the tensors that differ from the HF import at
+    TP=1; and the refusal of the same shards written as NxD writes them (no metadata.json)."""
     import nxd
     from nxd.transforms import parallelize_model
+    from nxd_ckpt import CheckpointError
     from nxd_core_parallel import parallel_state
     from nxd_models_llama import LlamaForCausalLM, load_hf_checkpoint
 
     config = json.loads((Path(src) / "config.json").read_text())
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    context = parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     model = parallelize_model(LlamaForCausalLM(config))
     load_hf_checkpoint(model, src)
     nxd.save_checkpoint(root, "tp2", model=model)
+    if context.dp.rank == 0:
+        (Path(root) / "nxd" / "model").mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), Path(root) / "nxd" / "model" / f"dp_rank_00_tp_rank_{context.tp.rank:02d}_pp_rank_00.pt")
+    torch.distributed.barrier()
+    with pytest.raises(CheckpointError, match="written by NxD") as refused:
+        nxd.load_checkpoint(root, "nxd", model=model)
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
     expected = parallelize_model(LlamaForCausalLM(config))
@@ -89,7 +98,7 @@ def reshard_body(src: str, root: str) -> list[str]:
     nxd.load_checkpoint(root, "tp2", model=single)
     want = expected.state_dict()
     parallel_state.destroy_model_parallel()
-    return [k for k, v in single.state_dict().items() if not torch.equal(v, want[k])]
+    return [k for k, v in single.state_dict().items() if not torch.equal(v, want[k])], str(refused.value)
 
 
 @pytest.mark.slow
@@ -105,4 +114,5 @@ def test_llama_heads_tp_does_not_divide_are_padded(rank_pool, tmp_path):
     out = pool.run(heads_body, str(gqa), str(tmp_path / "out"), data["input_ids"][:1, :4])
     assert [r["layout"] for r in out] == [(2, 1, 2, None), (2, 1, 2, (True, False))] * 2
     assert out[1]["padding"] == [0.0] * 4 and out[3]["padding"] == [0.0] * 4  # zero and no gradient
-    assert pool.run(reshard_body, str(mha), str(tmp_path / "ckpt")) == [[]] * 4
+    for differ, refused in pool.run(reshard_body, str(mha), str(tmp_path / "ckpt")):
+        assert differ == [] and "pads its attention heads at TP=2" in refused

@@ -134,6 +134,12 @@ def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, st
     module, adapters = _load_target(reader, meta, unwrap_model(model), topo)
     target = module.state_dict()
     shardings = shardings_of(module, target)
+    padded = next((k for k, sh in shardings.items() if sh is not None and sh.head_padding is not None), None)
+    if meta is None and padded is not None:  # NxD places padded heads its own ways (per hardware), unrecorded
+        raise CheckpointError(f"{reader.storage.describe(reader.tag)} was written by NxD (no metadata.json), and this "
+                              f"model pads its attention heads at TP={topo.tp} ({padded}): NxD's head padding layout "
+                              "is not recorded in its checkpoints; load it at a tensor-parallel size dividing "
+                              "num_attention_heads, then save it with nxd")
     if meta is None and needs_nxd_reshard(reader, shardings, topo.tp, topo.pp):
         state, tiled = nxd_written_state(reader, module, shardings, topo.tp, topo.tp_rank, topo.pp)
         reader.nxd_renumbered = tiled

@@ -104,14 +104,20 @@ def _scan(path: Path) -> dict[str, list[str]]:
                               and "context" in [a.arg for a in f.args.args + f.args.kwonlyargs]
                               and any(is_global_read(n) for n in ast.walk(f))}
     hits: dict[str, list[str]] = {"global": [], "fallback": [], "key": []}
+    # the innermost function around each node (outer functions are walked first, inner ones overwrite)
+    enclosing: dict[ast.AST, str] = {}
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(f):
+                enclosing[inner] = f.name
     where = lambda node: f"{path.relative_to(ROOT)}:{node.lineno}"  # noqa: E731
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             owner, name = _called_name(node.func)
             if is_global_read(node):
-                hits["global"].append(f"{where(node)} {name}()")
+                hits["global"].append(f"{where(node)} {name}() in {enclosing.get(node, '<module>')}")
             elif name in fallbacks and (owner is None or name == FALLBACK):
-                hits["fallback"].append(f"{where(node)} {name}()")
+                hits["fallback"].append(f"{where(node)} {name}() in {enclosing.get(node, '<module>')}")
             elif name == "get" and _is_nxd_config(node.func.value if isinstance(node.func, ast.Attribute) else None) \
                     and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
                 hits["key"].append(f"{where(node)} nxd_config.get({node.args[0].value!r})")

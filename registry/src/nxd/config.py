@@ -165,6 +165,12 @@ def neuronx_distributed_config(
         raise ConfigError("model_init_config.param_init_fn must be a callable when meta_device_init is True")
     if pipeline_config is not None and not isinstance(pipeline_config, dict):
         raise ConfigError(f"pipeline_config must be a dict, got {type(pipeline_config).__name__}")
+    # each argument checked on its own first; then what is derived from several (precision, strategy)
+    checkpointing = _activation_checkpoint(activation_checkpoint_config)
+    compile_options = _compile(compile_config)
+    transforms = _model_transforms(model_transforms)
+    reduce_dtype = dtype_name(parallel_layers_reduce_dtype, "parallel_layers_reduce_dtype",
+                              allowed=(torch.float32, torch.bfloat16))
     mixed_precision = _mixed_precision(mixed_precision_config, optimizer["zero_one_enabled"])
     fsdp = _fsdp_config(fsdp_config)
     if fsdp is not None and optimizer["zero_one_enabled"]:
@@ -181,7 +187,7 @@ def neuronx_distributed_config(
         "pipeline_parallel_size": pp,
         "pipeline_config": dict(pipeline_config or {}),
         "optimizer_config": optimizer,
-        "activation_checkpoint_config": _activation_checkpoint(activation_checkpoint_config),
+        "activation_checkpoint_config": checkpointing,
         "pad_model": _bool("pad_model", pad_model),
         "sequence_parallel": _bool("sequence_parallel", sequence_parallel),
         "model_init_config": model_init,
@@ -190,11 +196,11 @@ def neuronx_distributed_config(
         "expert_parallel_size": ep,
         "context_parallel_size": cp,
         "lnc_size": lnc_size,
-        "compile_config": _compile(compile_config),
+        "compile_config": compile_options,
         "data_parallel_strategy": strategy,
         "fsdp_config": fsdp,
-        "model_transforms": _model_transforms(model_transforms),
-        "parallel_layers_reduce_dtype": _reduce_dtype(parallel_layers_reduce_dtype),
+        "model_transforms": transforms,
+        "parallel_layers_reduce_dtype": reduce_dtype,
         CONFIG_MARKER: 1,
     })
     _require_plugins(config)
@@ -202,10 +208,6 @@ def neuronx_distributed_config(
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         initialize_parallel(config)
     return config
-
-
-def _reduce_dtype(value: Any) -> str | None:
-    return dtype_name(value, "parallel_layers_reduce_dtype", allowed=(torch.float32, torch.bfloat16))
 
 
 def _fsdp_config(value: Any) -> dict | None:

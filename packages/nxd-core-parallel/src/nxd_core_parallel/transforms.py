@@ -19,15 +19,10 @@ from nxd.transforms import (
     ModelTransform,
     When,
 )
+from nxd_core_parallel.tensor_plan import apply_parallel_plan
 
 #: head padding runs on the tensor-parallel layers the plan made (and expert parallelism's split)
 PAD_MODEL = PARALLEL_PLAN + 50
-
-
-def _apply_plan(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module | None:
-    from nxd_core_parallel.tensor_plan import apply_parallel_plan
-
-    return apply_parallel_plan(model, context, config)
 
 
 def _pad(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
@@ -71,14 +66,14 @@ def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, 
                   **defaults: Any) -> torch.optim.Optimizer:
     """The optimizer side of ``ddp`` (and the registered optimizer ``default``): NxD's
     ``NxDOptimizer`` around ``optimizer_class(parameters, **defaults)`` (DP gradient sync, clipping)."""
-    from nxd_core_parallel.trainer import NxDOptimizer
+    from nxd_core_parallel.wrapped_optimizer import NxDOptimizer
 
     return NxDOptimizer(optimizer_class(parameters, **defaults), config, context=context)
 
 
 TRANSFORMS = (
     # at any TP: a model carrying a plan (nxd's families built plain) gets its layers at TP=1 too
-    ModelTransform("parallel_plan", PARALLEL_PLAN, _apply_plan, ALWAYS,
+    ModelTransform("parallel_plan", PARALLEL_PLAN, apply_parallel_plan, ALWAYS,
                    description="a model's nxd_parallel_plan (a family's, or a plain model's): nn.Linear/nn.Embedding/QKVLinear "
                                "-> TP/SP layers with their shards"),
     ModelTransform("pad_model", PAD_MODEL, _pad, When("pad_model"),

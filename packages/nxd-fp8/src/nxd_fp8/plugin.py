@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import nxd
+from nxd.resolved import NxdConfig
+from nxd_fp8.options import NAME
 
 NXD_PLUGIN_API = (3, 3)  # plugin-API versions this plugin supports (inclusive range)
 
@@ -17,10 +19,10 @@ def nxd_register_model_transforms(registry: Any) -> None:
 
 
 @nxd.hookimpl
-def nxd_validate_config(nxd_config: dict) -> None:
+def nxd_validate_config(nxd_config: NxdConfig) -> None:
     # the options and the device are judged when the config is made: before `nxd train` starts a rank
+    if NAME not in nxd_config.model_transforms:
+        return  # FP8 is off
     from nxd_fp8.transform import check_device, options_of
 
-    options = options_of(nxd_config)
-    if options is not None:
-        check_device(options)
+    check_device(options_of(nxd_config))

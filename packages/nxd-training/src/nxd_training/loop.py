@@ -89,6 +89,7 @@ class Trainer:
         self.plan: RunPlan = plan_of(config)  # from the resolution: nothing derived again
         # the NxD config every hook and transform gets: the same builder and resolution `--validate` used
         self.nxd_config = build.nxd_config(config, self.plan)
+        model_config = build.model_config_for_rank(config.precision, self.plan)
         self.backend = select_backend(config.trainer)
         seed_everything(config.seed)
         # distributed_strategy.collective_timeout bounds the default group's and every parallel group's collectives
@@ -99,6 +100,7 @@ class Trainer:
         # the run's groups, with its timeout, before anything else builds them (neuronx_distributed_config
         # keeps a current context of the same sizes: groups start once)
         self.context = start_parallel_context(**self.nxd_config.sizes(), timeout=timeout)
+        build_fn = nxd.parallel.bind_context(self.plan.spec.build, self.context)  # the model spec gets the context
         self.rank = dist.get_rank()
         self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
         self.ckpt_dir = checkpoint_dir(config.exp_manager, self.log_dir)
@@ -106,8 +108,6 @@ class Trainer:
 
         self.device = self.context.device
         model_parallel_manual_seed(config.seed, self.context)
-        model_config = build.model_config_for_rank(config.precision, self.plan)
-        build_fn = nxd.parallel.bind_context(self.plan.spec.build, self.context)  # the model spec gets the context
         self.model = nxd.initialize_parallel_model(self.nxd_config, build_fn, False, model_config, self.nxd_config)
         #: the step contract's ``autocast`` dtype (``precision.type: autocast`` or ``fp8``: bf16 forward passes)
         self.autocast = autocast_dtype(config.precision)
@@ -240,10 +240,10 @@ class Trainer:
         (loss, grad norm, metrics) come back as a :class:`StepReadback`, read by the loop one step
         late: nothing in the step waits for the device."""
         self.model.train()
-        micro_batches = [self._model_inputs(next(it)) for _ in range(self.plan.num_microbatches)]
         sums: dict[str, torch.Tensor] = {}
-        total = self.model.run_train(*micro_batches, autocast=self.autocast, loss_fn=self._loss_fn(sums),
-                                     loss_terms=sums)
+        loss_fn = self._loss_fn(sums)
+        micro_batches = [self._model_inputs(next(it)) for _ in range(self.plan.num_microbatches)]
+        total = self.model.run_train(*micro_batches, autocast=self.autocast, loss_fn=loss_fn, loss_terms=sums)
         numbers = self._dp_means(total, sums, len(micro_batches))
         self.optimizer.step()
         self.scheduler.step()

@@ -2,7 +2,7 @@
 
 The TP=2 files are cut from a TP=1 model with NxD's layouts (Column rows / Row columns contiguous,
 GQA K/V replicated adjacent or tiled); loading them at TP=1 must give that model back exactly, and
-what nxd cannot honour (NxD's optimizer state at another TP, K/V copies in no layout NxD writes,
+what nxd cannot honour (NxD's optimizer state at another PP, K/V copies in no layout NxD writes,
 a tensor of no TP=2 size) is refused naming it.
 """
 
@@ -52,10 +52,13 @@ def test_nxd_tp2_tag_loads_at_tp1_exactly(tmp_path):
     assert [k for k, v in model.state_dict().items() if not torch.equal(v, want[k])] == []
 
 
-def test_nxd_optimizer_state_at_another_tp_is_refused(tmp_path):
+def test_nxd_optimizer_state_at_another_pp_is_refused(tmp_path):
     model = _model()
     _nxd_tag(str(tmp_path), model.state_dict(), with_optim=True)
-    with pytest.raises(CheckpointError, match=r"optimizer state written by NxD at TP=2 PP=1 does not reshard"):
+    for r in range(2):  # a second pipeline stage holding nothing of this model
+        torch.save({}, os.path.join(tmp_path, "t", "model", SHARD.format(r).replace("pp_rank_00", "pp_rank_01")))
+    with pytest.raises(CheckpointError, match=r"optimizer state written by NxD at TP=2 PP=2 does not reshard to this "
+                                              r"run's PP=1"):
         nxd.load_checkpoint(str(tmp_path), tag="t", model=model, optimizer=torch.optim.AdamW(model.parameters()))
 
 

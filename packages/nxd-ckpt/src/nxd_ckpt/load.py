@@ -16,6 +16,7 @@ from nxd_ckpt.layout import parse_shard_name, rng_name, shard_ep_rank, shard_nam
 from nxd_ckpt.metadata import shardings_of
 from nxd_ckpt.nxd_dcp import is_nxd_dcp_optim, nxd_dcp_xla_shard, read_dcp
 from nxd_ckpt.nxd_layouts import adapt_qkv_names, nxd_written_degrees
+from nxd_ckpt.nxd_optim_reshard import nxd_optimizer_state_at
 from nxd_ckpt.nxd_reshard import needs_nxd_reshard, nxd_written_state, warn_tiled
 from nxd_ckpt.rng import restore_rng_state
 from nxd_ckpt.sharding import Sharding, global_shape, merge_shards, split_full
@@ -23,6 +24,7 @@ from nxd_ckpt.snapshot import unwrap_model
 from nxd_ckpt.storage import Storage
 from nxd_ckpt.topology import Topology
 from nxd_ckpt.xser import is_xser_in_storage, load_from_storage
+from nxd_core_parallel.xla_zero1_layout import is_xla_state
 
 
 class Reader:
@@ -231,6 +233,9 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
         )
     if meta is None:
         _check_nxd_optimizer_layout(reader, topo)
+        if nxd_written_degrees(reader.storage, reader.tag)[0] != topo.tp:
+            _load_nxd_optimizer_resharded(reader, optimizer, model, topo, zero1_now)
+            return
         if is_nxd_dcp_optim(reader.storage, reader.tag):
             _load_nxd_dcp_optimizer(reader, optimizer, model, topo, zero1_now)
             return
@@ -250,7 +255,7 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
     if meta is not None:
         saved_zero1 = bool(meta["zero1"])
     else:  # written by NxD: one shard per DP rank, or at DP=1 torch-xla's ZeRO-1 keys
-        saved_zero1 = len(mine) > 1 or _is_torch_xla_zero1(reader.load(f"optim/{shard_name(mine[0], topo.tp_rank, topo.pp_rank)}"))
+        saved_zero1 = len(mine) > 1 or is_xla_state(reader.load(f"optim/{shard_name(mine[0], topo.tp_rank, topo.pp_rank)}"))
     if not zero1_now:
         if saved_zero1:
             raise CheckpointError(f"{where}: saved by a ZeRO-1 optimizer (one shard per DP rank); load it into a "
@@ -269,18 +274,36 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
 
 
 def _check_nxd_optimizer_layout(reader: Reader, topo: Topology) -> None:
-    """NxD's optimizer files hold one TP rank's flattened state each: they load at the TP/PP they were
-    written at, onto the ranks that wrote them (the model, which reshards, says the rest)."""
+    """NxD's optimizer files hold one TP/PP rank's state each: they reshard across TP and DP, not
+    across PP (each stage's parameter list differs and NxD's files do not name them)."""
     where = reader.storage.describe(f"{reader.tag}/optim")
     tp, pp = nxd_written_degrees(reader.storage, reader.tag)
-    if (tp, pp) != (topo.tp, topo.pp):
+    if pp != topo.pp:
         raise CheckpointError(f"{where}: optimizer state written by NxD at TP={tp} PP={pp} does not reshard to this "
-                              f"run's TP={topo.tp} PP={topo.pp} (the model does); pass optimizer=None to load the "
-                              f"weights only, or load it at TP={tp} PP={pp}")
+                              f"run's PP={topo.pp} (the model does); pass optimizer=None to load the weights only, "
+                              f"or load it at PP={pp}")
     if reader.nxd_renumbered:
         raise CheckpointError(f"{where}: the model's K/V heads were tiled over TP by NxD and nxd's ranks took them "
                               f"renumbered ({reader.nxd_renumbered[0]}, ...); NxD's optimizer state of each TP rank "
                               "cannot follow them: pass optimizer=None to load the weights only")
+
+
+def _load_nxd_optimizer_resharded(reader: Reader, optimizer: Any, model: Any, topo: Topology, zero1_now: bool) -> None:
+    """NxD's optimizer state of another TP, each tensor resharded as its parameter (``nxd_optim_reshard``)."""
+    where = reader.storage.describe(f"{reader.tag}/optim")
+    if model is None:
+        raise CheckpointError(f"{where}: NxD's optimizer state was written at another TP and reshards like the "
+                              "model's parameters: pass the model too")
+    dcp = is_nxd_dcp_optim(reader.storage, reader.tag)
+    state, zero1 = nxd_optimizer_state_at(reader, unwrap_model(model), optimizer, topo.tp, topo.tp_rank, topo.pp,
+                                          topo.pp_rank, dcp)
+    if zero1 != zero1_now:
+        raise CheckpointError(f"{where}: saved by {'a ZeRO-1' if zero1 else 'a non-ZeRO'} optimizer; the current "
+                              f"optimizer is {'ZeRO-1' if zero1_now else 'not ZeRO-1'} (zero_one_enabled)")
+    if zero1:
+        optimizer.load_state_dict_from_shards([state])
+    else:
+        optimizer.load_state_dict(state)
 
 
 def _load_nxd_dcp_optimizer(reader: Reader, optimizer: Any, model: Any, topo: Topology, zero1_now: bool) -> None:
@@ -296,11 +319,6 @@ def _load_nxd_dcp_optimizer(reader: Reader, optimizer: Any, model: Any, topo: To
     groups = [[(names.get(id(p), "?"), p) for p in g["params"]] for g in optimizer.param_groups]
     state = read_dcp(reader.storage, f"{reader.tag}/optim")
     optimizer.load_state_dict_from_shards([nxd_dcp_xla_shard(state, groups, topo.tp_rank, topo.pp_rank, where)])
-
-
-def _is_torch_xla_zero1(state: Any) -> bool:
-    """NxD's ZeRO-1 state (torch-xla's ``ZeroRedundancyOptimizer.state_dict()``: its own keys)."""
-    return isinstance(state, dict) and "base_state" in state and "shape_info" in state
 
 
 def restore_rng(reader: Reader, meta: dict | None, topo: Topology) -> None:

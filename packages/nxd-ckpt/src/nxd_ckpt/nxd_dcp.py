@@ -7,6 +7,12 @@ parameter and state key, ``base_state.<parameter name>.<key>[|pp-PPPP][|tp-TTTT]
 at PP / TP > 1), scalars (``step``) unsuffixed, ``param_groups`` and ``shape_info`` as objects.
 It is read here with DCP itself (no process group) and handed to the optimizer as one DP=1
 torch-xla shard of this TP/PP rank, the layout nxd-zero1 reads at any DP size.
+
+``save_checkpoint(use_zero1_dcp=True)`` writes the same layout: every rank hands DCP its TP/PP
+rank's state whole over DP, keyed as NxD's ``_wrap_optim_state_dict`` keys it; DCP writes each
+tensor once (the DP ranks' copies are one replicated tensor to its planner) and rank 0 writes
+``.metadata``. NxD's ``load_optim_state_dict`` reads it with its own DP chunks (DCP reads any
+chunk of a saved tensor).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import torch
 
 from nxd_ckpt.errors import CheckpointError
 from nxd_ckpt.storage import LocalStorage, Storage
+from nxd_core_parallel.xla_zero1_layout import MASTER_KEY
 
 DCP_METADATA = ".metadata"
 _KEY = re.compile(r"^(?P<key>[^|]+)(?:\|pp-(?P<pp>\d+))?(?:\|tp-(?P<tp>\d+))?$")
@@ -35,18 +42,16 @@ def read_dcp(storage: Storage, path: str) -> dict[str, Any]:
 
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    if not isinstance(storage, LocalStorage):
-        raise CheckpointError(f"{storage.describe(path)}: NxD's DCP optimizer state is read from a local "
-                              "directory only; copy the checkpoint to local storage first")
+    local = _local_dir(storage, path)
     buffer = io.BytesIO()
     with warnings.catch_warnings():  # DCP says it loads in one process: this rank reads the whole state on purpose
         warnings.simplefilter("ignore", UserWarning)
-        dcp_to_torch_save(storage.describe(path), buffer)  # type: ignore[arg-type]
+        dcp_to_torch_save(local, buffer)  # type: ignore[arg-type]
     buffer.seek(0)
     return torch.load(buffer, map_location="cpu", weights_only=True)
 
 
-def _rank_entries(base_state: dict[str, dict], tp_rank: int, pp_rank: int) -> dict[str, dict[str, Any]]:
+def rank_entries(base_state: dict[str, dict], tp_rank: int, pp_rank: int) -> dict[str, dict[str, Any]]:
     """``parameter name -> {state key: tensor}`` of this TP/PP rank."""
     out: dict[str, dict[str, Any]] = {}
     for name, entry in base_state.items():
@@ -57,7 +62,7 @@ def _rank_entries(base_state: dict[str, dict], tp_rank: int, pp_rank: int) -> di
     return out
 
 
-def _saved_name(name: str, saved: dict[str, Any]) -> str | None:
+def saved_name(name: str, saved: dict[str, Any]) -> str | None:
     """``name`` as NxD saved it: itself, or the one saved name it ends (NxD's model wrapper prefixes)."""
     if name in saved:
         return name
@@ -69,7 +74,7 @@ def nxd_dcp_xla_shard(state: dict[str, Any], groups: list[list[tuple[str, torch.
                       pp_rank: int, where: str) -> dict[str, Any]:
     """This TP/PP rank's whole ZeRO-1 state as one DP=1 torch-xla shard for an optimizer whose
     param groups hold ``groups`` (``(name, parameter)`` in order), numbered in that order."""
-    entries = _rank_entries(state.get("base_state", {}), tp_rank, pp_rank)
+    entries = rank_entries(state.get("base_state", {}), tp_rank, pp_rank)
     saved_groups = state.get("param_groups") or []
     if len(saved_groups) != len(groups):
         raise CheckpointError(f"{where}: NxD's DCP optimizer state has {len(saved_groups)} param group(s), the "
@@ -78,7 +83,7 @@ def nxd_dcp_xla_shard(state: dict[str, Any], groups: list[list[tuple[str, torch.
     for saved, group in zip(saved_groups, groups):
         ids = []
         for name, param in group:
-            key = _saved_name(name, entries)
+            key = saved_name(name, entries)
             if key is None:
                 raise CheckpointError(f"{where}: NxD's DCP optimizer state has no entry for parameter {name!r} at "
                                       f"tp_rank {tp_rank} pp_rank {pp_rank} (it holds {sorted(entries)[:6]}...)")
@@ -91,3 +96,37 @@ def nxd_dcp_xla_shard(state: dict[str, Any], groups: list[list[tuple[str, torch.
         raise CheckpointError(f"{where}: NxD's DCP optimizer state holds parameters the model does not have: "
                               f"{sorted(set(entries) - used)[:8]}")
     return {"state": {}, "param_groups": param_groups, "base_state": base_state, "shape_info": shape_info}
+
+
+def _local_dir(storage: Storage, path: str) -> str:
+    if not isinstance(storage, LocalStorage):
+        raise CheckpointError(f"{storage.describe(path)}: NxD's DCP optimizer state is read and written in a local "
+                              "directory only (use_zero1_dcp=True: save to a local path)")
+    return storage.describe(path)
+
+
+def nxd_dcp_state(xla: dict[str, Any], names: list[str], tp: int, tp_rank: int, pp: int, pp_rank: int,
+                  where: str) -> dict[str, Any]:
+    """A TP/PP rank's ZeRO-1 state (a torch-xla shard whole over DP, parameters numbered over the
+    optimizer's groups, ``names`` in that order) keyed as NxD's ``_wrap_optim_state_dict`` keys it."""
+    if MASTER_KEY in xla:  # NxD's DCP writer keys every tensor by a parameter name: master weights have none
+        raise CheckpointError(f"{where}: use_zero1_dcp=True with ZeRO-1 master weights in the checkpoint "
+                              "(use_master_weights_in_ckpt): NxD's DCP optimizer layout has no place for them; save "
+                              "without use_zero1_dcp, or without master weights")
+    suffix = (f"|pp-{pp_rank:04d}" if pp > 1 else "") + (f"|tp-{tp_rank:04d}" if tp > 1 else "")
+    base = {names[i]: {(k + suffix if torch.is_tensor(v) and v.dim() > 0 else k): v for k, v in entry.items()}
+            for i, entry in xla["base_state"].items()}
+    return {**{k: v for k, v in xla.items() if k not in ("base_state", "dp_rank", "tp_rank")}, "base_state": base}
+
+
+def write_dcp(storage: Storage, path: str, state: dict[str, Any], group: Any) -> list[str]:
+    """Save ``state`` with DCP at ``path`` (collective over ``group``: every rank calls it; ``None``:
+    one process); returns the files in ``path`` afterwards (complete on rank 0)."""
+    import os
+
+    import torch.distributed.checkpoint as dcp
+
+    local = _local_dir(storage, path)
+    os.makedirs(local, exist_ok=True)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(local), process_group=group, no_dist=group is None)
+    return sorted(os.listdir(local))

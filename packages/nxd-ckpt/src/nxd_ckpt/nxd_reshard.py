@@ -74,6 +74,13 @@ def kv_rank_order(kv_shards: list[torch.Tensor], mult: int, where: str) -> tuple
                           "piece is unknown")
 
 
+def kv_tensor_names(module: torch.nn.Module) -> set[str]:
+    """The names of ``module``'s GQA K/V (or fused QKV) weights and biases, whose NxD shards may hold
+    K/V heads replicated over TP."""
+    return {f"{prefix}{kind}_{p}" for prefix, _ in qkv_layers(module) for kind in ("weight", "bias")
+            for p in ("qkv", "k", "v")}
+
+
 def needs_nxd_reshard(reader: Any, shardings: dict[str, Sharding | None], tp: int, pp: int) -> bool:
     """Whether an NxD-written tag needs more than this rank's own file: it was written at another
     TP/PP, or its K/V heads are replicated over TP with more than one distinct piece (their replica
@@ -105,11 +112,10 @@ def nxd_written_state(reader: Any, module: torch.nn.Module, shardings: dict[str,
     stage = {name: p for p in reversed(range(saved_pp)) for name in ranks[p][0]}
     target = module.state_dict()
     order: dict[str, list[int]] = {}
-    kv_names: set[str] = set()
     tiled: list[str] = []
+    kv_names = kv_tensor_names(module)
     for prefix, layer in qkv_layers(module):
         fused, k = f"{prefix}weight_qkv", f"{prefix}weight_k"
-        kv_names.update(f"{prefix}{kind}_{p}" for kind in ("weight", "bias") for p in ("qkv", "k", "v"))
         name = fused if fused in stage else k
         if name not in stage:
             continue

@@ -460,10 +460,10 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         """This DP rank's shard: inner optimizer state slices plus global flat offsets."""
         return _ckpt.build_state_dict(self)
 
-    def xla_state_dict(self) -> dict:
+    def xla_state_dict(self, whole: bool = False) -> dict:
         """This DP rank's shard in NxD's own (torch-xla ``ZeroRedundancyOptimizer``) layout;
-        collective over the DP group."""
-        return xla_state_dict(self)
+        collective over the DP group. ``whole=True``: the state whole over DP (a DP=1 shard)."""
+        return xla_state_dict(self, whole)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a shard saved by the same DP rank at the same DP size (NxD's own layout: at DP=1 only,

@@ -52,14 +52,15 @@ def torchrun(python: Path, run: Path, nproc: int, script: str, *args: str,
     return done
 
 
-def step_losses(logdir_parent: Path) -> list[float]:
-    """The "step loss" scalars of the example's TensorBoard log under ``logdir_parent``."""
+def step_losses(logdir_parent: Path, tag: str = "step loss") -> list[float]:
+    """The ``tag`` scalars ("step loss", or "grad-norm" with ``--print_grad_norm``) of the example's
+    TensorBoard log under ``logdir_parent``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (logdir,) = logdir_parent.glob("neuron_tblogs_*")
     events = EventAccumulator(str(logdir))
     events.Reload()
-    return [e.value for e in events.Scalars("step loss")]
+    return [e.value for e in events.Scalars(tag)]
 
 
 def rel(a: list[float], b: list[float]) -> float:

@@ -1,7 +1,8 @@
 """Query heads TP does not divide (NxD's ``pad_model``) in Llama: 6 query heads over 2 KV heads at
 TP=4 are padded to 8 inside their KV groups (each group 3 real + 1 zero head, K/V replicated twice;
 ranks 1 and 3 hold one real and one zero head), and 5 heads (MHA) at TP=2 to 6 by one zero group.
-The attention zeroes the padded heads' output, so the model is the unpadded one. Oracle:
+The attention zeroes the padded heads' output, so the model is the unpadded one (sequence
+parallel at TP=4). Oracle:
 transformers (loss, every gradient after nxd's sync, the gradient norm, within 1e-5 relative: fp32
 sums of a few hundred terms, as in the unpadded parity tests); the padding gets exactly zero gradient; the HF
 export is byte-equal to its source, reloads with the same logits and generates the same tokens; an
@@ -44,6 +45,17 @@ def test_padded_layouts():
     padded = gqa.pad(real, 0, 3, kv=True)
     assert padded.shape[0] == 8 * 3 + 2 * 2 * 3 and torch.equal(gqa.unpad(padded, 0, 3, kv=True), real)
     assert padded[9:12].abs().sum() == 0  # group 0's 4th slot
+
+
+def test_lora_on_padded_attention_is_refused():
+    import nxd
+    from nxd_models_llama import LlamaForCausalLM
+    from nxd_models_llama.spec import hf_param_plan
+
+    model = LlamaForCausalLM(dict(CONFIGS["gqa6"], num_hidden_layers=1))
+    assert len(hf_param_plan(model, "model.layers.0.self_attn.qkv_proj.weight_qkv", 4, 0)) == 3  # rank 0: real heads
+    with pytest.raises(nxd.ConfigError, match="padded at tensor_parallel_size 4"):
+        hf_param_plan(model, "model.layers.0.self_attn.qkv_proj.weight_qkv", 4, 1)
 
 
 def heads_body(src: str, out: str, prompt: torch.Tensor) -> dict:
@@ -106,8 +118,8 @@ def test_llama_heads_tp_does_not_divide_are_padded(rank_pool, tmp_path):
     gqa, mha = save_hf("gqa6", tmp_path / "gqa6", seed=2), save_hf("mha5", tmp_path / "mha5", seed=3)
     data = batch(seed=4)
     pool = rank_pool(4)
-    worst = {"gqa6 tp4": check(pool.run(parallel_grads_body, 4, 1, "llama", EXPORT, str(gqa), data)[0],
-                               hf_lm_reference(gqa, data)),
+    worst = {"gqa6 tp4 sp": check(pool.run(parallel_grads_body, 4, 1, "llama", EXPORT, str(gqa), data, True)[0],
+                                  hf_lm_reference(gqa, data)),
              "mha5 tp2 dp2": check(pool.run(parallel_grads_body, 2, 1, "llama", EXPORT, str(mha), data)[0],
                                    hf_lm_reference(mha, data, shards=2))}
     print(f"\npadded query heads vs transformers (worst relative error): {worst}")

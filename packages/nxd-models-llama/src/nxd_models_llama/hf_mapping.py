@@ -39,18 +39,16 @@ def _rows(key: str, start: int, stop: int, dim: int = 0) -> Piece:
 
 def _heads(key: str, heads: list[int | None], head_dim: int, dim: int = 0) -> list[Piece]:
     """The pieces of ``heads`` (HF head indices; None: a padded head, zero rows no HF tensor holds)."""
-    pieces: list[Piece] = []
-    run: list[int] = []
-    zeros = 0
-    for h in [*heads, -1]:  # -1: flush the last run
+    runs: list[tuple[list[int], int]] = [([], 0)]  # (real heads, zero heads after them)
+    for h in heads:
         if h is None:
-            zeros += 1
-            continue
-        if run or zeros:
-            pieces.append(Piece(key, dim, tuple(r * head_dim + d for r in run for d in range(head_dim)),
-                                zeros=zeros * head_dim))
-        run, zeros = [h], 0
-    return pieces
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        elif runs[-1][1]:
+            runs.append(([h], 0))
+        else:
+            runs[-1][0].append(h)
+    return [Piece(key, dim, tuple(r * head_dim + d for r in run for d in range(head_dim)), zeros=zeros * head_dim)
+            for run, zeros in runs]
 
 
 def heads_of_rank(config: LlamaConfig, tp: int, rank: int, kv_size_multiplier: int

@@ -145,23 +145,25 @@ def run_convert(source: str, target: str, input: str, output: str | None = None,
 
 # ---------------------------------------------------------------------------- models for hf
 @contextlib.contextmanager
-def single_rank() -> Iterator[None]:
-    """A one-rank gloo group with TP = PP = 1, so model plugins can build their parallel layers."""
+def single_rank() -> Iterator[Any]:
+    """The parallel context to build models for: inside a process group the current one (a
+    command called from a running job: the one fallback, ``resolve_context``), else a one-rank gloo
+    group with TP = PP = 1 started here and ended on exit."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        yield
-        return
-    from nxd_core_parallel import parallel_state
+    from nxd.parallel import destroy_parallel_context, resolve_context
+    from nxd_core_parallel.context import start_parallel_context
 
+    if dist.is_initialized():
+        yield resolve_context()
+        return
     with tempfile.TemporaryDirectory() as tmp:
         store = dist.FileStore(os.path.join(tmp, "store"), 1)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         try:
-            parallel_state.initialize_model_parallel(1, 1)
-            yield
+            yield start_parallel_context()
         finally:
-            parallel_state.destroy_model_parallel()
+            destroy_parallel_context()
             dist.destroy_process_group()
 
 
@@ -188,8 +190,8 @@ def _read_hf(request: ConvertRequest) -> FullState:
     spec = _spec(request, "--from hf")
     config_path = os.path.join(request.input, "config.json")
     config = request.config or json.loads(open(config_path).read())
-    with single_rank():
-        model = nxd.build_parallel_model(spec, config)
+    with single_rank() as context:
+        model = nxd.build_parallel_model(spec, config, context=context)
         spec.load_hf(model, request.input)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return FullState(state, config)
@@ -205,8 +207,8 @@ def _write_hf(full: FullState, request: ConvertRequest) -> None:
         raise CheckpointError("--to hf needs the model config: pass --config config.json (checkpoints of nxd train "
                               "record it, this one does not)")
     mode = lora_mode(full, request.options.get("lora"), request.input)
-    with single_rank():
-        model = nxd.build_parallel_model(spec, config)
+    with single_rank() as context:
+        model = nxd.build_parallel_model(spec, config, context=context)
         try:
             if mode is None:
                 model.load_state_dict(full.state, strict=True)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nxd.parallel import ParallelContext, resolve_context
+from nxd.parallel import ParallelContext, dim_rank, resolve_context
 from nxd_core_parallel import dtensor
 
 #: Bytes per all-reduce bucket (NxD uses 512 MB on device; smaller buckets suit CPU caches).
@@ -188,10 +188,6 @@ def reduction_param_groups(parameters: Any, *, context: ParallelContext | None =
     return out
 
 
-def _tp_rank(context: ParallelContext | None) -> int:
-    ctx = resolve_context(context)
-    return 0 if ctx is None else ctx.tp.rank
-
 
 def counted_in_norm(param: torch.Tensor, *, context: ParallelContext | None = None) -> bool:
     """Whether this rank owns ``param``'s gradient for the norm: replicated parameters count on
@@ -199,7 +195,7 @@ def counted_in_norm(param: torch.Tensor, *, context: ParallelContext | None = No
     of ``m`` neighbouring ranks that share a KV piece."""
     if getattr(param, "pipeline_shared_duplicate", False):
         return False  # a tied weight's copy on a later pipeline stage (nxd-pipeline): the first stage counts it
-    tp_rank = _tp_rank(context)
+    tp_rank = dim_rank(resolve_context(context), "tp")
     if not getattr(param, "tensor_model_parallel", False):
         return tp_rank == 0
     multiplier = getattr(param, "kv_size_multiplier", 1)
@@ -213,13 +209,8 @@ def fused_pieces_counted(param: torch.Tensor, *, context: ParallelContext | None
     counts on this rank for the norm. The Q piece always counts, replicated K/V pieces only on
     unique ranks."""
     multiplier = getattr(param, "kv_size_multiplier", 1)
-    unique = _tp_rank(context) % multiplier == 0
+    unique = dim_rank(resolve_context(context), "tp") % multiplier == 0
     return [i == 0 or multiplier == 1 or unique for i in range(len(param.fused_splits))]
-
-
-def _fused_pieces(param: torch.Tensor, grad: torch.Tensor, context: ParallelContext) -> list[tuple[torch.Tensor, bool]]:
-    pieces = torch.split(grad, list(param.fused_splits), dim=param.partition_dim)
-    return list(zip(pieces, fused_pieces_counted(param, context=context)))
 
 
 def get_grad_norm(parameters: Any, norm_type: float = 2, *, context: ParallelContext | None = None) -> torch.Tensor:
@@ -240,7 +231,8 @@ def get_grad_norm(parameters: Any, norm_type: float = 2, *, context: ParallelCon
             group = p.expert_model_parallel_group
             expert_pieces.setdefault(id(group), (group, []))[1].append((grad, counted_in_norm(p, context=ctx)))
         elif initialized and getattr(p, "fused_splits", None) is not None:
-            pieces.extend(_fused_pieces(p, grad, ctx))
+            pieces.extend(zip(torch.split(grad, list(p.fused_splits), dim=p.partition_dim),
+                              fused_pieces_counted(p, context=ctx)))
         else:
             pieces.append((grad, counted_in_norm(p, context=ctx) if initialized else True))
     if norm_type == math.inf:

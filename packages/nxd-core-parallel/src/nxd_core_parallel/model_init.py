@@ -23,15 +23,11 @@ from nxd_core_parallel.backends import get_device
 from nxd_core_parallel.dtensor import shard_like
 
 
-def _local_rank_and_size() -> tuple[int, int]:
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    return int(os.environ.get("LOCAL_RANK", rank)), int(os.environ.get("LOCAL_WORLD_SIZE", world))
-
-
 def run_in_waves(work: Callable[[], None], factor: int) -> None:
     """Run ``work`` on at most ``factor`` local ranks at a time; every rank joins every wave's barrier."""
-    local_rank, local_size = _local_rank_and_size()
+    up = dist.is_initialized()
+    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() if up else 0))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size() if up else 1))
     waves = math.ceil(local_size / factor)
     for wave in range(waves):
         if local_rank // factor == wave:

@@ -70,11 +70,11 @@ class GPTSamples:
     ) -> None:
         self.dataset, self.seq_length, self.name = dataset, seq_length, name
         self.doc_range = doc_range
-        key = self._cache_key(doc_range, seq_length, seed, shuffle_docs)
-        cached = self._load(cache_dir, key)
+        files = None if cache_dir is None else self._cache_files(cache_dir, doc_range, seq_length, seed, shuffle_docs)
+        cached = self._load(files)
         if cached is None:
             self.doc_order, self.sample_idx = self._build(doc_range, seq_length, seed, shuffle_docs)
-            self._save(cache_dir, key)
+            self._save(files)
         else:
             self.doc_order, self.sample_idx = cached
         self.num_tokens = int(dataset.sizes[doc_range[0] : doc_range[1]].astype(np.int64).sum())
@@ -110,32 +110,30 @@ class GPTSamples:
         sample_idx = np.stack([pos, starts - cum[pos]], axis=1) if n else np.zeros((0, 2), dtype=np.int64)
         return docs, sample_idx.astype(np.int64)
 
-    def _cache_key(self, doc_range: tuple[int, int], seq: int, seed: int, shuffle: bool) -> str:
+    def _cache_files(self, cache_dir: str | Path, doc_range: tuple[int, int], seq: int, seed: int,
+                     shuffle: bool) -> tuple[Path, Path]:
+        """The cached index files of these samples, named by what they are built from (the index
+        file's identity included, so a rewritten dataset is never read with a stale index)."""
         idx_path = paths(self.dataset.prefix)[1]
         st = idx_path.stat()
         ident = [_INDEX_VERSION, str(idx_path.resolve()), st.st_size, st.st_mtime_ns, list(doc_range), seq, seed, shuffle]
-        return hashlib.sha1(json.dumps(ident).encode()).hexdigest()[:16]
-
-    def _files(self, cache_dir: str | Path, key: str) -> tuple[Path, Path]:
+        key = hashlib.sha1(json.dumps(ident).encode()).hexdigest()[:16]
         stem = f"{Path(self.dataset.prefix).name}_{self.name}_{key}"
         return Path(cache_dir) / f"{stem}_doc_order.npy", Path(cache_dir) / f"{stem}_sample_idx.npy"
 
-    def _load(self, cache_dir: str | Path | None, key: str) -> tuple[np.ndarray, np.ndarray] | None:
-        if cache_dir is None:
-            return None
-        doc_file, sample_file = self._files(cache_dir, key)
-        if not (doc_file.is_file() and sample_file.is_file()):
+    def _load(self, files: tuple[Path, Path] | None) -> tuple[np.ndarray, np.ndarray] | None:
+        if files is None or not all(f.is_file() for f in files):
             return None
         self.cache_hit = True
-        return np.load(doc_file, mmap_mode="r"), np.load(sample_file, mmap_mode="r")
+        return np.load(files[0], mmap_mode="r"), np.load(files[1], mmap_mode="r")
 
-    def _save(self, cache_dir: str | Path | None, key: str) -> None:
+    def _save(self, files: tuple[Path, Path] | None) -> None:
         self.cache_hit = False
-        if cache_dir is None:
+        if files is None:
             return
         try:
-            Path(cache_dir).mkdir(parents=True, exist_ok=True)
-            for arr, final in zip((self.doc_order, self.sample_idx), self._files(cache_dir, key)):
+            files[0].parent.mkdir(parents=True, exist_ok=True)
+            for arr, final in zip((self.doc_order, self.sample_idx), files):
                 # several ranks may build the same index at once: write privately, rename atomically
                 tmp = final.with_name(f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.npy")
                 np.save(tmp, arr)

@@ -9,7 +9,7 @@ from typing import Any
 import nxd
 from nxd.resolved import NxdConfig
 from nxd.trainer import CheckpointPhase
-from nxd.transforms import ADAPTER, ModelTransform
+from nxd.transforms import ADAPTER, ModelTransform, When
 
 NXD_PLUGIN_API = (3, 3)  # plugin-API versions this plugin supports (inclusive range)
 
@@ -37,17 +37,12 @@ def nxd_validate_config(nxd_config: NxdConfig) -> None:
         raise nxd.ConfigError("lora_config with pipeline_parallel_size > 1 is not supported by nxd-lora yet; use PP=1")
 
 
-def _lora_applies(context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> bool:
-    from nxd_lora.checkpoint import check_lora_config
-
-    return check_lora_config(nxd_config.lora_config) is not None
-
-
 def _apply_lora(model: Any, context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> Any:
     return lora_adapter(model, nxd_config.lora_config, context)
 
 
-LORA_TRANSFORM = ModelTransform("lora", ADAPTER, _apply_lora, _lora_applies,
+# applies when lora_config is given; lora_adapter leaves the model as it is when enable_lora is False
+LORA_TRANSFORM = ModelTransform("lora", ADAPTER, _apply_lora, When("lora_config"),
                                 description="LoRA adapters on the (parallel) linear layers of lora_config")
 
 

@@ -123,11 +123,6 @@ def _check_nxd_options(layer: str, rank_ordering: Any) -> None:
                          "by nxd; leave rank_ordering=None")
 
 
-def _sequence_dimension(sequence_parallel_enabled: bool, sequence_dimension: Optional[int]) -> int:
-    # NxD: None means 0 (the [s, b, h] layout) when sequence parallelism is on.
-    return 0 if sequence_dimension is None else int(sequence_dimension)
-
-
 class LocalLinear:
     """The matmul a sharded layer runs on this rank's weight shard: ``F.linear``. A low-precision
     model transform (nxd-fp8) swaps the layer's class to a subclass that overrides it, so the
@@ -159,22 +154,20 @@ class _ShardedLinear(LocalLinear, nn.Module):
         self.pad_size = pad_length(tp)
         self.stride, self.pad = stride, pad
         self.sequence_parallel_enabled = sequence_parallel_enabled
-        self.sequence_dimension = _sequence_dimension(sequence_parallel_enabled, sequence_dimension)
+        # NxD: None means 0 (the [s, b, h] layout) when sequence parallelism is on
+        self.sequence_dimension = 0 if sequence_dimension is None else int(sequence_dimension)
         self.skip_bias_add, self.keep_master_weight, self.reduce_dtype = skip_bias_add, keep_master_weight, reduce_dtype
         self.init_method = init_method or default_linear_init
         side = "output_size" if self.weight_shard_dim == 0 else "input_size"
         return divide(sharded + self.pad_size, tp, f"{kind} {side}", _PAD_HINT)
 
     def reset_parameters(self) -> None:
+        size, rank = _tp_size_rank(self.tensor_parallel_group, self.parallel_context)
         init_sharded_(self.weight, (self.output_size, self.input_size), self.weight_shard_dim, self.stride,
-                      self.init_method, *self._rank_size(), pad=self.pad_size)
+                      self.init_method, rank, size, pad=self.pad_size)
         if self.bias is not None and not self.bias.is_meta:
             with torch.no_grad():
                 self.bias.zero_()
-
-    def _rank_size(self) -> tuple[int, int]:
-        size, rank = _tp_size_rank(self.tensor_parallel_group, self.parallel_context)
-        return rank, size
 
     def init_weight_cpu(self) -> None:
         """NxD's name for re-initialising the weights (e.g. after meta-device init)."""

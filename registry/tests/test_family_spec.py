@@ -17,7 +17,7 @@ class Block(torch.nn.Module):
 
 class Base(torch.nn.Module):
     nxd_transformer_layer_classes = (Block,)
-    nxd_parallel_plan = ParallelPlan(column=("*.up",), row=("*.down",))
+    nxd_parallel_plan = ParallelPlan(column=("*.up",), row=("*.down",), context_parallel=("*.attn",))
 
     def __init__(self, config, sequence_parallel=False, context=None):
         super().__init__()
@@ -32,7 +32,7 @@ def save_hf(model, out_dir):
     pass
 
 
-BASE = family_spec("base", Base, dict, hf_model_types=("base",), presets={"tiny": {}}, context_parallel=True,
+BASE = family_spec("base", Base, dict, hf_model_types=("base",), presets={"tiny": {}},
                    lora_target_modules=("up",), save_hf=save_hf, extras={"config_class": dict, "k": 1})
 
 
@@ -48,7 +48,16 @@ def test_family_spec_inherits_base_fields_but_not_identity_or_class_facts() -> N
 
 
 def test_family_spec_fields_override_base() -> None:
-    assert not family_spec("d", Derived, dict, base=BASE, context_parallel=False).context_parallel
+    assert family_spec("d", Derived, dict, base=BASE, lora_target_modules=("down",)).lora_target_modules == ("down",)
+
+
+def test_context_parallel_is_read_from_the_plan() -> None:
+    class NoAttention(Base):
+        nxd_parallel_plan = ParallelPlan(column=("*.up",))
+
+    assert BASE.context_parallel and not family_spec("n", NoAttention, dict, base=BASE).context_parallel
+    with pytest.raises(TypeError, match="context_parallel"):  # one fact: the plan's, never given beside it
+        family_spec("d", Derived, dict, context_parallel=True)
 
 
 @pytest.mark.parametrize("given, kept", [("bf16", "bfloat16"), (torch.float32, "float32"), ("fp16", "float16"),

@@ -15,11 +15,11 @@ from nxd_training.config import hub_names, load_config, make_plan, parse_config,
 
 
 def test_valid_tiny_config_plans(make_config) -> None:
-    plan = make_plan(load_config(make_config()))
-    assert (plan.world_size, plan.tp, plan.pp, plan.dp, plan.num_microbatches) == (2, 2, 1, 1, 2)
-    assert plan.seq_length == 32 and plan.data_module == "indexed"
-    plan = make_plan(load_config(make_config(trainer={"devices": 4}, data={"global_batch_size": 8})))
-    assert (plan.dp, plan.num_microbatches) == (2, 2)  # 8 = micro 2 x DP 2 x accumulation 2
+    r = make_plan(load_config(make_config())).resolution
+    assert (r.world_size, r.tp, r.pp, r.dp, r.num_microbatches) == (2, 2, 1, 1, 2)
+    assert r.seq_length == 32 and r.data_module == "indexed"
+    r = make_plan(load_config(make_config(trainer={"devices": 4}, data={"global_batch_size": 8}))).resolution
+    assert (r.dp, r.num_microbatches) == (2, 2)  # 8 = micro 2 x DP 2 x accumulation 2
 
 
 BAD = [
@@ -177,9 +177,9 @@ def test_hub_configs_validate(name: str, corpus) -> None:
             with pytest.raises(ConfigError, match="nxd-pipeline"):
                 make_plan(load_config(raw, overrides, check=False))
             return
-    plan = make_plan(load_config(raw, overrides, check=False))
-    assert plan.world_size == config.trainer.devices * config.trainer.num_nodes
-    assert plan.tp * plan.pp * plan.dp == plan.world_size
+    r = make_plan(load_config(raw, overrides, check=False)).resolution
+    assert r.world_size == config.trainer.devices * config.trainer.num_nodes
+    assert r.tp * r.pp * r.dp == r.world_size
 
 
 # --------------------------------------------------------------------------- property test
@@ -239,8 +239,8 @@ def test_gpt_and_llama_pad_heads_and_replicate_query_groups(make_config) -> None
     """GPT and Llama pad query heads TP does not divide (NxD's pad_model) and replicate query groups
     it does not divide (the kv_replicator NxDT names must then be that replication)."""
     gpt = {"architecture": "gpt", "num_attention_heads": 3, "num_kv_heads": 3, "hidden_size": 48}
-    assert make_plan(load_config(make_config(model=gpt))).tp == 2
+    assert make_plan(load_config(make_config(model=gpt))).resolution.tp == 2
     grouped = dict(gpt, num_attention_heads=6, num_kv_heads=3)
-    assert make_plan(load_config(make_config(model=grouped, distributed_strategy={"kv_replicator": 2}))).tp == 2
+    assert make_plan(load_config(make_config(model=grouped, distributed_strategy={"kv_replicator": 2}))).resolution.tp == 2
     llama = {"num_attention_heads": 3, "num_kv_heads": 3, "hidden_size": 48}
-    assert make_plan(load_config(make_config(model=llama))).tp == 2
+    assert make_plan(load_config(make_config(model=llama))).resolution.tp == 2

@@ -32,7 +32,7 @@ def test_config_validates_or_is_refused_naming_the_provider(name: str, files: Fi
     if not missing:
         plan = make_plan(load_config(raw, overrides, check=False))
         trainer = raw["trainer"]
-        assert plan.world_size == trainer["devices"] * trainer["num_nodes"]
+        assert plan.resolution.world_size == trainer["devices"] * trainer["num_nodes"]
         assert plan.spec.name == ("gpt" if raw["model_source"] == "megatron" else "llama") or name in NEEDS
         return
     with pytest.raises(ConfigError) as info:

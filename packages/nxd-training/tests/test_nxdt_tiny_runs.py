@@ -88,7 +88,7 @@ def _train(config_path: str) -> dict[str, Any]:
         result = trainer.fit()
     finally:
         trainer.close()
-    return {"losses": result.losses, "final": result.final_step, "layout": (trainer.plan.tp, trainer.plan.pp), **facts}
+    return {"losses": result.losses, "final": result.final_step, "layout": (trainer.plan.resolution.tp, trainer.plan.resolution.pp), **facts}
 
 
 def shrink(raw: dict[str, Any], files: Files, corpus: dict[str, str], source: str) -> list[str]:

@@ -59,7 +59,7 @@ def test_profile_compile_and_mfu(rank_pool, make_config, tmp_path: Path) -> None
     from nxd_training.config.plan import make_plan
 
     plan = make_plan(load_config(profiled))
-    fpt = metrics.flops_per_token(SPEC, plan.model_config, plan.seq_length)
+    fpt = metrics.flops_per_token(SPEC, plan.model_config, plan.resolution.seq_length)
     for record in read_metrics(tmp_path / "compiled"):
         # mfu = tokens/s * flops per token (attention included) / (1 TFLOP/s * 2 ranks)
         assert record["mfu"] == pytest.approx(record["tokens_per_s"] * fpt / 2e12, rel=1e-9)

@@ -78,6 +78,11 @@ class ModelInitConfig:
     param_init_fn: Any = None
 
 
+#: the config keys of the parallel sizes, by the parallel context's dimension names
+SIZE_KEYS = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "cp": "context_parallel_size",
+             "ep": "expert_parallel_size"}
+
+
 class NxdConfig(dict):
     """NxD's resolved training config, typed. ``cfg.tensor_parallel_size`` and
     ``cfg["tensor_parallel_size"]`` are the same value; sub-configs are typed objects as
@@ -105,6 +110,16 @@ class NxdConfig(dict):
     def of(cls, value: Mapping[str, Any] | None) -> NxdConfig:
         """``value`` as an :class:`NxdConfig` (itself when it is one; ``None`` is the default config)."""
         return value if isinstance(value, NxdConfig) else cls(value or {})
+
+    @classmethod
+    def for_context(cls, value: Mapping[str, Any] | None, context: Any) -> NxdConfig:
+        """:meth:`of` ``value``, the parallel sizes it leaves out read from ``context`` (a
+        :class:`nxd.parallel.ParallelContext`, or ``None``): a partial config describes the world
+        the model is parallelised for, so transforms that apply by size see that world's sizes."""
+        config = cls.of(value)
+        missing = {} if context is None else {key: context.dim(dim).size for dim, key in SIZE_KEYS.items()
+                                              if key not in config}
+        return cls({**config, **missing}) if missing else config
 
     @property
     def pipeline_config(self) -> dict[str, Any]:
@@ -152,5 +167,4 @@ class NxdConfig(dict):
 
     def sizes(self) -> dict[str, int]:
         """The parallel sizes in the parallel context's dimension names."""
-        return {"tp": self.tensor_parallel_size, "pp": self.pipeline_parallel_size,
-                "cp": self.context_parallel_size, "ep": self.expert_parallel_size}
+        return {dim: getattr(self, key) for dim, key in SIZE_KEYS.items()}

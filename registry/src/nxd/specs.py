@@ -76,7 +76,9 @@ class ParallelPlan:
     experts: tuple[str, ...] = ()
     #: the repeated blocks a pipeline may cut between (in model order)
     pipeline_blocks: tuple[str, ...] = ()
-    #: context parallelism: attention modules that exchange K/V over ``cp`` (ring attention)
+    #: context parallelism: attention modules whose ``attention_core`` (``(q, k, v, attention_mask)
+    #: -> out``, :mod:`nxd_core_parallel.context_parallel.transform`) the ``context_parallel`` transform
+    #: swaps for ring attention, exchanging K/V over ``cp``
     context_parallel: tuple[str, ...] = ()
     #: sharded modules whose sharded size is padded at its end to a multiple of the TP size when
     #: TP does not divide it (NxD's ``pad=True``: a vocabulary of any size at any TP); a module
@@ -151,14 +153,17 @@ class ModelSpec:
     presets: dict[str, dict] = field(default_factory=dict)
     #: anything else a plugin wants to publish (HF key mapping, ...)
     extras: dict[str, Any] = field(default_factory=dict)
-    #: the model runs under context parallelism (``context_parallel_size > 1``): given this CP
-    #: rank's chunks of each sample (``nxd_core_parallel.context_parallel.split_batch_for_context_parallel``)
-    #: its attention spans the CP ranks (ring attention) and its loss is the mean over every CP
-    #: rank's tokens. Models without it are refused under CP before launch.
-    context_parallel: bool = False
     #: which modules are column/row/vocab/sequence parallel, which are experts, where the pipeline
     #: may cut: the family's parallel plan as data (``None``: not declared)
     parallel_plan: ParallelPlan | None = None
+
+    #: the model runs under context parallelism (``context_parallel_size > 1``): its plan names the
+    #: attention modules whose core the ``context_parallel`` transform swaps for ring attention over
+    #: the CP ranks. Read from ``parallel_plan``, never given; models without it are refused under CP
+    context_parallel: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.context_parallel = bool(self.parallel_plan is not None and self.parallel_plan.context_parallel)
 
 
 #: what :func:`family_spec` reads from the model class (never inherited from a ``base`` spec)
@@ -176,11 +181,11 @@ def family_spec(name: str, model_class: type[torch.nn.Module], config_from_dict:
 
     ``base``: the spec of the family whose model this one runs on (Qwen3 on Llama's, Qwen3-MoE and
     DeepSeek-V3 on Mixtral's): what ``fields`` leave out (HF import/export, generate, LoRA targets,
-    context parallel, implemented keys, extras) is ``base``'s; the class facts, name, config reader,
+    implemented keys, extras) is ``base``'s; the class facts, name, config reader,
     HF model types and presets are never inherited."""
     skip = set(_CLASS_FIELDS) | set(_OWN_FIELDS)
     inherited = {} if base is None else {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
-                                         if f.name not in skip}
+                                         if f.init and f.name not in skip}
     extras = {**inherited.pop("extras", {}), "model_class": model_class, **fields.pop("extras", {})}
     return ModelSpec(name=name, config_from_dict=config_from_dict, build=model_builder(model_class, config_from_dict),
                      transformer_layer_classes=tuple(model_class.nxd_transformer_layer_classes),

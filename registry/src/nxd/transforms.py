@@ -147,10 +147,12 @@ def parallelize_model(model: Any, context: Any = None, config: Any = None) -> An
     """``model`` (built plain, e.g. by a :class:`nxd.specs.ModelSpec`'s ``build``) with its parallel
     layout applied: the applicable transforms ordered before :data:`LOW_PRECISION` (the TP/SP plan,
     head padding, expert parallelism, in the trainer's order). ``context``: the current parallel
-    context when left out; ``config``: the NxD config (a partial dict is read with its defaults)."""
+    context when left out; ``config``: the NxD config (a partial dict is read with its defaults, the
+    parallel sizes it leaves out with ``context``'s: :meth:`nxd.resolved.NxdConfig.for_context`)."""
     from nxd.parallel import resolve_context
 
-    return apply_model_transforms(model, resolve_context(context), NxdConfig.of(config), until=LOW_PRECISION)
+    context = resolve_context(context)
+    return apply_model_transforms(model, context, NxdConfig.for_context(config, context), until=LOW_PRECISION)
 
 
 def build_parallel_model(spec: Any, model_config: Any, nxd_config: Any = None, context: Any = None) -> Any:

@@ -33,6 +33,16 @@ def token_mean(total: torch.Tensor, count: torch.Tensor, context: ParallelContex
     return total / count.clamp(min=1.0)
 
 
+def sequence_mean(mean: torch.Tensor, tokens: int, context: ParallelContext | None) -> torch.Tensor:
+    """``mean`` (over this rank's ``tokens`` tokens) as the token-weighted mean over every rank
+    holding parts of the same sequences (the CP ranks of ``context``, with the loss's gradient
+    convention); ``mean`` itself without context parallelism."""
+    if dim_size(context, "cp") == 1:
+        return mean
+    count = torch.tensor(float(tokens), device=mean.device)
+    return context_parallel_token_mean(mean * count, count, context.cp.group)
+
+
 def causal_lm_loss(vocab_parallel_logits: torch.Tensor, labels: torch.Tensor,
                    loss_mask: torch.Tensor | None, context: ParallelContext | None) -> torch.Tensor:
     """Mean cross-entropy over tokens with ``loss_mask == 1`` and ``labels != -100``; the logits are

@@ -1,6 +1,6 @@
 """nxd-core-parallel's model transforms (:mod:`nxd.transforms`): the tensor-parallel plan of a plain
-model, NxD's attention-head padding (``pad_model``), activation checkpointing, compile and the
-``ddp`` data-parallel strategy (``NxDModel`` + ``NxDOptimizer``)."""
+model, context parallelism (ring attention), NxD's attention-head padding (``pad_model``), activation
+checkpointing, compile and the ``ddp`` data-parallel strategy (``NxDModel`` + ``NxDOptimizer``)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ from nxd.transforms import (
     ModelTransform,
     When,
 )
+from nxd_core_parallel.context_parallel.transform import apply_context_parallel
 from nxd_core_parallel.tensor_plan import apply_parallel_plan
 
+#: after the tensor-parallel plan and expert parallelism (``PARALLEL_PLAN + 10``): it swaps attention cores only
+CONTEXT_PARALLEL = PARALLEL_PLAN + 20
 #: head padding runs on the tensor-parallel layers the plan made (and expert parallelism's split)
 PAD_MODEL = PARALLEL_PLAN + 50
 
@@ -76,6 +79,9 @@ TRANSFORMS = (
     ModelTransform("parallel_plan", PARALLEL_PLAN, apply_parallel_plan, ALWAYS,
                    description="a model's nxd_parallel_plan (a family's, or a plain model's): nn.Linear/nn.Embedding/QKVLinear "
                                "-> TP/SP layers with their shards"),
+    ModelTransform("context_parallel", CONTEXT_PARALLEL, apply_context_parallel, When("context_parallel_size", above=1),
+                   description="ring attention over CP in the attention modules the plan names context_parallel; "
+                               "the forward takes this CP rank's chunks of each sequence"),
     ModelTransform("pad_model", PAD_MODEL, _pad, When("pad_model"),
                    description="NxD's pad_model: attention heads padded with zero heads to a multiple of the TP size"),
     ModelTransform("activation_checkpointing", ACTIVATION_CHECKPOINTING, _checkpoint, When("activation_checkpoint_config"),

@@ -71,7 +71,7 @@ class DeepseekV3Attention(nn.Module):
                                             bias=bias, dtype=dtype, device=device)
         self.kv_a_layernorm = norm(config.kv_lora_rank)
         self.kv_b_proj = column(config.kv_lora_rank, n * (config.qk_nope_head_dim + config.v_head_dim))
-        self.core_attention = LlamaCoreAttention(context)
+        self.core_attention = LlamaCoreAttention()
         self.o_proj = plain.Linear(n * config.v_head_dim, config.hidden_size, bias=bias, init_method=init, dtype=dtype,
                                    device=device)
         self.reset_parameters()

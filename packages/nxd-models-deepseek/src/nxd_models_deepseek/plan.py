@@ -32,7 +32,7 @@ DEEPSEEK_PLAN = ParallelPlan(
     sequence=(*_PLAN["sequence"], "model.norm"),
     experts=_PLAN["experts"],
     pipeline_blocks=("model.layers.*",),
-    context_parallel=("model.layers.*.self_attn",),
+    context_parallel=("model.layers.*.self_attn.core_attention",),
     whole_sequence=_PLAN["whole_sequence"],
     sequence_dimension=1,
 )

@@ -50,7 +50,7 @@ SPEC = family_spec(
                        "DeepseekV3DecoderLayer": (DeepseekV3DecoderLayer,)},
     implements=MIXTRAL_SPEC.implements - {"model.sliding_window"},
     lora_target_modules=("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
-    flops_per_token=flops_per_token, presets=PRESETS, context_parallel=True,
+    flops_per_token=flops_per_token, presets=PRESETS,
     load_hf=load_hf_checkpoint, save_hf=save_hf_checkpoint,
     extras={"hf_module_to_nxd": HF_MODULE_TO_NXD, "hf_param_plan": hf_param_plan, "config_class": DeepseekV3Config},
 )

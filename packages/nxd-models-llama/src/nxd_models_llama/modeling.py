@@ -14,7 +14,6 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -23,7 +22,6 @@ from nxd.parallel import ParallelContext, dim_group, resolve_context
 from nxd.parallel import dim_rank as _rank
 from nxd.parallel import dim_size as _size
 from nxd_core_parallel import fused_kernels
-from nxd_core_parallel.context_parallel import local_positions, ring_attention
 from nxd_core_parallel.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
 from nxd_core_parallel.modules import kv_heads, plain
 from nxd_core_parallel.modules.attention_mask import build_attention_mask
@@ -86,31 +84,35 @@ class KVCache:
 
 
 
-def _plain_causal_under_cp(attention_mask: torch.Tensor, cp_group: Any) -> None:
-    """Ring attention is plain causal attention: accept a ``[batch, seq]`` mask only when it is one
-    segment without padding on every CP rank (checked together, so all ranks agree)."""
-    if attention_mask.dim() == 2:
-        bounds = torch.stack([attention_mask.min(), -attention_mask.max()]).to(torch.float64)
-        dist.all_reduce(bounds, op=dist.ReduceOp.MIN, group=cp_group)
-        if bounds[0] == -bounds[1] and bounds[0] != 0:
-            return None
-    raise ValueError(
-        "context parallelism runs causal attention only: this batch's attention_mask / segment_ids has padding, "
-        "several packed segments or an explicit mask (use context_parallel_size=1 for packed/padded batches)"
-    )
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The one-device ``attention_core`` (the contract: :mod:`nxd_core_parallel.context_parallel.transform`)
+    through SDPA; without a mask causal when ``s_q == s_k`` and unmasked for single-token decoding."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # each KV head serves `groups` consecutive query heads
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    if attention_mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask)
+    q_len, k_len = q.shape[2], k.shape[2]
+    if q_len > 1 and q_len != k_len:
+        raise ValueError(f"attention over {q_len} new tokens and {k_len} keys needs an attention_mask")
+    return F.scaled_dot_product_attention(q, k, v, is_causal=q_len > 1)
 
 
 class LlamaCoreAttention(nn.Module):
-    """softmax(QK^T / sqrt(d)) V through SDPA, or ring attention over the CP ranks under context
-    parallelism; the part selective activation checkpointing recomputes."""
+    """softmax(QK^T / sqrt(d)) V through its ``attention_core`` (SDPA; the ``context_parallel``
+    transform swaps in ring attention over the CP ranks); the part selective activation
+    checkpointing recomputes."""
 
     #: local KV head of each local query head when it is not the plain grouping (odd KV-head
     #: counts replicated over TP, e.g. 3 KV heads at TP=2); set by LlamaAttention
     kv_index: tuple[int, ...] | None = None
 
-    def __init__(self, context: ParallelContext | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.parallel_context = resolve_context(context)
+        #: ``(q, k, v, attention_mask) -> out`` (the contract: :mod:`nxd_core_parallel.context_parallel.transform`)
+        self.attention_core = sdpa_attention
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -119,21 +121,7 @@ class LlamaCoreAttention(nn.Module):
         if self.kv_index is not None:  # one K/V head per query head, picked by HF's grouping
             index = torch.tensor(self.kv_index, device=k.device)
             k, v = k.index_select(1, index), v.index_select(1, index)
-        if _size(self.parallel_context, "cp") > 1:
-            if attention_mask is not None or q.shape[2] != k.shape[2]:
-                raise ValueError("context parallelism runs causal attention only: no attention mask, segment ids "
-                                 "or KV cache (use context_parallel_size=1 for packed/padded batches or decoding)")
-            return ring_attention(q, k, v, self.parallel_context.cp.group, causal=True)
-        groups = q.shape[1] // k.shape[1]
-        if groups > 1:  # each local KV head serves `groups` consecutive local query heads
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        if attention_mask is not None:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask)
-        q_len, k_len = q.shape[2], k.shape[2]
-        if q_len > 1 and q_len != k_len:
-            raise ValueError(f"attention over {q_len} new tokens and {k_len} keys needs an attention_mask")
-        return F.scaled_dot_product_attention(q, k, v, is_causal=q_len > 1)
+        return self.attention_core(q, k, v, attention_mask)
 
 
 class HeadRMSNorm(RMSNorm):
@@ -180,7 +168,7 @@ class LlamaAttention(nn.Module):
         head_norm = partial(HeadRMSNorm, config.head_dim, eps=config.rms_norm_eps, dtype=config.torch_dtype,
                             device=device, context=context)
         self.q_norm, self.k_norm = (head_norm(), head_norm()) if config.qk_norm else (None, None)
-        self.core_attention = LlamaCoreAttention(context)
+        self.core_attention = LlamaCoreAttention()
         self.o_proj = plain.Linear(config.num_attention_heads * config.head_dim, config.hidden_size,
                                    bias=config.attention_bias, init_method=init, dtype=config.torch_dtype,
                                    device=device)
@@ -317,16 +305,9 @@ class LlamaModel(nn.Module):
                 f"sequence length {s} must be divisible by tensor_parallel_size "
                 f"{_size(context, 'tp')} with sequence parallelism"
             )
-        cp = _size(context, "cp")
-        if position_ids is None and cp > 1:
-            # this rank's chunks of the sequence (the batch was split with the same layout)
-            position_ids = local_positions(s, context.cp.rank, cp, past=past,
-                                           device=input_ids.device).unsqueeze(0).expand(b, s)
         if position_ids is None:
             position_ids = torch.arange(past, past + s, device=input_ids.device).unsqueeze(0).expand(b, s)
         cos, sin = self.rotary_emb(position_ids, dtype)
-        if cp > 1 and attention_mask is not None:
-            attention_mask = _plain_causal_under_cp(attention_mask, context.cp.group)
         return cos, sin, build_attention_mask(attention_mask, b, s, input_ids.device, past=past)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,

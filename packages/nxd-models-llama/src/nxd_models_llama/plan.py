@@ -13,7 +13,7 @@ LLAMA_PLAN = ParallelPlan(
     vocab=("model.embed_tokens",),
     sequence=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"),
     pipeline_blocks=("model.layers.*",),
-    context_parallel=("model.layers.*.self_attn",),
+    context_parallel=("model.layers.*.self_attn.core_attention",),
     # any vocabulary at any TP: padded rows never show (logits -inf, exports cut them); query heads
     # TP does not divide get zero heads (NxD's pad_model; the attention zeroes their output)
     padded=("model.embed_tokens", "lm_head", "model.layers.*.self_attn.qkv_proj", "model.layers.*.self_attn.o_proj"),

@@ -84,7 +84,6 @@ SPEC = family_spec(
     flops_per_token=flops_per_token,
     generate=generate,
     presets=PRESETS,
-    context_parallel=True,
     implements=frozenset({"model.fused_kernels"}),
     extras={
         "hf_key_mapping": HF_KEY_MAPPING,

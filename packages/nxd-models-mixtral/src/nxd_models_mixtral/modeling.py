@@ -15,8 +15,7 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_rank, dim_size, resolve_context
-from nxd_core_parallel.context_parallel import context_parallel_token_mean
-from nxd_core_parallel.lm_loss import causal_lm_loss
+from nxd_core_parallel.lm_loss import causal_lm_loss, sequence_mean
 from nxd_core_parallel.modules import plain
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.vocab_padding import mask_padded_vocab
@@ -116,7 +115,7 @@ class MixtralDecoderLayer(nn.Module):
 
 
 class MixtralModel(LlamaModel):
-    """Llama's model (embedding, decoder loop, norm, RoPE, CP positions and masks) with Mixtral's
+    """Llama's model (embedding, decoder loop, norm, RoPE, masks) with Mixtral's
     blocks, Megatron's vocabulary padding and Hugging Face's sliding window."""
 
     #: the block class (a family on this model sets its own; its ``last_router_logits`` is ``None``
@@ -130,15 +129,10 @@ class MixtralModel(LlamaModel):
     def layer_inputs(self, input_ids: torch.Tensor, dtype: torch.dtype, position_ids: torch.Tensor | None = None,
                      attention_mask: torch.Tensor | None = None, past: int = 0
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Llama's (positions of this CP rank's chunks, RoPE, mask) plus HF's sliding window."""
+        """Llama's (positions, RoPE, mask) plus HF's sliding window."""
         cos, sin, mask = super().layer_inputs(input_ids, dtype, position_ids, attention_mask, past)
         b, s = input_ids.shape
-        cp, window = dim_size(self.parallel_context, "cp"), self.config.sliding_window
-        if cp > 1 and window is not None and s * cp > window:
-            raise ValueError(f"sliding_window={window} is shorter than the sequence ({s * cp} tokens over "
-                             f"context_parallel_size={cp}): ring attention runs plain causal attention only; use "
-                             "context_parallel_size=1 or sequences no longer than the window")
-        return cos, sin, sliding_window_mask(mask, b, s, past, window, input_ids.device)
+        return cos, sin, sliding_window_mask(mask, b, s, past, self.config.sliding_window, input_ids.device)
 
 
 class MixtralForCausalLM(nn.Module):
@@ -212,12 +206,9 @@ class MixtralForCausalLM(nn.Module):
         loss = causal_lm_loss(logits, labels, loss_mask, self.parallel_context)
         if not self.config.output_router_logits:
             return MoECausalLMOutput(loss=loss, logits=logits)
-        if dim_size(self.parallel_context, "cp") > 1:
-            # the statistics are means over this CP rank's tokens; the losses want every token of the
-            # sequences (their product is not a sum over ranks). Token-weighted mean over CP, with
-            # the CP loss convention (each rank's gradient CP times its share, averaged after)
-            tokens = torch.tensor(float(labels.numel()), device=stats.device)
-            stats = context_parallel_token_mean(stats * tokens, tokens, self.parallel_context.cp.group)
+        # the statistics are means over this rank's tokens; the losses want every token of the
+        # sequences (their product is not a sum over the ranks holding parts of them)
+        stats = sequence_mean(stats, labels.numel(), self.parallel_context)
         terms, extra = self.router_losses(stats)
         return MoECausalLMOutput(loss=loss + extra, logits=logits, aux_loss=terms["aux_loss"],
                                  loss_terms={"lm_loss": loss, **terms})

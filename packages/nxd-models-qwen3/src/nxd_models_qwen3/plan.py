@@ -12,5 +12,5 @@ QWEN3_MOE_PLAN = dataclasses.replace(
     column=(*MIXTRAL_PLAN.column, "model.layers.*.mlp.gate_up_proj"),
     row=(*MIXTRAL_PLAN.row, "model.layers.*.mlp.down_proj"),
     experts=("model.layers.*.mlp.experts",),
-    context_parallel=("model.layers.*.self_attn",),
+    context_parallel=("model.layers.*.self_attn.core_attention",),
 )

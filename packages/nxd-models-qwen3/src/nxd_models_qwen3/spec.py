@@ -47,7 +47,7 @@ QWEN3_MOE_SPEC = family_spec(
     "qwen3_moe", Qwen3MoeForCausalLM, qwen3_moe_config, base=MIXTRAL_SPEC, hf_model_types=("qwen3_moe",),
     recompute_modules={**_RECOMPUTE, "Qwen3MoeDecoderLayer": (Qwen3MoeDecoderLayer,)},
     implements=MIXTRAL_SPEC.implements - {"model.sliding_window"}, flops_per_token=qwen3_moe_flops_per_token,
-    presets=QWEN3_MOE_PRESETS, context_parallel=True,
+    presets=QWEN3_MOE_PRESETS,
     extras={"hf_module_to_nxd": LLAMA_SPEC.extras["hf_module_to_nxd"],
             "hf_param_plan": LLAMA_SPEC.extras["hf_param_plan"], "config_class": Qwen3MoeConfig},
 )

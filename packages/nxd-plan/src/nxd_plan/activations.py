@@ -189,7 +189,7 @@ def _measure(config: Any, run: Any, layout: Any, grads_exist: bool = True) -> Ac
     ``grads_exist``: gradients are allocated before the backward (they persist across steps or
     micro-batches); otherwise the backward allocates them and the high-water mark includes them."""
     profile = ActivationProfile()
-    with fake_rank(0, run.world_size):
+    with fake_rank(0, run.resolution.world_size):
         model, context, _ = build_rank_model(config, run)
         # modules whose meta forward rests on an assumption say which (MoE: the routed rows)
         profile.notes += sorted({m.nxd_plan_note() for m in model.modules() if callable(getattr(m, "nxd_plan_note", None))})

@@ -99,15 +99,15 @@ def layout_of(config: Any, run: Any) -> Layout:
     master = uses_master_weights(p) and ds.zero1
     grad_acc = p.fp32_grad_acc if p.fp32_grad_acc is not None else master
     return Layout(
-        world_size=run.world_size, tp=run.tp, pp=run.pp, vpp=ds.virtual_pipeline_model_parallel_size or 1,
-        cp=run.cp, ep=run.ep, dp=run.dp,
+        world_size=run.resolution.world_size, tp=run.resolution.tp, pp=run.resolution.pp, vpp=ds.virtual_pipeline_model_parallel_size or 1,
+        cp=run.resolution.cp, ep=run.resolution.ep, dp=run.resolution.dp,
         sequence_parallel=bool(ds.sequence_parallel), zero1=bool(ds.zero1), fsdp=fsdp_enabled(config),
         precision=p.type, param_bytes_per_element=2 if bf16 else 4, master_weights=bool(master),
         fp32_grad_acc=bool(grad_acc and bf16), optimizer=config.model.optim.name.lower(),
         momentum=float(config.model.optim.momentum or 0.0), recompute=recompute,
         micro_batch_size=config.data.micro_batch_size, global_batch_size=config.data.global_batch_size,
-        num_microbatches=run.num_microbatches, seq_length=run.seq_length,
-        schedule=pipeline_schedule(ds.pipeline_schedule, ds.virtual_pipeline_model_parallel_size or 1) if run.pp > 1
+        num_microbatches=run.resolution.num_microbatches, seq_length=run.resolution.seq_length,
+        schedule=pipeline_schedule(ds.pipeline_schedule, ds.virtual_pipeline_model_parallel_size or 1) if run.resolution.pp > 1
         else "none",
     )
 

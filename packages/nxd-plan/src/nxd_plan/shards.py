@@ -144,10 +144,10 @@ def shard_of(model: torch.nn.Module, context: Any, rank: int) -> Shard:
 
 
 def build_shard(config: Any, run: Any, rank: int) -> Shard:
-    """Rank ``rank``'s shard as ``nxd train`` would build it (fake world of ``run.world_size``)."""
+    """Rank ``rank``'s shard as ``nxd train`` would build it (fake world of ``run.resolution.world_size``)."""
     from nxd.transforms import applicable_transforms
 
-    with fake_rank(rank, run.world_size):
+    with fake_rank(rank, run.resolution.world_size):
         model, context, nxd_cfg = build_rank_model(config, run)
         shard = shard_of(model, context, rank)
         shard.transforms = [t.name for t in applicable_transforms(context, nxd_cfg)]

@@ -136,9 +136,9 @@ def build_data(data: DataConfig, align: ModelAlignmentConfig | None, seed: int, 
                context: nxd.ParallelContext) -> Any:
     """The run's data module for this rank's data-parallel coordinates in ``context`` (a factory
     naming a ``context`` parameter receives the whole context)."""
-    factory = nxd.get_data_module(plan.data_module)
+    factory = nxd.get_data_module(plan.resolution.data_module)
     return nxd.parallel.call_with_context(
-        factory, data_section(data, align, plan.workflow, plan.seq_length), context=context,
-        seq_length=plan.seq_length, micro_batch_size=data.micro_batch_size, global_batch_size=data.global_batch_size,
+        factory, data_section(data, align, plan.workflow, plan.resolution.seq_length), context=context,
+        seq_length=plan.resolution.seq_length, micro_batch_size=data.micro_batch_size, global_batch_size=data.global_batch_size,
         dp_rank=context.dp.rank, dp_size=context.dp.size, seed=seed,
     )

@@ -76,16 +76,17 @@ def _run_train(args: argparse.Namespace) -> int:
     except (ConfigError, ComponentNotFound) as exc:
         print(f"nxd train: {exc}", file=sys.stderr)
         return 2
-    config, plan = run.config, run.plan
+    config = run.config
     # with --print-config, stdout is the YAML alone (so `> run.yaml` is a config nxd train reads back)
     info = sys.stderr if args.print_config else sys.stdout
     if args.print_config:
         print(dump_config(config), end="")
-    print(f"nxd train: {config.name}: model {config.resolved.architecture!r} ({config.resolved.architecture_reason}), "
-          f"world size {plan.world_size} = {layout(run.nxd_config, plan.dp)}, "
-          f"{plan.num_microbatches} micro-batch(es) per step, seq length {plan.seq_length}, "
-          f"data module {plan.data_module!r}", file=info)
-    for note in config.resolved.notes:
+    r = config.resolved
+    print(f"nxd train: {config.name}: model {r.architecture!r} ({r.architecture_reason}), "
+          f"world size {r.world_size} = {layout(run.nxd_config, r.dp)}, "
+          f"{r.num_microbatches} micro-batch(es) per step, seq length {r.seq_length}, "
+          f"data module {r.data_module!r}", file=info)
+    for note in r.notes:
         print(f"nxd train: note: {note}", file=info)
     if run.cluster_note:
         print(f"nxd train: {run.cluster_note}", file=info)

@@ -94,7 +94,7 @@ class Trainer:
         seed_everything(config.seed)
         # distributed_strategy.collective_timeout bounds the default group's and every parallel group's collectives
         timeout = timedelta(seconds=config.distributed_strategy.collective_timeout)
-        self.owns_group = ensure_process_group(self.plan.world_size, self.backend, timeout)
+        self.owns_group = ensure_process_group(self.plan.resolution.world_size, self.backend, timeout)
         from nxd_core_parallel.context import start_parallel_context
 
         # the run's groups, with its timeout, before anything else builds them (neuronx_distributed_config
@@ -137,14 +137,14 @@ class Trainer:
         self.step = 0
         self.logger = MetricsLogger(config.exp_manager, self.log_dir, enabled=self.rank == 0)
         self.peak = metrics.peak_tflops(self.backend, config.exp_manager.peak_tflops_per_device)
-        self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config, self.plan.seq_length)
-        self.tokens_per_step = config.data.global_batch_size * self.plan.seq_length
+        self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config, self.plan.resolution.seq_length)
+        self.tokens_per_step = config.data.global_batch_size * self.plan.resolution.seq_length
         self.profiler = StepProfiler(config.trainer.profile, self.log_dir, self.rank, self.device)
 
     # ------------------------------------------------------------------ resume
     def _data_states(self) -> list[Any]:
         """Every DP rank's data position (saved together: user_content is written once)."""
-        states: list[Any] = [None] * self.plan.dp
+        states: list[Any] = [None] * self.plan.resolution.dp
         dist.all_gather_object(states, self.data.state_dict(), group=self.dp_group)
         return states
 
@@ -195,9 +195,9 @@ class Trainer:
         self.step = int(content["step"])
         states = content.get("data")
         if states:
-            if len(states) != self.plan.dp:
+            if len(states) != self.plan.resolution.dp:
                 raise ConfigError(f"checkpoint was written with {len(states)} data-parallel ranks, this run has "
-                                  f"{self.plan.dp}: the data position cannot continue exactly")
+                                  f"{self.plan.resolution.dp}: the data position cannot continue exactly")
             self.data.load_state_dict(states[self.dp_rank])
 
     # ------------------------------------------------------------------ steps
@@ -230,9 +230,9 @@ class Trainer:
         terms) as means over the ``count`` micro-batches under METRIC_PREFIX + name."""
         names = sorted(sums)  # the same order on every rank
         stacked = torch.stack([loss.detach().float(), *(sums[n].detach().float() / count for n in names)])
-        if self.plan.dp > 1:
+        if self.plan.resolution.dp > 1:
             dist.all_reduce(stacked, group=self.dp_group)
-            stacked /= self.plan.dp
+            stacked /= self.plan.resolution.dp
         return dict(zip([LOSS_KEY, *(METRIC_PREFIX + n for n in names)], stacked.unbind()))
 
     def train_step(self, it: Iterator[dict[str, torch.Tensor]]) -> StepReadback:
@@ -242,7 +242,7 @@ class Trainer:
         self.model.train()
         sums: dict[str, torch.Tensor] = {}
         loss_fn = self._loss_fn(sums)
-        micro_batches = [self._model_inputs(next(it)) for _ in range(self.plan.num_microbatches)]
+        micro_batches = [self._model_inputs(next(it)) for _ in range(self.plan.resolution.num_microbatches)]
         total = self.model.run_train(*micro_batches, autocast=self.autocast, loss_fn=loss_fn, loss_terms=sums)
         numbers = self._dp_means(total, sums, len(micro_batches))
         self.optimizer.step()
@@ -261,7 +261,7 @@ class Trainer:
             if cap is not None and n >= cap:
                 break
             group.append(self._model_inputs(batch))
-            if len(group) == self.plan.num_microbatches:
+            if len(group) == self.plan.resolution.num_microbatches:
                 yield group
                 group = []
         if group:
@@ -278,7 +278,7 @@ class Trainer:
             cap = None if available is None else max(1, int(available * limit))
         else:
             # NxDT (Lightning) counts global batches: each is num_microbatches micro-batches per DP rank
-            cap = limit * self.plan.num_microbatches
+            cap = limit * self.plan.resolution.num_microbatches
         if cap == 0:
             return None
         self.model.eval()
@@ -483,7 +483,7 @@ class Trainer:
         record.update(self.step_metrics)
         if grad_norm is not None:
             record["grad_norm"] = grad_norm
-        value = metrics.mfu(tokens_per_s, self.fpt, self.peak, self.plan.world_size)
+        value = metrics.mfu(tokens_per_s, self.fpt, self.peak, self.plan.resolution.world_size)
         if value is not None:
             record["mfu"] = value
         self.logger.log(step, record)

@@ -56,7 +56,7 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
                           "saves them: set exp_manager.create_checkpoint_callback=false to save none, or save_top_k "
                           "to N >= 1 (the newest N) or -1 (all)")
     _tokenizer(config.data, config.generation)
-    _memory(config.model, config.trainer, plan.world_size)
+    _memory(config.model, config.trainer, plan.resolution.world_size)
     return nxd_config(config, plan)  # last: the plugins judge a config whose files and machine passed
 
 

@@ -164,7 +164,7 @@ def _install_hint(kind: str, name: str) -> str:
 
 def implemented_keys(spec: Any) -> set[str]:
     """The FEATURE_KEYS ``spec`` implements: ``spec.implements``, plus the CP keys when
-    ``spec.context_parallel`` says its attention spans CP ranks."""
+    ``spec.context_parallel`` says its plan names attention that spans CP ranks."""
     implemented = set(getattr(spec, "implements", ()) or ())
     if getattr(spec, "context_parallel", False):
         implemented |= {"distributed_strategy.context_parallel_size", "model.fusions.ring_attention"}

@@ -93,19 +93,14 @@ def build_workflow(align: ModelAlignmentConfig | None) -> tuple[str | None, Any]
 class RunPlan:
     """The :class:`Resolution` of a run with the live objects it names (the model plugin's spec and
     config object, the workflow). Every number comes from the resolution: nothing here is derived a
-    second time, so the sizes ``--validate`` prints and the sizes a rank builds with are one record."""
+    second time, so the sizes ``--validate`` prints and the sizes a rank builds with are one record.
+    Callers read the sizes from ``plan.resolution`` (typed fields; nothing is forwarded)."""
 
     resolution: Resolution
     model_config: Any
     spec: Any
     #: the nxd.specs.Workflow of model_alignment_strategy.<name> (dpo, orpo, ...), or None
     workflow: Any = None
-
-    def __getattr__(self, name: str) -> Any:
-        # world_size, tp, pp, dp, cp, ep, num_microbatches, seq_length, data_module, notes, architecture_reason
-        if name != "resolution" and name in Resolution.model_fields:
-            return getattr(self.resolution, name)
-        raise AttributeError(f"RunPlan has no attribute {name!r}")
 
     @property
     def model_dict(self) -> dict[str, Any]:
@@ -218,8 +213,9 @@ def _layout_fits_model(ds: DistributedStrategyConfig, spec: Any, model_config: A
     if cp > 1 and not getattr(spec, "context_parallel", False):
         raise ConfigError(
             f"distributed_strategy.context_parallel_size={cp}: model.architecture {spec.name!r} does not support "
-            "context parallelism (its ModelSpec has no context_parallel capability: ring attention across CP "
-            "ranks); use context_parallel_size=1 or a model that has it (llama)"
+            "context parallelism (its parallel plan names no context_parallel attention modules, whose core the "
+            "context_parallel transform swaps for ring attention across CP ranks); use context_parallel_size=1 or "
+            "a model that declares them (llama, qwen3, qwen3_moe, deepseek_v3)"
         )
     if cp > 1 and seq % (2 * cp):
         raise ConfigError(

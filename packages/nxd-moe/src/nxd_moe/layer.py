@@ -84,7 +84,9 @@ class MoELayer(nn.Module):
         return self.experts.ep_size
 
     def _tp_group(self) -> object:
-        """The group the experts' partial outputs are summed over: TP once the plan split them."""
+        """The group the experts' partial outputs are summed over: TP once the plan split them;
+        ``None``: experts whole, nothing to sum (the caller skips the collectives: to NxD's mapping
+        functions ``None`` would mean the current TP group)."""
         return dim_group(self.parallel_context, "tp") if self.experts.tp_size > 1 else None
 
     def nxd_plan_note(self) -> str:
@@ -148,11 +150,13 @@ class MoELayer(nn.Module):
             full = gather_from_sequence_parallel_region(hidden, 1, to_model_parallel=True, process_group=tp_group)
             probs = gather_from_sequence_parallel_region(probs, 1, to_model_parallel=True, process_group=tp_group)
             logits = gather_from_sequence_parallel_region(logits, 1, to_model_parallel=False, process_group=tp_group)
-        else:
+        elif tp_group is not None:
             full = copy_to_tensor_model_parallel_region(hidden, process_group=tp_group)
             # the weighted sum below is partial over TP until the final reduction: sum the
             # affinities' gradient over TP so the router sees the whole of it
             probs = copy_to_tensor_model_parallel_region(probs, process_group=tp_group)
+        else:
+            full = hidden
         b, s, h = full.shape
         tokens = full.reshape(b * s, h)
         probs = probs.reshape(b * s, -1)
@@ -178,6 +182,6 @@ class MoELayer(nn.Module):
         out = out.view(b, s, h)
         if sp:
             out = reduce_scatter_to_sequence_parallel_region(out, 1, process_group=tp_group)
-        else:
+        elif tp_group is not None:
             out = reduce_from_tensor_model_parallel_region(out, process_group=tp_group)
         return out, logits

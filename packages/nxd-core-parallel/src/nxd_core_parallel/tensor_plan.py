@@ -123,50 +123,57 @@ def _tag_head_padding(layer: nn.Module, params: list, padding: HeadPadding, head
 
 def _padded_heads(name: str, module: nn.Linear, style: str, context: ParallelContext | None,
                   options: dict) -> nn.Module | None:
-    """NxD's ``pad_model`` as plan data: a ``padded`` projection whose module declares ``pad_heads =
-    (query heads, rows of one query group along its sharded dimension)`` and whose query heads TP
-    does not divide is sharded from its full weight with zero groups appended, so every rank holds whole groups. The
-    zero groups give zero attention output into zero output-projection columns (the model computes
-    what it did unpadded, the padding gets no gradient); the weights are marked like ``pad=True``
-    ones, so checkpoints and exports hold the real size. None when no padding is needed."""
+    """NxD's ``pad_model`` as plan data: a ``padded`` projection whose query heads TP does not
+    divide is sharded from its full weight with zero heads added, so every rank holds whole heads.
+    Two layouts: a module declaring ``pad_heads = (query heads, rows of one query group along its
+    sharded dimension)`` (GPT's interleaved groups) gets zero groups appended, marked like
+    ``pad=True`` weights; an output projection declaring ``attention_heads`` (Llama's ``o_proj``)
+    gets the columns of :class:`~nxd_core_parallel.modules.kv_heads.HeadPadding`'s zero heads,
+    tagged ``head_padding`` (its ``qkv_proj``: :func:`_qkv`). Zero heads give zero attention output
+    into zero output-projection columns (the model computes what it did unpadded, the padding gets
+    no gradient); checkpoints and exports hold the real size. None when no padding is needed."""
     tp = dim_size(context, "tp")
+    dim = 1 if style == "row" else 0
+    real = module.weight.shape[dim]
     grouped = _head_padding(module, options, tp) if style == "row" else None
-    if grouped is not None:  # an output projection's input columns of GQA heads padded inside their groups
-        padding, head_dim = grouped
-        common = dict(bias=module.bias is not None, dtype=module.weight.dtype, device=module.weight.device,
-                      init_method=_skip_init, context=context, **{k: v for k, v in options.items() if k != "pad"})
-        layer = RowParallelLinear(padding.padded_heads * head_dim, module.out_features, input_is_parallel=True,
-                                  **common)
-        if not module.weight.is_meta:
-            _copy_shard(layer.weight, padding.pad(module.weight.detach(), 1, head_dim, kv=False), 1, context)
-        if module.bias is not None and not (module.bias.is_meta or layer.bias.is_meta):
-            with torch.no_grad():
-                layer.bias.copy_(module.bias)
-        _tag_head_padding(layer, [layer.weight], padding, head_dim)
-        return _keep_init(layer, module)
     heads, unit = getattr(module, "pad_heads", (None, None))
-    real = module.out_features if style != "row" else module.in_features
-    if not options.get("pad") or heads is None or heads % tp == 0:
+    if grouped is not None:
+        padding, head_dim = grouped
+        padded = padding.size(head_dim, kv=False)
+
+        def widen(full: torch.Tensor) -> torch.Tensor:
+            return padding.pad(full, dim, head_dim, kv=False)
+    elif options.get("pad") and heads is not None and heads % tp:
+        padded = -(-real // (unit * tp)) * unit * tp
+
+        def widen(full: torch.Tensor) -> torch.Tensor:
+            return F.pad(full, [0, 0] * (full.dim() - 1 - dim) + [0, padded - real])
+    else:
         return None
-    padded = -(-real // (unit * tp)) * unit * tp
     weight, bias = module.weight, module.bias
     common = dict(bias=bias is not None, dtype=weight.dtype, device=weight.device, init_method=_skip_init,
                   context=context, **{k: v for k, v in options.items() if k != "pad"})
     if style == "row":
         layer = RowParallelLinear(padded, module.out_features, input_is_parallel=True, **common)
-        _copy_shard(layer.weight, weight, 1, context, pad=padded - real)
+        sharded = [(layer.weight, weight)]
         if bias is not None and not (bias.is_meta or layer.bias.is_meta):
             with torch.no_grad():
-                layer.bias.copy_(bias)
-        layer.input_size, sharded = real, [layer.weight]
+                layer.bias.copy_(bias)  # a row layer's bias is whole
     else:
         layer = ColumnParallelLinear(module.in_features, padded, gather_output=False, **common)
-        for param, full in ((layer.weight, weight), (layer.bias, bias)):
-            if full is not None:
-                _copy_shard(param, full, 0, context, pad=padded - real)
-        layer.output_size, sharded = real, [p for p in (layer.weight, layer.bias) if p is not None]
-    for param in sharded:
+        sharded = [(p, full) for p, full in ((layer.weight, weight), (layer.bias, bias)) if full is not None]
+    for param, full in sharded:
+        if not full.is_meta:
+            _copy_shard(param, widen(full.detach()), dim if param.dim() > 1 else 0, context)
+    if grouped is not None:
+        _tag_head_padding(layer, [param for param, _ in sharded], *grouped)
+        return _keep_init(layer, module)
+    for param, _ in sharded:
         mark_padding(param, real, unit)
+    if style == "row":
+        layer.input_size = real
+    else:
+        layer.output_size = real
     layer.pad, layer.pad_size, layer.padded_heads = True, padded - real, True
     return _keep_init(layer, module)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import os
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -105,3 +106,100 @@ def test_nxd_zero1_dcp_checkpoint_loads(rank_pool, tmp_path):
             for k in KEYS:
                 assert torch.equal(got["xla"]["base_state"][i][k], want[k]), (r, i, k)
             assert float(got["xla"]["base_state"][i]["step"]) == float(want["step"])
+
+
+def _zero1_model(tp: int, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    import nxd
+    from nxd_core_parallel import parallel_state
+    from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+
+    parallel_state.destroy_model_parallel()
+    cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp,
+                                         optimizer_config={"zero_one_enabled": True, "grad_clipping": False})
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(ColumnParallelLinear(6, 8, gather_output=False),
+                                RowParallelLinear(8, 4, input_is_parallel=True))
+    return model, nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=LR, weight_decay=0.1)
+
+
+def nxd_writes_dcp_body(root: str, tp: int) -> dict:
+    import nxd
+    from neuronx_distributed.optimizer import zero_dcp_utils
+    from neuronx_distributed.trainer import save_checkpoint
+
+    model, opt = _zero1_model(tp, seed=0)
+    for step in range(2):
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        F.mse_loss(model(x), x[:, :4]).backward()
+        opt.step()
+    save_checkpoint(root, "t", model=model, optimizer=opt, use_zero1_dcp=True, async_save=True)
+    nxd.finalize_checkpoint()
+    # NxD's own writer of the same state: torch-xla's state_dict() of this DP rank (no dp_rank/tp_rank
+    # keys) with what NxD's get_dcp_aux_infos(model, optimizer) gives it
+    xla = {k: v for k, v in opt.xla_state_dict().items() if k not in ("dp_rank", "tp_rank")}
+    aux = {"optim_pid_to_params": dict(enumerate(model.parameters())), "shape_info": xla["shape_info"],
+           "optim_pid_to_pnames": {i: n for i, (n, _) in enumerate(model.named_parameters())}}
+    if tp == 1:  # at TP>1 NxD's writer fails here: its ShardedTensor names DP rank r as global rank r
+        os.makedirs(os.path.join(root, "nxd_wrote"), exist_ok=True)
+        zero_dcp_utils.save_optim_state_dict(os.path.join(root, "nxd_wrote"), xla, aux)
+    out = {"whole": opt.xla_state_dict(whole=True), "files": sorted(os.listdir(os.path.join(root, "t", "optim")))}
+    for load_tp in (tp, 1):  # nxd reads it back, at this TP and at TP=1 (resharded)
+        model, opt = _zero1_model(load_tp, seed=1)
+        nxd.load_checkpoint(root, tag="t", model=model, optimizer=opt)
+        out[f"back_tp{load_tp}"] = opt.xla_state_dict(whole=True)
+    return out
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_use_zero1_dcp_writes_nxd_layout(rank_pool, tmp_path, tp):
+    out = rank_pool(2).run(nxd_writes_dcp_body, str(tmp_path), tp)
+    from torch.distributed.checkpoint import FileSystemReader
+
+    assert ".metadata" in out[0]["files"] and any(f.endswith(".distcp") for f in out[0]["files"]), out[0]["files"]
+    ours = FileSystemReader(str(tmp_path / "t" / "optim")).read_metadata()
+    names = ["0.weight", "0.bias", "1.weight", "1.bias"]
+    suffixes = [""] if tp == 1 else [f"|tp-{r:04d}" for r in range(tp)]  # NxD's _wrap_optim_state_dict keys
+    assert {f"base_state.{n}.{k}{s}" for n in names for k in KEYS for s in suffixes} | \
+        {f"base_state.{n}.step" for n in names} <= set(ours.state_dict_metadata)
+    if tp == 1:  # the keys, global shapes and dtypes NxD's own writer gives the same state, the same values
+        nxds = FileSystemReader(str(tmp_path / "nxd_wrote")).read_metadata()
+        assert ours.planner_data == nxds.planner_data
+        assert {k: (getattr(v, "size", None), getattr(getattr(v, "properties", None), "dtype", None))
+                for k, v in ours.state_dict_metadata.items()} == \
+            {k: (getattr(v, "size", None), getattr(getattr(v, "properties", None), "dtype", None))
+             for k, v in nxds.state_dict_metadata.items()}
+        a, b = (_dcp_content(d) for d in (tmp_path / "t" / "optim", tmp_path / "nxd_wrote"))
+        assert _equal(a, b), "nxd's and NxD's DCP files hold different values"
+    for r in out:
+        assert all(torch.equal(r[f"back_tp{tp}"]["base_state"][i][k], w[k])
+                   for i, w in r["whole"]["base_state"].items() for k in KEYS)
+    # at TP=1 every moment is the TP ranks' pieces joined along its parameter's partition dim (rows of the
+    # column layer, columns of the row layer's weight; the row layer's bias is whole on each rank)
+    dims = {0: 0, 1: 0, 2: 1, 3: None}
+    for i, dim in dims.items():
+        for k in KEYS:
+            pieces = [r["whole"]["base_state"][i][k] for r in out[:tp]]
+            full = pieces[0] if dim is None else torch.cat(pieces, dim)
+            assert torch.equal(out[0]["back_tp1"]["base_state"][i][k], full), (i, k)
+
+
+def _dcp_content(path) -> dict:
+    import io
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    buffer = io.BytesIO()
+    dcp_to_torch_save(str(path), buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if torch.is_tensor(a):
+        return torch.is_tensor(b) and a.dtype == b.dtype and torch.equal(a, b)
+    return a == b

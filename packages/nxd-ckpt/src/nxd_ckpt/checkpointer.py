@@ -44,7 +44,7 @@ class Checkpointer:
         scheduler: Any = None, user_content: Any = None, use_xser: bool = False, num_kept_ckpts: int | None = None,
         async_save: bool = False, zero1_optimizer: bool = False, format: str | None = None,
         storage_options: dict | None = None, save_rng: bool = True, overlap_snapshot: bool = False,
-        on_snapshot_wait: Callable[[float], None] | None = None, **unused: Any,
+        on_snapshot_wait: Callable[[float], None] | None = None, use_zero1_dcp: bool = False, **unused: Any,
     ) -> None:
         """Save ``path/tag`` (NxD's positional signature is ``nxd.save_checkpoint``'s, written there
         once; the component takes keywords). ``use_xser=True`` selects the safetensors format (one
@@ -54,7 +54,11 @@ class Checkpointer:
         ``overlap_snapshot=True`` (with ``async_save``): return before copying parameters and
         optimizer state; the next optimizer step waits for that copy (see ``nxd_ckpt.staging``),
         reporting the seconds it waited to ``on_snapshot_wait``. Only for loops that change
-        parameters through optimizer steps alone."""
+        parameters through optimizer steps alone.
+
+        ``use_zero1_dcp=True`` (NxD's option): the ZeRO-1 optimizer state goes into ``optim/`` in
+        NxD's torch.distributed.checkpoint layout (``nxd_ckpt.nxd_dcp``), which NxD's
+        ``load_checkpoint`` reads; local paths only."""
         self._wait_writer()  # at most one save in flight; raises the previous one's failure
         if num_kept_ckpts is not None and (not isinstance(num_kept_ckpts, int) or num_kept_ckpts < 1):
             raise ValueError(f"num_kept_ckpts must be a positive integer or None, got {num_kept_ckpts!r}")
@@ -70,7 +74,7 @@ class Checkpointer:
         plan = plan_save(tag, topo, model=model, optimizer=optimizer, scheduler=scheduler, user_content=user_content,
                          fmt_name=fmt, zero1=is_zero1(optimizer, zero1_optimizer),
                          buffers=self._buffers, save_rng=save_rng, num_kept=num_kept_ckpts,
-                         staging=staging, private=async_save)
+                         staging=staging, private=async_save, zero1_dcp=use_zero1_dcp)
         plan.own = frozenset(self._own)
         self._own.add(tag)
         if not async_save:

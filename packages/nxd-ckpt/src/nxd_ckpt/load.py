@@ -226,6 +226,10 @@ def _reshard(reader: Reader, meta: dict, target: dict[str, Any], shardings: dict
 def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topology, model: Any = None) -> None:
     zero1_now = bool(getattr(optimizer, "nxd_zero1", False))
     where = reader.storage.describe(f"{reader.tag}/optim")
+    dcp = is_nxd_dcp_optim(reader.storage, reader.tag)
+    if meta is not None and dcp and meta["degrees"]["pp"] == topo.pp and meta["degrees"]["tp"] != topo.tp:
+        _load_nxd_optimizer_resharded(reader, optimizer, model, topo, zero1_now)  # NxD's layout (use_zero1_dcp)
+        return
     if meta is not None and (meta["degrees"]["tp"], meta["degrees"]["pp"]) != (topo.tp, topo.pp):
         raise CheckpointError(
             f"{where}: optimizer state was saved at TP={meta['degrees']['tp']} PP={meta['degrees']['pp']} and "
@@ -236,12 +240,15 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
         if nxd_written_degrees(reader.storage, reader.tag)[0] != topo.tp:
             _load_nxd_optimizer_resharded(reader, optimizer, model, topo, zero1_now)
             return
-        if is_nxd_dcp_optim(reader.storage, reader.tag):
+        if dcp:
             _load_nxd_dcp_optimizer(reader, optimizer, model, topo, zero1_now)
             return
     if meta is not None and not meta.get("has_optimizer", True):
         raise CheckpointError(f"checkpoint {reader.storage.describe(reader.tag)} was saved without optimizer state "
                               "(pass optimizer=None to load the weights only)")
+    if meta is not None and dcp:  # saved with use_zero1_dcp=True
+        _load_nxd_dcp_optimizer(reader, optimizer, model, topo, zero1_now)
+        return
     # the shards the save wrote (metadata.json records them), so a deleted one is named, not guessed at
     names = ([p.split("/", 1)[1] for p in reader.files if p.startswith("optim/")] if reader.files is not None
              else reader.storage.list_files(f"{reader.tag}/optim"))
@@ -294,9 +301,8 @@ def _load_nxd_optimizer_resharded(reader: Reader, optimizer: Any, model: Any, to
     if model is None:
         raise CheckpointError(f"{where}: NxD's optimizer state was written at another TP and reshards like the "
                               "model's parameters: pass the model too")
-    dcp = is_nxd_dcp_optim(reader.storage, reader.tag)
     state, zero1 = nxd_optimizer_state_at(reader, unwrap_model(model), optimizer, topo.tp, topo.tp_rank, topo.pp,
-                                          topo.pp_rank, dcp)
+                                          topo.pp_rank, is_nxd_dcp_optim(reader.storage, reader.tag))
     if zero1 != zero1_now:
         raise CheckpointError(f"{where}: saved by {'a ZeRO-1' if zero1 else 'a non-ZeRO'} optimizer; the current "
                               f"optimizer is {'ZeRO-1' if zero1_now else 'not ZeRO-1'} (zero_one_enabled)")

@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from nxd_ckpt.checksum import HashingWriter, stable_regions
+from nxd_ckpt.checksum import HashingWriter, digest_of, stable_regions
 from nxd_ckpt.errors import CheckpointError
 from nxd_ckpt.formats import CheckpointFormat, get_format
 from nxd_ckpt.layout import (
@@ -29,6 +29,7 @@ from nxd_ckpt.layout import (
     write_newest_pointer,
 )
 from nxd_ckpt.metadata import build_metadata, shardings_of, tensor_entries, write_metadata
+from nxd_ckpt.nxd_dcp import nxd_dcp_state, write_dcp
 from nxd_ckpt.overwrite import prepare_target, recover_all, swap_in
 from nxd_ckpt.retention import apply_retention
 from nxd_ckpt.rng import capture_rng_state
@@ -54,6 +55,8 @@ class SavePlan:
     num_kept: int | None = None
     #: tags this process has saved (or tried to): the only incomplete ones its retention may remove
     own: frozenset[str] = frozenset()
+    #: this rank's ZeRO-1 state keyed as NxD's DCP layout (``use_zero1_dcp``), written by every rank with DCP
+    optim_dcp: dict[str, Any] | None = None
 
 
 def is_zero1(optimizer: Any, zero1_flag: bool) -> bool:
@@ -62,10 +65,12 @@ def is_zero1(optimizer: Any, zero1_flag: bool) -> bool:
 
 def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler: Any, user_content: Any,
               fmt_name: str, zero1: bool, buffers: SnapshotBuffers, save_rng: bool,
-              num_kept: int | None, staging: Staging | None = None, private: bool = True) -> SavePlan:
+              num_kept: int | None, staging: Staging | None = None, private: bool = True,
+              zero1_dcp: bool = False) -> SavePlan:
     """Snapshot what this rank writes into the reused host ``buffers``. ``private=False`` (a
     synchronous save, which writes before returning): reference host tensors, copy only device
-    ones. ``staging``: leave the copies of parameters and optimizer state to it."""
+    ones. ``staging``: leave the copies of parameters and optimizer state to it. ``zero1_dcp``:
+    the optimizer state in NxD's DCP layout (collective over DP here: every rank calls it)."""
     fmt, torch_fmt = get_format(fmt_name), get_format(TORCH)
     plan = SavePlan(tag, topo, fmt.name, num_kept=num_kept)
 
@@ -81,7 +86,9 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
             data = snap(state, "model", lambda t: t.data_ptr() in params)
             plan.files.append((f"model/{shard_name(0, topo.tp_rank, topo.pp_rank, fmt.suffix)}", fmt, data))
             plan.tensors = tensor_entries(data, shardings_of(module, state), topo)
-    if optimizer is not None:
+    if optimizer is not None and zero1_dcp:
+        plan.optim_dcp = _nxd_dcp_optim(model, optimizer, topo, tag)
+    elif optimizer is not None:
         # every rank asks, as for the model: an optimizer's state_dict() may be collective (nxd-core-parallel's
         # gathers expert-parallel state over the EP group); building one references tensors, copies nothing
         optim_state = optimizer.state_dict()
@@ -100,6 +107,41 @@ def plan_save(tag: str, topo: Topology, *, model: Any, optimizer: Any, scheduler
                       has_scheduler=scheduler is not None, has_user_content=user_content is not None,
                       has_rng=save_rng)
     return plan
+
+
+def _nxd_dcp_optim(model: Any, optimizer: Any, topo: Topology, tag: str) -> dict[str, Any]:
+    """This rank's ZeRO-1 state whole over DP (a copy), keyed as NxD's DCP layout keys it (DP and CP
+    ranks hand DCP the same tensors: it writes each once)."""
+    where = f"checkpoint {tag}: use_zero1_dcp=True"
+    if not callable(getattr(optimizer, "xla_state_dict", None)):
+        raise CheckpointError(f"{where} writes NxD's ZeRO-1 layout and needs a ZeRO-1 optimizer (nxd-zero1: "
+                              "optimizer_config.zero_one_enabled=True); got " + type(optimizer).__name__)
+    if model is None:
+        raise CheckpointError(f"{where}: NxD's DCP optimizer state is keyed by parameter name: pass the model too")
+    names_of = {id(p): n for n, p in unwrap_model(model).named_parameters()}
+    names = [names_of.get(id(p), "?") for g in optimizer.param_groups for p in g["params"]]
+    if "?" in names:
+        raise CheckpointError(f"{where}: the optimizer holds parameters the model does not (NxD keys their state by "
+                              "the model's parameter names)")
+    return nxd_dcp_state(optimizer.xla_state_dict(whole=True), names, topo.tp, topo.tp_rank, topo.pp, topo.pp_rank,
+                         where)
+
+
+def _write_optim_dcp(storage: Storage, target: str, plan: SavePlan, ranks: Ranks) -> tuple[str | None, dict[str, dict]]:
+    """Every rank writes its part of NxD's DCP optimizer layout (collective; DCP agrees on a failure
+    itself); rank 0 then records the checksum of every file DCP wrote."""
+    assert plan.optim_dcp is not None
+    where = storage.describe(f"{target}/optim")
+    try:
+        files = write_dcp(storage, f"{target}/optim", plan.optim_dcp, ranks.group)
+        sums = {}
+        if plan.topo.rank == 0:
+            for name in files:
+                with storage.open_read(f"{target}/optim/{name}") as f:
+                    sums[f"optim/{name}"] = digest_of(f.read())
+        return None, sums
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by commit()
+        return f"rank {plan.topo.rank}: writing {where} (NxD's DCP layout) failed: {type(exc).__name__}: {exc}", {}
 
 
 def run_save(storage: Storage, plan: SavePlan, ranks: Ranks) -> str:
@@ -127,6 +169,9 @@ def run_save(storage: Storage, plan: SavePlan, ranks: Ranks) -> str:
             merged.update(part)
         metadata = build_metadata(tag, plan.topo, plan.fmt, merged, **plan.flags)
     error, sums = write_files(storage, target, plan)
+    if plan.optim_dcp is not None:  # every rank takes part, even after its own error (DCP is collective)
+        dcp_error, dcp_sums = _write_optim_dcp(storage, target, plan, ranks)
+        error, sums = error or dcp_error, {**sums, **dcp_sums}
     commit(storage, tag, target, plan, error, sums, metadata, ranks)
     return tag
 

@@ -31,6 +31,20 @@ def test_flash_attention_matches_causal_softmax(transpose):
     torch.testing.assert_close(out, causal_attention(q, k, v), rtol=1e-12, atol=1e-12)
 
 
+def test_flash_attention_without_the_layout_argument_reads_it_as_each_release_did():
+    # NxD <= 2.22 had no transpose_nki_inputs ([b, h, s, d]); >= 2.23 defaults it to True ([b, h, d, s]);
+    # the kernel's 2048-token sequences tell the two calls apart
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 2048, 2, generator=g, dtype=torch.float64) for _ in range(3))
+    reference = nki_flash_attn_func(q, k, v, transpose_nki_inputs=False)
+    torch.testing.assert_close(nki_flash_attn_func(q, k, v), reference, rtol=0, atol=0)
+    kernel_layout = [t.transpose(-1, -2) for t in (q, k, v)]
+    torch.testing.assert_close(nki_flash_attn_func(*kernel_layout), reference, rtol=0, atol=0)
+    small = torch.randn(B, H, S, D)
+    with pytest.raises(ValueError, match=r"without transpose_nki_inputs on q of shape \(2, 3, 8, 4\)"):
+        nki_flash_attn_func(small, small, small)
+
+
 def test_flash_attention_refuses_dropout():
     q = torch.randn(1, 1, S, D)
     with pytest.raises(NotImplementedError, match="dropout"):

@@ -108,6 +108,42 @@ def test_torch_neuronx_stand_in_names_the_platform_and_refuses_the_rest(monkeypa
         monkeypatch.delitem(sys.modules, name)
 
 
+def test_torch_xla_stand_in_has_the_modules_older_nxd_examples_import(monkeypatch):
+    # NxD's examples up to Release 2.18 import torch_xla.distributed.xla_backend (and BERT's
+    # torch_xla.debug.metrics) before init_process_group("xla")
+    monkeypatch.syspath_prepend(str(STAND_IN))
+    for name in [m for m in sys.modules if m.startswith("torch_xla")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.import_module("torch_xla.distributed.xla_backend")
+    import torch_xla.debug.metrics as met
+
+    assert "no XLA metrics" in met.metrics_report() and met.counter_names() == []
+    with pytest.raises(RuntimeError, match="reads XLA's compiler metrics"):
+        met.metric_data  # noqa: B018
+    for name in [m for m in sys.modules if m.startswith("torch_xla")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def both_signatures_body() -> dict:
+    import neuronx_distributed as nxd_api
+
+    config = nxd_api.neuronx_distributed_config(tensor_parallel_size=1)
+
+    def get_model(flags: dict, out: int = 1) -> torch.nn.Module:
+        return torch.nn.Linear(flags["width"], out)
+
+    # NxD <= 2.20: initialize_parallel_model(nxd_config, model_fn, *model_args) -- its examples' get_model(flags)
+    old = nxd_api.initialize_parallel_model(config, get_model, {"width": 3}, out=2)
+    # NxD >= 2.21: include_buffers third
+    new = nxd_api.initialize_parallel_model(config, get_model, False, {"width": 5})
+    return {"old": tuple(old.module.weight.shape), "new": tuple(new.module.weight.shape)}
+
+
+def test_initialize_parallel_model_takes_both_nxd_signatures(rank_pool):
+    for out in rank_pool(2).run(both_signatures_body):  # DP=2: the pool the other two-rank test uses
+        assert out == {"old": (2, 3), "new": (1, 5)}
+
+
 def collectives_body() -> dict:
     import torch.distributed as dist
 

@@ -15,13 +15,36 @@ def _check_dropout(dropout_p: float, seed: Any) -> None:
                                   "nxd-compat; use dropout_p=0.0")
 
 
+#: NxD's flash-attention kernel takes sequences in multiples of this many tokens
+KERNEL_SEQUENCE_BLOCK = 2048
+
+
+def _transposed_layout(q: torch.Tensor) -> bool:
+    """Whether a call that does not pass ``transpose_nki_inputs`` gives the kernel's ``[b, h, d, s]``.
+    NxD >= 2.23 reads such a call as ``[b, h, d, s]`` (its default True), NxD <= 2.22 (no such
+    argument) as ``[b, h, s, d]``; the Llama example of 2.22 calls it that way. On Neuron the sequence
+    is a multiple of 2048 (the kernel refuses any other), which tells the two apart; without that,
+    choosing one would compute some other attention without a word."""
+    last, third = (q.shape[-1] % KERNEL_SEQUENCE_BLOCK == 0), (q.shape[-2] % KERNEL_SEQUENCE_BLOCK == 0)
+    if last != third:
+        return last
+    raise ValueError(f"nki_flash_attn_func was called without transpose_nki_inputs on q of shape {tuple(q.shape)}: "
+                     "NxD >= 2.23 reads that as [b, heads, d, s] (its default True), NxD <= 2.22 as [b, heads, s, d]; "
+                     f"a sequence that is a multiple of {KERNEL_SEQUENCE_BLOCK} (as NxD's kernel needs) tells them "
+                     "apart, this shape does not: pass transpose_nki_inputs=True or False")
+
+
 def nki_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lnc: int = 1, dropout_p: float = 0.0,
                         softmax_scale: float | None = None, causal: bool = True, mixed_precision: bool = True,
-                        seed: Any = None, hardware_type: Any = None, transpose_nki_inputs: bool = True) -> torch.Tensor:
+                        seed: Any = None, hardware_type: Any = None,
+                        transpose_nki_inputs: bool | None = None) -> torch.Tensor:
     """NxD's flash attention: ``q``/``k``/``v`` ``[b, heads, s, d]``, or ``[b, heads, d, s]`` with
     ``transpose_nki_inputs`` (the kernel's layout); returns ``[b, heads, s, d]``. ``mixed_precision``
-    keeps the softmax in fp32 as the kernel does."""
+    keeps the softmax in fp32 as the kernel does. Not passing ``transpose_nki_inputs`` is read as
+    the release that called it meant it (:func:`_transposed_layout`)."""
     _check_dropout(dropout_p, seed)
+    if transpose_nki_inputs is None:
+        transpose_nki_inputs = _transposed_layout(q)
     if transpose_nki_inputs:
         q, k, v = (t.transpose(-1, -2) for t in (q, k, v))
     dtype = q.dtype

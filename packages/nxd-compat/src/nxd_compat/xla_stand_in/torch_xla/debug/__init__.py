@@ -1,0 +1,1 @@
+"""torch_xla.debug (nxd-compat stand-in)."""

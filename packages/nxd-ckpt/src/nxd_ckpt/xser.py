@@ -106,10 +106,17 @@ def save(data: Any, path: str, master_only: bool = True, global_master: bool = F
         torch.save(refs, path)
 
 
-def load(path: str, weights_only: bool = True) -> Any:
-    """The data saved at ``path``, tensors on the CPU."""
+@contextlib.contextmanager
+def reading_references() -> Iterator[None]:
+    """While a reference file is ``torch.load``-ed: its ``TensorReference`` unpickles (also with
+    ``weights_only=True``)."""
     with torch.serialization.safe_globals([TensorReference]), _picklable():
-        ref_data = torch.load(path, map_location="cpu", weights_only=weights_only)
+        yield
+
+
+def resolve_references(ref_data: Any, path: str) -> Any:
+    """``ref_data`` (read from the reference file ``path``) with each reference replaced by its
+    tensor, on the CPU."""
 
     def fetch(value: Any) -> Any:
         if isinstance(value, TensorReference):
@@ -117,6 +124,13 @@ def load(path: str, weights_only: bool = True) -> Any:
         return value
 
     return _map(ref_data, fetch)
+
+
+def load(path: str, weights_only: bool = True) -> Any:
+    """The data saved at ``path``, tensors on the CPU."""
+    with reading_references():
+        ref_data = torch.load(path, map_location="cpu", weights_only=weights_only)
+    return resolve_references(ref_data, path)
 
 
 #: NxD's ``save_checkpoint(use_xser=True)`` writes this beside each reference file (tensor shapes/dtypes)

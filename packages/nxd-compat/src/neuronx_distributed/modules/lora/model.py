@@ -1,11 +1,16 @@
 """``neuronx_distributed.modules.lora.model``: ``LoraModel`` (nxd-lora) and NxD's module constants."""
 
+import nxd_lora
 from neuronx_distributed.utils.logger import get_logger
-from nxd_lora import LoraModel
 
 __all__ = ["CONFIG_NAME", "MODELS_TO_LORA_TARGET_MODULES_MAPPING", "WEIGHTS_NAME", "LoraModel"]
 
 logger = get_logger()
+
+
+class LoraModel(nxd_lora.LoRAModel):
+    """nxd-lora's model under NxD's class name (its repr is NxD's: ``LoraModel(...)``)."""
+
 #: NxD's file names of a single-device adapter save (nxd-lora writes PEFT's: adapter_model.safetensors)
 WEIGHTS_NAME = "adapter_model.pt"
 CONFIG_NAME = "adapter_config.json"

@@ -104,12 +104,21 @@ def _scan(path: Path) -> dict[str, list[str]]:
                               and "context" in [a.arg for a in f.args.args + f.args.kwonlyargs]
                               and any(is_global_read(n) for n in ast.walk(f))}
     hits: dict[str, list[str]] = {"global": [], "fallback": [], "key": []}
-    # the innermost function around each node (outer functions are walked first, inner ones overwrite)
+    # the innermost function around each node, with its class (``LlamaAttention.__init__``)
     enclosing: dict[ast.AST, str] = {}
-    for f in ast.walk(tree):
-        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for inner in ast.walk(f):
-                enclosing[inner] = f.name
+
+    def name_scopes(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                qualname = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    for inner in ast.walk(child):
+                        enclosing[inner] = qualname
+                name_scopes(child, f"{qualname}.")
+            else:
+                name_scopes(child, prefix)
+
+    name_scopes(tree, "")
     where = lambda node: f"{path.relative_to(ROOT)}:{node.lineno}"  # noqa: E731
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd.parallel import ParallelContext, dim_group, dim_size, resolve_context
+from nxd.parallel import ParallelContext, dim_group, dim_size
 from nxd_core_parallel.modules import plain
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers.mappings import (
@@ -52,7 +52,7 @@ class DeepseekV3Attention(nn.Module):
     def __init__(self, config: DeepseekV3Config, layer_idx: int, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        self.parallel_context = context = resolve_context(context)
+        self.parallel_context = context  # handed down from DeepseekV3ForCausalLM, which resolves it
         self.config, self.layer_idx, self.sequence_parallel = config, layer_idx, sequence_parallel
         self.num_heads = config.num_attention_heads  # this rank's, once the plan shards the heads
         self.kv_size_multiplier = 1  # every head has its own keys: nothing replicated

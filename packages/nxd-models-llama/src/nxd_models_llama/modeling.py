@@ -131,7 +131,7 @@ class HeadRMSNorm(RMSNorm):
 
     def __init__(self, *args: Any, context: ParallelContext | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.parallel_context = resolve_context(context)
+        self.parallel_context = context  # handed down from LlamaForCausalLM, which resolves it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
@@ -150,7 +150,6 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: LlamaConfig, layer_idx: int, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        context = resolve_context(context)
         self.config = config
         self.layer_idx = layer_idx
         self.head_dim = config.head_dim
@@ -250,7 +249,6 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer_idx: int, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        context = resolve_context(context)
         norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps,
                        sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device,
                        fused="rms_norm" in config.fused_kernels)
@@ -275,7 +273,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
         super().__init__()
-        self.parallel_context = context = resolve_context(context)
+        self.parallel_context = context
         self.config = config
         self.sequence_parallel = sequence_parallel
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)

@@ -207,7 +207,7 @@ class Trainer:
         from nxd_core_parallel.context_parallel import get_batch_on_this_context_parallel_rank
 
         moved = {k: v.to(self.device) for k, v in batch.items() if self.workflow is not None or k in MODEL_INPUTS}
-        return moved if self.workflow is not None else get_batch_on_this_context_parallel_rank(moved)
+        return moved if self.workflow is not None else get_batch_on_this_context_parallel_rank(moved, context=self.context)
 
     def _loss_fn(self, sums: dict[str, torch.Tensor]) -> Any:
         """The step contract's ``loss_fn``: the workflow's loss, its metrics summed into ``sums``;

@@ -56,6 +56,5 @@ def build_tiny_under_cp(**overrides) -> None:
     """Build the tiny preset (with ``overrides``) under context parallelism 2 (a rank body)."""
     import nxd
 
-    nxd.neuronx_distributed_config(context_parallel_size=2)
-    spec = nxd.get_model("deepseek_v3")
-    spec.build(spec.config_from_dict({"preset": "deepseek-v3-tiny", **overrides}))
+    config = nxd.neuronx_distributed_config(context_parallel_size=2)
+    nxd.build_parallel_model(nxd.get_model("deepseek_v3"), {"preset": "deepseek-v3-tiny", **overrides}, config)

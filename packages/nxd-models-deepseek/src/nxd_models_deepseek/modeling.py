@@ -20,6 +20,18 @@ from nxd_models_mixtral import MixtralForCausalLM
 from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralModel, MoECausalLMOutput
 
 
+def context_parallel_unsupported(c: DeepseekV3Config) -> str | None:
+    """The config field that context parallelism cannot run with, and why (``None``: it can)."""
+    if c.seq_aux_loss_coef:
+        return ("seq_aux_loss_coef > 0 is not implemented under context parallelism (the sequence-wise balance loss "
+                "needs each sequence's expert counts and affinities summed over the CP ranks holding its chunks); "
+                "set it to 0")
+    if c.mtp_depth:
+        return (f"mtp_depth={c.mtp_depth} is not implemented under context parallelism (each depth shifts the tokens "
+                "one place, across the CP ranks' chunk boundaries); set mtp_depth=0")
+    return None
+
+
 class DeepseekV3DecoderLayer(MixtralDecoderLayer):
     def build_attention(self, config: DeepseekV3Config, layer_idx: int, sequence_parallel: bool,
                         device: torch.device | str | None, context: ParallelContext | None = None) -> nn.Module:
@@ -58,17 +70,12 @@ class DeepseekV3ForCausalLM(MixtralForCausalLM):
         if c.seq_aux_loss_coef and dim_size(context, "pp") > 1:
             raise ConfigError("deepseek_v3: seq_aux_loss_coef > 0 is not implemented under pipeline parallelism "
                               "(the per-layer losses do not travel between stages); set it to 0 or use PP=1")
-        if c.seq_aux_loss_coef and dim_size(context, "cp") > 1:
-            raise ConfigError("deepseek_v3: seq_aux_loss_coef > 0 is not implemented under context parallelism "
-                              "(the sequence-wise balance loss needs each sequence's expert counts and affinities "
-                              "summed over the CP ranks holding its chunks); set it to 0 or use "
-                              "context_parallel_size=1")
-        for dim, why in (("pp", "the MTP modules need the embedding and output head, which sit on the first and "
-                                "last pipeline stages"),
-                         ("cp", "each depth shifts the tokens one place, across the CP ranks' chunk boundaries")):
-            if c.mtp_depth and dim_size(context, dim) > 1:
-                raise ConfigError(f"deepseek_v3: mtp_depth={c.mtp_depth} is not implemented with {dim}_size "
-                                  f"{dim_size(context, dim)} ({why}); set mtp_depth=0 or use {dim}_size 1")
+        if c.mtp_depth and dim_size(context, "pp") > 1:
+            raise ConfigError(f"deepseek_v3: mtp_depth={c.mtp_depth} is not implemented with pp_size "
+                              f"{dim_size(context, 'pp')} (the MTP modules need the embedding and output head, which "
+                              "sit on the first and last pipeline stages); set mtp_depth=0 or use pp_size 1")
+        #: why this configuration cannot run under context parallelism (the context_parallel transform refuses with it)
+        self.nxd_context_parallel_unsupported = context_parallel_unsupported(c)
         #: multi-token prediction modules, depth 1..D (checkpoint: model.layers.{num_hidden_layers + k})
         self.mtp = nn.ModuleList(mtp_module(DeepseekV3DecoderLayer, c, k, sequence_parallel, device, context)
                                  for k in range(c.mtp_depth))

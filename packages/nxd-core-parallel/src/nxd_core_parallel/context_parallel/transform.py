@@ -17,7 +17,9 @@ the transform (registered by :mod:`nxd_core_parallel.transforms`, after the tens
 
 The batch is split by ``get_batch_on_this_context_parallel_rank`` (the trainer does it) and the loss
 is the mean over every CP rank's tokens (:func:`nxd_core_parallel.lm_loss.token_mean`). A model
-whose plan names no attention for it, or that has a sliding window, is refused.
+whose plan names no attention for it, that has a sliding window, or that says why its configuration
+cannot run under CP (``nxd_context_parallel_unsupported``: DeepSeek's MTP and sequence-wise loss) is
+refused.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from nxd.parallel import ParallelContext, dim_size
 from nxd_core_parallel.context_parallel.layout import local_positions
 from nxd_core_parallel.context_parallel.ring_attention import ring_attention
 
+#: a model's reason its configuration cannot run under CP (a config field and why), refused with it
+UNSUPPORTED = "nxd_context_parallel_unsupported"
 #: set on a model once its forward takes CP chunks (the transform may run twice: build, then initialize)
 _APPLIED = "_nxd_context_parallel"
 
@@ -108,6 +112,9 @@ def apply_context_parallel(model: nn.Module, context: ParallelContext | None, co
                           "(its nxd_parallel_plan names no context_parallel modules: the attention modules whose "
                           "attention_core ring attention replaces); use context_parallel_size=1 or a model that "
                           "declares them (llama, qwen3, qwen3_moe, deepseek_v3)")
+    unsupported = getattr(model, UNSUPPORTED, None)
+    if unsupported:
+        raise ConfigError(f"context_parallel_size={cp}: {model_name}: {unsupported}, or use context_parallel_size=1")
     window = getattr(getattr(model, "config", None), "sliding_window", None)
     if window is not None:
         raise ConfigError(f"context_parallel_size={cp}: {model_name} has sliding_window={window}; ring attention "

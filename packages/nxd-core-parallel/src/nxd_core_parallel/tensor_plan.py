@@ -106,10 +106,9 @@ def _head_padding(module: nn.Module, options: dict, tp: int) -> tuple[HeadPaddin
     heads, KV heads, head_dim)`` (Llama's ``qkv_proj``/``o_proj``) whose query heads TP does not
     divide; else None."""
     heads = getattr(module, "attention_heads", None)
-    if not options.get("pad") or heads is None:
+    if not options.get("pad") or heads is None or heads[0] % tp == 0:
         return None
-    padding = head_padding_for(heads[0], heads[1], tp)
-    return (padding, heads[2]) if padding.padded else None
+    return head_padding_for(heads[0], heads[1], tp), heads[2]
 
 
 def _tag_head_padding(layer: nn.Module, params: list, padding: HeadPadding, head_dim: int) -> None:

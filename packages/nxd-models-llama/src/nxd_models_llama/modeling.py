@@ -61,7 +61,14 @@ def kv_size_multiplier_for(config: LlamaConfig, tp: int) -> int:
     :func:`nxd_core_parallel.modules.kv_heads.kv_size_multiplier_for`, on the padded heads when TP
     does not divide the query heads): 1 when TP divides the KV heads, ``tp / kv`` when the KV heads
     divide TP, and for odd counts (3 KV heads at TP=2) up to ``tp``."""
-    return head_padding(config, tp).kv_size_multiplier(tp)
+    nq, nkv = config.num_attention_heads, config.num_key_value_heads
+    if nq % tp:
+        return head_padding(config, tp).kv_size_multiplier(tp)
+    m = kv_heads.kv_size_multiplier_for(nq, nkv, tp)
+    if m is None:
+        raise ConfigError(f"num_key_value_heads={nkv} and num_attention_heads={nq} are not grouped evenly "
+                          "(HF GQA needs num_attention_heads divisible by num_key_value_heads)")
+    return m
 
 
 class KVCache:
@@ -180,13 +187,18 @@ class LlamaAttention(nn.Module):
     def nxd_parallelized(self, context: ParallelContext | None) -> None:
         """This rank's heads once the plan has sharded the projections over ``context``'s TP
         (padded ones included when TP does not divide the query heads)."""
-        tp, rank = _size(context, "tp"), _rank(context, "tp")
-        padding = head_padding(self.config, tp)
-        self.kv_size_multiplier = padding.kv_size_multiplier(tp)
-        self.num_heads = padding.padded_heads // tp
-        self.num_kv_heads = padding.kv_groups * self.kv_size_multiplier // tp
-        self.core_attention.kv_index = padding.local_kv_index(tp, rank)
-        self.real_heads = padding.query_mask(tp, rank)
+        config, tp, rank = self.config, _size(context, "tp"), _rank(context, "tp")
+        self.kv_size_multiplier = m = kv_size_multiplier_for(config, tp)
+        if config.num_attention_heads % tp:  # padded heads (NxD's pad_model)
+            padding = head_padding(config, tp)
+            self.num_heads, self.num_kv_heads = padding.padded_heads // tp, padding.kv_groups * m // tp
+            self.core_attention.kv_index = padding.local_kv_index(tp, rank)
+            self.real_heads = padding.query_mask(tp, rank)
+            return
+        self.num_heads = config.num_attention_heads // tp
+        self.num_kv_heads = config.num_key_value_heads * m // tp
+        self.core_attention.kv_index = kv_heads.local_kv_index(
+            config.num_attention_heads, config.num_key_value_heads, tp, rank, m)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:

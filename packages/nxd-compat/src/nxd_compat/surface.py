@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 
 class NotProvidedError(NotImplementedError):
@@ -20,3 +20,9 @@ def not_provided(module: str, names: dict[str, str]) -> Callable[[str], Any]:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+def refuse_module(module: str, why: str) -> NoReturn:
+    """The body of NxD's module ``module`` where nxd-compat provides none of it: importing it (or
+    anything from it) raises NotProvidedError with ``why`` instead of ModuleNotFoundError."""
+    raise NotProvidedError(f"{module} (NxD) is not provided by nxd-compat: {why}")

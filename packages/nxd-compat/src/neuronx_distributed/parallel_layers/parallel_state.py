@@ -12,6 +12,7 @@ from typing import Any
 import torch.distributed as dist
 
 import nxd
+from nxd_compat.surface import not_provided
 from nxd_core_parallel.parallel_state import *  # noqa: F403
 from nxd_core_parallel.parallel_state import (
     get_context_model_parallel_rank,
@@ -114,3 +115,10 @@ def get_token_shuffle_group_size() -> int:
 
 def destroy_token_shuffle_group() -> None:
     _token_shuffling().destroy_token_shuffle_group()
+
+
+_RINGS = ("NxD's Trainium device-ring group layouts (rank orders for Neuron's ring topology); nxd's groups are "
+          "torch DeviceMesh's, made by initialize_model_parallel")
+__getattr__ = not_provided(__name__, dict.fromkeys(
+    ("PG_Group_Logic", "ParallelGroups", "ascending_ring_PG_group", "ascending_descending_ring_PG_group",
+     "get_logic_chosen"), _RINGS))

@@ -5,6 +5,7 @@ from typing import Any, Callable
 import torch
 
 import nxd
+from neuronx_distributed.trainer import checkpoint_storage  # noqa: F401 - NxD's package imports it
 from neuronx_distributed.trainer.checkpoint import load_checkpoint, save_checkpoint
 from nxd import (
     finalize_checkpoint,
@@ -12,6 +13,7 @@ from nxd import (
     initialize_parallel_optimizer,
     neuronx_distributed_config,
 )
+from nxd_compat.surface import not_provided
 
 __all__ = [
     "finalize_checkpoint", "has_checkpoint", "initialize_parallel_model", "initialize_parallel_optimizer",
@@ -29,3 +31,7 @@ def initialize_parallel_model(nxd_config: dict, model_fn: Callable[..., torch.nn
     if args and not isinstance(args[0], bool):
         args = (False, *args)  # NxD <= 2.20 had no include_buffers: buffers were built as usual
     return nxd.initialize_parallel_model(nxd_config, model_fn, *args, **model_kwargs)
+
+__getattr__ = not_provided(__name__, {
+    "PostPartitionHooks": "NxD's hooks run after its traced pipeline partitioning; nxd-pipeline does not trace "
+                          "(NxDPPModel cuts through declared methods)"})

@@ -16,13 +16,16 @@ NOT_PROVIDED: dict[str, tuple[tuple[str, ...], str]] = {
              "TorchBlockwiseTraining", "KernelConfig", "KernelAvailabilityError", "check_kernel_availability",
              "check_blockwise_mm_kernel_compatibility", "can_use_blockwise_matmul_nki",
              "augment_inputs_for_padded_blockwise_matmul", "BlockwiseMatmulNKIFunc",
-             "BlockwiseMatmulMXNKIFunc"),
+             "BlockwiseMatmulMXNKIFunc",
+             # NKI kernel enums and a kernel call NxD's own unit tests import
+             "ActivationFunction", "BlockShardStrategy", "ExpertAffinityScaleMode", "LogicalNCConfig", "SkipMode",
+             "_call_bwmm_shard_on_block_kernel"),
             _KERNEL),
     # NxD's NKI kernel imports
     "nki_import": (("NKIImport", "import_nki", "import_nki_beta2"),
             _KERNEL),
     # NxD's fused token-generation MoE kernel (inference)
-    "moe_fused_tkg": (("MoEFusedTKG",),
+    "moe_fused_tkg": (("MoEFusedTKG", "_convert_torch_dtype_to_nki_dtype"),
             _KERNEL),
     # NxD's MXFP4 fused token-generation MoE kernel (inference)
     "moe_fused_tkg_mx": (("mxfp4_moe_block_tkg_wrapper", "MoEFusedTKGMX"),

@@ -8,9 +8,13 @@ from typing import Any
 NXD_STAND_IN = True
 
 
+def needs_neuron(name: str) -> RuntimeError:
+    return RuntimeError(f"torch_neuronx.{name} needs Neuron hardware and torch-neuronx (XLA tracing/compilation for "
+                        "Trainium/Inferentia); this run uses nxd-compat's stand-in on CPU/CUDA, which provides only "
+                        "torch_neuronx.utils.get_platform_target")
+
+
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
-    raise RuntimeError(f"torch_neuronx.{name} needs Neuron hardware and torch-neuronx (XLA tracing/compilation for "
-                       "Trainium/Inferentia); this run uses nxd-compat's stand-in on CPU/CUDA, which provides only "
-                       "torch_neuronx.utils.get_platform_target")
+    raise needs_neuron(name)

@@ -1,0 +1,1 @@
+"""``neuronx_distributed.modules.attention``: NxD's attention helpers (``utils``, vendored)."""

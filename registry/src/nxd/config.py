@@ -169,8 +169,6 @@ def neuronx_distributed_config(
     checkpointing = _activation_checkpoint(activation_checkpoint_config)
     compile_options = _compile(compile_config)
     transforms = _model_transforms(model_transforms)
-    reduce_dtype = dtype_name(parallel_layers_reduce_dtype, "parallel_layers_reduce_dtype",
-                              allowed=(torch.float32, torch.bfloat16))
     mixed_precision = _mixed_precision(mixed_precision_config, optimizer["zero_one_enabled"])
     fsdp = _fsdp_config(fsdp_config)
     if fsdp is not None and optimizer["zero_one_enabled"]:
@@ -181,6 +179,8 @@ def neuronx_distributed_config(
     if fsdp is not None and strategy != FSDP_STRATEGY:
         raise ConfigError(f"fsdp_config selects the data-parallel strategy {FSDP_STRATEGY!r}, but "
                           f"data_parallel_strategy={strategy!r}; set one of them only")
+    reduce_dtype = dtype_name(parallel_layers_reduce_dtype, "parallel_layers_reduce_dtype",
+                              allowed=(torch.float32, torch.bfloat16))
 
     config = NxdConfig({
         "tensor_parallel_size": tp,

@@ -143,6 +143,8 @@ def allreduce_expert_parallel_gradients(parameters: Any, *, context: ParallelCon
         if is_expert_parallel(p) and p.grad is not None:
             group = p.expert_data_parallel_group
             by_group.setdefault(id(group), (group, []))[1].append(p.grad)
+    if not by_group:
+        return  # no expert-parallel gradient (a dense model)
     dp = expert_gradient_divisor(ctx)
     for group, grads in by_group.values():
         allreduce_coalesced(grads, group, average=False, cap_bytes=BUCKET_CAP_BYTES)

@@ -15,11 +15,19 @@ import numpy as np
 from nxd.errors import ConfigError
 from nxd_data.gpt_dataset import GPTSamples, parse_splits, pretraining_sample, split_ranges
 from nxd_data.indexed import IndexedDataset
-from nxd_data.module import StreamDataModule, check_geometry, check_seq_length, config_flag
+from nxd_data.module import (
+    BlendedStream,
+    ConcatSource,
+    EpochStream,
+    MappedSource,
+    StreamDataModule,
+    check_geometry,
+    check_seq_length,
+    config_flag,
+)
 from nxd_data.prepare import read_metadata
 from nxd_data.sft import SFTSource, jsonl_files, load_examples, pack
 from nxd_data.sources import dev_choose_samples, read_jsonl
-from nxd_data.streams import BlendedStream, ConcatSource, EpochStream, MappedSource
 from nxd_data.tokenizers import load_tokenizer
 
 SPLITS = ("train", "validation", "test")
@@ -115,13 +123,13 @@ class IndexedDataModuleFactory:
         options = {k: config_flag(config, k, False) for k in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")}
 
         def samples(prefix: str, split: int, explicit: bool) -> tuple[GPTSamples, int | None]:
+            eos = config.get("eos_id", read_metadata(prefix).get("eos_id"))
+            if any(options.values()) and eos is None:  # refused before the index is built
+                raise ConfigError(f"data.eos_id is needed for reset_position_ids/reset_attention_mask/eod_mask_loss ({prefix} has no metadata)")
             ds = IndexedDataset(prefix)
             doc_range = (0, len(ds)) if explicit else split_ranges(splits, len(ds))[split]
             cache = config.get("index_mapping_dir") or str(Path(prefix).parent / "index_cache")
             gs = GPTSamples(ds, doc_range, seq_length, seed, shuffle_docs=shuffle, cache_dir=cache, name=SPLITS[split])
-            eos = config.get("eos_id", read_metadata(prefix).get("eos_id"))
-            if any(options.values()) and eos is None:
-                raise ConfigError(f"data.eos_id is needed for reset_position_ids/reset_attention_mask/eod_mask_loss ({prefix} has no metadata)")
             return gs, eos
 
         def source(gs: GPTSamples, eos: int | None) -> MappedSource:

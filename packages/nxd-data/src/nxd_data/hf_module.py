@@ -24,8 +24,7 @@ import numpy as np
 from nxd.errors import ConfigError
 from nxd_data.gpt_dataset import pretraining_sample
 from nxd_data.hf_disk import load_saved_dataset
-from nxd_data.module import StreamDataModule, check_geometry, check_seq_length, config_flag
-from nxd_data.streams import EpochStream, MappedSource
+from nxd_data.module import EpochStream, MappedSource, StreamDataModule, check_geometry, check_seq_length, config_flag
 from nxd_data.tokenizers import load_tokenizer
 
 PACKING = ("rows", "concat")

@@ -21,10 +21,9 @@ import numpy as np
 import torch
 
 from nxd.errors import ConfigError
-from nxd_data.module import StreamDataModule, check_seq_length
+from nxd_data.module import EpochStream, StreamDataModule, check_seq_length
 from nxd_data.preference import RESPONSES, PreferenceSource
 from nxd_data.sources import dev_choose_samples
-from nxd_data.streams import EpochStream
 
 #: splits a reference can be computed for
 SPLITS = ("train", "valid")

@@ -357,7 +357,6 @@ class Trainer:
     def fit(self) -> TrainResult:
         wall_start = time.monotonic()
         resumed = self.resume()
-        self.logger.start(self.step)  # a resumed run drops what was logged after its checkpoint
         if self.workflow is not None:  # after resume: a restored data state may already hold what it needs
             self.workflow.prepare(self.model, self.data, device=self.device, dp_group=self.dp_group,
                                   resumed_step=self.step)
@@ -373,6 +372,7 @@ class Trainer:
         if self.rank == 0 and self.initialised_from:
             print(f"nxd train: initialised from HF weights {self.initialised_from}", flush=True)
         bar = self._progress(max_steps)
+        self.logger.start(self.step)  # a resumed run drops what was logged after its checkpoint
         it = iter(self.data.train_batches())
         last_save = time.monotonic()
         pending: _PendingStep | None = None

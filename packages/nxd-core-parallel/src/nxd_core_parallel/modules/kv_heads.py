@@ -139,6 +139,8 @@ class HeadPadding:
 
     def query_mask(self, tp: int, rank: int) -> tuple[bool, ...] | None:
         """Which of ``rank``'s query heads are real; None when none of its heads is padding."""
+        if not self.padded:
+            return None  # no rank holds a padded head
         q, _ = self.heads_of_rank(tp, rank)
         keep = tuple(h is not None for h in q)
         return None if all(keep) else keep

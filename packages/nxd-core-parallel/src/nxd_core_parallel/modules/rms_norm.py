@@ -21,10 +21,10 @@ class RMSNorm(nn.Module):
         #: run Liger-Kernel's fused RMSNorm (CUDA; nxd_core_parallel.fused_kernels) instead of the eager ops
         self.fused = fused
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=dtype, device=device))
-        set_tensor_model_parallel_attributes(self.weight, False, -1, 1)
+        self.reset_parameters()
+        set_tensor_model_parallel_attributes(self.weight, False, -1, 1)  # replicated over TP
         self.weight.sequence_parallel_enabled = sequence_parallel_enabled
         self.sequence_parallel_enabled = sequence_parallel_enabled
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         if not self.weight.is_meta:

@@ -397,11 +397,11 @@ class ParallelEmbedding(nn.Module):
         return F.embedding(ids, self.weight, padding_idx, None, self.norm_type, self.scale_grad_by_freq)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        group = tensor_parallel_group_of(self)
         if self.shard_across_embedding:
             out = self._embed(input_ids, self.padding_idx)
             if not self.collect_output:
                 return out
+            group = tensor_parallel_group_of(self)
             out = gather_from_tensor_model_parallel_region(out, process_group=group)
             if self.pad_size:
                 out = out.narrow(-1, 0, self.embedding_dim)
@@ -418,6 +418,7 @@ class ParallelEmbedding(nn.Module):
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
         if not self.collect_output:
             return out
+        group = tensor_parallel_group_of(self)  # the group of the collective that sums the shards
         if self.sequence_parallel_enabled:
             out, dim = self.sequence_layout(out)
             return reduce_scatter_to_sequence_parallel_region(out, dim, process_group=group)

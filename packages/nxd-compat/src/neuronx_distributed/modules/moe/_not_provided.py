@@ -8,19 +8,23 @@ from nxd_compat.surface import not_provided
 
 _KERNEL = "NxD's Neuron (NKI) kernels and inference path; nxd-moe computes the experts with torch"
 
-#: module -> (its public names in NxD, what to use)
-NOT_PROVIDED: dict[str, tuple[tuple[str, ...], str]] = {
-    # NxD's blockwise-matmul Neuron kernels (NKI)
+#: module -> (its public names in NxD, what to use[, more names, their reason])
+NOT_PROVIDED: dict[str, tuple] = {
+    # NxD's blockwise-matmul Neuron kernels (NKI), their selection and XLA slicing
     "blockwise": (("torch_to_nki_dtype", "initialize_nki_components", "initialize_training_kernels",
-             "dynamic_slice_3D", "dynamic_slice_2D", "dynamic_slice_1D", "BlockwiseMatmulArgs", "get_data",
-             "TorchBlockwiseTraining", "KernelConfig", "KernelAvailabilityError", "check_kernel_availability",
-             "check_blockwise_mm_kernel_compatibility", "can_use_blockwise_matmul_nki",
-             "augment_inputs_for_padded_blockwise_matmul", "BlockwiseMatmulNKIFunc",
-             "BlockwiseMatmulMXNKIFunc",
+             "dynamic_slice_3D", "dynamic_slice_2D", "dynamic_slice_1D", "KernelConfig", "KernelAvailabilityError",
+             "check_kernel_availability", "check_blockwise_mm_kernel_compatibility", "can_use_blockwise_matmul_nki",
+             "BlockwiseMatmulNKIFunc", "BlockwiseMatmulMXNKIFunc",
              # NKI kernel enums and a kernel call NxD's own unit tests import
              "ActivationFunction", "BlockShardStrategy", "ExpertAffinityScaleMode", "LogicalNCConfig", "SkipMode",
              "_call_bwmm_shard_on_block_kernel"),
-            _KERNEL),
+            _KERNEL + " (dynamic_slice_*: XLA's dynamic_slice through xla_call)",
+            # pure torch, but only the reference of the kernel's block layout (tokens padded into
+            # expert blocks); not provided yet
+            ("TorchBlockwiseTraining", "BlockwiseMatmulArgs", "get_data", "augment_inputs_for_padded_blockwise_matmul"),
+            "NxD's torch reference of its blockwise expert matmul (the NKI kernel's block layout: tokens padded "
+            "into per-expert blocks); nxd-moe computes the same experts with its own torch dispatch inside "
+            "neuronx_distributed.modules.moe.ExpertMLPs"),
     # NxD's NKI kernel imports
     "nki_import": (("NKIImport", "import_nki", "import_nki_beta2"),
             _KERNEL),
@@ -58,5 +62,8 @@ NOT_PROVIDED: dict[str, tuple[tuple[str, ...], str]] = {
 
 def module_getattr(module: str) -> Callable[[str], Any]:
     """The ``__getattr__`` of NxD's module ``module`` (a full dotted name)."""
-    names, why = NOT_PROVIDED[module.rsplit(".", 1)[1]]
-    return not_provided(module, dict.fromkeys(names, why))
+    entry = NOT_PROVIDED[module.rsplit(".", 1)[1]]
+    reasons: dict[str, str] = {}
+    for names, why in zip(entry[::2], entry[1::2], strict=True):
+        reasons.update(dict.fromkeys(names, why))
+    return not_provided(module, reasons)

@@ -80,4 +80,6 @@ __getattr__ = not_provided(__name__, {
     "RouterBase": "NxD's abstract router base; MoE takes RouterTopK or RouterSinkhorn (nxd-moe's routers), a router "
                   "subclassed from NxD's base is not provided",
     "GroupLimitedRouter": "DeepSeek-V3's group-limited routing is nxd's deepseek_v3 model family "
-                          "(nxd_moe.MoEConfig n_group / topk_group), not NxD's module"})
+                          "(nxd_moe.MoEConfig n_group / topk_group: nxd_moe.RouterTopK(n_group=, topk_group=, "
+                          "expert_bias=True)), not NxD's module, which reads an e_score_correction_bias it never "
+                          "creates and masks the groups left out with 0.0 where nxd-moe uses -inf"})

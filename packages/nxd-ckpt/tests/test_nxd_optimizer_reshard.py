@@ -134,3 +134,11 @@ def test_nxd_zero1_optimizer_state_reshards_across_tp_and_dp(rank_pool, tmp_path
             chunk = {k: _xla_chunk(full[k], dp, r["xla"]["dp_rank"]) for k in KEYS}
             assert all(torch.equal(got[k], chunk[k]) for k in KEYS), (n, r["tp_rank"], r["xla"]["dp_rank"])
             assert float(got["step"]) == 3
+
+
+def test_use_zero1_dcp_needs_a_zero1_optimizer(tmp_path):
+    model = _model()
+    with pytest.raises(CheckpointError, match="use_zero1_dcp=True writes NxD's ZeRO-1 layout and needs a ZeRO-1 "
+                                              "optimizer .* got AdamW"):
+        nxd.save_checkpoint(str(tmp_path), "t", model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                            use_zero1_dcp=True)

@@ -133,7 +133,8 @@ def nxd_writes_dcp_body(root: str, tp: int) -> dict:
         opt.zero_grad()
         F.mse_loss(model(x), x[:, :4]).backward()
         opt.step()
-    save_checkpoint(root, "t", model=model, optimizer=opt, use_zero1_dcp=True, async_save=True)
+    # NxD writes DCP from its async saves only; nxd from both (the TP=2 case saves synchronously)
+    save_checkpoint(root, "t", model=model, optimizer=opt, use_zero1_dcp=True, async_save=tp == 1)
     nxd.finalize_checkpoint()
     # NxD's own writer of the same state: torch-xla's state_dict() of this DP rank (no dp_rank/tp_rank
     # keys) with what NxD's get_dcp_aux_infos(model, optimizer) gives it

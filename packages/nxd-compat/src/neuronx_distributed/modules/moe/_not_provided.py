@@ -46,12 +46,6 @@ NOT_PROVIDED: dict[str, tuple] = {
     "experts": (("Experts",),
             "use neuronx_distributed.modules.moe.ExpertMLPs (its mlp_op holds NxD's gate_up_proj / "
             'down_proj parameters) inside MoE'),
-    # NxD's expert-fused parallel linear layers
-    "moe_parallel_layers": (("ExpertFusedLinearWithAsyncCommunication", "ExpertFusedLinear",
-             "ExpertFusedColumnParallelLinear", "ExpertFusedRowParallelLinear"),
-            "neuronx_distributed.modules.moe.ExpertMLPs holds their parameters in NxD's layouts "
-            '(mlp_op.gate_up_proj.weight [E_local, H, 2I/tp], mlp_op.down_proj.weight [E_local, I/tp, H]); '
-            'nxd-moe computes with them'),
     # NxD's inference MoE TP/EP process groups
     "moe_process_group": (("init_tensor_expert_parallel_moe_process_groups", "get_moe_tp_ep_group",
              "get_moe_ep_group", "destroy_moe_model_parallel"),

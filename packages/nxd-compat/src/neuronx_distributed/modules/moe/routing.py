@@ -12,9 +12,10 @@ from nxd_compat.optional import require
 require("nxd_moe", "neuronx_distributed.modules.moe.routing", "nxd-moe")
 
 import nxd_moe  # noqa: E402
-from nxd_compat.surface import NotProvidedError, not_provided  # noqa: E402
+from neuronx_distributed.modules.moe._nxd_routers import GroupLimitedRouter, RouterBase  # noqa: E402
+from nxd_compat.surface import NotProvidedError  # noqa: E402
 
-__all__ = ["RouterSinkhorn", "RouterTopK"]
+__all__ = ["GroupLimitedRouter", "RouterBase", "RouterSinkhorn", "RouterTopK"]
 
 
 def _refuse(router: str, **options: Any) -> None:
@@ -75,11 +76,3 @@ class RouterSinkhorn(_NxDRouter, nxd_moe.RouterSinkhorn):
         self._hold_weight_as_nxd()
         self.sequence_parallel_enabled, self.sequence_dimension = sequence_parallel_enabled, sequence_dimension
 
-
-__getattr__ = not_provided(__name__, {
-    "RouterBase": "NxD's abstract router base; MoE takes RouterTopK or RouterSinkhorn (nxd-moe's routers), a router "
-                  "subclassed from NxD's base is not provided",
-    "GroupLimitedRouter": "DeepSeek-V3's group-limited routing is nxd's deepseek_v3 model family "
-                          "(nxd_moe.MoEConfig n_group / topk_group: nxd_moe.RouterTopK(n_group=, topk_group=, "
-                          "expert_bias=True)), not NxD's module, which reads an e_score_correction_bias it never "
-                          "creates and masks the groups left out with 0.0 where nxd-moe uses -inf"})

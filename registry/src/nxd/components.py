@@ -120,9 +120,6 @@ class Components:
         except KeyError:
             raise ComponentNotFound(missing_message(kind, name, self.names(kind))) from None
 
-    def get(self, kind: str, name: str) -> Any:
-        return self.record(kind, name).obj
-
 
 def missing_message(kind: str, name: str, installed: list[str], need: str | None = None) -> str:
     """``need`` says why the component was asked for, e.g. ``"pipeline_parallel_size=2"``."""

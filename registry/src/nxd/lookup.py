@@ -14,7 +14,7 @@ def get_component(kind: str, name: str, *, need: str | None = None) -> Any:
     e.g. ``need="pipeline_parallel_size=2"``."""
     components = state().components
     try:
-        return components.get(kind, name)
+        return components.record(kind, name).obj
     except ComponentNotFound:
         if need is None:
             raise

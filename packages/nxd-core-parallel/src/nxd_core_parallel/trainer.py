@@ -156,20 +156,13 @@ class NxDModel(nn.Module):
         with torch.no_grad():
             return _loss_of(self.module(*args, **kwargs)).detach()
 
-    # ---------------------------------------------------------------- local-rank views, unprefixed
+    # ------------------------------------------------ local-rank views, unprefixed (nn.Module's
+    # parameters() and buffers() read these two)
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         return self.local_module().named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
 
-    def parameters(self, recurse: bool = True):
-        for _, p in self.named_parameters(recurse=recurse):
-            yield p
-
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         return self.local_module().named_buffers(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
-
-    def buffers(self, recurse: bool = True):
-        for _, b in self.named_buffers(recurse=recurse):
-            yield b
 
     def state_dict(self, *args: Any, **kwargs: Any):
         return self.local_module().state_dict(*args, **kwargs)

@@ -183,13 +183,11 @@ class StreamDataModule:
         self.train_stream, self.valid_source = train_stream, valid_source
         self.seq_length, self.micro_batch_size, self.global_batch_size = seq_length, micro_batch_size, global_batch_size
         self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
+        #: samples one micro-batch step takes from the global stream (every DP rank's micro-batch)
+        self.chunk = micro_batch_size * dp_size
         self.attention_mask = attention_mask
         self.consumed_samples = 0
         self.info = info or {}
-
-    @property
-    def chunk(self) -> int:
-        return self.micro_batch_size * self.dp_size
 
     def rank_indices(self, consumed: int) -> list[int]:
         """Global sample indices of this rank's next micro-batch after ``consumed`` samples."""

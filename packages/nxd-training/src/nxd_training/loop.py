@@ -204,10 +204,11 @@ class Trainer:
     def _model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The keys the model (or the workflow) takes, on the device; under context parallelism
         this CP rank's chunks of every sequence (with their positions)."""
-        from nxd_core_parallel.context_parallel import get_batch_on_this_context_parallel_rank
+        from nxd_core_parallel.context_parallel import split_batch_for_context_parallel
 
         moved = {k: v.to(self.device) for k, v in batch.items() if self.workflow is not None or k in MODEL_INPUTS}
-        return moved if self.workflow is not None else get_batch_on_this_context_parallel_rank(moved, context=self.context)
+        cp = self.context.cp
+        return moved if self.workflow is not None else split_batch_for_context_parallel(moved, cp.rank, cp.size)
 
     def _loss_fn(self, sums: dict[str, torch.Tensor]) -> Any:
         """The step contract's ``loss_fn``: the workflow's loss, its metrics summed into ``sums``;

@@ -42,10 +42,6 @@ NOT_PROVIDED: dict[str, tuple] = {
              "can_use_find_index_kernel"),
             "NxD's inference ExpertMLPsV2 (RoutedExpertsMLPOpsConfig, kernels); training uses "
             'neuronx_distributed.modules.moe.ExpertMLPs'),
-    # NxD's expert computation inside ExpertMLPs
-    "experts": (("Experts",),
-            "use neuronx_distributed.modules.moe.ExpertMLPs (its mlp_op holds NxD's gate_up_proj / "
-            'down_proj parameters) inside MoE'),
     # NxD's inference MoE TP/EP process groups
     "moe_process_group": (("init_tensor_expert_parallel_moe_process_groups", "get_moe_tp_ep_group",
              "get_moe_ep_group", "destroy_moe_model_parallel"),

@@ -95,7 +95,7 @@ def test_every_nxd_moe_name_resolves_or_says_what_to_use():
     package = importlib.import_module("neuronx_distributed.modules.moe")
     assert all(hasattr(package, name) for name in NXD_MOE_EXPORTS)
     print(f"\nNxD moe names: {len(provided)} provided, {len(refused)} refused with a reason")
-    assert len(provided) == 21
+    assert len(provided) == 24
 
 
 def test_provided_classes_take_nxds_constructor_arguments():

@@ -19,12 +19,10 @@ NOT_PROVIDED: dict[str, tuple] = {
              "ActivationFunction", "BlockShardStrategy", "ExpertAffinityScaleMode", "LogicalNCConfig", "SkipMode",
              "_call_bwmm_shard_on_block_kernel"),
             _KERNEL + " (dynamic_slice_*: XLA's dynamic_slice through xla_call)",
-            # pure torch, but only the reference of the kernel's block layout (tokens padded into
-            # expert blocks); not provided yet
-            ("TorchBlockwiseTraining", "BlockwiseMatmulArgs", "get_data", "augment_inputs_for_padded_blockwise_matmul"),
-            "NxD's torch reference of its blockwise expert matmul (the NKI kernel's block layout: tokens padded "
-            "into per-expert blocks); nxd-moe computes the same experts with its own torch dispatch inside "
-            "neuronx_distributed.modules.moe.ExpertMLPs"),
+            # NxD's argument holder of its NKI kernels (its defaults are the kernel enums)
+            ("BlockwiseMatmulArgs",),
+            "the argument holder of NxD's blockwise NKI kernels (its defaults are the kernel enums); NxD's torch "
+            "reference TorchBlockwiseTraining takes its tensors directly"),
     # NxD's NKI kernel imports
     "nki_import": (("NKIImport", "import_nki", "import_nki_beta2"),
             _KERNEL),

@@ -1,7 +1,8 @@
 """``neuronx_distributed.modules.moe.routing``: NxD's routers with NxD's constructor arguments, on
 nxd-moe's (one replicated weight ``[num_experts, hidden]``, held as NxD holds it:
 ``linear_router.weight``; ``forward`` returns ``(router_logits, expert_affinities, expert_index)``
-as NxD's)."""
+as NxD's). ``RouterBase`` and ``GroupLimitedRouter`` are NxD's own code (``_nxd_routers``); the
+two nxd-moe routers are not ``RouterBase`` subclasses."""
 
 from typing import Any
 

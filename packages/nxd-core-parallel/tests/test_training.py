@@ -109,8 +109,8 @@ def reference() -> tuple[list[float], list[float]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp,sp,checkpointing", [(2, True, None), (2, True, "full"), (1, False, None), (2, False, None)],
-                         ids=["tp2-sp", "tp2-sp-actckpt", "dp2", "tp2"])
+@pytest.mark.parametrize("tp,sp,checkpointing", [(2, True, None), (2, True, "full"), (2, True, "op"), (1, False, None), (2, False, None)],
+                         ids=["tp2-sp", "tp2-sp-actckpt", "tp2-sp-op-actckpt", "dp2", "tp2"])
 def test_training_matches_single_process_2_ranks(rank_pool, reference, tp, sp, checkpointing):
     for losses, norms in rank_pool(2).run(train_body, tp, sp, checkpointing):
         worst, worst_norm = max_rel(losses, reference[0]), max_rel(norms, reference[1])

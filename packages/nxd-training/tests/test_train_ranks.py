@@ -85,3 +85,16 @@ def test_dp2_grad_accumulation_matches_one_process(rank_pool, make_config, tmp_p
     print(f"DP=2 x accumulation 2 ({'zero1' if zero1 else 'plain'}) vs one process: max relative loss diff {rel:.2e}")
     assert rel < 1e-5, (got[0]["losses"], ref)
     assert ref[4] < ref[1] - 0.3  # the runs being compared learn
+
+
+@pytest.mark.parametrize("granularity", ["full", "op"])
+def test_activation_checkpointing_yaml_run_matches_none(make_config, tmp_path: Path, granularity: str) -> None:
+    # recomputation reruns the same fp32 ops on the same inputs: the losses must not move
+    common = {"trainer": {"max_steps": 3, "devices": 1}, "exp_manager": {"create_checkpoint_callback": False},
+              "distributed_strategy": {"tensor_model_parallel_size": 1}}
+    plain = _train(make_config(**common), str(tmp_path / "plain"))["losses"]
+    ckpt = _train(make_config(model={"activations_checkpoint_granularity": granularity}, **common),
+                  str(tmp_path / granularity))["losses"]
+    assert sorted(ckpt) == [1, 2, 3]
+    rel = max(abs(ckpt[s] - plain[s]) / abs(plain[s]) for s in plain)
+    assert rel < 1e-6, (granularity, ckpt, plain)

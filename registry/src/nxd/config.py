@@ -75,13 +75,13 @@ def _compile(value: Any) -> dict | None:
 
 
 def _activation_checkpoint(value: Any) -> Any:
-    if value is None or value == "full":
+    if value is None or value in ("full", "op"):  # "op": nxd's op-level checkpointing of every layer
         return value
     classes = value if isinstance(value, (list, tuple)) else [value]
     for cls in classes:
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
             raise ConfigError(
-                "activation_checkpoint_config must be None, 'full', or an nn.Module class (or a list of them), "
+                "activation_checkpoint_config must be None, 'full', 'op' (nxd's op-level checkpointing), or an nn.Module class (or a list of them), "
                 f"got {value!r}"
             )
     return value

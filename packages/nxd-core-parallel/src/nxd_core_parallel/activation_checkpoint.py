@@ -3,6 +3,10 @@
 Each selected module's ``forward`` is replaced on the instance by a checkpointed call, so
 parameter names (and checkpoints) do not change. The TP RNG tracker's states are restored during
 recomputation, so dropout inside ``get_rng_tracker().fork()`` draws the same mask twice.
+
+Op-level checkpointing (``"op"``, torchtitan's selective-op mode) keeps the outputs of the
+compute-heavy ops (:data:`SAVED_OPS`: matmuls, attention kernels, reduce-scatters) and recomputes
+only the cheap ones (norms, activations, elementwise) in backward.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from nxd_core_parallel.module_walk import outermost_instances
 from nxd_core_parallel.parallel_layers.random import get_rng_tracker
@@ -41,8 +45,49 @@ class _RestoreRngStates:
         get_rng_tracker().set_states(self._outer.pop())
 
 
+def _ops(*names: str) -> set[Any]:
+    # ops a given torch build lacks (e.g. the flash kernels on some CPU builds) are skipped
+    found = set()
+    for name in names:
+        namespace, op, overload = name.split(".")
+        packet = getattr(getattr(torch.ops, namespace), op, None)
+        if packet is not None and hasattr(packet, overload):
+            found.add(getattr(packet, overload))
+    return found
+
+
+#: ops whose outputs op-level checkpointing keeps (torchtitan's save list: the ones that cost
+#: FLOPs or communication to recompute)
+SAVED_OPS = _ops(
+    "aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "_c10d_functional.reduce_scatter_tensor.default",
+)
+
+
+def _keep_compute_heavy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
 def _context_fn() -> tuple[Any, Any]:
     return contextlib.nullcontext(), _RestoreRngStates(get_rng_tracker().get_states())
+
+
+def _op_level_context_fn() -> tuple[Any, Any]:
+    forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(_keep_compute_heavy)
+    if torch.compiler.is_compiling():
+        return forward_ctx, recompute_ctx
+    rng = _RestoreRngStates(get_rng_tracker().get_states())
+
+    @contextlib.contextmanager
+    def recompute() -> Any:
+        with rng, recompute_ctx:
+            yield
+
+    return forward_ctx, recompute()
 
 
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -50,6 +95,8 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     forward = functools.partial(type(self).forward, self)
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
+    if getattr(self, _MARK) == "op":
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=_op_level_context_fn, **kwargs)
     if torch.compiler.is_compiling():
         # inside a compiled block (compile_config) the recomputation is part of the traced graph,
         # whose random ops replay their functionalised seeds: no eager RNG-restoring context needed
@@ -57,9 +104,10 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return checkpoint(forward, *args, use_reentrant=False, context_fn=_context_fn, **kwargs)
 
 
-def apply_activation_checkpointing(model: nn.Module, classes: type | Iterable[type]) -> int:
+def apply_activation_checkpointing(model: nn.Module, classes: type | Iterable[type], *, op_level: bool = False) -> int:
     """Checkpoint every outermost submodule of ``model`` that is an instance of ``classes``;
-    return how many were wrapped."""
+    return how many were wrapped. ``op_level``: keep the outputs of :data:`SAVED_OPS` and
+    recompute only the rest (torchtitan's selective-op checkpointing)."""
     wanted = (classes,) if isinstance(classes, type) else tuple(classes)
     if not wanted or not all(isinstance(c, type) and issubclass(c, nn.Module) for c in wanted):
         raise ValueError(f"activation checkpointing needs nn.Module classes, got {classes!r}")
@@ -68,7 +116,7 @@ def apply_activation_checkpointing(model: nn.Module, classes: type | Iterable[ty
     for module in outermost_instances(model, wanted):
         if not getattr(module, _MARK, False):
             module.forward = types.MethodType(_checkpointed_forward, module)
-            setattr(module, _MARK, True)
+            setattr(module, _MARK, "op" if op_level else "full")
             count += 1
     return count
 

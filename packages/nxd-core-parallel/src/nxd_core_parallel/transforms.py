@@ -39,7 +39,9 @@ def _checkpoint(model: torch.nn.Module, context: ParallelContext | None, config:
     from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing, transformer_layer_classes
 
     setting = config.activation_checkpoint_config
-    apply_activation_checkpointing(model, transformer_layer_classes(model) if setting == "full" else setting)
+    layers = setting in ("full", "op")  # every transformer layer; "op" keeps its matmul outputs
+    apply_activation_checkpointing(model, transformer_layer_classes(model) if layers else setting,
+                                   op_level=setting == "op")
     return model
 
 
@@ -85,7 +87,7 @@ TRANSFORMS = (
     ModelTransform("pad_model", PAD_MODEL, _pad, When("pad_model"),
                    description="NxD's pad_model: attention heads padded with zero heads to a multiple of the TP size"),
     ModelTransform("activation_checkpointing", ACTIVATION_CHECKPOINTING, _checkpoint, When("activation_checkpoint_config"),
-                   description="full or selective (module classes) activation checkpointing"),
+                   description="full, selective (module classes) or op-level activation checkpointing"),
     ModelTransform("compile", COMPILE, _compile, When("compile_config"), description="torch.compile per transformer block"),
     ModelTransform("ddp", DATA_PARALLEL, wrap_nxd_model, strategy_selected("ddp"), make_optimizer=ddp_optimizer,
                    description="replicated parameters; bucketed gradient all-reduce overlapped with backward"),

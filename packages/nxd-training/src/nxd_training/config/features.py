@@ -239,8 +239,8 @@ def recompute_classes(m: ModelConfig, spec: Any) -> list[type] | str | None:
     ``activations_checkpoint_recompute`` (NxDT names mapped through ``spec.recompute_modules``)."""
     if m.activations_checkpoint_granularity is None:
         return None
-    if m.activations_checkpoint_granularity == "full":
-        return "full"
+    if m.activations_checkpoint_granularity in ("full", "op"):
+        return m.activations_checkpoint_granularity
     table: dict[str, tuple[type, ...]] = dict(getattr(spec, "recompute_modules", {}) or {})
     for cls in (*getattr(spec, "core_attention_classes", ()), *getattr(spec, "transformer_layer_classes", ())):
         table.setdefault(cls.__name__, (cls,))

@@ -225,7 +225,7 @@ class ModelConfig(Section):
     pretrained_checkpoint: Union[str, None] = Field(
         None, description="nxd addition: a Hugging Face model folder (config.json + *.safetensors) whose weights "
                           "initialise the run (the optimizer starts fresh); its config.json is the model_config")
-    activations_checkpoint_granularity: Union[Literal["selective", "full"], None] = None
+    activations_checkpoint_granularity: Union[Literal["selective", "full", "op"], None] = None  # op: nxd addition
     activations_checkpoint_recompute: Union[list[str], None] = None
     activations_checkpoint_recompute_mlp: Union[bool, None] = Field(
         None, description="NxDT 2.20's key, replaced by activations_checkpoint_recompute (config/nxdt_keys.py)")

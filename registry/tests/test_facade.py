@@ -20,7 +20,7 @@ import nxd
         ({"optimizer_config": []}, "optimizer_config must be a dict, got list"),
         ({"model_init_config": {"sequential_move_factor": 64}}, "sequential_move_factor must be an integer in 1..32, got 64"),
         ({"model_init_config": {"meta_device_init": True}}, "param_init_fn must be a callable when meta_device_init is True"),
-        ({"activation_checkpoint_config": "some"}, "activation_checkpoint_config must be None, 'full', or an nn.Module class"),
+        ({"activation_checkpoint_config": "some"}, "activation_checkpoint_config must be None, 'full', 'op' .*, or an nn.Module class"),
         ({"sequence_parallel": 2}, "sequence_parallel must be True or False, got 2"),  # 0/1 (NxD CLI ints) are accepted
         ({"mixed_precision_config": {"use_master_weights": True}}, "use_master_weights=True needs optimizer_config.zero_one_enabled=True"),
         ({"context_parallel_size": 0}, "context_parallel_size must be a positive integer, got 0"),

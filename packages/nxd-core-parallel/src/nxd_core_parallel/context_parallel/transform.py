@@ -19,7 +19,8 @@ The batch is split by ``get_batch_on_this_context_parallel_rank`` (the trainer d
 is the mean over every CP rank's tokens (:func:`nxd_core_parallel.lm_loss.token_mean`). A model
 whose plan names no attention for it, that has a sliding window, or that says why its configuration
 cannot run under CP (``nxd_context_parallel_unsupported``: DeepSeek's MTP and sequence-wise loss) is
-refused.
+refused. A model with no nxd plan at all (NxD-style user code) is left as it is: under NxD such a
+model runs context parallelism in its own attention.
 """
 
 from __future__ import annotations
@@ -106,7 +107,11 @@ def apply_context_parallel(model: nn.Module, context: ParallelContext | None, co
 
     cp, model_name = dim_size(context, "cp"), type(model).__name__
     plan = plan_of(model)
-    named = plan.modules(model, "context_parallel") if plan is not None else []
+    if plan is None:
+        # NxD's contract: a model without an nxd plan (NxD-style user code, e.g. NxD's own
+        # examples) runs context parallelism in its own attention, reading the CP group itself
+        return model
+    named = plan.modules(model, "context_parallel")
     if not named:
         raise ConfigError(f"context_parallel_size={cp}: {model_name} declares no attention for context parallelism "
                           "(its nxd_parallel_plan names no context_parallel modules: the attention modules whose "

@@ -29,8 +29,10 @@ __all__ = ["all_to_all_for_shuffle", "destroy_token_shuffle_group", "get_token_s
            "get_token_shuffle_group_size", "get_token_shuffle_replica_groups", "initialize_token_shuffle_group",
            "token_shuffle", "token_unshuffle"]
 
-#: (context id, size) -> (this rank's token shuffle group, every group's ranks); one set per context
-_GROUPS: dict[tuple[int, int], tuple[Any, list[list[int]]]] = {}
+#: (context id, size) -> (the context, this rank's token shuffle group, every group's ranks). The
+#: context is held and compared: an id alone can be reused by a later context on one rank and not on
+#: another, and then only some ranks would create the groups (a hang in new_group)
+_GROUPS: dict[tuple[int, int], tuple[Any, Any, list[list[int]]]] = {}
 _CURRENT: list[Any] = [1, None, None]  # [size, group, all groups' ranks] the functions below use
 
 
@@ -43,7 +45,7 @@ def initialize_token_shuffle_group(token_shuffle_group_size: int = 1) -> None:
     if size < 1 or dp % size:
         raise ValueError(f"token_shuffle_group_size ({size}) must divide the data-parallel size ({dp})")
     key = (id(context), size)
-    if key not in _GROUPS:
+    if key not in _GROUPS or _GROUPS[key][0] is not context:
         sizes = context.sizes() if context is not None else {"tp": 1, "pp": 1, "cp": 1}
         world = dist.get_world_size() if dist.is_initialized() else 1
         mine, everyone = None, []
@@ -55,8 +57,8 @@ def initialize_token_shuffle_group(token_shuffle_group_size: int = 1) -> None:
                     group = dist.new_group(ranks)  # every rank creates every group, in the same order
                     if dist.get_rank() in ranks:
                         mine = group
-        _GROUPS[key] = (mine, everyone)
-    _CURRENT[:] = [size, *_GROUPS[key]]
+        _GROUPS[key] = (context, mine, everyone)
+    _CURRENT[:] = [size, *_GROUPS[key][1:]]
 
 
 def get_token_shuffle_group(as_list: bool = False) -> Any:

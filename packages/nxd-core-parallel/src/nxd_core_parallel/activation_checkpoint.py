@@ -30,19 +30,25 @@ _MARK = "_nxd_activation_checkpointed"
 class _RestoreRngStates:
     """Recompute context: run with the TP RNG states saved at forward time. Reusable, because
     autograd recomputes once per backward graph task: a backward split into separate input- and
-    weight-gradient passes (zero-bubble pipelines) enters it more than once."""
+    weight-gradient passes (zero-bubble pipelines) enters it more than once. ``inner``: a further
+    recompute context entered inside it each time (op-level checkpointing's)."""
 
-    def __init__(self, saved: Any) -> None:
+    def __init__(self, saved: Any, inner: Any = None) -> None:
         self._saved = saved
+        self._inner = inner if inner is not None else contextlib.nullcontext()
         self._outer: list[Any] = []
 
     def __enter__(self) -> None:
         tracker = get_rng_tracker()
         self._outer.append(tracker.get_states())
         tracker.set_states(self._saved)
+        self._inner.__enter__()
 
     def __exit__(self, *exc: object) -> None:
-        get_rng_tracker().set_states(self._outer.pop())
+        try:
+            self._inner.__exit__(*exc)
+        finally:
+            get_rng_tracker().set_states(self._outer.pop())
 
 
 def _ops(*names: str) -> set[Any]:
@@ -80,14 +86,7 @@ def _op_level_context_fn() -> tuple[Any, Any]:
     forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(_keep_compute_heavy)
     if torch.compiler.is_compiling():
         return forward_ctx, recompute_ctx
-    rng = _RestoreRngStates(get_rng_tracker().get_states())
-
-    @contextlib.contextmanager
-    def recompute() -> Any:
-        with rng, recompute_ctx:
-            yield
-
-    return forward_ctx, recompute()
+    return forward_ctx, _RestoreRngStates(get_rng_tracker().get_states(), recompute_ctx)
 
 
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -32,9 +32,11 @@ def _ranks(launcher: subprocess.Popen) -> list[psutil.Process]:
             if "nxd_training.worker" in " ".join(k.cmdline())]
 
 
-def _wait_for_training(launcher: subprocess.Popen, log_dir: Path) -> None:
+def _wait_for_training(launcher: subprocess.Popen, log_dir: Path, steps: int = 0) -> None:
+    """Until the run logged ``steps`` steps (0: until its log exists)."""
     deadline = time.monotonic() + 300
-    while not (log_dir / "metrics.jsonl").exists():
+    metrics = log_dir / "metrics.jsonl"
+    while not metrics.exists() or steps and len(metrics.read_text().splitlines()) < steps:
         assert launcher.poll() is None, launcher.stdout.read()
         assert time.monotonic() < deadline, "the run did not start training in time"
         time.sleep(0.2)
@@ -204,3 +206,41 @@ def _hung_rank_ends_the_job(path: Path, log_dir: Path, tmp_path: Path) -> None:
     _, alive = psutil.wait_procs(ranks, timeout=30)
     assert not alive, f"ranks still running: {[p.pid for p in alive]}"
     print(f"hung rank -> job ended in {elapsed:.1f}s (collective_timeout={timeout}s)")
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_named_as_hung_within_the_heartbeat_timeout(make_config, tmp_path: Path) -> None:
+    """SIGSTOP of rank 1 mid-training: no error, no exit, no collective timeout for 30 minutes. Its
+    heartbeat stops, so with ``heartbeat_timeout: 10`` nxd train names it as hung (stopped, not
+    "killed by SIGKILL", which the teardown sends it), at its step, and ends the job with code 1."""
+    timeout, margin = 10, 25  # margin: the watcher's poll, torchrun's teardown and exit on 2 busy cores
+    log_dir = tmp_path / "run"
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(make_config(
+        trainer={"max_steps": 100000}, distributed_strategy={"tensor_model_parallel_size": 1},
+        exp_manager={"explicit_log_dir": str(log_dir), "create_checkpoint_callback": False})))
+    job = _nxd_train(path, f"distributed_strategy.heartbeat_timeout={timeout}")
+    try:
+        _wait_for_training(job, log_dir, steps=2)
+        ranks = _ranks(job)
+        stopped = next(p for p in ranks if p.environ().get("RANK") == "1")
+        stopped.send_signal(signal.SIGSTOP)
+        start = time.monotonic()
+        out, _ = job.communicate(timeout=timeout + 120)
+        elapsed = time.monotonic() - start
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 1, out[-4000:]
+    assert elapsed < timeout + margin, f"the job took {elapsed:.1f}s to end after rank 1 was stopped\n{out[-4000:]}"
+    last = out.strip().splitlines()[-1]
+    m = re.match(r"nxd train: rank 1 stopped taking part first \(hung: no heartbeat from its process for \d+s, over "
+                 r"distributed_strategy.heartbeat_timeout=10s; its process was stopped \(SIGSTOP or job control\), so "
+                 r"it could not say where\) at step (\d+) of 100000; nxd train stopped the job$", last)
+    assert m, out[-4000:]
+    logged = [json.loads(line)["step"] for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    assert int(m[1]) >= max(logged), (last, logged)  # the step it was in, not one before the log's last
+    assert "Traceback" not in out[out.index("nxd train: writing to"):], out[-4000:]  # the teardown's: interrupted.log
+    _, alive = psutil.wait_procs(ranks, timeout=30)
+    assert not alive, f"ranks still running: {[p.pid for p in alive]}"
+    print(f"SIGSTOP of rank 1 -> job ended in {elapsed:.1f}s (heartbeat_timeout={timeout}s)")

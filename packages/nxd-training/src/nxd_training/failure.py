@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from nxd_training.config.schema import LauncherConfig, TrainingConfig
+from nxd_training.hang_watch import STEP_FACTOR, Hang
 
 # torchrun's rendezvous errors carry no message of their own: the exception's name is the signal
 _TIMEOUT, _LOST = "RendezvousTimeoutError", ("RendezvousConnectionError", "RendezvousClosedError")
@@ -143,6 +144,43 @@ def hang_line(seconds: float, world: int, log_dir: Path, waited: dict[int, dict]
     return (f"nxd train: ranks {', '.join(map(str, sorted(waited)))} each waited distributed_strategy."
             f"collective_timeout={seconds:g}s{at}, in different collectives: {each} (the ranks called collectives "
             "in different orders; no rank failed)")
+
+
+#: what a rank's process state (hang_watch.process_state) says about a rank that sent no heartbeat
+_STATES = {"T": "its process was stopped (SIGSTOP or job control), so it could not say where",
+           "t": "its process was stopped by a debugger or tracer",
+           "D": "its process was in uninterruptible I/O (state D)"}
+
+
+def heartbeat_line(hang: Hang, config: TrainingConfig, log_dir: Path) -> str:
+    """The line for a job ``nxd train`` stopped on its heartbeat verdict (:mod:`nxd_training.hang_watch`),
+    or that ended otherwise after a rank was seen stopped (``hang.stopped_job`` false):
+    the rank(s), how they hung (no heartbeat, with the process state; or alive without completing a
+    step, with the bound), the step, and where each was when stopped (its stack, when it could run)."""
+    from nxd_training.hang import stopped_at, waiting_in_collective
+
+    key = f"distributed_strategy.heartbeat_timeout={config.distributed_strategy.heartbeat_timeout:g}s"
+    ranks = list(hang.ranks)
+    if hang.kind == "silent":
+        states = [_STATES[s] for r in ranks if (s := hang.states.get(r)) in _STATES]
+        over = f", over {key}" if hang.stopped_job else ""
+        how = f"hung: no heartbeat from its process for {hang.seconds:.0f}s{over}" + (
+            f"; {states[0]}" if len(set(states)) == 1 and len(states) == len(ranks) else "")
+    else:
+        waiting = [r for r in ranks if waiting_in_collective(log_dir, r)]
+        if 0 < len(waiting) < len(ranks):  # the others wait in a collective for these
+            ranks = [r for r in ranks if r not in waiting]
+        over = key if hang.bound <= (config.distributed_strategy.heartbeat_timeout or 0) else \
+            f"{hang.bound:.0f}s ({STEP_FACTOR:g} x the longest step, above {key})"
+        how = f"hung: alive, but no rank completed a step for {hang.seconds:.0f}s, over {over}"
+    steps = {hang.beats[r].step for r in ranks if r in hang.beats}
+    step = min(steps) if steps and None not in steps else None
+    total = config.trainer.max_steps if config.trainer.max_steps > 0 else None
+    at = f" at step {step}" + (f" of {total}" if total else "") if step else " before its first step (starting up or resuming)"
+    where = "; ".join(f"rank {r} was in {s}" for r in hang.ranks if (s := stopped_at(log_dir, r)))
+    who = ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+    return (f"nxd train: {who} stopped taking part first ({how}){at}" + ("; nxd train stopped the job" if hang.stopped_job else "")
+            + (f"; when stopped, {where}" if where else ""))
 
 
 def _node(record: dict | None, me: int | None, rank: int, per_node: int) -> int:

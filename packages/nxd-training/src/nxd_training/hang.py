@@ -137,3 +137,13 @@ def stopped_at(run_dir: Path, rank: int) -> str | None:
     where = [f"{_short(path)}:{line} in {name}" for path, line, name in frames]
     ours = next((w for w, (path, _, _) in zip(where, frames) if _ours(path)), None)
     return where[0] + (f", called from {ours}" if ours and ours != where[0] else "")
+
+
+def waiting_in_collective(run_dir: Path, rank: int) -> bool:
+    """Whether ``rank``'s stack dump shows it waiting in torch.distributed (innermost frame)."""
+    try:
+        text = stack_file(run_dir, rank).read_text()
+    except OSError:
+        return False
+    frames = re.findall(r'File "([^"]+)", line \d+ in \S+', text)
+    return bool(frames) and "distributed" in Path(frames[0]).parts and _in_torch(frames[0])

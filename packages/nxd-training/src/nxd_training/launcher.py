@@ -26,10 +26,13 @@ from nxd.errors import ConfigError
 from nxd_training import rank_status
 from nxd_training.config.resolved import ResolvedConfig, dump_resolved, load_resolved
 from nxd_training.config.schema import LauncherConfig, TrainerConfig
-from nxd_training.failure import first_failure, rendezvous_failure
+from nxd_training.failure import first_failure, heartbeat_line, rendezvous_failure
+from nxd_training.hang_watch import Hang, Watcher, kill_stopped
 from nxd_training.parent_death import die_with_parent
 
 LOCK_NAME = ".nxd-run.lock"
+#: exit code of a job nxd train stopped because a rank hung (distributed_strategy.heartbeat_timeout)
+HUNG = 1
 
 
 @contextmanager
@@ -116,9 +119,21 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
             env["PYTHONUNBUFFERED"] = "1"
             if config.launcher.node_rank is not None:  # the ranks' records name the node as the user knows it
                 env[rank_status.NODE_ENV] = str(config.launcher.node_rank)
+            timeout = config.distributed_strategy.heartbeat_timeout
+            watcher = Watcher(timeout) if timeout else None  # this node's ranks' heartbeats (docs/cluster.md)
+            if watcher is not None:
+                env.update(watcher.env())
             code, stderr_tail = run_forwarding_signals(torchrun_command(config.launcher, config.trainer, config_path), env,
-                                                       log_dir / INTERRUPTED_LOG, with_tail=True)
-            if code not in (0, *STOPPED):
+                                                       log_dir / INTERRUPTED_LOG, with_tail=True, watcher=watcher)
+            hang = watcher.hang if watcher is not None else None
+            if hang is not None and code not in STOPPED:  # nxd train stopped the job: its verdict is the cause
+                code = HUNG
+            elif watcher is not None and code not in (0, *STOPPED):
+                # a rank seen stopped before another bound ended the job: the cause, not the SIGKILL that reaped it
+                hang = watcher.seen_stopped()
+            if hang is not None and code not in STOPPED:
+                print(heartbeat_line(hang, config, log_dir), file=sys.stderr, flush=True)
+            elif code not in (0, *STOPPED):
                 # a rank that ran and failed explains a rendezvous lost after it (its node's launcher went
                 # away with it); the rendezvous line is for runs where no rank of this node reported
                 line = first_failure(config, log_dir, stderr_tail) or rendezvous_failure(config.launcher, config.trainer.num_nodes, stderr_tail)
@@ -131,14 +146,18 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
 
 
 def run_forwarding_signals(cmd: list[str], env: dict[str, str], interrupted_log: Path,
-                           with_tail: bool = False) -> int | tuple[int, str]:
+                           with_tail: bool = False, watcher: Watcher | None = None) -> int | tuple[int, str]:
     """Run torchrun and pass SIGTERM/SIGINT/SIGHUP on to it, so stopping ``nxd train`` stops the
     agent and, through it, every rank (a plain wait would leave them training as orphans).
 
     torchrun runs in its own session, so a terminal's Ctrl-C reaches it once, through us. After any
     of these signals the job's stderr (its ranks' and torchrun's own tracebacks: torchrun raises a
     SignalException) goes to ``interrupted_log`` and the exit code is 128 + the signal (130,
-    INTERRUPTED, for SIGINT; 143 SIGTERM; 129 SIGHUP). ``with_tail``: also the end of its stderr."""
+    INTERRUPTED, for SIGINT; 143 SIGTERM; 129 SIGHUP). ``with_tail``: also the end of its stderr.
+
+    ``watcher``: when it finds a hung rank, torchrun is stopped the same way (its SIGTERM makes every
+    rank that can run write its stack), a stopped rank is killed (it cannot run that SIGTERM), and the
+    teardown's stderr goes to ``interrupted_log`` too."""
     from nxd_training.interrupt import StderrRelay
 
     # SIGTERM when nxd train dies, even by SIGKILL: the agent then stops its ranks, which also die with it
@@ -152,11 +171,20 @@ def run_forwarding_signals(cmd: list[str], env: dict[str, str], interrupted_log:
         interrupted.append(signum)
         proc.send_signal(signum)
 
+    def tear_down(hang: Hang) -> None:
+        relay.mute()
+        proc.send_signal(signal.SIGTERM)
+        kill_stopped(hang)
+
     forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     previous = {sig: signal.signal(sig, forward) for sig in forwarded}
+    if watcher is not None:
+        watcher.start(tear_down)
     try:
         code = proc.wait()
     finally:
+        if watcher is not None:
+            watcher.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     relay.join()

@@ -381,7 +381,8 @@ class Trainer:
         try:
             rank_status.progress.update(max_steps=max_steps, done=self.step)  # done: where this run starts
             while self.step < max_steps:
-                rank_status.progress["step"] = self.step + 1  # the step in progress, for the launcher's last line
+                # the step in progress, for the launcher's last line; "train": the heartbeat expects steps to complete
+                rank_status.progress.update(step=self.step + 1, phase="train")
                 self.profiler.before_step(self.step + 1)
                 t0 = time.perf_counter()
                 lr = self.optimizer.param_groups[0]["lr"]
@@ -398,15 +399,18 @@ class Trainer:
                     self._record(pending, result, bar, max_steps)  # logged before valid/checkpoint
                     pending = None
                 if val_every and self.step % val_every == 0:
-                    vloss = self.validate()
+                    with rank_status.phase("validation"):
+                        vloss = self.validate()
                     if vloss is not None:
                         result.valid_losses[self.step] = vloss
                         self.logger.log(self.step, {"loss": vloss, **self.valid_metrics}, prefix="valid")
                 if should_save(self.config.exp_manager, self.step, last_save, time.monotonic()):
-                    self.save(wall_start)
+                    with rank_status.phase("checkpoint"):
+                        self.save(wall_start)
                     last_save = time.monotonic()
                 if self._stop_for_time(wall_start, max_time):
                     break
+            rank_status.progress["phase"] = "finish"
             self._record(pending, result, bar, max_steps)
             pending = None
             params = self.config.exp_manager.checkpoint_callback_params

@@ -8,12 +8,26 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 STATUS_DIR = ".ranks"
 
-#: the step this rank is in, the last one it completed (the trainer keeps both current) and the run's last step
-progress = {"step": 0, "done": None, "max_steps": None}
+#: the step this rank is in, the last one it completed (the trainer keeps both current), the run's last step
+#: and what the rank is doing (``train``: steps; ``checkpoint``, ``validation``, ``finish``; None: starting)
+progress = {"step": 0, "done": None, "max_steps": None, "phase": None}
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Mark this rank's phase for the heartbeat (a save or validation is no training step), then restore it."""
+    before = progress["phase"]
+    progress["phase"] = name
+    try:
+        yield
+    finally:
+        progress["phase"] = before
 
 
 #: the launcher's node rank, as the user knows the node (SLURM_NODEID, PET_NODE_RANK, launcher.node_rank);

@@ -26,7 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     from nxd_training.hang import CollectiveTimeout, dump_stack_on_sigterm, explain_collective_timeout
 
     run_dir = Path(argv[0]).parent
-    stack_out = dump_stack_on_sigterm(run_dir, rank_status.identity()["rank"])  # noqa: F841 - kept open
+    rank = rank_status.identity()["rank"]
+    stack_out = dump_stack_on_sigterm(run_dir, rank)  # noqa: F841 - kept open
+    from nxd_training import heartbeat
+
+    heartbeat.start(rank, rank_status.progress)  # nxd train's hang watch (distributed_strategy.heartbeat_timeout)
     try:
         config = load_resolved(argv[0])  # the config `nxd train` resolved, deserialised: never resolved again
         try:

@@ -2,7 +2,8 @@
 
 Key names follow NxDT's ``examples/conf/*.yaml`` so an NxDT config loads unchanged; the few nxd
 additions (``data.module``, ``model.architecture``, ``launcher``, ``generation``,
-``distributed_strategy.collective_timeout``, ``distributed_strategy.fsdp``) are documented
+``distributed_strategy.collective_timeout``, ``distributed_strategy.heartbeat_timeout``,
+``distributed_strategy.fsdp``) are documented
 in docs/config.md. Settings NxDT passed through environment variables are plain keys here.
 """
 
@@ -132,6 +133,12 @@ class DistributedStrategyConfig(Section):
         1800.0, gt=0, le=7 * 24 * 3600,
         description="seconds a collective may wait for the other ranks on the default group and every "
                     "TP/DP/PP/CP/EP group before the waiting rank fails (torch's default: 1800)")
+    #: an nxd addition: how long `nxd train` waits for a rank that stopped, by its heartbeat (docs/cluster.md)
+    heartbeat_timeout: Union[float, None] = Field(
+        300.0, gt=0, le=7 * 24 * 3600,
+        description="seconds after which nxd train names a rank whose process sent no heartbeat (stopped, frozen), "
+                    "or, once a step completed, ranks that completed no step (bound: at least 10 x the longest "
+                    "step), and stops the job; null: off")
 
 
 # --------------------------------------------------------------------------- data

@@ -147,6 +147,8 @@ def test_initialize_parallel_model_takes_both_nxd_signatures(rank_pool):
 def collectives_body() -> dict:
     import torch.distributed as dist
 
+    import nxd
+
     from neuronx_distributed.parallel_layers import mappings, parallel_state
     from neuronx_distributed.parallel_layers.utils import get_local_world_size
     from nxd_core_parallel.xla_model import reduce_gradients  # the torch_xla stand-in's xm
@@ -172,6 +174,11 @@ def collectives_body() -> dict:
     reduce_gradients(torch.optim.SGD(layer.parameters(), lr=1.0),
                      groups=parallel_state.get_tensor_model_parallel_group(as_list=True))
     out["grad"] = layer.weight.grad.flatten().tolist()
+    # NxD's KV-group and world-group helpers: the groups nxd's GQA layers use, every rank
+    parallel_state.initialize_kv_group(2, sequential_ranks_in_group=True)
+    out["kv"] = list(nxd.get_parallel_context().kv_shared_dim(2).ranks)
+    out["world"] = parallel_state.get_world_group(as_list=True)
+    out["world_group"] = parallel_state.get_world_group() is dist.group.WORLD
     return out
 
 
@@ -181,6 +188,7 @@ def test_mapping_helpers_and_reduce_gradients_on_two_ranks(rank_pool):
         assert o["split"] and o["gather"] and o["reduce_scatter"] and o["last"] and o["local_world"] == 2
         assert o["regions"]
         assert o["grad"] == [1.5, 1.5]  # (1 + 2) / world size, as torch-xla's xm.reduce_gradients
+        assert o["kv"] == [0, 1] and o["world"] == [[0, 1]] and o["world_group"]
 
 
 def test_nxd_helpers_compute_as_nxd_defines_them():

@@ -54,6 +54,20 @@ def _move_to_nxd_device(to: Any) -> Any:
     return moved
 
 
+def _amp_definitely_not_available() -> bool:
+    """torch's check before ``autocast("cuda")`` without the stand-in counted as torch-xla: torch takes
+    any importable ``torch_xla`` for a real one and leaves CUDA autocast on without CUDA (raising for
+    bfloat16) instead of warning and disabling itself, as it does in a plain torch process."""
+    return not torch.cuda.is_available()
+
+
+def count_only_real_torch_xla() -> None:
+    """Make torch's CUDA-autocast check ignore the stand-in (see :func:`_amp_definitely_not_available`)."""
+    import torch.cuda.amp.common as amp_common
+
+    amp_common.amp_definitely_not_available = _amp_definitely_not_available
+
+
 def install() -> None:
     """Register the ``xla`` process-group backend and the ``xla`` device allocation (idempotent)."""
     if _installed:
@@ -64,6 +78,7 @@ def install() -> None:
     library = torch.library.Library("aten", "IMPL")
     library.impl("empty.memory_format", _empty_on_nxd_device, "XLA")
     torch.Tensor.to = _move_to_nxd_device(torch.Tensor.to)
+    count_only_real_torch_xla()
     _installed.append(library)
 
 

@@ -267,24 +267,27 @@ def _load_saved_embedding(tensors: dict[str, torch.Tensor], name: str, base: tor
 
 
 @torch.no_grad()
-def load_adapter(lora_model: Any, adapter_dir: str | Path, strict: bool = True) -> None:
-    """Load PEFT adapter weights into ``lora_model``'s adapters (each rank takes its shard)."""
-    adapter_dir = Path(adapter_dir)
-    tensors = {_normalise_key(k): v for k, v in _read_tensors(adapter_dir).items()}
+def load_adapter_tensors(lora_model: Any, tensors: dict[str, torch.Tensor], where: str,
+                         ) -> tuple[set[str], list[str]]:
+    """Copy PEFT-keyed ``tensors`` (full, un-sharded) into ``lora_model``'s adapters, each rank its
+    shard. Returns the keys used and the adapter keys ``tensors`` lacks (those adapters are left as
+    they are). ``where`` names the source in errors."""
+    tensors = {_normalise_key(k): v for k, v in tensors.items()}
     tp, rank = tp_size_rank(lora_model.parallel_context)
     plan = lora_model.plan
     used: set[str] = set()
+    missing: list[str] = []
     for name, (base, adapter) in sorted(lora_model.adapters().items()):
         for short, piece in adapter.pieces.items():
             for which, param in (("lora_A", piece.lora_A), ("lora_B", piece.lora_B)):
                 [(key, dim, index)] = _lora_pieces(name, base, plan, tp, short, which)(rank)
                 if key not in tensors:
-                    raise KeyError(f"{adapter_dir / WEIGHTS_NAME}: missing {key} (the adapter's target_modules do "
-                                   "not cover this layer)")
+                    missing.append(key)
+                    continue
                 full = tensors[key]
                 local = full if dim is None else full.index_select(dim, torch.tensor(index, dtype=torch.long))
                 if tuple(local.shape) != tuple(param.shape):
-                    raise ValueError(f"{adapter_dir / WEIGHTS_NAME}: {key} has shape {list(full.shape)}, which gives "
+                    raise ValueError(f"{where}: {key} has shape {list(full.shape)}, which gives "
                                      f"{list(local.shape)} on TP rank {rank}; the adapter here needs {list(param.shape)}")
                 param.copy_(local.to(param.dtype))
                 used.add(key)
@@ -306,7 +309,18 @@ def load_adapter(lora_model: Any, adapter_dir: str | Path, strict: bool = True) 
                 used.add(key)
             if parts and len(parts) == len(pieces):
                 param.copy_(torch.cat(parts, dim=pieces[0][1] or 0).to(param.dtype))
+    return used, missing
+
+
+def load_adapter(lora_model: Any, adapter_dir: str | Path, strict: bool = True) -> None:
+    """Load PEFT adapter weights into ``lora_model``'s adapters (each rank takes its shard)."""
+    adapter_dir = Path(adapter_dir)
+    where = str(adapter_dir / WEIGHTS_NAME)
+    tensors = {_normalise_key(k): v for k, v in _read_tensors(adapter_dir).items()}
+    used, missing = load_adapter_tensors(lora_model, tensors, where)
+    if missing:
+        raise KeyError(f"{where}: missing {missing[0]} (the adapter's target_modules do not cover this layer)")
     leftover = sorted(set(tensors) - used)
     if leftover and strict:
-        raise ValueError(f"{adapter_dir / WEIGHTS_NAME}: tensors that match no adapter here: {leftover[:5]}"
+        raise ValueError(f"{where}: tensors that match no adapter here: {leftover[:5]}"
                          f"{' ...' if len(leftover) > 5 else ''}; check target_modules, or pass strict=False")

@@ -2,7 +2,8 @@
 
 Everything is nxd-core-parallel's facade over the parallel context; added here are NxD's
 ``get_*_replica_groups()`` (every group of a dimension, XLA's replica-group form), the ring pairs
-of the context-parallel group, ``arrange_kv_groups`` and NxD's log helpers.
+of the context-parallel group, ``arrange_kv_groups``, ``initialize_kv_group``, ``get_world_group`` and
+NxD's log helpers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from nxd_core_parallel.parallel_state import *  # noqa: F403
 from nxd_core_parallel.parallel_state import (
     get_context_model_parallel_rank,
     get_data_parallel_rank,
+    get_kv_shared_group,
     get_pipeline_model_parallel_rank,
     get_tensor_model_parallel_rank,
     model_parallel_is_initialized,
@@ -73,6 +75,19 @@ def arrange_kv_groups(num_tensor_model_parallel_groups: int = 1, tensor_model_pa
                          "sequential_ranks_in_group=True (the interleaved Trn1 layout is not nxd's)")
     total = num_tensor_model_parallel_groups * tensor_model_parallel_size
     return [list(range(start, start + kv_shared_group_size)) for start in range(0, total, kv_shared_group_size)]
+
+
+def initialize_kv_group(kv_shared_group_size: int = 1, sequential_ranks_in_group: bool = False) -> None:
+    """NxD's: build the groups of TP ranks that hold the same replicated KV heads. They are nxd's GQA
+    layers' own groups (nxd-core-parallel's ``get_kv_shared_group``, which they also create when
+    first needed): adjacent TP ranks, NxD's layout with ``sequential_ranks_in_group=True`` or on Trn2;
+    NxD's default on Trn1 interleaves them, which nxd does not (``arrange_kv_groups``)."""
+    get_kv_shared_group(kv_shared_group_size)
+
+
+def get_world_group(as_list: bool = False) -> Any:
+    """NxD's: the group of every rank (``as_list``: its ranks, as one replica group)."""
+    return [list(range(dist.get_world_size()))] if as_list else dist.group.WORLD
 
 
 def get_rank_info_str() -> str:

@@ -148,7 +148,7 @@ def verify_casted_dtype(value: Any) -> None:
     if not _autocast_on():
         return
     if isinstance(value, torch.Tensor):
-        assert value.dtype == _autocast_dtype(), f"Datatype of tensor is expected to be {_autocast_dtype()}, got {value.dtype}"
+        assert value.dtype == _autocast_dtype(), f"Datatype of tensor is expected to be {_autocast_dtype()}, got {value.dtype} instead"
     elif isinstance(value, collections.abc.Mapping):
         for k, v in value.items():
             verify_casted_dtype(k)

@@ -8,6 +8,13 @@ fbac349 (Release 2.29). NxD's FX-tracing partitioner (``partition_traced_model``
 
 from typing import Any
 
+# module globals, as in NxD, so that mock.patch("neuronx_distributed.pipeline.partition.get_pipeline_model_parallel_size")
+# changes stage_to_pipeline_parallel_rank's default as it does in NxD
+from neuronx_distributed.parallel_layers.parallel_state import (  # noqa: F401
+    get_pipeline_model_parallel_rank,
+    get_pipeline_model_parallel_size,
+)
+
 __all__ = ["create_partitions", "stage_to_pipeline_parallel_rank"]
 
 _TRACING = ("partition_traced_model", "analyze_pipeline_module", "analyze_shared_weights_across_stages")
@@ -15,8 +22,6 @@ _TRACING = ("partition_traced_model", "analyze_pipeline_module", "analyze_shared
 
 def stage_to_pipeline_parallel_rank(stage: int, pp_size: int | None = None) -> int:
     if pp_size is None:
-        from neuronx_distributed.parallel_layers.parallel_state import get_pipeline_model_parallel_size
-
         pp_size = get_pipeline_model_parallel_size()
     return stage % pp_size
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nxd_training.precision import PRECISION_TYPES
 
@@ -281,6 +281,11 @@ class PrecisionConfig(Section):
     # nxd addition: with type fp8, nxd-fp8's options (recipe: tensorwise|rowwise|rowwise_with_gw_hp,
     # skip_modules, emulate), validated by nxd-fp8 (docs/fp8.md)
     fp8: Union[dict[str, Any], None] = None
+
+    @field_validator("parallel_layers_reduce_dtype", mode="before")
+    @classmethod
+    def _nxdt_lower_cases(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value  # NxDT's get_dtype: FP32 is fp32
 
 
 # --------------------------------------------------------------------------- model_alignment_strategy

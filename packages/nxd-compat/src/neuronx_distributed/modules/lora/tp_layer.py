@@ -1,7 +1,20 @@
-"""``neuronx_distributed.modules.lora.tp_layer``: NxD's LoRA wrappers of TP layers (see ``layer``)."""
+"""``neuronx_distributed.modules.lora.tp_layer``: NxD's LoRA wrappers of TP layers (see ``layer``).
 
-from nxd_compat.surface import not_provided
+The adapter is sharded as its base (nxd-lora's rule, NxD's and PEFT's): A replicated and B split
+over the output for a column-parallel base, A split over the input and B replicated for a
+row-parallel one; GQA's q/k/v get one A/B pair each.
+"""
 
-_USE = ("wrap the model with neuronx_distributed.modules.lora.LoraModel: nxd-lora adapts ColumnParallelLinear, "
-        "RowParallelLinear and GQAQKVColumnParallelLinear in place")
-__getattr__ = not_provided(__name__, {n: _USE for n in ("LoraParallelLinear", "LoraGQAQKVParallelLinear")})
+from neuronx_distributed.modules.lora.layer import LoraLayer
+from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+
+__all__ = ["LoraGQAQKVParallelLinear", "LoraParallelLinear"]
+
+
+class LoraParallelLinear(LoraLayer):
+    accepts = (ColumnParallelLinear, RowParallelLinear)
+
+
+class LoraGQAQKVParallelLinear(LoraLayer):
+    accepts = (GQAQKVColumnParallelLinear,)

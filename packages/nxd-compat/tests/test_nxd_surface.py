@@ -148,7 +148,6 @@ def collectives_body() -> dict:
     import torch.distributed as dist
 
     import nxd
-
     from neuronx_distributed.parallel_layers import mappings, parallel_state
     from neuronx_distributed.parallel_layers.utils import get_local_world_size
     from nxd_core_parallel.xla_model import reduce_gradients  # the torch_xla stand-in's xm

@@ -1,6 +1,6 @@
 """nox sessions: one test session per package (installing only that package and its declared
 dependencies, which proves "pip install only the plugins you need"), plus lint, integration,
-bench, and the optional xla session.
+interop (peers such as torchtitan installed for real), bench, and the optional xla session.
 
 Run everything the README's test command runs:  bash scripts/test.sh
 One package:                                     bash scripts/test.sh -s tests-nxd-ckpt
@@ -93,6 +93,23 @@ def integration(session: nox.Session) -> None:
     session.run("pytest", str(ROOT / "integration_tests"), *session.posargs)
 
 
+#: torchtitan 0.3.0 pins ``datasets<4.8`` (constraints.txt: 5.2.0, which it runs with), so the resolver
+#: cannot place it beside the pinned stack: it goes in with ``--no-deps`` after what it imports.
+TORCHTITAN = "torchtitan==0.3.0"
+TORCHTITAN_IMPORTS = ("tyro", "docstring_parser", "typeguard", "shtab", "rich", "spmd_types==0.2.3", "torch_checkpointing",
+                      "torchdata", "einops", "triton", "datasets", "tokenizers", "tensorboard", "pillow")
+
+
+@nox.session
+def interop(session: nox.Session) -> None:
+    """Peers installed for real on the other side of nxd's interop claims (interop_tests/): torchtitan
+    0.3.0 (its model, optimizer, loss and CheckpointManager) with nxd-torchtitan."""
+    install_packages(session, "nxd-torchtitan")
+    session.install("-c", CONSTRAINTS, *TORCHTITAN_IMPORTS)
+    session.install("--no-deps", TORCHTITAN)
+    session.run("pytest", str(ROOT / "interop_tests"), *session.posargs)
+
+
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Side-by-side benchmarks against torch-native peers (prints ratio tables)."""
@@ -133,4 +150,4 @@ def xla(session: nox.Session) -> None:
                 env={"PJRT_DEVICE": "CPU", "NXD_BACKEND": "xla"})
 
 
-nox.options.sessions = ["lint", *(f"tests-{d}" for d in PACKAGES), "integration"]
+nox.options.sessions = ["lint", *(f"tests-{d}" for d in PACKAGES), "integration", "interop"]

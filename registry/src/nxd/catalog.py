@@ -34,7 +34,8 @@ CATALOG: dict[str, dict[str, str]] = {
     "checkpointer": {"default": "nxd-ckpt"},
     "data_module": {"indexed": "nxd-data", "sft": "nxd-data", "hf": "nxd-data", "preference": "nxd-data"},
     "workflow": {"dpo": "nxd-alignment", "orpo": "nxd-alignment"},
-    "checkpoint_converter": {"hf": "nxd-ckpt", "nxd": "nxd-ckpt", "full": "nxd-ckpt", "nnm": "nxd-migrate"},
+    "checkpoint_converter": {"hf": "nxd-ckpt", "nxd": "nxd-ckpt", "full": "nxd-ckpt", "dcp": "nxd-ckpt",
+                             "nnm": "nxd-migrate", "torchtitan": "nxd-torchtitan"},
     "command": {
         "train": "nxd-training",
         "plot": "nxd-training",

@@ -28,9 +28,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     ver.add_argument("--mark-done", action="store_true",
                      help="after a clean verification, mark a whole checkpoint that lacks its 'done' marker complete "
                           "(auto-resume then uses it)")
-    conv = verbs.add_parser("convert", help="convert model weights between hf, nxd and full-state checkpoints")
-    conv.add_argument("--from", dest="source", required=True, help="source kind (hf, nxd, full, or a plugin's)")
-    conv.add_argument("--to", dest="target", required=True, help="target kind (hf, nxd, full, or a plugin's)")
+    conv = verbs.add_parser("convert", help="convert model weights between hf, nxd, dcp, full-state and plugins' "
+                                                          "checkpoint kinds (torchtitan, nnm)")
+    conv.add_argument("--from", dest="source", required=True, help="source kind (hf, nxd, full, dcp, or a plugin's: torchtitan, nnm)")
+    conv.add_argument("--to", dest="target", required=True, help="target kind (hf, nxd, full, dcp, or a plugin's: torchtitan)")
     conv.add_argument("run", nargs="?", metavar="RUN_DIR",
                       help="a run directory of nxd train (same as --input; its checkpoints record the model and "
                            "tokenizer, so --from nxd --to hf needs nothing else)")

@@ -7,7 +7,9 @@ names, plus the model config when known) and hands it to a *target*. Built-in ki
   a TP=1/PP=1 checkpoint, which ``load_checkpoint`` reshards to any TP/PP on load);
 * ``full`` — one torch file holding the full state dict (NxD's "full state");
 * ``hf``   — a Hugging Face model directory, through the model plugin's ``ModelSpec.load_hf`` /
-  ``save_hf`` (``--model NAME``).
+  ``save_hf`` (``--model NAME``);
+* ``dcp``  — a ``torch.distributed.checkpoint`` folder under nxd's parameter names (what
+  ``nxd_fsdp.dcp.save_dcp`` writes), read and written in one process (:mod:`nxd_ckpt.dcp_folder`).
 
 Every kind is a :class:`Converter` registered through the core hook
 ``nxd_register_checkpoint_converters`` (kind ``checkpoint_converter``), so it shows in
@@ -87,9 +89,10 @@ def convert(source: str, target: str, request: ConvertRequest) -> FullState:
     sources, targets = convert_sources(), convert_targets()
     if source not in sources:
         raise CheckpointError(f"--from {source!r} is not a known source; known: {', '.join(sorted(sources))} "
-                              "(nnm: pip install nxd-migrate)")
+                              "(nnm: pip install nxd-migrate; torchtitan: pip install nxd-torchtitan)")
     if target not in targets:
-        raise CheckpointError(f"--to {target!r} is not a known target; known: {', '.join(sorted(targets))}")
+        raise CheckpointError(f"--to {target!r} is not a known target; known: {', '.join(sorted(targets))} "
+                              "(torchtitan: pip install nxd-torchtitan)")
     full = sources[source](request)
     targets[target](full, request)
     return full
@@ -281,9 +284,30 @@ def _write_full(full: FullState, request: ConvertRequest) -> None:
         format_for_file(request.output).dump(full.state, f)
 
 
+def _read_dcp(request: ConvertRequest) -> FullState:
+    from nxd_ckpt.dcp_folder import read_dcp_model
+
+    state, groups = read_dcp_model(request.input)
+    if groups:
+        print(f"{request.input}: model tensors converted; its {', '.join(sorted(groups))} state is not (nxd's "
+              "optimizer layout differs: resume the optimizer with nxd_fsdp.dcp.load_dcp instead)")
+    return FullState(state, request.config)
+
+
+def _write_dcp(full: FullState, request: ConvertRequest) -> None:
+    from nxd_ckpt.dcp_folder import write_dcp_folder
+
+    write_dcp_folder(request.output, full.state)
+    config = request.config or full.config
+    if config is not None:
+        with open(os.path.join(request.output, "config.json"), "w") as f:
+            json.dump(config, f, indent=1)
+
+
 #: nxd-ckpt's own kinds (registered by its plugin module)
 BUILTIN_CONVERTERS: dict[str, Converter] = {
     "hf": Converter(_read_hf, _write_hf, help="Hugging Face model directory (--model NAME)"),
     "nxd": Converter(_read_nxd, _write_nxd, help="nxd/NxD sharded checkpoint directory"),
     "full": Converter(_read_full, _write_full, help="one torch/safetensors file with the full state dict"),
+    "dcp": Converter(_read_dcp, _write_dcp, help="torch.distributed.checkpoint folder under nxd's names (model only)"),
 }

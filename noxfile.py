@@ -105,7 +105,7 @@ def interop(session: nox.Session) -> None:
     """Peers installed for real on the other side of nxd's interop claims (interop_tests/): torchtitan
     0.3.0 (its model, optimizer, loss and CheckpointManager) with nxd-torchtitan."""
     install_packages(session, "nxd-torchtitan")
-    session.install("-c", CONSTRAINTS, *TORCHTITAN_IMPORTS)
+    session.install("-c", CONSTRAINTS, str(PACKAGES["nxd-fsdp"]), *TORCHTITAN_IMPORTS)  # nxd's side trains FSDP
     session.install("--no-deps", TORCHTITAN)
     session.run("pytest", str(ROOT / "interop_tests"), *session.posargs)
 

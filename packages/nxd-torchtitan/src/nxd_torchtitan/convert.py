@@ -152,6 +152,9 @@ def write_torchtitan(full: FullState, request: ConvertRequest) -> None:
     except (ValueError, KeyError) as exc:
         raise CheckpointError(f"--to torchtitan: {exc}") from None
     write_dcp_folder(request.output, titan, files={ARGS_FILE: json.dumps(args.to_dict(), indent=1).encode()})
+    print(f"{request.output}: torchtitan 0.3.0 {family(name).torchtitan_module} weights (model only: load with "
+          f"--checkpoint.initial_load_path {request.output} --checkpoint.initial_load_model_only; the optimizer "
+          "starts fresh)")
 
 
 def _config_file(path: str) -> dict:

@@ -219,3 +219,34 @@ def test_patches_of_nxds_module_paths_change_what_they_patch():
         assert partition.stage_to_pipeline_parallel_rank(6) == 2
     with mock.patch("neuronx_distributed.optimizer.zero_redundancy_optimizer.NeuronZero1Optimizer.step") as step:
         assert NeuronZero1Optimizer.step is step  # nxd-zero1's class itself
+
+
+def checkpoint_round_trip_body(path: str) -> dict:
+    import neuronx_distributed as nxd_api
+
+    def get_model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+
+    config = nxd_api.neuronx_distributed_config(tensor_parallel_size=2)
+    lora = LoraConfig(lora_rank=2, target_modules=["0", "2"])
+    model = get_lora_model(nxd_api.initialize_parallel_model(config, get_model), lora)
+    with torch.no_grad():
+        for adapter in model.module.lora_layers.values():
+            for piece in adapter.pieces.values():
+                piece.lora_B.normal_(generator=torch.Generator().manual_seed(3))
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(4))
+    want = model(x)
+    nxd_api.save_checkpoint(path, "step1", model=model)
+    nxd_api.finalize_checkpoint()
+    fresh = get_lora_model(nxd_api.initialize_parallel_model(config, get_model), lora)
+    nxd_api.load_checkpoint(path, "step1", model=fresh)
+    return {"class": type(model.module).__name__, "keys": sorted(model.state_dict()), "exact": torch.equal(fresh(x), want)}
+
+
+def test_nxd_checkpoint_of_an_nxd_lora_model_round_trips_exactly(rank_pool, tmp_path):
+    """NxD's flow: nxd.save_checkpoint of NxDModel(LoraModel) saves what LoraModel.state_dict gives
+    (the adapter; TP=2 on 2 ranks), nxd.load_checkpoint puts it back: same outputs bit for bit."""
+    for out in rank_pool(2).run(checkpoint_round_trip_body, str(tmp_path)):
+        assert out["class"] == "LoraModel" and out["exact"]
+        assert out["keys"] == ["0.lora_A.weight", "0.lora_B.weight", "2.lora_A.weight", "2.lora_B.weight"]

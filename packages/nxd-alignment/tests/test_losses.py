@@ -1,11 +1,13 @@
-"""Loss values and gradients equal TRL's definitions on the same log-probs.
+"""Loss values and gradients equal TRL's on the same log-probs, computed by TRL's own code.
 
-DPO: TRL 1.16 computes the loss inline in ``DPOTrainer._compute_loss``; its formulas are written
-out below (independently of nxd_alignment). ORPO: TRL's own ``ORPOTrainer.odds_ratio_loss`` and
-``get_batch_logps`` are called when trl is installed."""
+DPO: TRL 1.16 computes the loss inline in ``DPOTrainer._compute_loss``; it is called here on a
+stand-in trainer (the attributes that method reads) and a stand-in model whose per-token log-probs
+carry the test's sequence log-probs, so TRL's own lines turn them into its loss. ORPO: TRL's own
+``ORPOTrainer.odds_ratio_loss`` and ``get_batch_logps``."""
 
 from __future__ import annotations
 
+import collections
 import types
 
 import pytest
@@ -22,23 +24,38 @@ def _logps(seed: int, n: int = 6) -> list[torch.Tensor]:
     return [(-torch.rand(n, generator=g, dtype=torch.float64) * 30 - 1).requires_grad_() for _ in range(4)]
 
 
-def _trl_dpo(c, r, rc, rr, beta, loss_type, lc=None, lr=None):
-    """trl/trainer/dpo_trainer.py (1.16.0), f_divergence_type reverse_kl."""
-    chosen_scores, rejected_scores = c - rc, r - rr
-    delta = chosen_scores - rejected_scores
-    if loss_type == "sigmoid":
-        per = -F.logsigmoid(beta * delta)
-    elif loss_type == "hinge":
-        per = torch.relu(1 - beta * delta)
-    else:  # ipo: length-normalised scores
-        per = (chosen_scores / lc.clamp(min=1.0) - rejected_scores / lr.clamp(min=1.0) - 1 / (2 * beta)) ** 2
-    return per.mean(), beta * chosen_scores.detach(), beta * rejected_scores.detach()
+def _trl_dpo(c, r, rc, rr, beta, loss_type, lc, lr):
+    """TRL 1.16's ``DPOTrainer._compute_loss`` (f_divergence_type reverse_kl, precomputed reference
+    log-probs) on sequence log-probs ``c``/``r`` and completion lengths ``lc``/``lr``."""
+    dpo = pytest.importorskip("trl.trainer.dpo_trainer")
+    n, seq = c.shape[0], int(max(lc.max(), lr.max())) + 1
+    lengths = torch.cat([lc, lr]).long()
+    completion_mask = (torch.arange(seq)[None] >= 1) & (torch.arange(seq)[None] <= lengths[:, None])
+    # each row's whole sequence log-prob on its first completion token, zeros after: TRL sums the row
+    first = torch.zeros(2 * n, seq - 1, dtype=c.dtype)
+    first[:, 0] = 1
+    per_token = torch.cat([c, r])[:, None] * first
+    zeros = torch.zeros(2 * n, seq - 1, dtype=c.dtype)
+    model = types.SimpleNamespace(training=True)
+    model_fn = lambda **kwargs: types.SimpleNamespace(  # noqa: E731
+        log_probs=per_token, entropy=zeros, mean_logits=zeros, is_top1=zeros.bool())
+    same = lambda x: x  # noqa: E731
+    trainer = types.SimpleNamespace(
+        model=model, accelerator=types.SimpleNamespace(device="cpu", gather_for_metrics=same, gather=same),
+        aux_loss_enabled=False, ld_alpha=None, precompute_ref_logps=True, f_divergence_type="reverse_kl",
+        loss_types=[loss_type], loss_weights=[1.0], beta=beta, use_weighting=False, label_smoothing=0.0,
+        _metrics={"train": collections.defaultdict(list)}, _total_train_tokens=0, _tp_size=1)
+    inputs = {"input_ids": torch.zeros(2 * n, seq, dtype=torch.long), "attention_mask": torch.ones(2 * n, seq),
+              "completion_mask": completion_mask.long(), "ref_chosen_logps": rc, "ref_rejected_logps": rr}
+    loss = dpo.DPOTrainer._compute_loss(trainer, model_fn, inputs, return_outputs=False)
+    return loss, beta * (c - rc).detach(), beta * (r - rr).detach()
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+    return float(((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).detach())
 
 
+@pytest.mark.slow  # importing trl (transformers, accelerate) takes ~30 s on 2 cores
 @pytest.mark.parametrize("loss_type", ["sigmoid", "hinge", "ipo"])
 def test_dpo_matches_trl(loss_type: str) -> None:
     c, r, rc, rr = _logps(1)

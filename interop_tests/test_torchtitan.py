@@ -21,6 +21,7 @@ import torch
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
+from torchtitan.config import ConfigManager
 from torchtitan.models import llama3, qwen3
 from torchtitan.models.common.attention import ScaledDotProductAttention
 
@@ -130,11 +131,15 @@ def test_nxd_fsdp_checkpoint_resumes_in_torchtitan(tmp_path, monkeypatch):
     run_convert("nxd", "torchtitan", str(tmp_path / "ckpt"), out, model="llama", tag="step1",
                 config_path=str(tmp_path / "config.json"))
 
+    # the documented command's config, parsed by torchtitan's own ConfigManager (what torchtitan.train does)
     monkeypatch.setenv(titan_config.CHECKPOINT_ENV, out)
-    trainer_config = titan_config.nxd_checkpoint()  # what torchtitan's --module/--config would run
+    trainer_config = ConfigManager().parse_args(["--module", "nxd_torchtitan.titan_config", "--config",
+                                                 "nxd_checkpoint", "--training.steps", "3"])
     assert trainer_config.checkpoint.initial_load_path == os.path.abspath(out)
+    assert trainer_config.checkpoint.initial_load_model_only and trainer_config.training.steps == 3
     args = titan_config.read_args(out)
     assert args.norm_eps == 1e-6 and args.hidden_dim == 160
+    assert args_from_model_config(trainer_config.model_spec.model) == args  # the model torchtitan would train
     model_config = titan_config.model_config(args, attention="sdpa")
     torch.manual_seed(1)
     model = model_config.build()

@@ -94,8 +94,11 @@ def test_bad_inputs_name_the_problem(tmp_path):
 
     with pytest.raises(ConfigError, match="num_key_value_heads"):
         LlamaConfig.from_dict({**CONFIGS["mha"], "num_key_value_heads": 3})
-    with pytest.raises(ConfigError, match="rope_type"):
-        LlamaConfig.from_dict({**CONFIGS["mha"], "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
+    with pytest.raises(ConfigError, match="llama config: rope_scaling.rope_type 'longrope' is not supported"):
+        LlamaConfig.from_dict({**CONFIGS["mha"], "rope_scaling": {"rope_type": "longrope", "factor": 2.0}})
+    with pytest.raises(ConfigError, match=r"rope_scaling keys \['low_freq_factor'\] are not part of rope_type 'yarn'"):
+        LlamaConfig.from_dict({**CONFIGS["mha"], "rope_scaling": {"rope_type": "yarn", "factor": 2.0,
+                                                                  "low_freq_factor": 1.0}})
     model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(CONFIGS["mha"])))
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_hf_checkpoint(model, tmp_path)

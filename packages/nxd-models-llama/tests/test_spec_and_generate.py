@@ -83,6 +83,36 @@ def test_llama31_preset_rope_matches_transformers():
     assert torch.equal(rope_inv_freq(cfg), expected)
 
 
+#: YaRN as published: Qwen3's long-context recipe, DeepSeek-V3's (mscale = mscale_all_dim: attention
+#: factor 1), and every optional key set (explicit attention_factor, betas, no truncation)
+YARN_CASES = {
+    "qwen3": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 131072, 128),
+    "deepseek_v3": ({"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32,
+                     "beta_slow": 1, "original_max_position_embeddings": 4096}, 163840, 64),
+    "all_keys": ({"rope_type": "yarn", "factor": 8.0, "attention_factor": 0.9, "beta_fast": 16, "beta_slow": 2,
+                  "truncate": False, "original_max_position_embeddings": 4096}, 32768, 32),
+}
+
+
+@pytest.mark.parametrize("case", list(YARN_CASES))
+def test_llama_yarn_rope_matches_transformers_bitwise(case):
+    """The shared RoPE (nxd_core_parallel.modules.rotary) that every family uses: YaRN's inverse
+    frequencies equal transformers' bit for bit, and cos/sin carry its attention factor."""
+    from transformers import LlamaConfig as HFConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from nxd_models_llama.rope import RotaryEmbedding, rope_inv_freq
+
+    scaling, max_positions, head_dim = YARN_CASES[case]
+    fields = dict(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim, max_position_embeddings=max_positions,
+                  rope_theta=10000.0)
+    cfg = LlamaConfig.from_dict({**fields, "intermediate_size": 8, "num_hidden_layers": 1, "rope_scaling": dict(scaling)})
+    expected, factor = ROPE_INIT_FUNCTIONS["yarn"](HFConfig(**fields, rope_scaling=dict(scaling)), "cpu")
+    assert torch.equal(rope_inv_freq(cfg), expected)
+    cos, _ = RotaryEmbedding(cfg)(torch.zeros(1, 1, dtype=torch.long), torch.float32)
+    assert torch.allclose(cos, torch.full_like(cos, factor), rtol=0, atol=1e-7)
+
+
 def test_activation_checkpointing_keeps_loss_and_grads(tmp_path):
     from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing
 

@@ -1,43 +1,36 @@
 """One process: Mixtral imported from transformers' checkpoint gives the same logits, loss (with the
-router aux loss) and gradients; export round-trips; greedy generation equals transformers'."""
+router aux loss) and gradients (also with a sliding window shorter than the sequence and YaRN rope
+scaling); export round-trips (tensors and config.json fields); greedy generation equals transformers'."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from mixtral_test_utils import batch, compare, hf_reference, nxd_forward_backward, quiet_transformers, save_hf  # noqa: E402
 
+from nxd_testing.reference import assert_export_roundtrip, build_from_hf  # noqa: E402
+
 quiet_transformers()
 
+#: head_dim given: transformers' YaRN reads config.head_dim, which MixtralConfig leaves None otherwise
+WINDOW_YARN = {"sliding_window": 5, "head_dim": 8, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                     "original_max_position_embeddings": 64}}
 
-@pytest.mark.parametrize("overrides", [{}, {"sliding_window": 5}], ids=["full", "sliding_window"])
+
+@pytest.mark.parametrize("overrides", [{}, WINDOW_YARN], ids=["full", "sliding_window_yarn"])
 def test_tp1_parity_logits_loss_grads(tmp_path, overrides):
-    src = save_hf(tmp_path / "hf", **overrides)
+    src = save_hf(tmp_path / "hf", **copy.deepcopy(overrides))  # transformers fills rope_scaling in place
     data = batch()
     worst = compare(nxd_forward_backward(str(src), data), hf_reference(src, data))
     print(f"\nTP=1 {overrides or 'full attention'}: worst relative error {worst:.3g}")
 
 
 def test_export_roundtrip_and_generate(tmp_path):
-    from safetensors.torch import load_file
-    from transformers import MixtralForCausalLM as HF
-
-    import nxd
-
-    src = save_hf(tmp_path / "hf")
-    spec = nxd.get_model("mixtral")
-    model = nxd.build_parallel_model(spec, __import__("json").loads((src / "config.json").read_text()))
-    spec.load_hf(model, str(src))
-    spec.save_hf(model, str(tmp_path / "out"))
-    a, b = load_file(str(src / "model.safetensors")), load_file(str(tmp_path / "out" / "model.safetensors"))
-    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
-    exported = HF.from_pretrained(str(tmp_path / "out"))
-    prompt = batch()["input_ids"][:, :5]
-    expected = HF.from_pretrained(str(src)).generate(prompt, max_new_tokens=20, do_sample=False)
-    assert spec.generate(model, prompt, 20).equal(expected)
-    assert torch.equal(exported(prompt).logits, HF.from_pretrained(str(src))(prompt).logits)
+    src = save_hf(tmp_path / "hf", **copy.deepcopy(WINDOW_YARN))
+    spec, model = build_from_hf("mixtral", src)
+    assert_export_roundtrip(spec, model, src, tmp_path / "out", batch()["input_ids"][:, :5], new_tokens=20)

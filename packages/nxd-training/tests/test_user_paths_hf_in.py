@@ -81,3 +81,29 @@ def test_evaluate_recipe_in_the_docs_runs(make_config, tmp_path: Path, capsys) -
     exec(compile(code, str(docs), "exec"), {})
     loss = float(capsys.readouterr().out.split("validation loss")[1])
     assert 0 < loss < 10
+
+
+def test_mistral_folder_with_a_short_window_trains_and_goes_back(make_config, tmp_path: Path, capsys) -> None:
+    """A Mistral folder (model_type mistral) whose sliding window is shorter than the training
+    sequence: ``--validate`` and the ranks read it the same way (the ``mistral`` model, window on),
+    the run starts from its weights, and the export is a Mistral folder with the same window and tensors."""
+    import json
+
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(4)
+    src = tmp_path / "tiny-mistral"
+    MistralForCausalLM(MistralConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                     sliding_window=4)).save_pretrained(src)
+    cfg = str(_config(make_config, tmp_path))
+    assert main(["train", cfg, f"model.pretrained_checkpoint={src}", "--validate"]) == 0
+    assert main(["train", cfg, f"model.pretrained_checkpoint={src}"]) == 0
+    assert f"nxd train: initialised from HF weights {src}" in capsys.readouterr().out
+    assert main(["ckpt", "convert", "--from", "nxd", "--to", "hf", str(tmp_path / "run"), "--output",
+                 str(tmp_path / "back")]) == 0
+    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert (back["model_type"], back["sliding_window"]) == ("mistral", 4)
+    original, exported = load_file(src / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(exported) == sorted(original)
+    assert [k for k in original if not torch.equal(original[k], exported[k])] == []

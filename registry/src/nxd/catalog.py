@@ -11,7 +11,7 @@ from __future__ import annotations
 CATALOG: dict[str, dict[str, str]] = {
     "backend": {"cpu": "nxd-core-parallel", "cuda": "nxd-core-parallel", "accelerator": "nxd-core-parallel",
                 "xla": "nxd-core-parallel"},
-    "model": {"llama": "nxd-models-llama", "gpt": "nxd-models-gpt", "mixtral": "nxd-models-mixtral"},
+    "model": {"llama": "nxd-models-llama", "mistral": "nxd-models-llama", "gpt": "nxd-models-gpt", "mixtral": "nxd-models-mixtral"},
     "pipeline_schedule": {
         "gpipe": "nxd-pipeline",
         "1f1b": "nxd-pipeline",

@@ -24,13 +24,13 @@ from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_size
 from nxd_core_parallel.modules import plain
 from nxd_core_parallel.modules.rms_norm import RMSNorm
+from nxd_core_parallel.modules.rotary import apply_rotary, yarn_softmax_scale
 from nxd_core_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
 )
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_llama import KVCache, LlamaCoreAttention
-from nxd_models_llama.rope import apply_rotary
 
 SEQUENCE_DIM = 1
 
@@ -72,6 +72,9 @@ class DeepseekV3Attention(nn.Module):
         self.kv_a_layernorm = norm(config.kv_lora_rank)
         self.kv_b_proj = column(config.kv_lora_rank, n * (config.qk_nope_head_dim + config.v_head_dim))
         self.core_attention = LlamaCoreAttention()
+        #: YaRN with ``mscale_all_dim`` sharpens the softmax by this factor (transformers' ``yarn_apply_mscale``);
+        #: applied to the queries so every attention core (SDPA, ring attention) keeps its 1/sqrt(d)
+        self.softmax_scale = yarn_softmax_scale(config.rope_scaling)
         self.o_proj = plain.Linear(n * config.v_head_dim, config.hidden_size, bias=bias, init_method=init, dtype=dtype,
                                    device=device)
         self.reset_parameters()
@@ -113,8 +116,10 @@ class DeepseekV3Attention(nn.Module):
             q_rot, k_rot = deinterleave(q_rot), deinterleave(k_rot)
         q_rot, k_rot = apply_rotary(q_rot, cos, sin), apply_rotary(k_rot, cos, sin)
         query = torch.cat([q_pass, q_rot], dim=-1)
+        if self.softmax_scale != 1.0:
+            query = query * self.softmax_scale
         key = torch.cat([k_pass, k_rot.expand(b, self.num_heads, s, c.qk_rope_head_dim)], dim=-1)
         if kv_cache is not None:
             key, value = kv_cache.update(self.layer_idx, key, value)
-        out = self.core_attention(query, key, value, attention_mask)  # softmax scale 1/sqrt(qk_head_dim)
+        out = self.core_attention(query, key, value, attention_mask)  # softmax scale 1/sqrt(qk_head_dim) (x softmax_scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * c.v_head_dim))

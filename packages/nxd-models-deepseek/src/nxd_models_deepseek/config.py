@@ -26,6 +26,7 @@ class DeepseekV3Config(MixtralConfig):
     """Field names are Hugging Face's (HF's ``n_routed_experts`` is ``num_local_experts`` here;
     ``head_dim`` is the RoPE part of a head, ``qk_rope_head_dim``, as HF sets it)."""
 
+    FAMILY = "deepseek_v3"
     MOE_MODULE = "mlp"
     HF_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
 
@@ -124,7 +125,7 @@ class DeepseekV3Config(MixtralConfig):
         out.pop("sliding_window", None)
         out.pop("router_jitter_noise", None)
         out.pop("num_local_experts")
-        out.update({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        out.update({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **_REMOTE_CODE_KEYS,
                     "n_routed_experts": self.num_local_experts, "qk_head_dim": self.qk_head_dim,
                     **{f.name: getattr(self, f.name) for f in dataclasses.fields(DeepseekV3Config)
                        if f.name in _HF_FIELDS}})

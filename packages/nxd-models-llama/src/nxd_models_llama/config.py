@@ -7,9 +7,9 @@ from typing import Any
 
 from nxd.errors import ConfigError
 from nxd_core_parallel.fused_kernels import validate_fused_kernels
+from nxd_core_parallel.modules.rotary import ROPE_TYPES, rope_type_of, validate_rope_scaling
 
-#: RoPE variants this model implements (Hugging Face ``rope_type`` names).
-ROPE_TYPES = ("default", "linear", "llama3")
+__all__ = ["ROPE_TYPES", "LlamaConfig", "config_from_dict"]
 
 #: nxd / Megatron-style spellings accepted next to Hugging Face's names.
 _ALIASES = {
@@ -35,6 +35,9 @@ _IGNORED = {
 @dataclass
 class LlamaConfig:
     """Shape and numerics of one Llama model (field names are Hugging Face's)."""
+
+    #: the family whose config this is, as messages name it (each family's config class sets its own)
+    FAMILY = "llama"
 
     vocab_size: int = 32000
     hidden_size: int = 4096
@@ -78,42 +81,29 @@ class LlamaConfig:
         self.validate()
 
     def validate(self) -> None:
+        family = self.FAMILY
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"llama config: {name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{family} config: {name} must be a positive integer, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
-                f"llama config: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"{family} config: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
         if self.head_dim % 2:
-            raise ConfigError(f"llama config: head_dim must be even for RoPE, got {self.head_dim}")
+            raise ConfigError(f"{family} config: head_dim must be even for RoPE, got {self.head_dim}")
         if self.hidden_act != "silu":
-            raise ConfigError(f"llama config: hidden_act must be 'silu' (SwiGLU), got {self.hidden_act!r}")
-        self.fused_kernels = validate_fused_kernels(self.fused_kernels, "llama config: fused_kernels")
+            raise ConfigError(f"{family} config: hidden_act must be 'silu' (SwiGLU), got {self.hidden_act!r}")
+        self.fused_kernels = validate_fused_kernels(self.fused_kernels, f"{family} config: fused_kernels")
         if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"llama config: dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.rope_scaling is not None:
-            if not isinstance(self.rope_scaling, dict):
-                raise ConfigError(f"llama config: rope_scaling must be a dict or null, got {self.rope_scaling!r}")
-            rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
-            if rope_type not in ROPE_TYPES:
-                raise ConfigError(
-                    f"llama config: rope_scaling.rope_type {rope_type!r} is not supported; valid: {list(ROPE_TYPES)}"
-                )
-            needed = {"linear": ("factor",),
-                      "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-            for key in needed.get(rope_type, ()):
-                if key not in self.rope_scaling:
-                    raise ConfigError(f"llama config: rope_scaling of type {rope_type!r} needs key {key!r}")
+            raise ConfigError(f"{family} config: dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        validate_rope_scaling(self.rope_scaling, family)
 
     @property
     def rope_type(self) -> str:
-        if not self.rope_scaling:
-            return "default"
-        return self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
+        return rope_type_of(self.rope_scaling)
 
     def padded_vocab_size(self, tp: int) -> int:
         """The vocabulary the TP-sharded embedding and LM head hold: padded at its end to a multiple
@@ -135,13 +125,13 @@ class LlamaConfig:
         if isinstance(data, LlamaConfig):
             return data
         if not isinstance(data, dict):
-            raise ConfigError(f"llama config must be a dict, got {type(data).__name__}")
+            raise ConfigError(f"{cls.FAMILY} config must be a dict, got {type(data).__name__}")
         data = dict(data)
         for alias, name in _ALIASES.items():
             if alias in data:
                 value = data.pop(alias)
                 if name in data and data[name] != value:
-                    raise ConfigError(f"llama config: {alias}={value!r} conflicts with {name}={data[name]!r}")
+                    raise ConfigError(f"{cls.FAMILY} config: {alias}={value!r} conflicts with {name}={data[name]!r}")
                 data[name] = value
         rope_params = data.pop("rope_parameters", None)
         if rope_params:
@@ -150,7 +140,7 @@ class LlamaConfig:
                 data.setdefault("rope_theta", rope_params.pop("rope_theta"))
             if rope_params.get("rope_type", "default") != "default":
                 data.setdefault("rope_scaling", rope_params)
-        if data.get("rope_scaling") and data["rope_scaling"].get("rope_type", data["rope_scaling"].get("type")) == "default":
+        if isinstance(data.get("rope_scaling"), dict) and rope_type_of(data["rope_scaling"]) == "default":
             data["rope_scaling"] = None
         if "torch_dtype" in data and "dtype" not in data:
             data["dtype"] = data["torch_dtype"]
@@ -162,7 +152,8 @@ class LlamaConfig:
         # null means absent (Mistral v0.2+ config.json writes sliding_window: null)
         unknown_structural = [k for k in extra if k in ("num_experts", "sliding_window", "moe") and extra[k] is not None]
         if unknown_structural:
-            raise ConfigError(f"llama config: keys {unknown_structural} describe a model this plugin does not build")
+            raise ConfigError(f"{cls.FAMILY} config: keys {unknown_structural} describe a model the {cls.FAMILY!r} "
+                              "model does not build")
         return cls(**kwargs, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,8 +162,11 @@ class LlamaConfig:
         return out
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """A ``config.json`` that transformers 4.x and 5.x ``LlamaForCausalLM`` both read."""
+        """A ``config.json`` that transformers 4.x and 5.x ``LlamaForCausalLM`` both read. The keys
+        the source config held that no field reads (``extra``) are carried through as they came, so
+        an import/export round trip keeps the file's fields; every family's export starts here."""
         out = {
+            **self.extra,
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
             "vocab_size": self.vocab_size,

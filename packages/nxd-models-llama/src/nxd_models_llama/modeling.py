@@ -24,7 +24,7 @@ from nxd.parallel import dim_size as _size
 from nxd_core_parallel import fused_kernels
 from nxd_core_parallel.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
 from nxd_core_parallel.modules import kv_heads, plain
-from nxd_core_parallel.modules.attention_mask import build_attention_mask
+from nxd_core_parallel.modules.attention_mask import build_attention_mask, sliding_window_mask
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.parallel_layers import mask_vocab_padding
 from nxd_core_parallel.parallel_layers.mappings import copy_to_tensor_model_parallel_region
@@ -307,7 +307,8 @@ class LlamaModel(nn.Module):
                      attention_mask: torch.Tensor | None = None, past: int = 0
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(cos, sin, mask)`` every decoder layer takes (``dtype``: the hidden states'), from the
-        batch alone: pipeline stages recompute them instead of receiving them."""
+        batch alone: pipeline stages recompute them instead of receiving them. A config with a
+        ``sliding_window`` (Mistral, Mixtral) limits the mask to it."""
         b, s = input_ids.shape
         context = self.parallel_context
         if self.sequence_parallel and s % _size(context, "tp"):
@@ -318,7 +319,9 @@ class LlamaModel(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + s, device=input_ids.device).unsqueeze(0).expand(b, s)
         cos, sin = self.rotary_emb(position_ids, dtype)
-        return cos, sin, build_attention_mask(attention_mask, b, s, input_ids.device, past=past)
+        mask = build_attention_mask(attention_mask, b, s, input_ids.device, past=past)
+        window = getattr(self.config, "sliding_window", None)
+        return cos, sin, sliding_window_mask(mask, b, s, past, window, input_ids.device)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:

@@ -11,6 +11,9 @@ from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.generate import generate
 from nxd_models_llama.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_llama.hf_mapping import HF_KEY_MAPPING, HF_MODULE_TO_NXD, plan_for
+from nxd_models_llama.mistral import PRESETS as MISTRAL_PRESETS
+from nxd_models_llama.mistral import MistralConfig
+from nxd_models_llama.mistral import preset as mistral_preset
 from nxd_models_llama.modeling import (
     LlamaActivationMultiply,
     LlamaCoreAttention,
@@ -75,9 +78,7 @@ def hf_param_plan(model: LlamaForCausalLM, name: str, tp: int, rank: int) -> lis
 SPEC = family_spec(
     "llama", LlamaForCausalLM, config_from_dict,
     recompute_modules=RECOMPUTE_MODULES,
-    # Mistral 7B is Llama's architecture plus a sliding window (nxd-training refuses a window shorter
-    # than the training sequence; NxDT trains its Mistral config with its Llama model too)
-    hf_model_types=("llama", "mistral"),
+    hf_model_types=("llama",),
     lora_target_modules=DEFAULT_LORA_TARGETS,
     load_hf=load_hf_checkpoint,
     save_hf=save_hf_checkpoint,
@@ -96,3 +97,22 @@ SPEC = family_spec(
 #: the plain model for ``context`` (``sequence_parallel`` from ``nxd_config``); the transform list
 #: (``nxd.build_parallel_model``) parallelises it
 build = SPEC.build
+
+#: HF ``config.json`` keys -> :class:`MistralConfig`; ``{"preset": name, ...}`` starts from a preset
+mistral_config = config_reader(MistralConfig.from_dict, mistral_preset)
+
+
+def mistral_flops_per_token(config: MistralConfig | dict, seq_length: int | None = None) -> float:
+    """Llama's count (attention products over the whole sequence, an upper bound under a window)."""
+    return flops_per_token(mistral_config(config) if isinstance(config, dict) else config, seq_length)
+
+
+#: Llama's model, whose mask applies the config's sliding window, and spec (HF import/export,
+#: generate, LoRA plan) for Mistral's configs
+MISTRAL_SPEC = family_spec(
+    "mistral", LlamaForCausalLM, mistral_config, base=SPEC, hf_model_types=("mistral",),
+    recompute_modules={**RECOMPUTE_MODULES, "MistralMLP": (LlamaMLP,), "MistralRMSNorm": (RMSNorm,),
+                       "MistralDecoderLayer": (LlamaDecoderLayer,)},
+    implements=SPEC.implements | {"model.sliding_window"}, flops_per_token=mistral_flops_per_token,
+    presets=MISTRAL_PRESETS, extras={"config_class": MistralConfig},
+)

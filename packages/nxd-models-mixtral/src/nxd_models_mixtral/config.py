@@ -24,6 +24,8 @@ class MixtralConfig(LlamaConfig):
     ``routing_algorithm``, ...; NxDT's ``model.moe`` keys). HF's Mixtral is dropless top-k with
     renormalised affinities, which is the default here."""
 
+    FAMILY = "mixtral"
+
     vocab_size: int = 32000
     hidden_size: int = 4096
     intermediate_size: int = 14336
@@ -83,18 +85,18 @@ class MixtralConfig(LlamaConfig):
     def validate(self) -> None:
         super().validate()
         if self.router_jitter_noise:
-            raise ConfigError(f"mixtral config: router_jitter_noise={self.router_jitter_noise} is not implemented "
+            raise ConfigError(f"{self.FAMILY} config: router_jitter_noise={self.router_jitter_noise} is not implemented "
                               "(only 0.0, the Mixtral default)")
         if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window < 1):
-            raise ConfigError(f"mixtral config: sliding_window must be a positive integer or null, "
+            raise ConfigError(f"{self.FAMILY} config: sliding_window must be a positive integer or null, "
                               f"got {self.sliding_window!r}")
         if self.attention_bias or self.mlp_bias:
-            raise ConfigError("mixtral config: attention_bias/mlp_bias are not part of Mixtral")
+            raise ConfigError(f"{self.FAMILY} config: attention_bias/mlp_bias are not part of Mixtral")
         m = self.make_vocab_size_divisible_by
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-            raise ConfigError(f"mixtral config: make_vocab_size_divisible_by must be a positive integer or null, got {m!r}")
+            raise ConfigError(f"{self.FAMILY} config: make_vocab_size_divisible_by must be a positive integer or null, got {m!r}")
         if not isinstance(self.use_scaled_init_method, bool):
-            raise ConfigError(f"mixtral config: use_scaled_init_method must be true or false, "
+            raise ConfigError(f"{self.FAMILY} config: use_scaled_init_method must be true or false, "
                               f"got {self.use_scaled_init_method!r}")
         self.moe_config()  # validates the moe section
 
@@ -118,12 +120,12 @@ class MixtralConfig(LlamaConfig):
         moe = dict(self.moe or {})
         for key, hf_name in _MOE_TO_HF.items():
             if key in moe and moe[key] != getattr(self, hf_name):
-                raise ConfigError(f"mixtral config: moe.{key}={moe[key]!r} conflicts with {hf_name}="
+                raise ConfigError(f"{self.FAMILY} config: moe.{key}={moe[key]!r} conflicts with {hf_name}="
                                   f"{getattr(self, hf_name)!r}")
             moe[key] = getattr(self, hf_name)
         moe.setdefault("dropless", moe.get("capacity_factor") is None)
         if moe.get("frequency", 1) != 1:
-            raise ConfigError(f"mixtral config: moe.frequency={moe['frequency']} is not supported: every Mixtral "
+            raise ConfigError(f"{self.FAMILY} config: moe.frequency={moe['frequency']} is not supported: every Mixtral "
                               "layer is a MoE layer (frequency 1)")
         return MoEConfig.from_dict(moe)
 
@@ -143,7 +145,7 @@ class MixtralConfig(LlamaConfig):
 
     def to_hf_dict(self) -> dict[str, Any]:
         out = super().to_hf_dict()
-        for key in ("attention_bias", "mlp_bias", "rope_scaling"):
+        for key in ("attention_bias", "mlp_bias"):  # validated false; HF's Mixtral has neither
             out.pop(key, None)
         out.update({
             "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "sliding_window": self.sliding_window,

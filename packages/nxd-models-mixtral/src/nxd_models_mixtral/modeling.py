@@ -51,20 +51,6 @@ class MoECausalLMOutput:
     loss_terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def sliding_window_mask(mask: torch.Tensor | None, batch: int, seq: int, past: int, window: int | None,
-                        device: torch.device) -> torch.Tensor | None:
-    """AND Hugging Face's sliding window (query ``i`` sees keys ``j`` with ``i - j < window``) into
-    ``mask`` (``None`` = plain causal); ``None`` again when the window hides nothing."""
-    if window is None or past + seq <= window:
-        return mask
-    q = torch.arange(past, past + seq, device=device)[:, None]
-    k = torch.arange(past + seq, device=device)[None, :]
-    allowed = (k <= q) & (q - k < window)
-    if mask is None:
-        return allowed[None, None].expand(batch, 1, seq, past + seq)
-    return mask & allowed
-
-
 class MixtralDecoderLayer(nn.Module):
     """Pre-norm block: ``h + attn(norm(h))`` then ``h + ff(norm(h))``, the feed-forward ``ff`` named
     ``config.MOE_MODULE`` (Mixtral: the sparse MoE block ``block_sparse_moe``). A MoE block keeps its
@@ -115,8 +101,8 @@ class MixtralDecoderLayer(nn.Module):
 
 
 class MixtralModel(LlamaModel):
-    """Llama's model (embedding, decoder loop, norm, RoPE, masks) with Mixtral's
-    blocks, Megatron's vocabulary padding and Hugging Face's sliding window."""
+    """Llama's model (embedding, decoder loop, norm, RoPE, masks with the config's sliding window)
+    with Mixtral's blocks and Megatron's vocabulary padding."""
 
     #: the block class (a family on this model sets its own; its ``last_router_logits`` is ``None``
     #: in a layer without experts)
@@ -125,14 +111,6 @@ class MixtralModel(LlamaModel):
     def embedding_rows(self, config: MixtralConfig, context: ParallelContext | None) -> int:
         """Megatron's vocabulary padding (``make_vocab_size_divisible_by`` x TP) is the config's."""
         return config.padded_vocab_size(dim_size(context, "tp"))
-
-    def layer_inputs(self, input_ids: torch.Tensor, dtype: torch.dtype, position_ids: torch.Tensor | None = None,
-                     attention_mask: torch.Tensor | None = None, past: int = 0
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Llama's (positions, RoPE, mask) plus HF's sliding window."""
-        cos, sin, mask = super().layer_inputs(input_ids, dtype, position_ids, attention_mask, past)
-        b, s = input_ids.shape
-        return cos, sin, sliding_window_mask(mask, b, s, past, self.config.sliding_window, input_ids.device)
 
 
 class MixtralForCausalLM(nn.Module):

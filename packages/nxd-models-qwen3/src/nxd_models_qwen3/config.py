@@ -34,7 +34,7 @@ def without_sliding_window(data: dict[str, Any], family: str) -> dict[str, Any]:
 
 def relabelled(out: dict[str, Any], architecture: str, model_type: str) -> dict[str, Any]:
     """A parent family's ``config.json`` dict relabelled for ``architecture`` (no Llama/Mixtral-only keys)."""
-    for key in ("mlp_bias", "rope_scaling", "sliding_window", "router_jitter_noise"):
+    for key in ("mlp_bias", "sliding_window", "router_jitter_noise"):
         out.pop(key, None)
     out.update({"architectures": [architecture], "model_type": model_type, "use_sliding_window": False})
     return out
@@ -44,6 +44,8 @@ def relabelled(out: dict[str, Any], architecture: str, model_type: str) -> dict[
 class Qwen3Config(LlamaConfig):
     """Qwen3 dense (field names are Hugging Face's; ``qk_norm`` is always on; sizes come from the
     checkpoint's ``config.json`` or a preset)."""
+
+    FAMILY = "qwen3"
 
     rms_norm_eps: float = 1e-6
     qk_norm: bool = True
@@ -62,6 +64,7 @@ class Qwen3Config(LlamaConfig):
 class Qwen3MoeConfig(MixtralConfig):
     """Qwen3-MoE (Hugging Face's field names; HF's ``num_experts`` is ``num_local_experts`` here)."""
 
+    FAMILY = "qwen3_moe"
     MOE_MODULE = "mlp"
     HF_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
 

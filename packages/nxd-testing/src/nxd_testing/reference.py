@@ -378,6 +378,48 @@ def parallel_grads_body(tp: int, ep: int, spec_name: str, export: str, hf_dir: s
     return {"loss": loss / dp, "grads": grads, "norm": norm} if dist.get_rank() == 0 else None
 
 
+def parallel_logits_body(tp: int, spec_name: str, export: str, hf_dir: str, data: Mapping[str, torch.Tensor],
+                         drop: Sequence[str] = (),
+                         gather: str = "nxd_models_llama:gather_vocab_logits") -> dict[str, Any] | None:
+    """Every rank of a TP ``tp`` parity test against :func:`hf_lm_reference` on the whole batch
+    (compare with :func:`parity_errors`): the registered model ``spec_name`` imported from
+    ``hf_dir``; global rank 0 returns :func:`forward_backward_result` (full logits by ``gather``,
+    loss, checkpoint-named gradients by ``export``, names ending in one of ``drop`` left out). At
+    ``tp`` 1 it also runs in a process without ``torch.distributed`` (the test's own)."""
+    from nxd_core_parallel import parallel_state
+
+    if tp > 1 or dist.is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    _, model = build_from_hf(spec_name, hf_dir)
+    result = forward_backward_result(
+        model, data, gather_logits=_resolve(gather),
+        export_grads=lambda m: {k: v for k, v in _resolve(export)(m).items() if not k.endswith(tuple(drop))})
+    return result if not dist.is_initialized() or dist.get_rank() == 0 else None
+
+
+def max_abs_logits_diff(result: Mapping[str, Any], ref: Mapping[str, Any]) -> float:
+    """``max |logits - reference logits|`` (what a parity report states next to the relative error)."""
+    return float((result["logits"].double() - ref["logits"].double()).abs().max())
+
+
+#: config keys that may differ between a checkpoint and its re-export without changing the model:
+#: versions and paths, the storage dtype, and remote code (an export holds none)
+CONFIG_KEYS_NOT_COMPARED = ("transformers_version", "_name_or_path", "dtype", "torch_dtype", "auto_map")
+
+
+def assert_config_preserved(src: Any, out: Any) -> None:
+    """transformers reads the exported ``config.json`` as the source's: every attribute of
+    ``AutoConfig.from_pretrained(src)`` has the same value in the export's (a key written by
+    neither side means the same default to both), save :data:`CONFIG_KEYS_NOT_COMPARED`."""
+    from transformers import AutoConfig
+
+    want = AutoConfig.from_pretrained(str(src)).to_dict()
+    got = AutoConfig.from_pretrained(str(out)).to_dict()
+    differ = {k: (v, got.get(k, "<missing>")) for k, v in want.items()
+              if k not in CONFIG_KEYS_NOT_COMPARED and got.get(k, "<missing>") != v}
+    assert not differ, f"export config.json differs from {src}'s (source, export): {differ}"
+
+
 def assert_parallel_parity(result: Mapping[str, Any], ref: Mapping[str, Any], tol: float = 1e-5) -> float:
     """The worst relative error of a :func:`parallel_grads_body` result against
     :func:`hf_lm_reference` (loss, gradient norm, every gradient), asserted ``<= tol``."""
@@ -392,7 +434,7 @@ def assert_parallel_parity(result: Mapping[str, Any], ref: Mapping[str, Any], to
 def assert_export_roundtrip(spec: Any, model: torch.nn.Module, src: Any, out: Any, prompt: torch.Tensor,
                             new_tokens: int = 12) -> None:
     """``spec.save_hf(model, out)`` of a model imported from ``src`` writes the same tensors as
-    ``src``, transformers reloads it with the same logits, and ``spec.generate`` greedily continues
+    ``src`` and a config.json with every source key's value (:func:`assert_config_preserved`), transformers reloads it with the same logits, and ``spec.generate`` greedily continues
     ``prompt`` exactly as ``transformers.generate`` does."""
     from pathlib import Path
 
@@ -400,6 +442,7 @@ def assert_export_roundtrip(spec: Any, model: torch.nn.Module, src: Any, out: An
     from transformers import AutoModelForCausalLM
 
     spec.save_hf(model, str(out))
+    assert_config_preserved(src, out)
     a, b = load_file(str(Path(src) / "model.safetensors")), load_file(str(Path(out) / "model.safetensors"))
     assert set(a) == set(b), set(a) ^ set(b)
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]

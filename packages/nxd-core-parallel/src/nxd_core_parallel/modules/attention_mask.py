@@ -54,5 +54,20 @@ def build_attention_mask(attention_mask: torch.Tensor | None, batch: int, seq: i
     return allowed | diagonal
 
 
+def sliding_window_mask(mask: torch.Tensor | None, batch: int, seq: int, past: int, window: int | None,
+                        device: torch.device) -> torch.Tensor | None:
+    """AND Hugging Face's sliding window (query ``i`` sees keys ``j`` with ``i - j < window``; Mistral,
+    Mixtral) into ``mask`` from :func:`build_attention_mask` (``None`` = plain causal); ``None``
+    again when the window hides nothing."""
+    if window is None or past + seq <= window:
+        return mask
+    q = torch.arange(past, past + seq, device=device)[:, None]
+    k = torch.arange(past + seq, device=device)[None, :]
+    allowed = (k <= q) & (q - k < window)
+    if mask is None:
+        return allowed[None, None].expand(batch, 1, seq, past + seq)
+    return mask & allowed
+
+
 def _causal(seq: int, past: int, device: torch.device) -> torch.Tensor:
     return torch.ones(seq, past + seq, dtype=torch.bool, device=device).tril(diagonal=past)

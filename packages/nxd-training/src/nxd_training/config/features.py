@@ -62,7 +62,7 @@ FEATURE_KEYS: tuple[Feature, ...] = (
     Feature("model.hidden_dropout", "dropout on the hidden states", _is(None, 0, 0.0), "gpt"),
     Feature("model.attention_dropout", "dropout on the attention probabilities", _is(None, 0, 0.0), "gpt"),
     Feature("model.ffn_dropout", "dropout in the MLP", _is(None, 0, 0.0), "gpt"),
-    Feature("model.sliding_window", "sliding-window attention", _window_covers_sequence, "mixtral"),
+    Feature("model.sliding_window", "sliding-window attention", _window_covers_sequence, "mistral"),
     Feature("model.sliding_window_size", "sliding-window attention", _window_covers_sequence, "gpt"),
     Feature("distributed_strategy.context_parallel_size", "context parallelism (ring attention)", _is(1)),
     Feature("model.fusions.ring_attention", "ring attention (context parallelism)", _is(False, None)),
@@ -193,7 +193,9 @@ def check_features(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None,
                                    "trains the same model; a longer sequence would need sliding-window attention")
             continue
         if feature.provider and feature.provider != spec.name:
-            hint = f"the {feature.provider!r} model provides it ({_install_hint('model', feature.provider)})"
+            how = (f"model.architecture: {feature.provider}" if feature.provider in nxd.list_components("model")
+                   else _install_hint("model", feature.provider))
+            hint = f"the {feature.provider!r} model provides it ({how})"
         else:
             hint = "no installed model plugin implements it"
         problems.append(f"{key}={value!r}: {feature.what} is not implemented by the {spec.name!r} model; "

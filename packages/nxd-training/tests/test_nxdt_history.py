@@ -19,6 +19,7 @@ import pytest
 from nxdt_files import CONF, EARLIER, HISTORY, Files, nxdt_name, unmet
 from test_nxdt_tiny_runs import expected_model
 
+import nxd
 from nxd import ConfigError
 from nxd_training.config import load_config, read_yaml, resolve
 
@@ -76,8 +77,10 @@ def test_every_version_resolves_to_the_run_it_describes(path: Path, files: Files
         pytest.skip(f"needs {unmet(name)}")
     config = load_config(path, overrides)
     r = config.resolved
+    # the model class NxDT would build (the 'mistral' spec's is Llama's, as NxDT's for Mistral's config.json)
+    model_class = (nxd.get_model(r.architecture).extras or {})["model_class"].__name__
     got = {"workflow": r.workflow, "data_module": r.data_module, "world_size": r.world_size,
-           "architecture": r.architecture}
+           "architecture": model_class[: -len("ForCausalLM")].lower()}
     assert got == expected_run(resolve(raw)), path.name
     data = raw.get("data", {})
     if "alignment_strategy" in data:

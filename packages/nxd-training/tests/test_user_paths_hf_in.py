@@ -97,8 +97,9 @@ def test_mistral_folder_with_a_short_window_trains_and_goes_back(make_config, tm
                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                      sliding_window=4)).save_pretrained(src)
     cfg = str(_config(make_config, tmp_path))
-    assert main(["train", cfg, f"model.pretrained_checkpoint={src}", "--validate"]) == 0
-    assert main(["train", cfg, f"model.pretrained_checkpoint={src}"]) == 0
+    source = [f"model.pretrained_checkpoint={src}", "model.architecture=null"]  # chosen by model_type
+    assert main(["train", cfg, *source, "--validate"]) == 0
+    assert main(["train", cfg, *source]) == 0
     assert f"nxd train: initialised from HF weights {src}" in capsys.readouterr().out
     assert main(["ckpt", "convert", "--from", "nxd", "--to", "hf", str(tmp_path / "run"), "--output",
                  str(tmp_path / "back")]) == 0

@@ -48,8 +48,11 @@ def checkpoint_folder(path: str, tag: str | None = None) -> str:
     steps = sorted((int(m.group(1)), name) for name in os.listdir(path)
                    if (m := _STEP.fullmatch(name)) and is_dcp_folder(os.path.join(path, name)))
     if not steps:
+        hf = os.path.isfile(os.path.join(path, "model.safetensors.index.json")) or any(
+            name.endswith(".safetensors") for name in os.listdir(path))
         raise CheckpointError(f"{path}: neither a DCP checkpoint (.metadata) nor a torchtitan checkpoint folder "
-                              "with complete step-N checkpoints")
+                              "with complete step-N checkpoints" + (" (it holds safetensors: torchtitan's "
+                              "last_save_in_hf export is a Hugging Face folder, read it with --from hf)" if hf else ""))
     return os.path.join(path, steps[-1][1])
 
 

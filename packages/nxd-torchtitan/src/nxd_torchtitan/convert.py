@@ -163,7 +163,7 @@ def write_torchtitan(full: FullState, request: ConvertRequest) -> None:
 def _config_file(path: str) -> dict:
     try:
         return read_args_file(path)
-    except ValueError as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"--config {path}: {exc}") from None
 
 

@@ -74,7 +74,7 @@ class TitanArgs:
         data.setdefault("n_kv_heads", n_heads)
         if data["n_kv_heads"] is None:
             data["n_kv_heads"] = n_heads
-        if data.get("head_dim") is None and n_heads:
+        if data.get("head_dim") is None and n_heads and "dim" in data:
             data["head_dim"] = data["dim"] // n_heads
         if "hidden_dim" not in data and "dim" in data:
             data["hidden_dim"] = ffn_hidden_dim(data["dim"], data.pop("multiple_of", 256),

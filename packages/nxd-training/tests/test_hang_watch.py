@@ -95,7 +95,8 @@ def test_the_watcher_hears_real_beats_ignores_strays_and_names_the_silent_rank()
 
 def test_a_rank_seen_stopped_is_remembered_for_a_job_that_ends_another_way(monkeypatch) -> None:
     """A shorter collective timeout ends the job before the heartbeat timeout: the rank seen stopped
-    (no beats, state T) is still what the last line names, not the SIGKILL that reaped it."""
+    (no beats, state T) is still what the last line names, not the SIGKILL that reaped it, and that
+    SIGKILL comes as soon as another rank exited."""
     import json
     import signal
     import subprocess
@@ -123,6 +124,12 @@ def test_a_rank_seen_stopped_is_remembered_for_a_job_that_ends_another_way(monke
             beat(0, os.getpid())
             time.sleep(0.1)
         seen = watcher.seen_stopped()
+        # another rank exits (the collective timeout ended the job): the stopped one, which cannot run
+        # torchrun's SIGTERM, is killed at once instead of after torchrun's 30 s grace
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        beat(2, gone.pid)
+        assert child.wait(timeout=5) == -signal.SIGKILL
     finally:
         watcher.stop()
         sock.close()

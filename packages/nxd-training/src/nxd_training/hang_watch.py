@@ -221,6 +221,11 @@ class Watcher:
                 state = process_state(beats.pid)
                 if state in STOPPED_STATES:
                     self._seen[rank] = (state, quiet, RankBeats(**vars(beats)))
+        if self._seen and any(not _alive(b.pid) for b in self.watch.ranks.values()):
+            # the job is ending (another rank exited): a stopped rank cannot run torchrun's SIGTERM, and
+            # torchrun would wait 30 s before its SIGKILL; the watch names it all the same (seen_stopped)
+            kill_stopped(Hang("silent", tuple(self._seen), 0.0, self.watch.timeout,
+                              {r: seen[2] for r, seen in self._seen.items()}))
 
     def seen_stopped(self) -> Hang | None:
         """The ranks seen stopped (no beats, state T/t/D) while the job ran, when it ended before the

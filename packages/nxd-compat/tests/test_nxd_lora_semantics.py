@@ -178,6 +178,8 @@ def test_nxds_wrapper_layers():
     assert torch.equal(base.weight, weight)
     with pytest.raises(TypeError, match="LoraEmbedding wraps Embedding"):
         LoraEmbedding(base, config())
+    with pytest.raises(NotImplementedError, match="Conv1D"):  # NotProvidedError
+        LoraLinear(base, config(), is_conv_1d_layer=True)
 
 
 def test_trainer_modules_and_messages():

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nxd_compat.surface import NotProvidedError
 from nxd_lora import LoraConfig
 from nxd_lora.layers import LoraAdapter
 from nxd_lora.model import shared_init_generator
@@ -86,6 +87,13 @@ class LoraLayer(nn.Module):
 
 class LoraLinear(LoraLayer):
     accepts = (nn.Linear,)
+
+    def __init__(self, base_layer: nn.Module, lora_config: LoraConfig, is_conv_1d_layer: bool = False) -> None:
+        if is_conv_1d_layer:
+            raise NotProvidedError("neuronx_distributed.modules.lora.layer.LoraLinear(is_conv_1d_layer=True) (NxD) is "
+                                   "not provided by nxd-compat: nxd-lora adapts nn.Linear, the TP layers, convolutions "
+                                   "and embeddings, not transformers' Conv1D (GPT-2's layers)")
+        super().__init__(base_layer, lora_config)
 
 
 class LoraConv2d(LoraLayer):

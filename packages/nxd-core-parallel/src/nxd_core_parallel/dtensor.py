@@ -1,6 +1,6 @@
 """Plain tensors from and to the row-sharded DTensors ``fully_shard`` (nxd-fsdp) makes parameters of,
-for code that reads or writes whole parameters (state dicts, expert gathers) under any
-data-parallel strategy."""
+for code that reads or writes whole parameters (state dicts, expert gathers, Hugging Face import
+and export, LoRA adapters) under any data-parallel strategy."""
 
 from __future__ import annotations
 
@@ -55,3 +55,31 @@ def shard_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     if not isinstance(param, DTensor) or isinstance(value, DTensor):
         return value
     return distribute_tensor(value.to(param.dtype), param.device_mesh, param.placements, src_data_rank=None)
+
+
+#: the attribute a strategy that cuts parameters into row-sharded DTensors (nxd-fsdp) sets on each:
+#: the process group its rows are cut over. Not ``param.device_mesh``'s group: DTensor and DeviceMesh
+#: cache meshes by equality, so a parameter's mesh may be an equal one of an earlier parallel
+#: context, whose groups are destroyed (seen in the tests' reused rank pools: "Could not resolve the
+#: process group registered under the name 3")
+SHARD_GROUP = "row_shard_group"
+
+
+def whole(param: torch.Tensor) -> torch.Tensor:
+    """The whole of a parameter ``fully_shard`` cut into rows (its TP-local tensor, as without FSDP)
+    as a plain tensor, gathered over its :data:`SHARD_GROUP` (HSDP: within one replica); a plain
+    tensor is returned as is. Collective over that group."""
+    if not isinstance(param, DTensor):
+        return param
+    group = getattr(param, SHARD_GROUP, None)
+    if group is None:
+        raise ValueError(f"a row-sharded DTensor parameter {list(param.shape)} does not name the group it is "
+                         f"sharded over ({SHARD_GROUP}); the strategy that sharded it sets it")
+    return full_rows(param, group)
+
+
+def copy_whole_(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Fill ``param`` from ``value``, the whole tensor (every rank holds it): a row-sharded DTensor
+    ``param`` keeps only its own rows, nothing is sent. The way a loader writes a parameter under
+    any data-parallel strategy (what is loaded before or after ``fully_shard`` is the same)."""
+    param.copy_(shard_like(value.to(param.dtype), param))

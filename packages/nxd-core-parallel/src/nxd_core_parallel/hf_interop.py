@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
+from nxd_core_parallel.dtensor import whole
 
 __all__ = ["WRAPPER_TOKENS", "SafetensorsCheckpoint", "SlicePiece", "assembles_stage", "check_config_fields",
            "check_unused", "clean_param_name", "exported_parameters", "gather_over", "gather_pipeline_stages",
@@ -204,10 +205,12 @@ def gather_over(tensor: torch.Tensor, size: int, group: object) -> list[torch.Te
 
 
 def gather_shards(param: torch.Tensor, tp: int, context: ParallelContext | None) -> list[torch.Tensor]:
-    """Every TP rank's shard of ``param`` (the same tensor ``tp`` times when it is replicated)."""
+    """Every TP rank's shard of ``param`` (the same tensor ``tp`` times when it is replicated); a
+    parameter FSDP sharded is gathered over its data-parallel shards first."""
+    local = whole(param).detach().contiguous()
     if tp == 1 or not getattr(param, "tensor_model_parallel", False):
-        return [param.detach().contiguous()] * tp
-    return gather_over(param, tp, dim_group(context, "tp"))
+        return [local] * tp
+    return gather_over(local, tp, dim_group(context, "tp"))
 
 
 def exported_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

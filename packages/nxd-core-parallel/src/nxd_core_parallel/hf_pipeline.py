@@ -3,7 +3,7 @@
 A family states only its mapping (:class:`HfMapping`: which HF pieces make a parameter's shard on a
 TP rank, every HF tensor's full shape, the ``config.json`` to write) and wraps it in an
 :class:`HfFamilyIO`. The pipeline does the rest the same way for every family: each rank reads only
-its slices and checks their shapes; export gathers the shards over TP (and wherever the family
+its slices and checks their shapes (under FSDP each rank keeps its rows of them); export gathers the shards over TP (and wherever the family
 gathers more, e.g. experts over EP), assembles them on one rank per pipeline stage, merges the
 stages and writes once.
 """
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nxd.parallel import ParallelContext
+from nxd_core_parallel.dtensor import copy_whole_
 from nxd_core_parallel.hf_interop import (
     SafetensorsCheckpoint,
     SlicePiece,
@@ -104,7 +105,7 @@ def load_hf(module: nn.Module, hf_dir: str | os.PathLike, mapping: HfMapping, st
             if tensor.shape != param.shape:
                 raise ValueError(f"{name}: checkpoint slices give shape {list(tensor.shape)}, the parameter on TP rank "
                                  f"{rank} has {list(param.shape)}")
-            param.copy_(tensor.to(param.dtype))
+            copy_whole_(param, tensor)  # under FSDP this rank's rows of it
         used |= mapping.read_elsewhere(ckpt)
         if mapping.tied:
             used.add("lm_head.weight")  # some tied checkpoints still store it

@@ -8,8 +8,11 @@ them (``tensor_model_parallel``, ``partition_dim``, ``sequence_parallel_enabled`
 the sharded parameters, so grad sync, clipping and checkpoints still see them.
 
 The root's ``state_dict()`` holds full (DP-gathered, still TP-local) tensors and its
-``load_state_dict`` takes them, so nxd-ckpt, HF export and LoRA export read and write the same
-layout as plain data parallelism; :func:`sharded_state_dict` switches to the DTensor shards (DCP)."""
+``load_state_dict`` takes them, so nxd-ckpt reads and writes the same layout as plain data
+parallelism; :func:`sharded_state_dict` switches to the DTensor shards (DCP). Each sharded parameter
+names the group its rows are cut over (``nxd_core_parallel.dtensor.SHARD_GROUP``), so code that
+reads or writes whole parameters of the live model (HF import and export, LoRA adapters) gathers
+them with ``dtensor.whole`` and writes them with ``dtensor.copy_whole_``."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from nxd_core_parallel.dtensor import full_rows, shard_like
+from nxd_core_parallel.dtensor import SHARD_GROUP, full_rows, shard_like
 from nxd_core_parallel.grads import is_expert_parallel
 from nxd_core_parallel.module_walk import outermost_instances
 from nxd_fsdp.config import FsdpConfig
@@ -130,6 +133,14 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, config: FsdpConfig, *, pipel
         for key, value in attributes.get(name, {}).items():
             if key not in p.__dict__:
                 setattr(p, key, value)
+    # the group each parameter's rows are cut over, for code that reads or writes whole parameters
+    # (nxd_core_parallel.dtensor.whole: HF and LoRA export of the live model)
+    for unit in expert_modules:
+        for p in unit.parameters():
+            setattr(p, SHARD_GROUP, shard_group(experts.mesh))
+    for p in model.parameters():
+        if isinstance(p, DTensor) and not hasattr(p, SHARD_GROUP):
+            setattr(p, SHARD_GROUP, shard_group(mesh))
     setattr(model, _FULL_STATE, True)
     setattr(model, _MESH, mesh)
     model.register_state_dict_post_hook(_gather_full_state)

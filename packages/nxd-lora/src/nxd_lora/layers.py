@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nxd.errors import ConfigError
+from nxd_core_parallel.dtensor import whole
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import (
     ColumnParallelLinear,
@@ -143,7 +144,7 @@ class LoraPiece(nn.Module):
         if self.groups > 1:
             raise ValueError("merging LoRA into a grouped convolution (groups > 1) is not supported (nor by PEFT); "
                              "keep the adapter unmerged")
-        a, b = self.lora_A.float(), self.lora_B.float()
+        a, b = whole(self.lora_A).float(), whole(self.lora_B).float()  # FSDP: gathered from the DP shards
         return (b.flatten(1) @ a.flatten(1)).view(b.shape[0], *a.shape[1:]) * scaling
 
 
@@ -319,7 +320,7 @@ class LoraAdapter(nn.Module):
         out = {}
         pieces = self._piece_list()
         for name, weight, idx in self.weight_params(base):
-            new = weight.detach().float().clone()
+            new = whole(weight).detach().float().clone()
             row = 0
             for i in idx:
                 size = self.out_sizes[i] if self.kind in ("column", "qkv") else weight.shape[0]

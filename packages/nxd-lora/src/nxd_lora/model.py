@@ -11,6 +11,7 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, resolve_context
+from nxd_core_parallel.dtensor import copy_whole_, local
 from nxd_lora.config import LoraConfig
 from nxd_lora.layers import LoraAdapter
 from nxd_lora.naming import SUPPORTED_LAYERS, Plan, model_plan, model_spec_for, slots_for, tp_size_rank
@@ -168,8 +169,8 @@ class LoRAModel(nn.Module):
                 continue
             for pname, new in adapter.merged_weights(base).items():
                 weight = getattr(base, pname)
-                self._originals[f"{name}.{pname}"] = weight.detach().clone()
-                weight.copy_(new)
+                self._originals[f"{name}.{pname}"] = local(weight).clone()  # under FSDP: this rank's rows
+                copy_whole_(weight, new)
             adapter.merged = True
 
     @torch.no_grad()
@@ -179,7 +180,7 @@ class LoRAModel(nn.Module):
             if not adapter.merged:
                 continue
             for pname, _, _ in adapter.weight_params(base):
-                getattr(base, pname).copy_(self._originals.pop(f"{name}.{pname}"))
+                local(getattr(base, pname)).copy_(self._originals.pop(f"{name}.{pname}"))
             adapter.merged = False
 
     def set_adapters_enabled(self, enabled: bool) -> None:

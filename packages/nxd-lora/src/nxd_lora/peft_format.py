@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 
 from nxd.errors import ConfigError
 from nxd.parallel import dim_group, dim_size
+from nxd_core_parallel.dtensor import copy_whole_, whole
 from nxd_lora.config import LoraConfig
 from nxd_lora.naming import EMBEDDING_LAYERS, bias_pieces, model_spec_for, slots_for, tp_size_rank
 
@@ -105,8 +106,8 @@ def read_peft_config(adapter_dir: str | Path, **overrides: Any) -> LoraConfig:
 
 
 # --------------------------------------------------------------------------- gather / place
-def _tp_gather(local: torch.Tensor, sharded: bool, tp: int, group: Any) -> list[torch.Tensor]:
-    local = local.detach().contiguous()
+def _tp_gather(param: torch.Tensor, sharded: bool, tp: int, group: Any) -> list[torch.Tensor]:
+    local = whole(param).detach().contiguous()  # FSDP: this TP rank's whole tensor from the DP shards
     if tp == 1 or not sharded:
         return [local] * tp
     shards = [torch.empty_like(local) for _ in range(tp)]
@@ -262,7 +263,7 @@ def _load_saved_embedding(tensors: dict[str, torch.Tensor], name: str, base: tor
     if tuple(local.shape) != tuple(base.weight.shape):
         raise ValueError(f"{key} has shape {list(full.shape)}, which gives {list(local.shape)} on TP rank {rank}; "
                          f"the embedding here has {list(base.weight.shape)}")
-    base.weight.copy_(local.to(base.weight.dtype))
+    copy_whole_(base.weight, local)
     return [key]
 
 
@@ -289,7 +290,7 @@ def load_adapter_tensors(lora_model: Any, tensors: dict[str, torch.Tensor], wher
                 if tuple(local.shape) != tuple(param.shape):
                     raise ValueError(f"{where}: {key} has shape {list(full.shape)}, which gives "
                                      f"{list(local.shape)} on TP rank {rank}; the adapter here needs {list(param.shape)}")
-                param.copy_(local.to(param.dtype))
+                copy_whole_(param, local)
                 used.add(key)
         if isinstance(base, EMBEDDING_LAYERS):
             used.update(_load_saved_embedding(tensors, name, base, plan, tp, rank))
@@ -308,7 +309,7 @@ def load_adapter_tensors(lora_model: Any, tensors: dict[str, torch.Tensor], wher
                 parts.append(full if dim is None else full.index_select(dim, torch.tensor(index, dtype=torch.long)))
                 used.add(key)
             if parts and len(parts) == len(pieces):
-                param.copy_(torch.cat(parts, dim=pieces[0][1] or 0).to(param.dtype))
+                copy_whole_(param, torch.cat(parts, dim=pieces[0][1] or 0))
     return used, missing
 
 

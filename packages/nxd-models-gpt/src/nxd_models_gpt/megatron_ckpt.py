@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from nxd.parallel import dim_rank, dim_size
+from nxd_core_parallel.dtensor import copy_whole_
 from nxd_core_parallel.hf_interop import clean_param_name as clean_name
 from nxd_core_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
 from nxd_models_gpt.hf_io import unwrap_model
@@ -290,7 +291,7 @@ def load_megatron_checkpoint(model: nn.Module, path: str | os.PathLike, strict: 
             raise MegatronCheckpointError(f"{path}: {name} gives shape {list(local.shape)} on TP rank {rank}, the "
                                           f"model has {list(param.shape)}; check the model config against the "
                                           "checkpoint's")
-        param.copy_(local.to(param.dtype))
+        copy_whole_(param, local)  # under FSDP this rank's rows of it
     leftover = sorted(set(full) - used - ({"output_layer.weight"} if config.share_embeddings_and_output_weights else set()))
     if leftover and strict:
         raise MegatronCheckpointError(f"{path}: checkpoint tensors the model does not use: {leftover[:5]}; pass "

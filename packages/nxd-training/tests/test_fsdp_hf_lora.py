@@ -138,20 +138,18 @@ def _body(spec_name: str, hf_dir: str, tp: int, ep: int, fsdp: Any, lora: dict |
     return result if dist.get_rank() == 0 else {}
 
 
-CASES = [  # (family, TP, EP, fsdp_config, LoRA)
-    ("llama", 1, 1, True, False),
+CASES = [  # (family, TP, EP, fsdp_config, LoRA); the base under LoRA loads as without it
     ("llama", 1, 1, True, True),
     ("llama", 1, 1, {"replicate_degree": 2}, True),  # HSDP: 2 replicas x 1 shard (a 2-D mesh)
     ("llama", 2, 1, True, True),  # TP=2 x FSDP (DP=1)
-    ("mixtral", 1, 1, True, False),
-    ("mixtral", 1, 2, True, False),  # EP=2: experts on their own (expert-DP) mesh
+    ("mixtral", 1, 2, True, False),  # EP=2: experts on their own (expert-DP) mesh, the rest on the DP mesh
     ("gpt", 1, 1, True, False),
 ]
 
 
 @pytest.mark.parametrize("family, tp, ep, fsdp, lora", CASES,
-                         ids=["llama-fsdp", "llama-fsdp-lora", "llama-hsdp-lora", "llama-tp2-fsdp-lora",
-                              "mixtral-fsdp", "mixtral-ep2-fsdp", "gpt2-fsdp"])
+                         ids=["llama-fsdp-lora", "llama-hsdp-lora", "llama-tp2-fsdp-lora", "mixtral-ep2-fsdp",
+                              "gpt2-fsdp"])
 def test_hf_weights_load_into_sharded_models(rank_pool, hf_dirs, tmp_path: Path, family: str, tp: int, ep: int,
                                              fsdp: Any, lora: bool) -> None:
     from nxd_testing.reference import rel_err

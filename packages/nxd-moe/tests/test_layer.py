@@ -243,3 +243,19 @@ def test_expert_init_is_the_same_at_every_ep_and_tp_degree():
                 assert torch.equal(part.down_proj, full.down_proj[first:first + count, :, rows])
                 assert torch.equal(after_part, after)
     assert not torch.equal(full.gate_up_proj[0], full.gate_up_proj[2])
+
+
+def test_autocast_bf16_matches_transformers_block_under_the_same_autocast():
+    """Under bf16 autocast the experts' matmuls give bf16 rows and the residual stream stays fp32:
+    the layer sums them in the stream's dtype (it raised in index_add before), as transformers does."""
+    block = _hf_block()
+    layer = _layer_like(block)
+    x = torch.randn(2, 8, H)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = block(x1)
+        out, _ = layer(x2)
+    assert out.dtype == ref.dtype
+    assert _rel(out, ref) < 2e-2  # bf16 matmuls in both (8 mantissa bits), in different orders
+    out.float().sum().backward()
+    assert x2.grad is not None and torch.isfinite(x2.grad).all()

@@ -113,7 +113,7 @@ class MoELayer(nn.Module):
         sent = weights.numel()  # this rank's assignments come back to its tokens
         back = out.index_select(0, torch.empty(sent, dtype=torch.long, device=tokens.device))
         token_ids = torch.empty(sent, dtype=torch.long, device=tokens.device)
-        return torch.zeros_like(tokens).index_add(0, token_ids, back * weights.reshape(-1, 1).to(back.dtype))
+        return torch.zeros_like(tokens).index_add(0, token_ids, (back * weights.reshape(-1, 1).to(back.dtype)).to(tokens.dtype))
 
     def route(self, probs: torch.Tensor, index: torch.Tensor, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights [T, k], kept [T, k])`` from the softmax ``probs`` and chosen ``index``."""
@@ -176,7 +176,9 @@ class MoELayer(nn.Module):
                                      shard.ep_group)
             out = combine(self.experts(grouped, plan.local_counts), plan)  # rows in plan.order
             weights = weights[plan.order].unsqueeze(1).to(out.dtype)
-            out = torch.zeros_like(tokens).index_add(0, token_ids[plan.order], out * weights)
+            # under autocast the experts' matmuls give bf16 rows while the residual stream stays fp32:
+            # the sum is taken in the stream's dtype (as transformers' MoE blocks do)
+            out = torch.zeros_like(tokens).index_add(0, token_ids[plan.order], (out * weights).to(tokens.dtype))
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens, [b * s])
         out = out.view(b, s, h)

@@ -139,6 +139,32 @@ def test_a_rank_seen_stopped_is_remembered_for_a_job_that_ends_another_way(monke
     assert seen.beats[1].step == 5
 
 
+def test_a_rank_beats_at_once_when_its_step_changes(monkeypatch) -> None:
+    """A rank stopped just after a step began is reported at that step: a change is sent within
+    MIN_GAP_S, not a beat interval later (here an hour)."""
+    import json
+    import time
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(5)
+    monkeypatch.setenv(heartbeat.ADDR_ENV, f"127.0.0.1:{sock.getsockname()[1]}")
+    monkeypatch.setenv(heartbeat.TOKEN_ENV, "t0k")
+    monkeypatch.setenv(heartbeat.INTERVAL_ENV, "3600")
+    progress, changed = {"step": 4, "done": 3, "phase": "train"}, threading.Event()
+    try:
+        assert heartbeat.start(3, progress, changed) is not None
+        first = json.loads(sock.recv(4096))
+        assert (first["token"], first["rank"], first["pid"], first["step"]) == ("t0k", 3, os.getpid(), 4)
+        progress.update(step=5, done=4)
+        start = time.monotonic()
+        changed.set()
+        second = json.loads(sock.recv(4096))
+        assert (second["step"], second["done"]) == (5, 4) and time.monotonic() - start < 2
+    finally:
+        sock.close()
+
+
 def _beats(step: int, ranks: tuple[int, ...]) -> dict:
     watch = HangWatch(timeout=10)
     for r in ranks:

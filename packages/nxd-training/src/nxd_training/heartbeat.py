@@ -19,6 +19,8 @@ ADDR_ENV = "NXD_HEARTBEAT_ADDR"
 TOKEN_ENV = "NXD_HEARTBEAT_TOKEN"
 #: seconds between beats
 INTERVAL_ENV = "NXD_HEARTBEAT_INTERVAL"
+#: the least time between two beats
+MIN_GAP_S = 0.05
 
 
 def message(token: str, rank: int, progress: dict[str, Any]) -> bytes:
@@ -27,9 +29,11 @@ def message(token: str, rank: int, progress: dict[str, Any]) -> bytes:
                        "done": progress.get("done"), "phase": progress.get("phase")}).encode()
 
 
-def start(rank: int, progress: dict[str, Any]) -> threading.Thread | None:
-    """Beat to the launcher named in the environment until the process ends (a daemon thread);
-    None when no launcher listens (a rank started by a bare torchrun, or the heartbeat is off)."""
+def start(rank: int, progress: dict[str, Any], changed: threading.Event) -> threading.Thread | None:
+    """Beat to the launcher named in the environment until the process ends (a daemon thread): every
+    interval, and within :data:`MIN_GAP_S` of a change (``changed`` set: a new step, a new phase), so
+    a rank stopped right after a step began is reported at that step. None when no launcher listens
+    (a rank started by a bare torchrun, or the heartbeat is off)."""
     addr, token = os.environ.get(ADDR_ENV), os.environ.get(TOKEN_ENV, "")
     if not addr:
         return None
@@ -43,7 +47,9 @@ def start(rank: int, progress: dict[str, Any]) -> threading.Thread | None:
                 sock.sendto(message(token, rank, progress), (host, int(port)))
             except OSError:  # the launcher is gone: the parent-death signal ends this process
                 pass
-            time.sleep(interval)
+            changed.wait(interval)
+            changed.clear()
+            time.sleep(MIN_GAP_S)  # fast steps: at most 1 / MIN_GAP_S beats a second
 
     thread = threading.Thread(target=beat, name="nxd-heartbeat", daemon=True)
     thread.start()

@@ -379,10 +379,10 @@ class Trainer:
         pending: _PendingStep | None = None
         self._last_ready: float | None = None
         try:
-            rank_status.progress.update(max_steps=max_steps, done=self.step)  # done: where this run starts
+            rank_status.update(max_steps=max_steps, done=self.step)  # done: where this run starts
             while self.step < max_steps:
                 # the step in progress, for the launcher's last line; "train": the heartbeat expects steps to complete
-                rank_status.progress.update(step=self.step + 1, phase="train")
+                rank_status.update(step=self.step + 1, phase="train")
                 self.profiler.before_step(self.step + 1)
                 t0 = time.perf_counter()
                 lr = self.optimizer.param_groups[0]["lr"]
@@ -410,7 +410,7 @@ class Trainer:
                     last_save = time.monotonic()
                 if self._stop_for_time(wall_start, max_time):
                     break
-            rank_status.progress["phase"] = "finish"
+            rank_status.update(phase="finish")
             self._record(pending, result, bar, max_steps)
             pending = None
             params = self.config.exp_manager.checkpoint_callback_params
@@ -470,7 +470,7 @@ class Trainer:
             result.metrics[step] = dict(self.step_metrics)
         if step % self.config.trainer.log_every_n_steps == 0 or step == max_steps:
             self._log(step, loss, lr, elapsed, grad_norm)
-        rank_status.progress["done"] = step  # after its log line: Ctrl-C's "stopped at step N"
+        rank_status.update(done=step)  # after its log line: Ctrl-C's "stopped at step N"
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", **metrics.progress_fields(self.step_metrics))

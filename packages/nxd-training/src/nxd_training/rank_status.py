@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,15 +20,25 @@ STATUS_DIR = ".ranks"
 progress = {"step": 0, "done": None, "max_steps": None, "phase": None}
 
 
+#: set on every :func:`update`, so the heartbeat reports a new step at once, not up to a beat later
+changed = threading.Event()
+
+
+def update(**fields: object) -> None:
+    """Set fields of :data:`progress` (the trainer's only way to change it)."""
+    progress.update(fields)
+    changed.set()
+
+
 @contextmanager
 def phase(name: str) -> Iterator[None]:
     """Mark this rank's phase for the heartbeat (a save or validation is no training step), then restore it."""
     before = progress["phase"]
-    progress["phase"] = name
+    update(phase=name)
     try:
         yield
     finally:
-        progress["phase"] = before
+        update(phase=before)
 
 
 #: the launcher's node rank, as the user knows the node (SLURM_NODEID, PET_NODE_RANK, launcher.node_rank);

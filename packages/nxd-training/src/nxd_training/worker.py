@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     stack_out = dump_stack_on_sigterm(run_dir, rank)  # noqa: F841 - kept open
     from nxd_training import heartbeat
 
-    heartbeat.start(rank, rank_status.progress)  # nxd train's hang watch (distributed_strategy.heartbeat_timeout)
+    heartbeat.start(rank, rank_status.progress, rank_status.changed)  # nxd train's hang watch (distributed_strategy.heartbeat_timeout)
     try:
         config = load_resolved(argv[0])  # the config `nxd train` resolved, deserialised: never resolved again
         try:

@@ -164,9 +164,11 @@ def nxd_validate_config(nxd_config: dict) -> None:
 def nxd_plan_run(config: Any, device_memory_gib: Any) -> Any:
     """Plan a resolved training config before any rank starts (``nxd train`` calls it through
     :func:`nxd.trainer.plan_run`; nxd-plan implements it). Return the plan's one-line summary (a
-    ``str``) or ``None``. Raise :class:`nxd.errors.ConfigError` only when the plan proves a rank
-    cannot fit the device memory (``device_memory_gib``, else the memory of the config's device
-    type when known), naming the rank and the nearest layouts that fit; never when it is unknown."""
+    ``str``) or ``None``. Raise :class:`nxd.errors.ConfigError` when a rank cannot be built (the
+    planner builds the ranks before launch: name the rank and the config key) or when the plan proves
+    a rank cannot fit the device memory (``device_memory_gib``, else the memory of the config's
+    device type when known), naming the rank and the nearest layouts that fit; never for a memory
+    that is unknown."""
 
 
 @hookspec

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,11 +26,31 @@ from nxd_core_parallel.dtensor import whole
 
 __all__ = ["WRAPPER_TOKENS", "SafetensorsCheckpoint", "SlicePiece", "assembles_stage", "check_config_fields",
            "check_unused", "clean_param_name", "exported_parameters", "gather_over", "gather_pipeline_stages",
-           "gather_shards", "loadable_parameters", "place_piece", "split_by_pieces", "tp_size_and_rank",
+           "gather_shards", "headers_only", "loadable_parameters", "place_piece", "reading_headers_only", "split_by_pieces", "tp_size_and_rank",
            "unwrap_local_module", "write_hf_dir", "writes_files"]
 
 #: Wrapper prefixes (activation checkpointing, torch.compile, DDP-style) dropped from parameter names.
 WRAPPER_TOKENS = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
+
+
+_HEADERS_ONLY: ContextVar[bool] = ContextVar("nxd_hf_headers_only", default=False)
+
+
+@contextmanager
+def headers_only() -> Iterator[None]:
+    """Inside this block a load reads no tensor data: every tensor's name and shape is checked
+    against the safetensors headers, parameters may be on the meta device and are left as they are
+    (a rank's load planned before launch: ``nxd train --validate``)."""
+    token = _HEADERS_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _HEADERS_ONLY.reset(token)
+
+
+def reading_headers_only() -> bool:
+    """Whether loads only check headers (:func:`headers_only`)."""
+    return _HEADERS_ONLY.get()
 
 
 def clean_param_name(name: str) -> str:
@@ -44,7 +65,7 @@ def loadable_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     a ``ValueError`` naming the first one still on the meta device."""
     for raw_name, param in module.named_parameters():
         name = clean_param_name(raw_name)
-        if param.is_meta:
+        if param.is_meta and not reading_headers_only():
             raise ValueError(f"parameter {name} is on the meta device: materialise the model before loading")
         yield name, param
 
@@ -120,7 +141,10 @@ class SafetensorsCheckpoint:
         return tuple(self._slice(key).get_shape())
 
     def read(self, piece: SlicePiece) -> torch.Tensor:
-        """Only the span of rows/columns ``piece`` names is read from disk (transposed if it says so)."""
+        """Only the span of rows/columns ``piece`` names is read from disk (transposed if it says so);
+        under :func:`headers_only`, a meta tensor of the shape the read would give."""
+        if reading_headers_only():
+            return self._planned(piece)
         sl = self._slice(piece.hf_key)
         if piece.dim is None:
             return sl[:].t() if getattr(piece, "transpose", False) else sl[:]
@@ -138,6 +162,17 @@ class SafetensorsCheckpoint:
             block = torch.cat([block, block.new_zeros(shape)], dim=piece.dim)
         return block.t() if getattr(piece, "transpose", False) else block
 
+
+    def _planned(self, piece: SlicePiece) -> torch.Tensor:
+        shape = list(self.shape(piece.hf_key))
+        if piece.dim is not None:
+            if piece.index and max(piece.index) >= shape[piece.dim]:
+                raise ValueError(f"{self.dir}: {piece.hf_key} has {shape[piece.dim]} entries along dim {piece.dim}, "
+                                 f"this rank reads up to index {max(piece.index)}")
+            shape[piece.dim] = len(piece.index) + getattr(piece, "zeros", 0)
+        if getattr(piece, "transpose", False):
+            shape.reverse()
+        return torch.empty(shape, device="meta")
 
     def read_pieces(self, pieces: list[SlicePiece], expected: Mapping[str, tuple[int, ...]], used: set[str]
                     ) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nxd.parallel import ParallelContext
+from nxd.parallel import ParallelContext, dim_size
 from nxd_core_parallel.dtensor import copy_whole_
 from nxd_core_parallel.hf_interop import (
     SafetensorsCheckpoint,
@@ -33,13 +33,14 @@ from nxd_core_parallel.hf_interop import (
     gather_shards,
     loadable_parameters,
     place_piece,
+    reading_headers_only,
     split_by_pieces,
     tp_size_and_rank,
     write_hf_dir,
     writes_files,
 )
 
-__all__ = ["HfFamilyIO", "HfMapping", "Piece", "collect_hf", "load_hf", "save_hf"]
+__all__ = ["HfFamilyIO", "HfMapping", "Piece", "collect_hf", "load_hf", "mapping_context", "save_hf"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,15 @@ class HfMapping:
     read_elsewhere: Callable[[SafetensorsCheckpoint], set[str]] = field(default=lambda ckpt: set())
 
 
+def mapping_context(module: nn.Module) -> ParallelContext | None:
+    """The context a family's mapping shards by: the model's own once its plan has been applied,
+    ``None`` while it is plain (:func:`nxd_core_parallel.tensor_plan.is_plain`: NxD's habit of loading
+    weights inside ``model_fn``), so a plain model loads and exports whole tensors."""
+    from nxd_core_parallel.tensor_plan import is_plain
+
+    return None if is_plain(module) else module.parallel_context
+
+
 @torch.no_grad()
 def load_hf(module: nn.Module, hf_dir: str | os.PathLike, mapping: HfMapping, strict: bool = True) -> None:
     """Fill ``module``'s tensors from the HF directory; each rank reads only its slices. ``strict``:
@@ -105,10 +115,13 @@ def load_hf(module: nn.Module, hf_dir: str | os.PathLike, mapping: HfMapping, st
             if tensor.shape != param.shape:
                 raise ValueError(f"{name}: checkpoint slices give shape {list(tensor.shape)}, the parameter on TP rank "
                                  f"{rank} has {list(param.shape)}")
-            copy_whole_(param, tensor)  # under FSDP this rank's rows of it
+            if not reading_headers_only() or param.is_meta:  # a copy between meta tensors costs nothing
+                copy_whole_(param, tensor)  # under FSDP this rank's rows of it
         used |= mapping.read_elsewhere(ckpt)
         if mapping.tied:
             used.add("lm_head.weight")  # some tied checkpoints still store it
+        if reading_headers_only() and dim_size(mapping.context, "pp") > 1:
+            return  # the other stages' reads are not known to one rank planned alone
         check_unused(ckpt, used, strict, context=mapping.context, buffers=mapping.buffers)
 
 

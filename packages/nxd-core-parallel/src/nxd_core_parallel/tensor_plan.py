@@ -429,6 +429,13 @@ def plan_of(model: nn.Module) -> ParallelPlan | None:
     return plan
 
 
+def is_plain(model: nn.Module) -> bool:
+    """``model`` carries a parallel plan that has not been applied: every tensor is whole, whatever
+    the sizes of the context it was built for (a family's model inside NxD's ``model_fn``, before
+    ``initialize_parallel_model``'s transforms). The plan swaps in parallel layers at any TP size."""
+    return plan_of(model) is not None and not any(isinstance(m, _PARALLEL_LAYERS) for m in model.modules())
+
+
 def _sequence_parallel(model: nn.Module, config: NxdConfig) -> bool:
     """Sequence parallelism is the model's when it was built for it (its norms and masks run on
     sequence shards: nxd's families), else the config's; a config asking otherwise is refused."""

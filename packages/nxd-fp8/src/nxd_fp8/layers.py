@@ -39,7 +39,9 @@ class Float8LocalLinear(LocalLinear):
 
     def local_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         device = x.device.type
-        if torch.is_autocast_enabled(device):  # autocast does not reach inside the custom matmul
+        # autocast does not reach inside the custom matmul; a device type without autocast (meta: the
+        # plan's dry run) has none to follow
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
             x = x.to(torch.get_autocast_dtype(device))
         out = matmul_with_hp_or_float8_args.apply(x, weight.t(), self.float8_mm_config, self.float8_config)
         return out if bias is None else out + bias.to(out.dtype)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from nxd_core_parallel.hf_interop import tp_size_and_rank, unwrap_local_module
-from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping
+from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping, mapping_context
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.hf_mapping import (
     HF_KEY_ALIASES,
@@ -38,7 +38,7 @@ def hf_mapping(module: nn.Module, layout: str | None = None) -> HfMapping:
     config = module.config
     layout = layout or default_layout(config)
     check_exportable(config, layout)
-    context = module.parallel_context
+    context = mapping_context(module)  # None while plain: whole tensors
     tp, _ = tp_size_and_rank(context)
     return HfMapping(pieces=lambda name, rank: plan_for(name, config, layout, tp, rank, module.padded_vocab_size),
                      shapes=hf_shapes(config, layout), hf_config=lambda: to_hf_config(config, layout), context=context,

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from nxd_core_parallel.hf_interop import tp_size_and_rank, unwrap_local_module
-from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping
+from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping, mapping_context
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.hf_mapping import hf_shapes, plan_for
 
@@ -31,7 +31,7 @@ def kv_size_multiplier(model: nn.Module) -> int:
 
 def hf_mapping(module: nn.Module) -> HfMapping:
     """An (unwrapped) Llama model's Hugging Face mapping at its context's TP size."""
-    context = module.parallel_context
+    context = mapping_context(module)  # None while plain: whole tensors
     config, (tp, _), multiplier = module.config, tp_size_and_rank(context), kv_size_multiplier(module)
     return HfMapping(pieces=lambda name, rank: plan_for(name, config, tp, rank, multiplier), shapes=hf_shapes(config),
                      hf_config=config.to_hf_dict, context=context, tied=config.tie_word_embeddings)

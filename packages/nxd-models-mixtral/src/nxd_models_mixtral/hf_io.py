@@ -29,7 +29,7 @@ from nxd_core_parallel.hf_interop import (
     tp_size_and_rank,
     unwrap_local_module,
 )
-from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping, Part, Piece
+from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping, Part, Piece, mapping_context
 from nxd_core_parallel.vocab_padding import real_vocab_rows
 from nxd_models_llama.hf_io import kv_size_multiplier
 from nxd_models_llama.hf_mapping import tied_hf_key
@@ -137,7 +137,7 @@ def hf_mapping(module: nn.Module, config: MixtralConfig | None = None) -> HfMapp
     (``config.hf_pieces``), the routers, and the experts (each EP rank holds its own). ``config``:
     the layers to map when not the model's (DeepSeek's MTP blocks are checkpoint layers past
     ``num_hidden_layers``)."""
-    context = module.parallel_context
+    context = mapping_context(module)  # None while plain: whole tensors
     config = module.config if config is None else config
     (tp, tp_rank), multiplier = tp_size_and_rank(context), kv_size_multiplier(module)
     groups = expert_parallel_groups(context)

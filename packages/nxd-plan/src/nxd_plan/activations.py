@@ -162,17 +162,17 @@ def measure_activations(config: Any, run: Any, layout: Any, grads_exist: bool = 
         text = str(exc)
         first = next((w.rstrip(":") for w in text.split() if w.startswith("aten::")),
                      "torch.nonzero" if "nonzero" in text else text.split(".")[0])
-        return _unmeasured(f"a data-dependent operator ({first}) that has no meta kernel (MoE routing)")
+        return unmeasured(f"the forward needs a data-dependent operator ({first}) that has no meta kernel (MoE routing)")
     except RuntimeError as exc:
         if "meta tensors" not in str(exc):
             raise
         # a value read back from a tensor (a bounds check like GPT's position ids): meta has no values
-        return _unmeasured(f"a tensor's value ({exc.__traceback__ and _innermost(exc)})")
+        return unmeasured(f"the forward needs a tensor's value ({exc.__traceback__ and _innermost(exc)})")
 
 
-def _unmeasured(why: str) -> ActivationProfile:
+def unmeasured(why: str) -> ActivationProfile:
     return ActivationProfile(measured=False, notes=[
-        f"activations NOT measured: the forward needs {why}; peaks below exclude activations and are lower bounds"])
+        f"activations NOT measured: {why}; peaks below exclude activations and are lower bounds"])
 
 
 def _innermost(exc: BaseException) -> str:

@@ -14,6 +14,7 @@ from nxd import ConfigError
 from nxd_plan.devices import DEVICES, Device, device_for
 from nxd_plan.memory import grads_persist
 from nxd_plan.planner import GIB, Plan, make_run_plan
+from nxd_plan.rank_check import RankBuildError
 from nxd_plan.report import binary_size, rank_ranges
 
 
@@ -76,14 +77,21 @@ def refusal(plan: Plan, proposals: list[tuple[dict[str, Any], Plan]], source: st
 
 
 def plan_before_launch(config: Any, memory_gib: float | None) -> str | None:
-    """See the module doc. A config the planner cannot plan gets a note, never a refusal."""
+    """See the module doc. Planning builds one rank of every role through the ranks' own build path
+    (:mod:`nxd_plan.rank_check`): a rank that cannot be built is refused here, naming the rank and
+    the key, never found at launch. What the planner cannot estimate is said in the line."""
     from nxd_plan.proposals import propose
 
+    device, known, source = known_device(config, memory_gib)
     try:
-        device, known, source = known_device(config, memory_gib)
         plan = make_run_plan(config, device=device)
-    except Exception as exc:  # noqa: BLE001 - advice only: a planner failure must never stop a run
-        return f"plan: not planned ({type(exc).__name__}: {exc})"
+    except RankBuildError as exc:
+        raise ConfigError(f"the ranks' own build refuses this config before launch: {exc}") from None
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - unchecked is not valid: refused, with the way around it
+        raise ConfigError(f"the pre-launch plan (nxd-plan) failed, so this config's rank builds are unchecked: "
+                          f"{type(exc).__name__}: {exc}; NXD_DISABLE_PLUGINS=plan launches without the plan") from None
     if known and plan.over_memory():
         found = propose(plan, config, (), device.memory_gib, device=device)
         raise ConfigError(refusal(plan, found, source))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nxd_plan import memory
-from nxd_plan.activations import ActivationProfile, measure_activations, replica_overrides
+from nxd_plan.activations import ActivationProfile, measure_activations, replica_overrides, unmeasured
 from nxd_plan.devices import Device, device_for, with_overrides
 from nxd_plan.layout import Layout, layout_of
 from nxd_plan.shards import Shard, build_shard
@@ -120,6 +120,14 @@ def _representatives(layout: Layout) -> dict[tuple[int, int], int]:
     return reps
 
 
+def other_roles(layout: Layout, reps: dict[tuple[int, int], int]) -> list[int]:
+    """Ranks built besides the representatives so every role is built once: the representatives sit
+    at TP, CP and DP coordinate 0; the last rank sits at the last of each (the last vocabulary or
+    FSDP shard, the last context chunk)."""
+    last = layout.world_size - 1
+    return [] if last in reps.values() else [last]
+
+
 def measure_replica(source: Any, overrides: Sequence[str], layout: Layout, num_layers: int) -> ActivationProfile:
     extra = replica_overrides(layout)
     if num_layers > MEASURED_LAYERS:
@@ -160,7 +168,13 @@ def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | D
     num_layers = _num_layers(run)
     reps = _representatives(layout)
     shards = {key: build_shard(config, run, rank) for key, rank in reps.items()}
-    profile = measure_replica(config, replica_base_overrides(layout), layout, num_layers)
+    checked = other_roles(layout, reps)
+    for rank in checked:  # built (a failure is refused) but not planned: its shapes are its representative's
+        build_shard(config, run, rank)
+    try:
+        profile = measure_replica(config, replica_base_overrides(layout), layout, num_layers)
+    except Exception as exc:  # noqa: BLE001 - an estimate the planner cannot make is said, never a crash
+        profile = unmeasured(f"its measurement on the meta device failed ({type(exc).__name__}: {exc})")
     total = _parameters_total(shards, layout)
     ranks = []
     for rank in range(layout.world_size):
@@ -182,7 +196,8 @@ def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | D
                 bubble_fraction(layout), flops_step, step_time, mfu,
                 layout.global_batch_size * layout.seq_length, shards, profile)
     plan.notes.append(f"shapes of one rank per (pipeline, expert) coordinate built on the meta device "
-                      f"({len(shards)} builds); --dry-run builds all {layout.world_size}")
+                      f"({len(shards)} builds, {len(checked)} more rank(s) built to check their roles); "
+                      f"--dry-run builds all {layout.world_size}")
     if layout.fsdp:
         plan.notes.append("FSDP: each rank's shards are fully_shard's own DTensors (built on the meta parameters "
                           "with a CPU DeviceMesh over the fake group); a rank's rows follow FSDP's Shard(0) "

@@ -19,7 +19,7 @@ from nxd_training.config.schema import (
     PrecisionConfig,
     TrainingConfig,
 )
-from nxd_training.lora_export import lora_enabled
+from nxd_training.lora_export import base_module, lora_enabled
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import (
     BF16_PARAM_TYPES,
@@ -130,6 +130,13 @@ def build_scheduler(optim: OptimConfig, max_steps: int, optimizer: Any) -> torch
     total = sched.max_steps or (max_steps if max_steps > 0 else None)
     lr_fn = make_lr_fn(sched.name, optim.lr, total, sched.warmup_steps, sched.min_lr, sched.constant_steps)
     return make_scheduler(optimizer, lr_fn, optim.lr)
+
+
+def load_pretrained(plan: RunPlan, model: torch.nn.Module, lora: bool, folder: str) -> None:
+    """``model.pretrained_checkpoint``: the Hugging Face folder's weights into the base model (under
+    the LoRA adapters, if any). Under ``nxd_core_parallel.hf_interop.headers_only()`` (the dry run
+    before launch) only names and shapes are checked against the files' headers."""
+    plan.spec.load_hf(base_module(model) if lora else model, folder)
 
 
 def build_data(data: DataConfig, align: ModelAlignmentConfig | None, seed: int, plan: RunPlan,

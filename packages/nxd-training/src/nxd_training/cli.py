@@ -97,10 +97,18 @@ def _run_train(args: argparse.Namespace) -> int:
         return 2
     if summary:
         print(f"nxd train: {summary}", file=info)
+    else:
+        print(f"nxd train: {DRY_RUN_SKIPPED}", file=info)
     if dry:
         print("config is valid" + ("; not training (--print-config)" if args.print_config else ""), file=info)
         return 0
     return launch(config, run.log_dir)  # says "writing to" once the run directory is its own
+
+
+#: said when no planner ran: the config is checked, each rank's own build is not
+DRY_RUN_SKIPPED = ("dry run skipped: no plugin planned the run (nxd-plan builds one rank of every role with the "
+                   "ranks' own code on the meta device before launch; install it from packages/nxd-plan), so a "
+                   "failure only a rank's build finds shows at launch")
 
 
 def layout(nxd_config: Any, dp: int) -> str:

@@ -162,7 +162,7 @@ class Trainer:
         pretrained = self.config.model.pretrained_checkpoint
         if pretrained:
             # the base model (under LoRA adapters, if any) takes the folder's weights; the optimizer starts fresh
-            self.plan.spec.load_hf(lora_export.base_module(self.model) if self.lora else self.model, pretrained)
+            build.load_pretrained(self.plan, self.model, self.lora, pretrained)
             self._weights_changed()
             self.initialised_from = pretrained
             return None

@@ -199,6 +199,8 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
                     p.main_grad = view
                     self._hooks.append(p.register_post_accumulate_grad_hook(_accumulate_main_grad))
         device = self._shards[0].device if self._shards else torch.device("cpu")
+        if device.type == "meta":  # built on the meta device (the plan's dry run): no generator there, none used
+            device = torch.device("cpu")
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(int(seed) + 1_000_003 * dist.get_rank())
 
@@ -258,7 +260,8 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         splits = getattr(p, "fused_splits", None)
         if splits is None:
             return 1.0 if unique else 0.0
-        weight = torch.ones(p.shape, device=p.device)
+        # a mask of the shape alone: on the CPU for a meta parameter (the plan's dry run), which has no values
+        weight = torch.ones(p.shape, device="cpu" if p.is_meta else p.device)
         for i, piece in enumerate(torch.split(weight, list(splits), dim=p.partition_dim)):
             piece.fill_(1.0 if i == 0 or unique else 0.0)
         return weight.reshape(-1)

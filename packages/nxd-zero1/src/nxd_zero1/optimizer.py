@@ -260,8 +260,9 @@ class NeuronZero1Optimizer(torch.optim.Optimizer):
         splits = getattr(p, "fused_splits", None)
         if splits is None:
             return 1.0 if unique else 0.0
-        # a mask of the shape alone: on the CPU for a meta parameter (the plan's dry run), which has no values
-        weight = torch.ones(p.shape, device="cpu" if p.is_meta else p.device)
+        if p.is_meta:  # built on the meta device (the plan's dry run): no gradient will ever be counted
+            return 1.0
+        weight = torch.ones(p.shape, device=p.device)
         for i, piece in enumerate(torch.split(weight, list(splits), dim=p.partition_dim)):
             piece.fill_(1.0 if i == 0 or unique else 0.0)
         return weight.reshape(-1)

@@ -57,7 +57,17 @@ def checkpoint_dir(em: ExpManagerConfig, log_dir: Path) -> str:
 
 
 def split_checkpoint_path(path: str) -> tuple[str, str]:
-    """``(checkpoint dir, tag)`` of a path or URL to one checkpoint (``resume_from_checkpoint``)."""
+    """``(checkpoint dir, tag)`` of a path or URL to one checkpoint (``resume_from_checkpoint``).
+    A local folder of checkpoints (a run's ``checkpoints/``, the output of ``nxd ckpt convert --to
+    nxd``) rather than one checkpoint means its newest complete checkpoint."""
+    local = Path(path) if "://" not in str(path) else None
+    if local is not None and local.is_dir() and not (local / "done").exists():
+        from nxd_ckpt.layout import newest_complete_tag
+        from nxd_ckpt.storage import open_storage
+
+        tag = newest_complete_tag(open_storage(str(local)))
+        if tag is not None:
+            return str(local), tag
     parent, _, tag = str(path).rstrip("/").rpartition("/")
     return parent, tag
 

@@ -90,7 +90,13 @@ def integration(session: nox.Session) -> None:
     """Cross-package tests: wheels into fresh venvs, discovery of subsets, a third-party plugin."""
     install_packages(session, "nxd-testing", extras=())
     session.install("-c", CONSTRAINTS, "pytest", "pytest-timeout")
-    session.run("pytest", str(ROOT / "integration_tests"), *session.posargs)
+    session.run("pytest", str(ROOT / "integration_tests"), "--ignore", str(COMPOSITION), "--ignore", str(INTEROP),
+                *session.posargs)
+
+
+#: integration_tests/ folders with sessions of their own (they need every plugin, or the peers installed)
+COMPOSITION = ROOT / "integration_tests" / "composition"
+INTEROP = ROOT / "integration_tests" / "interop"
 
 
 #: torchtitan 0.3.0 pins ``datasets<4.8`` (constraints.txt: 5.2.0, which it runs with), so the resolver
@@ -102,12 +108,12 @@ TORCHTITAN_IMPORTS = ("tyro", "docstring_parser", "typeguard", "shtab", "rich", 
 
 @nox.session
 def interop(session: nox.Session) -> None:
-    """Peers installed for real on the other side of nxd's interop claims (interop_tests/): torchtitan
+    """Peers installed for real on the other side of nxd's interop claims (integration_tests/interop/): torchtitan
     0.3.0 (its model, optimizer, loss and CheckpointManager) with nxd-torchtitan."""
     install_packages(session, "nxd-torchtitan")
     session.install("-c", CONSTRAINTS, str(PACKAGES["nxd-fsdp"]), *TORCHTITAN_IMPORTS)  # nxd's side trains FSDP
     session.install("--no-deps", TORCHTITAN)
-    session.run("pytest", str(ROOT / "interop_tests"), *session.posargs)
+    session.run("pytest", str(INTEROP), *session.posargs)
 
 
 @nox.session(default=False)

@@ -1,7 +1,7 @@
 """nxd-torchtitan without torchtitan: ``nxd ckpt convert`` to torchtitan's layout and back is
 bit-exact for Llama 3 (RoPE rows re-ordered, scaled RoPE, untied) and Qwen3 (q/k norms, tied head),
 a <= 0.2-named folder reads the same, and models torchtitan cannot express are refused naming the
-field. torchtitan's own code on the other side: the ``interop`` nox session (interop_tests/)."""
+field. torchtitan's own code on the other side: the ``interop`` nox session (integration_tests/interop/)."""
 
 from __future__ import annotations
 

@@ -159,7 +159,12 @@ def assert_same_tensors(dir_a: Path, dir_b: Path) -> None:
 
 
 def assert_exported_logits_equal(exported: Path, original: Path, data: dict[str, torch.Tensor]) -> None:
+    """transformers reads the export's config.json as the original's and computes the same logits."""
     from transformers import LlamaForCausalLM
+
+    from nxd_testing.reference import assert_config_preserved
+
+    assert_config_preserved(original, exported)
 
     ids = data["input_ids"]
     a = LlamaForCausalLM.from_pretrained(str(exported))(ids).logits

@@ -26,6 +26,12 @@ def test_cli_train_tokenizer_then_prepare(tmp_path: Path, corpus_docs: list[str]
     assert main(["data", "train-tokenizer", "-i", str(src), "--text-key", "body", "--vocab-size", "400", "-o", str(tmp_path / "tok")]) == 0
     tok = load_tokenizer(tmp_path / "tok")
     assert tok.vocab_size == 400
+    assert "not the" not in capsys.readouterr().out
+    # 20 documents hold fewer mergeable pairs than 4096 - 256 - specials: the size is said, and why
+    assert main(["data", "train-tokenizer", "-i", str(src), "--text-key", "body", "--vocab-size", "4096", "-o",
+                 str(tmp_path / "short")]) == 0
+    got = load_tokenizer(tmp_path / "short").vocab_size
+    assert got < 4096 and f"; vocabulary {got}, not the 4096 asked (--vocab-size)" in capsys.readouterr().out
     assert main(["data", "prepare", "-i", str(src), "--text-key", "body", "-t", str(tmp_path / "tok"),
                  "-o", str(tmp_path / "ds"), "--quiet"]) == 0
     ds = IndexedDataset(tmp_path / "ds")

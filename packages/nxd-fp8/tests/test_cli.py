@@ -40,6 +40,7 @@ def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ([], "precision.type: fp8): FP8 matmuls (torch._scaled_mm) need an NVIDIA GPU of compute capability >= 8.9"),
+    ([], "to check the wiring without FP8 hardware set precision.fp8.emulate=true"),
     (["precision.fp8={recipe: delayed}"], "recipe='delayed': torchao's float8 recipes are tensorwise, rowwise"),
     (["precision.type=fp32", "precision.fp8={emulate: true}"], "precision.fp8 holds FP8 options, and "
                                                                "precision.type=fp32: set precision.type=fp8"),

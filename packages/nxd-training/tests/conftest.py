@@ -79,3 +79,17 @@ def files(corpus: dict[str, str], tmp_path_factory: pytest.TempPathFactory):
     from nxdt_files import Files
 
     return Files(tmp_path_factory.mktemp("nxdt"), corpus)
+
+
+@pytest.fixture(scope="module")
+def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama in Hugging Face's format (config.json + model.safetensors), as a user downloads one."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    out = tmp_path_factory.mktemp("hf") / "tiny-llama"
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
+    return out

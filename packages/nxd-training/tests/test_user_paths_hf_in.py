@@ -6,24 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 
 from nxd.cli import main
-
-
-@pytest.fixture(scope="module")
-def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(3)
-    out = tmp_path_factory.mktemp("hf") / "tiny-llama"
-    config = LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
-    return out
 
 
 def _config(make_config, tmp_path: Path) -> Path:
@@ -60,27 +47,6 @@ def test_run_starts_from_hf_weights_and_goes_back_exactly(hf_llama: Path, make_c
     original, back = load_file(hf_llama / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
     assert sorted(back) == sorted(original)
     assert [k for k in original if not torch.equal(original[k], back[k])] == []
-
-
-def test_evaluate_recipe_in_the_docs_runs(make_config, tmp_path: Path, capsys) -> None:
-    """docs/training.md's "load a checkpoint and evaluate it", run as written."""
-    docs = Path(__file__).resolve().parents[3] / "docs" / "training.md"
-    text = docs.read_text()
-    recipe = text[text.index("**Load a checkpoint and evaluate it.**"):]
-    code = recipe[recipe.index("```python") + len("```python"):recipe.index("```\n", recipe.index("```python") + 9)]
-    config = make_config(trainer={"devices": 1, "max_steps": 2}, distributed_strategy={"tensor_model_parallel_size": 1},
-                         exp_manager={"explicit_log_dir": str(tmp_path / "run")})
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert main(["train", str(path)]) == 0
-    from nxd_ckpt.consolidate import resolve_tag
-
-    tag = resolve_tag(str(tmp_path / "run" / "checkpoints"), None)
-    code = code.replace("<run>", str(tmp_path / "run")).replace("<tag>", tag).replace('"eval"', repr(str(tmp_path / "eval")))
-    capsys.readouterr()
-    exec(compile(code, str(docs), "exec"), {})
-    loss = float(capsys.readouterr().out.split("validation loss")[1])
-    assert 0 < loss < 10
 
 
 def test_mistral_folder_with_a_short_window_trains_and_goes_back(make_config, tmp_path: Path, capsys) -> None:

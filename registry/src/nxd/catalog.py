@@ -39,6 +39,8 @@ CATALOG: dict[str, dict[str, str]] = {
     "command": {
         "train": "nxd-training",
         "plot": "nxd-training",
+        "eval": "nxd-training",
+        "generate": "nxd-training",
         "data": "nxd-data",
         "ckpt": "nxd-ckpt",
         "migrate": "nxd-migrate",

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from nxd import __version__, warning_lines
+from nxd import __version__, quiet_imports, warning_lines
 from nxd.catalog import CATALOG
 from nxd.errors import ConfigError, NxdError
 from nxd.plugins import state
@@ -62,6 +62,7 @@ def take_trailing_flags(args: argparse.Namespace, switches: Iterable[str] = (),
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warning_lines.install()
+    quiet_imports.install()
     verb = argv[0] if argv and not argv[0].startswith("-") else None
     try:
         parser = build_parser(verb)

@@ -225,7 +225,7 @@ def _write_hf(full: FullState, request: ConvertRequest) -> None:
 
 def _read_nxd(request: ConvertRequest) -> FullState:
     from nxd_ckpt.consolidate import full_model_state, resolve_tag
-    from nxd_ckpt.run_dir import MODEL_RECORD_KEY
+    from nxd_ckpt.run_dir import checkpoint_record
     from nxd_ckpt.storage import open_storage
 
     tag = resolve_tag(request.input, request.tag)
@@ -235,9 +235,7 @@ def _read_nxd(request: ConvertRequest) -> FullState:
     if storage.exists(f"{tag}/config.json"):
         with storage.open_read(f"{tag}/config.json") as f:
             config = json.loads(f.read().decode())
-    content = read_user_content(request.input, tag)
-    record = content.get(MODEL_RECORD_KEY) if isinstance(content, dict) else None
-    record = record if isinstance(record, dict) else {}
+    record = checkpoint_record(request.input, tag)
     return FullState(state, request.config or config or record.get("config"), record.get("name"),
                      record.get("tokenizer"), record.get("lora"))
 

@@ -39,3 +39,19 @@ def is_run_dir(path: str) -> bool:
 def checkpoint_root(path: str) -> str:
     """``path`` itself, or ``path/checkpoints`` when ``path`` is an ``nxd train`` run directory."""
     return os.path.join(path, RUN_CHECKPOINTS) if is_run_dir(path) else path
+
+
+def checkpoint_record(path: str, tag: str) -> dict[str, Any]:
+    """The model record of checkpoint ``path/tag`` (``{}`` when it has none: written by NxD, or a
+    plain ``save_checkpoint``)."""
+    from nxd_ckpt.convert import read_user_content
+
+    content = read_user_content(path, tag)
+    record = content.get(MODEL_RECORD_KEY) if isinstance(content, dict) else None
+    return record if isinstance(record, dict) else {}
+
+
+def checkpoint_has_adapters(path: str, tag: str) -> bool:
+    """Whether checkpoint ``path/tag`` is a LoRA run's (base under ``module.``, adapters beside it),
+    as its model record says: such a checkpoint loads into the whole LoRA model, not its base."""
+    return bool(checkpoint_record(path, tag).get("lora"))

@@ -56,12 +56,12 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(meta, indent=2))
         elif args.data_verb == "train-tokenizer":
             from nxd_data.sources import iter_documents
-            from nxd_data.train_tokenizer import train_bpe_tokenizer
+            from nxd_data.train_tokenizer import short_vocabulary_note, train_bpe_tokenizer
 
             docs = iter_documents(args.input, args.format, args.text_key, args.text_mode, args.hf_split,
                                   args.encoding, args.encoding_errors)
             out = train_bpe_tokenizer(docs, args.vocab_size, args.output)
-            print(f"wrote {out}/tokenizer.json")
+            print(f"wrote {out}/tokenizer.json" + short_vocabulary_note(out, args.vocab_size))
         elif args.data_verb == "quickstart":
             from nxd_data.quickstart import prepare_quickstart_data
 

@@ -67,6 +67,18 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Pa
     return out
 
 
+def short_vocabulary_note(out_dir: str | Path, asked: int, min_frequency: int = 2) -> str:
+    """Why a trained vocabulary is smaller than asked ("" when it is not): BPE adds a merge only for a
+    pair of tokens the corpus holds at least ``min_frequency`` times, and a small corpus runs out."""
+    config = json.loads((Path(out_dir) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    got = int(config.get("nxd_trained_vocab_size", asked))
+    if got >= asked:
+        return ""
+    return (f"; vocabulary {got}, not the {asked} asked (--vocab-size): after the 256 bytes and "
+            f"{len(SPECIAL_TOKENS)} special tokens the corpus has only {got - 256 - len(SPECIAL_TOKENS)} token pairs "
+            f"seen at least {min_frequency} times to merge; give more text for a larger vocabulary")
+
+
 def _atomic_write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -21,8 +21,10 @@ def fp8_refusal(device_type: str, recipe: str, emulate: bool) -> str | None:
     """Why FP8 training with ``recipe`` cannot run on ``device_type`` (``None``: it can)."""
     if emulate:
         return None  # torchao's emulation does the FP8 rounding in high precision on any device
-    emulation = ("; to check the wiring without FP8 hardware set emulate: true (torchao's emulation: FP8 "
-                 "numerics in high precision, no speed-up)")
+    # the key as a user writes it: YAML first (nxd train), then the NxD API's transform option
+    emulation = ("; to check the wiring without FP8 hardware set precision.fp8.emulate=true (NxD API: "
+                 "model_transforms={'fp8': {'emulate': True}}; torchao's emulation: FP8 numerics in high "
+                 "precision, no speed-up)")
     if device_type != "cuda":
         return (f"FP8 matmuls (torch._scaled_mm) need an NVIDIA GPU of compute capability >= 8.9 (Ada, Hopper "
                 f"and later) and this run trains on {device_type!r}{emulation}")

@@ -65,7 +65,7 @@ def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
 
 def _run_train(args: argparse.Namespace) -> int:
     from nxd_training.config.loader import dump_config
-    from nxd_training.launcher import launch
+    from nxd_training.launcher import launch, restart_note
 
     try:
         take_trailing_flags(args, ("--validate", "--print-config"), {"--device-memory": float})
@@ -90,6 +90,9 @@ def _run_train(args: argparse.Namespace) -> int:
         print(f"nxd train: note: {note}", file=info)
     if run.cluster_note:
         print(f"nxd train: {run.cluster_note}", file=info)
+    restart = restart_note(config, run.log_dir)
+    if restart:
+        print(restart, file=info)
     try:
         summary = nxd.trainer.plan_run(config, args.device_memory)  # nxd-plan, when installed
     except ConfigError as exc:

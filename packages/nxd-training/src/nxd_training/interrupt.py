@@ -84,7 +84,7 @@ def _write_stderr(chunk: bytes) -> None:
         sys.stderr.flush()
 
 
-def _last_checkpoint(em: ExpManagerConfig, log_dir: Path) -> tuple[str, int | None] | None:
+def last_checkpoint(em: ExpManagerConfig, log_dir: Path) -> tuple[str, int | None] | None:
     """``(tag, step)`` of the newest complete checkpoint of the run, or None."""
     path = checkpoint_dir(em, log_dir)
     if not is_url(path) and not Path(path).is_dir():
@@ -104,6 +104,12 @@ def _last_checkpoint(em: ExpManagerConfig, log_dir: Path) -> tuple[str, int | No
     return tag, int(step) if step is not None else None
 
 
+def resume_command(em: ExpManagerConfig, log_dir: Path) -> str:
+    """The command that continues the run in ``log_dir`` from its newest complete checkpoint."""
+    command = f"nxd train {shlex.quote(str(log_dir / 'config.yaml'))}"
+    return command if em.resume_if_exists else command + " exp_manager.resume_if_exists=true"
+
+
 def stopped_message(em: ExpManagerConfig, log_dir: Path, by: str = "") -> str:
     """``nxd train: stopped at step N; last complete checkpoint: step M (<tag>); resume: nxd train ...``
     (``stopped by SIGTERM at step N`` when ``by`` names the signal; Ctrl-C's line names none)."""
@@ -116,10 +122,8 @@ def stopped_message(em: ExpManagerConfig, log_dir: Path, by: str = "") -> str:
         except (OSError, ValueError):
             records = []
         step = records[-1]["step"] if records else 0
-    command = f"nxd train {shlex.quote(str(log_dir / 'config.yaml'))}"
-    if not em.resume_if_exists:
-        command += " exp_manager.resume_if_exists=true"
-    last = _last_checkpoint(em, log_dir)
+    command = resume_command(em, log_dir)
+    last = last_checkpoint(em, log_dir)
     if last is None:
         return f"nxd train: stopped{by and ' by ' + by} at step {step}; no complete checkpoint yet, so a rerun starts over: {command}"
     tag, saved = last

@@ -145,6 +145,22 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
     return code
 
 
+def restart_note(config: ResolvedConfig, log_dir: Path) -> str | None:
+    """A run starting over where complete checkpoints exist (a run's config.yaml run again without
+    ``exp_manager.resume_if_exists``) says so, with the command that continues instead."""
+    from nxd_training.interrupt import last_checkpoint, resume_command
+
+    em = config.exp_manager
+    if em.resume_if_exists or em.resume_from_checkpoint or config.launcher.node_rank:
+        return None
+    last = last_checkpoint(em, log_dir)
+    if last is None:
+        return None
+    tag, step = last
+    return (f"nxd train: not resuming: exp_manager.resume_if_exists is false, so this run starts at step 0 although "
+            f"{tag} (step {step}) is complete here; to continue from it instead: {resume_command(em, log_dir)}")
+
+
 def run_forwarding_signals(cmd: list[str], env: dict[str, str], interrupted_log: Path,
                            with_tail: bool = False, watcher: Watcher | None = None) -> int | tuple[int, str]:
     """Run torchrun and pass SIGTERM/SIGINT/SIGHUP on to it, so stopping ``nxd train`` stops the

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import nxd
 from nxd import ConfigError
-from nxd_ckpt.run_dir import MODEL_RECORD_KEY, model_record
+from nxd_ckpt.run_dir import MODEL_RECORD_KEY, checkpoint_has_adapters, model_record
 from nxd_training import build, lora_export, metrics, rank_status
 from nxd_training.config.plan import RunPlan, plan_of, resolve_config, tokenizer_path
 from nxd_training.config.schema import TrainingConfig
@@ -118,6 +118,8 @@ class Trainer:
             print(f"nxd train: LoRA: {lora_export.describe(self.trainable)}", flush=True)
         self.lora_exports: list[str] = []
         self.initialised_from: str | None = None
+        #: exp_manager.resume_from_checkpoint with model.weight_init_only: the checkpoint the weights came from
+        self.weights_from: str | None = None
         #: what the checkpoints record of the model, so `nxd ckpt convert RUN_DIR` needs no arguments
         self.model_record = model_record(self.plan.spec.name, self.plan.resolution.model, tokenizer_path(config.data),
                                          lora.to_dict() if lora is not None else None)
@@ -159,26 +161,34 @@ class Trainer:
         if em.resume_if_exists and not em.resume_ignore_no_checkpoint:
             raise ConfigError(f"exp_manager.resume_if_exists: no complete checkpoint in {path} "
                               "(set resume_ignore_no_checkpoint: true to start fresh)")
+        # a checkpoint to resume or evaluate holds every weight: it wins over the pretrained source (the HF
+        # folder the run started from), which is then not read; the log line says which one gave the weights
         pretrained = self.config.model.pretrained_checkpoint
+        if em.resume_from_checkpoint:
+            parent, tag = split_checkpoint_path(em.resume_from_checkpoint)
+            weights_only = self.config.model.weight_init_only
+            # LoRA fine-tuning from a base model's checkpoint: its weights load under the adapters; a LoRA
+            # run's own checkpoint (it records its adapters) loads whole, adapters included
+            base_only = self.lora and weights_only and not checkpoint_has_adapters(parent, tag)
+            target = lora_export.base_module(self.model) if base_only else self.model
+            content = nxd.load_checkpoint(parent, tag=tag, model=target,
+                                          optimizer=None if weights_only else self.optimizer,
+                                          scheduler=None if weights_only else self.scheduler, context=self.context,
+                                          load_rng=not weights_only)  # weights only: a fresh start keeps its seed
+            unused = f"; model.pretrained_checkpoint {pretrained} not read" if pretrained else ""
+            if weights_only:
+                self._weights_changed()
+                self.weights_from = (f"{em.resume_from_checkpoint} (model.weight_init_only: the optimizer, schedule "
+                                     f"and data position start fresh{unused})")
+                return None
+            self._restore(content)
+            return f"{em.resume_from_checkpoint} (step {self.step}{unused})"
         if pretrained:
             # the base model (under LoRA adapters, if any) takes the folder's weights; the optimizer starts fresh
             build.load_pretrained(self.plan, self.model, self.lora, pretrained)
             self._weights_changed()
             self.initialised_from = pretrained
             return None
-        if em.resume_from_checkpoint:
-            parent, tag = split_checkpoint_path(em.resume_from_checkpoint)
-            weights_only = self.config.model.weight_init_only
-            # LoRA fine-tuning starts from a base model's weights: they load under the adapters
-            target = lora_export.base_module(self.model) if self.lora and weights_only else self.model
-            content = nxd.load_checkpoint(parent, tag=tag, model=target,
-                                          optimizer=None if weights_only else self.optimizer,
-                                          scheduler=None if weights_only else self.scheduler, context=self.context)
-            if weights_only:
-                self._weights_changed()
-            else:
-                self._restore(content)
-            return str(em.resume_from_checkpoint)
         return None
 
     def _weights_changed(self) -> None:
@@ -370,6 +380,8 @@ class Trainer:
             dist.barrier()  # every rank loaded its shards: a rank that failed never gets here, so nothing is claimed
         if self.rank == 0 and resumed:
             print(f"nxd train: resumed from {resumed}", flush=True)
+        if self.rank == 0 and self.weights_from:
+            print(f"nxd train: weights from checkpoint {self.weights_from}", flush=True)
         if self.rank == 0 and self.initialised_from:
             print(f"nxd train: initialised from HF weights {self.initialised_from}", flush=True)
         bar = self._progress(max_steps)

@@ -19,9 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     from nxd_training.parent_death import die_with_parent
 
     die_with_parent()  # a rank never outlives torchrun's agent (SIGKILL: nothing to clean up that a save needs)
-    from nxd import warning_lines
+    from nxd import quiet_imports, warning_lines
 
     warning_lines.install()
+    quiet_imports.install()
     from nxd_training import rank_status
     from nxd_training.hang import CollectiveTimeout, dump_stack_on_sigterm, explain_collective_timeout
 

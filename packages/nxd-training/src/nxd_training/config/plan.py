@@ -187,10 +187,29 @@ def _tokenizer_vocab(data: DataConfig) -> int | None:
         raise ConfigError(f"data.tokenizer: cannot read {path!r} to size the model's vocabulary: {exc}") from None
 
 
+#: the model keys that give a model its size; a config setting none of them (and no source below) names no model
+SIZE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads")
+
+
+def _require_model_source(m: ModelConfig, spec: Any, hf: dict[str, Any] | None) -> None:
+    """A config must say which model it trains: a preset, a config.json (``model_config`` or the folder of
+    ``pretrained_checkpoint``) or the size keys. With none left (a run's config.yaml whose
+    ``pretrained_checkpoint`` was set to null) the plugin's default size would be built silently."""
+    if m.preset is not None or hf is not None or any(getattr(m, key) is not None for key in SIZE_KEYS):
+        return
+    presets = ", ".join(sorted(getattr(spec, "presets", None) or {})) or "none"
+    raise ConfigError(
+        f"model: no model source is set, so the {spec.name!r} plugin would build its default size: set "
+        "model.pretrained_checkpoint (a Hugging Face folder), model.model_config (a config.json), "
+        f"model.preset ({presets}; a preset is how to ask for a published size), or the size keys "
+        f"{', '.join('model.' + k for k in SIZE_KEYS)}")
+
+
 def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str, list[str]]:
     """(spec, model dict, model config, why this model, notes on config.json keys it does not take)."""
     hf = hf_config_file(config.model)
     spec, reason = model_spec(config.model, config.model_source, config.name, hf)
+    _require_model_source(config.model, spec, hf)
     # the training sequence (checked with the batch sizes later: the model is refused first)
     covered = check_features(config, spec, hf, config.data.seq_length or config.model.encoder_seq_length)
     recompute_classes(config.model, spec)

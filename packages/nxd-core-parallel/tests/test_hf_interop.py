@@ -91,3 +91,47 @@ def test_gather_pipeline_stages_on_two_ranks(rank_pool, tmp_path):
     assert first["assembles"] and second["assembles"]  # each stage assembles its own tensors
     assert first["writes"] and not second["writes"]
     assert first["cp_writes"] and not second["cp_writes"]  # one writer at CP=2, not one per CP rank
+
+
+def test_an_export_is_verified_before_use(tmp_path):
+    """Issue 43: nxd's HF export records every file's CRC-32 (nxd_checksums.json); a flipped byte or a
+    swapped shard is refused naming the file before any tensor of it is used."""
+    from nxd_core_parallel.file_checksums import ChecksumError
+
+    write_hf_dir(tmp_path, {"model_type": "x"}, _tensors(), None, 64)
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    a, b = (p.read_bytes() for p in shards)
+    data = bytearray(b)
+    data[-1] ^= 1
+    shards[1].write_bytes(bytes(data))
+    with SafetensorsCheckpoint(tmp_path) as ckpt:
+        with pytest.raises(ChecksumError, match=rf"{shards[1]}: content checksum mismatch .*nothing was loaded"):
+            ckpt.read(_Piece("b.bias", None))
+    shards[0].write_bytes(b)
+    shards[1].write_bytes(a)
+    with SafetensorsCheckpoint(tmp_path) as ckpt:
+        with pytest.raises(ChecksumError, match=rf"its content is that of {shards[1]}"):
+            ckpt.read(_Piece("a.weight", None))
+
+
+def test_index_entries_and_damaged_files_are_named(tmp_path):
+    """A weight_map entry outside the folder is refused naming it (before: read); a truncated shard of
+    a folder from elsewhere (no manifest) names the file, not safetensors' bare message."""
+    from nxd.paths import PathEscapeError
+    from nxd_core_parallel.file_checksums import MANIFEST
+    from nxd_core_parallel.hf_interop import HfCheckpointError
+
+    outside, folder = tmp_path / "outside.safetensors", tmp_path / "a" / "b"
+    write_hf_dir(folder, {"model_type": "x"}, _tensors(), None, 64)
+    (folder / MANIFEST).unlink()
+    (folder / "model-00001-of-00002.safetensors").rename(outside)
+    index = folder / "model.safetensors.index.json"
+    index.write_text(index.read_text().replace("model-00001-of-00002", "../../outside"))
+    with pytest.raises(PathEscapeError, match=r"weight_map\['a.weight'\]='../../outside.safetensors'"):
+        SafetensorsCheckpoint(folder)
+    shard = folder / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:20])
+    index.write_text(index.read_text().replace("../../outside", "model-00002-of-00002"))
+    with SafetensorsCheckpoint(folder) as ckpt:
+        with pytest.raises(HfCheckpointError, match=rf"{shard}: not a readable safetensors file .*truncated or damaged"):
+            ckpt.read(_Piece("b.bias", None))

@@ -30,6 +30,14 @@ def test_a_directory_as_the_config_file(tmp_path: Path, capsys) -> None:
      "save_top_k=0 would keep no checkpoint of a run that saves them: set exp_manager.create_checkpoint_callback=false"),
     (["exp_manager.create_checkpoint_callback=false", "exp_manager.checkpoint_format=pickle"],
      "exp_manager.checkpoint_format=pickle"),
+    # issue 43: names that would become paths outside the run (before: accepted; filename then failed every
+    # rank at the first save with "checkpoint tag must be a non-empty name without '/'", naming no key)
+    (["exp_manager.checkpoint_callback_params.filename=../../escaped"],
+     "exp_manager.checkpoint_callback_params.filename: the checkpoint tag it forms ('../../escaped') must be one "
+     "name, without '/'"),
+    (["exp_manager.name=../../x"], "exp_manager.name='../../x' must be one name"),
+    (["exp_manager.name=/abs/x"], "exp_manager.name='/abs/x' must be one name"),
+    (["exp_manager.version=.."], "exp_manager.version='..' must not be '.' or '..'"),
 ])
 def test_refused_before_launch(make_config, tmp_path: Path, capsys, overrides: list[str], message: str) -> None:
     path = tmp_path / "cfg.yaml"

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import nxd.trainer
 from nxd.parallel import ParallelContext, process_group_timeout
 from nxd_ckpt.errors import CheckpointError
-from nxd_ckpt.layout import DONE_MARKER, checkpoint_dir, newest_complete_tag, read_done, validate_tag
+from nxd_ckpt.layout import DONE_MARKER, checkpoint_dir, newest_complete_tag, read_done, tag_inside, validate_tag
 from nxd_ckpt.load import Reader, load_model, load_optimizer, restore_rng
 from nxd_ckpt.metadata import read_metadata
 from nxd_ckpt.nxd_layouts import is_nxd_written
@@ -139,6 +139,8 @@ class Checkpointer:
             tag = newest_complete_tag(storage)
             if tag is None:
                 raise CheckpointError(f"{storage.describe('')}: no complete checkpoint (no tag has a 'done' marker)")
+        else:
+            tag_inside(storage, tag)
         where = checkpoint_dir(storage, tag)
         if where is None and is_nxd_written(storage, tag):
             where = tag  # NxD's converter writes no 'done'; a tag named explicitly is read as written

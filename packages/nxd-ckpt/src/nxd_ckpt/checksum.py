@@ -22,14 +22,10 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-try:
-    from zlib_ng.zlib_ng import crc32
-except ImportError:  # the same checksum, slower
-    from zlib import crc32
-
 from nxd_ckpt.errors import CorruptCheckpointError
+from nxd_core_parallel.file_checksums import ALGORITHM, crc32, digest_of
 
-ALGORITHM = "crc32"
+__all__ = ["ALGORITHM", "HashingWriter", "digest_of", "stable_regions", "verify"]
 #: a write of memory that may not hold still is copied below this size, hashed at once above it
 LARGE_WRITE = 1 << 20
 _pool: ThreadPoolExecutor | None = None
@@ -158,10 +154,6 @@ class HashingWriter:
             self._hashing.result()
         self._hash_unhashed()
         return {"bytes": self.nbytes, ALGORITHM: f"{self._crc:08x}"}
-
-
-def digest_of(data: bytes | memoryview) -> dict[str, Any]:
-    return {"bytes": len(data), ALGORITHM: f"{crc32(data):08x}"}
 
 
 def verify(data: bytes, recorded: dict[str, Any], where: str, others: dict[str, dict] | None = None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from nxd_ckpt.errors import CheckpointError
-from nxd_ckpt.layout import DONE_MARKER, checkpoint_dir, list_tags, newest_complete_tag, read_done
+from nxd_ckpt.layout import DONE_MARKER, checkpoint_dir, list_tags, newest_complete_tag, read_done, tag_inside
 from nxd_ckpt.load import Reader, model_file
 from nxd_ckpt.metadata import read_metadata
 from nxd_ckpt.nxd_layouts import is_nxd_written
@@ -20,6 +20,8 @@ def resolve_tag(path: str, tag: str | None, storage_options: dict | None = None)
         tag = newest_complete_tag(storage)
         if tag is None:
             raise CheckpointError(f"{storage.describe('')}: no complete checkpoint")
+    else:
+        tag_inside(storage, tag, "--tag")
     where = checkpoint_dir(storage, tag)
     if where is None:
         tags = [i.tag for i in list_tags(storage)]

@@ -21,6 +21,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from nxd.paths import check_name, name_problem
 from nxd_ckpt.storage import Storage
 
 CHECKPOINT_MARKER = "checkpoint"
@@ -63,9 +64,31 @@ def rng_name(rank: int) -> str:
     return f"rng/rank_{rank:05d}.pt"
 
 
-def validate_tag(tag: str) -> str:
-    if not isinstance(tag, str) or not tag or "/" in tag or tag in (".", "..") or tag.startswith("."):
-        raise ValueError(f"checkpoint tag must be a non-empty name without '/' or a leading '.', got {tag!r}")
+def validate_tag(tag: str, key: str = "checkpoint tag") -> str:
+    """``tag`` as one folder name under the checkpoint root (``nxd.paths``), or raise naming ``key``."""
+    return check_name(tag, key)
+
+
+def is_link(storage: Storage, path: str) -> bool:
+    """``path`` is a symbolic link (only local storages have them)."""
+    probe = getattr(storage, "is_link", None)
+    return bool(probe and probe(path))
+
+
+def link_note(storage: Storage, path: str) -> str:
+    target = getattr(storage, "link_target", None)
+    return f"{storage.describe(path)} is a symbolic link" + (f" (to {target(path)})" if target else "")
+
+
+def tag_inside(storage: Storage, tag: str, key: str = "checkpoint tag") -> str:
+    """A tag named by a caller (``--tag``, ``load_checkpoint(tag=...)``): one folder name under the
+    root that is not a symbolic link out of it; raise naming ``key`` otherwise."""
+    from nxd_ckpt.errors import CheckpointError
+
+    validate_tag(tag, key)
+    if is_link(storage, tag):
+        raise CheckpointError(f"{key}={tag!r}: {link_note(storage, tag)}; nxd reads and writes only inside "
+                              f"{storage.describe('')} (copy the checkpoint in, or give its own folder)")
     return tag
 
 
@@ -119,6 +142,9 @@ def read_done(storage: Storage, tag: str) -> dict:
     that is neither nxd's nor NxD's."""
     from nxd_ckpt.errors import CorruptCheckpointError
 
+    if is_link(storage, f"{tag}/{DONE_MARKER}"):  # nxd writes markers as files: a link vouches for nothing
+        raise CorruptCheckpointError(f"{link_note(storage, f'{tag}/{DONE_MARKER}')}, not a marker nxd writes: the "
+                                     "checkpoint is not trusted as complete")
     with storage.open_read(f"{tag}/{DONE_MARKER}") as f:
         payload = parse_done(f.read())
     if payload is None:
@@ -161,6 +187,10 @@ def list_tags(storage: Storage) -> list[TagInfo]:
     infos: dict[str, TagInfo] = {}
     rescued = []
     for name in storage.list_dirs(""):
+        if is_link(storage, name):  # another folder linked in: never loaded, counted, retired or cleaned up
+            warn_once(f"{link_note(storage, name)}; nxd leaves it alone (not loaded, counted, retired or removed): "
+                      "checkpoints of a run live in its own folder")
+            continue
         files = set(storage.list_files(name))
         done_ns = read_completed_ns(storage, name) if DONE_MARKER in files else None
         if name.startswith(TEMP_PREFIX):
@@ -207,13 +237,23 @@ def newest_complete_tag(storage: Storage) -> str | None:
 
 
 def read_newest_pointer(storage: Storage) -> str | None:
+    """The tag ``newest`` names; None (warned once) when it is a link or names no tag folder."""
     try:
+        if is_link(storage, NEWEST_POINTER):
+            warn_once(f"{link_note(storage, NEWEST_POINTER)}, not the pointer nxd writes; ignored (the 'done' "
+                      "markers decide which checkpoint is newest)")
+            return None
         if not storage.exists(NEWEST_POINTER):
             return None
         with storage.open_read(NEWEST_POINTER) as f:
-            return f.read().decode().strip() or None
+            pointed = f.read().decode().strip() or None
     except (OSError, UnicodeDecodeError):
         return None
+    if pointed is not None and name_problem(pointed) is not None:
+        warn_once(f"{storage.describe(NEWEST_POINTER)} names {pointed!r}, which is not a tag folder name ("
+                  f"{name_problem(pointed)}); ignored (the 'done' markers decide which checkpoint is newest)")
+        return None
+    return pointed
 
 
 def write_newest_pointer(storage: Storage, tag: str | None) -> None:

@@ -53,10 +53,19 @@ class LocalStorage:
     def describe(self, path: str) -> str:
         return self._p(path)
 
+    def is_link(self, path: str) -> bool:
+        """``path`` is a symbolic link (optional Storage method: storages without links lack it)."""
+        return os.path.islink(self._p(path))
+
+    def link_target(self, path: str) -> str:
+        return os.path.realpath(self._p(path))
+
     @contextlib.contextmanager
     def open_write(self, path: str) -> Iterator[BinaryIO]:
         full = self._p(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
+        if os.path.islink(full):  # a link where nxd writes a file: replace the link, never write through it
+            os.remove(full)
         with open(full, "wb") as f:
             yield f
             f.flush()

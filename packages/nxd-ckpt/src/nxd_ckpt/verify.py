@@ -13,7 +13,17 @@ import json
 
 from nxd_ckpt.checksum import digest_of, verify
 from nxd_ckpt.errors import CheckpointError, CorruptCheckpointError
-from nxd_ckpt.layout import DONE_MARKER, METADATA, RETIRED_MARKER, done_payload, list_tags, read_done, warn_once
+from nxd_ckpt.layout import (
+    DONE_MARKER,
+    METADATA,
+    RETIRED_MARKER,
+    done_payload,
+    is_link,
+    list_tags,
+    read_done,
+    tag_inside,
+    warn_once,
+)
 from nxd_ckpt.storage import Storage, open_storage
 
 
@@ -27,7 +37,8 @@ def _metadata_bytes(storage: Storage, tag: str) -> bytes | None:
 def is_whole_unmarked(storage: Storage, tag: str) -> bool:
     """``tag`` has no ``done`` but a readable metadata.json whose recorded files all exist (and
     retention was not deleting it)."""
-    if storage.exists(f"{tag}/{DONE_MARKER}") or storage.exists(f"{tag}/{RETIRED_MARKER}"):
+    retired = f"{tag}/{RETIRED_MARKER}"
+    if storage.exists(f"{tag}/{DONE_MARKER}") or (storage.exists(retired) and not is_link(storage, retired)):
         return False
     try:
         data = _metadata_bytes(storage, tag)
@@ -58,6 +69,7 @@ def verify_checkpoint(path: str, tag: str, mark_done: bool = False, storage_opti
     ``mark_done`` write the ``done`` marker of a whole, unmarked checkpoint afterwards. Returns the
     number of files verified; raises :class:`CorruptCheckpointError` naming the first bad file."""
     storage = open_storage(path, storage_options)
+    tag_inside(storage, tag, "--tag")
     if not storage.exists(tag):
         raise CheckpointError(f"checkpoint tag {tag!r} not found under {storage.describe('')}")
     data = _metadata_bytes(storage, tag)

@@ -7,6 +7,7 @@ the writing rank live here once.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -17,17 +18,37 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
+from nxd.errors import NxdError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
+from nxd.paths import resolve_inside
 from nxd_core_parallel.dtensor import whole
+from nxd_core_parallel.file_checksums import (
+    MANIFEST,
+    check_digest,
+    digest_of,
+    file_digest,
+    read_manifest,
+    write_manifest,
+)
 
 __all__ = ["WRAPPER_TOKENS", "SafetensorsCheckpoint", "SlicePiece", "assembles_stage", "check_config_fields",
            "check_unused", "clean_param_name", "exported_parameters", "gather_over", "gather_pipeline_stages",
            "gather_shards", "headers_only", "loadable_parameters", "place_piece", "reading_headers_only", "split_by_pieces", "tp_size_and_rank",
            "unwrap_local_module", "write_hf_dir", "writes_files"]
+
+class HfCheckpointError(NxdError, ValueError):
+    """A Hugging Face checkpoint file nxd cannot use; the message names the file (and tensor)."""
+
+
+def _unreadable(path: Path, exc: Exception, key: str | None = None) -> HfCheckpointError:
+    tensor = f" (reading tensor {key!r})" if key else ""
+    return HfCheckpointError(f"{path}: not a readable safetensors file{tensor}: {type(exc).__name__}: {exc}. It is "
+                             "truncated or damaged: download or export that file again")
+
 
 #: Wrapper prefixes (activation checkpointing, torch.compile, DDP-style) dropped from parameter names.
 WRAPPER_TOKENS = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
@@ -93,16 +114,28 @@ class SafetensorsCheckpoint:
     def __init__(self, hf_dir: str | os.PathLike, aliases: Mapping[str, str] | None = None) -> None:
         self.dir = Path(hf_dir)
         self.aliases = dict(aliases or {})
+        #: the checksums nxd's export recorded (None: a folder from elsewhere, read as it is)
+        self._manifest = read_manifest(self.dir)
+        self._verified: set[Path] = set()
         index, single = self.dir / "model.safetensors.index.json", self.dir / "model.safetensors"
         if index.is_file():
+            self._verify(index)
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError) as err:
-                raise ValueError(f"{index}: not a safetensors index (needs a 'weight_map' object): {err}") from None
-            self.files = {key: self.dir / name for key, name in weight_map.items()}
+                if not isinstance(weight_map, dict):
+                    raise ValueError("'weight_map' is not an object")
+            except (ValueError, KeyError, TypeError) as err:
+                raise HfCheckpointError(f"{index}: not a safetensors index (needs a 'weight_map' object): {err}") from None
+            # every file the index names stays inside the model folder (nxd.paths): never '../x' or '/x'
+            self.files = {key: Path(resolve_inside(str(self.dir), name, f"{index}: weight_map[{key!r}]"))
+                          for key, name in weight_map.items()}
         elif single.is_file():
-            with safe_open(str(single), framework="pt") as f:
-                self.files = {key: single for key in f.keys()}
+            self._verify(single)
+            try:
+                with safe_open(str(single), framework="pt") as f:
+                    self.files = {key: single for key in f.keys()}
+            except SafetensorError as exc:
+                raise _unreadable(single, exc) from None
         else:
             found = sorted(p.name for p in self.dir.iterdir()) if self.dir.is_dir() else "no such directory"
             raise FileNotFoundError(
@@ -111,6 +144,18 @@ class SafetensorsCheckpoint:
             )
         self._stack = ExitStack()
         self._handles: dict[Path, Any] = {}
+
+    def _verify(self, path: Path) -> None:
+        """Check ``path`` against the export's manifest before any of it is used (once per file)."""
+        if self._manifest is None or path in self._verified or reading_headers_only():  # headers: no data read
+            return
+        name = os.path.relpath(path, self.dir)
+        if name not in self._manifest:
+            raise HfCheckpointError(f"{path}: not among the files {self.dir / MANIFEST} records (added after the "
+                                    "export?); nothing was loaded from it")
+        others = {str(self.dir / n): d for n, d in self._manifest.items() if n != name}
+        check_digest(file_digest(path), self._manifest[name], str(path), "nxd exported it", others)
+        self._verified.add(path)
 
     def __enter__(self) -> SafetensorsCheckpoint:
         return self
@@ -134,8 +179,15 @@ class SafetensorsCheckpoint:
         if path not in self._handles:
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: listed in the index for {key!r} but missing")
-            self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="pt"))
-        return self._handles[path].get_slice(key)
+            self._verify(path)
+            try:
+                self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="pt"))
+            except SafetensorError as exc:
+                raise _unreadable(path, exc, key) from None
+        try:
+            return self._handles[path].get_slice(key)
+        except SafetensorError as exc:
+            raise _unreadable(path, exc, key) from None
 
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._slice(key).get_shape())
@@ -145,6 +197,12 @@ class SafetensorsCheckpoint:
         under :func:`headers_only`, a meta tensor of the shape the read would give."""
         if reading_headers_only():
             return self._planned(piece)
+        try:
+            return self._read(piece)
+        except SafetensorError as exc:
+            raise _unreadable(self.files.get(self.resolve(piece.hf_key), self.dir), exc, piece.hf_key) from None
+
+    def _read(self, piece: SlicePiece) -> torch.Tensor:
         sl = self._slice(piece.hf_key)
         if piece.dim is None:
             return sl[:].t() if getattr(piece, "transpose", False) else sl[:]
@@ -354,14 +412,40 @@ def write_hf_dir(out_dir: str | os.PathLike, hf_config: dict, tensors: dict[str,
         shards[-1][key] = tensors[key].contiguous()
         size += nbytes
     metadata = {"format": "pt"}
+    (out / MANIFEST).unlink(missing_ok=True)  # an earlier export's: never left vouching for new files
+    digests: dict[str, dict] = {}
     if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata=metadata)
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards, start=1):
-        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out / name), metadata=metadata)
-        weight_map.update({key: name for key in shard})
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        digests["model.safetensors"] = _write_file(out / "model.safetensors", safetensors_bytes(shards[0], metadata))
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, start=1):
+            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            digests[name] = _write_file(out / name, safetensors_bytes(shard, metadata))
+            weight_map.update({key: name for key in shard})
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        digests["model.safetensors.index.json"] = _write_file(out / "model.safetensors.index.json",
+                                                              (json.dumps(index, indent=2) + "\n").encode())
+    try:  # what transformers reads ignores it; nxd checks every file against it before loading one
+        write_manifest(out, digests, "nxd hf export")
+    except OSError as exc:
+        raise _write_failed(out / MANIFEST, exc) from None
+
+
+def _write_failed(path: Path, exc: OSError) -> HfCheckpointError:
+    full = exc.errno == errno.ENOSPC or "os error 28" in str(exc)
+    why = "no space left on device" if full else f"{type(exc).__name__}: {exc}"
+    return HfCheckpointError(f"writing {path} failed: {why}; the export in {path.parent} is incomplete: free space "
+                             "or choose another --output, then export again")
+
+
+def _write_file(path: Path, data: bytes) -> dict:
+    """Write ``data`` (hashed in memory as it goes out: no second read) and return its checksum."""
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
+    return digest_of(data)

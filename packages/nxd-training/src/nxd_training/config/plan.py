@@ -19,6 +19,7 @@ from typing import Any
 import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
+from nxd.paths import check_name, name_problem
 from nxd.resolved import pipeline_schedule
 from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
 from nxd_training.config import peft
@@ -37,6 +38,7 @@ from nxd_training.config.schema import (
     TrainerConfig,
     TrainingConfig,
 )
+from nxd_training.exp_manager import checkpoint_tag
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
 from nxd_training.schedules import SCHEDULES, schedule_names
@@ -415,6 +417,24 @@ def _training(tr: TrainerConfig, optim: OptimConfig, em: ExpManagerConfig, run_n
     except (KeyError, IndexError, ValueError) as exc:
         raise ConfigError(f"exp_manager.checkpoint_callback_params.filename: bad template ({exc}); "
                           "fields available: {name}, {step}, {consumed_samples}, {epoch}") from None
+    _run_paths(em, run_name)
+
+
+def _run_paths(em: ExpManagerConfig, run_name: str) -> None:
+    """Every name that becomes a folder of the run stays one folder name (``nxd.paths``): an
+    experiment name or version with '/' or '..' would write outside ``exp_dir``, a checkpoint tag so
+    formed outside ``checkpoints/`` (the tag is checked as the first save would form it)."""
+    if em.explicit_log_dir is None:
+        check_name(em.name if em.name is not None else run_name, "exp_manager.name" if em.name is not None else "name")
+        if em.version is not None:
+            check_name(str(em.version), "exp_manager.version")
+    params = em.checkpoint_callback_params
+    tag = checkpoint_tag(params, run_name, step=1, consumed_samples=1, epoch=0)
+    problem = name_problem(tag)
+    if problem is not None:
+        key = "prefix" if params.prefix and name_problem(params.prefix + "x") else "filename"
+        raise ConfigError(f"exp_manager.checkpoint_callback_params.{key}: the checkpoint tag it forms ({tag!r}) "
+                          f"{problem}; a tag is one folder name inside the checkpoint folder")
 
 
 def _precision(p: PrecisionConfig, ds: DistributedStrategyConfig) -> None:

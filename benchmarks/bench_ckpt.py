@@ -9,7 +9,9 @@ the spread (min-max), and each writer's ratio to the raw write is taken within a
 changes on a shared machine cancel out); the load average is printed with the numbers; the header states the regime (size vs free memory: a size far below free
 memory is written through the page cache, and fsync then measures the device's flush; sizes near
 or above it are disk-bound).
-Usage: python benchmarks/bench_ckpt.py [--mb 64 1024] [--repeats 5] [--dir /scratch/on/the/disk]
+  * the cost of nxd's DCP checksums (``nxd_fsdp.save_dcp`` / ``load_dcp``: CRC-32 while writing,
+    every file verified before a load): the same DCP save and load with and without them.
+Usage: python benchmarks/bench_ckpt.py [--mb 64 1024] [--repeats 5] [--dir /scratch/on/the/disk] [--dcp-only]
 """
 
 from __future__ import annotations
@@ -114,6 +116,54 @@ def throughput(root: str, mb: int, repeats: int) -> list[tuple[str, list[float],
     return [(name, [nbytes / t / 2**20 for t in ts], [r / t for r, t in zip(raw, ts)]) for name, ts in times.items()]
 
 
+def dcp_checksum_cost(root: str, mb: int, repeats: int) -> list[tuple[str, list[float]]]:
+    """(operation, time with nxd's checksums ÷ time without, per round) for a DCP save and load of
+    the same state: plain DCP (``FileSystemWriter``/``Reader``) against the writer and checks that
+    ``nxd_fsdp.save_dcp`` / ``load_dcp`` add (hash while writing + manifest; verify every file, then
+    read ``.metadata`` with the safe unpickler). Rounds alternate which goes first."""
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+    from nxd_fsdp.dcp_integrity import DigestingWriter, SafeReader, record_manifest, verify_dcp
+
+    state = {"model": make_state(mb)}
+    target = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()}}
+    folder = os.path.join(root, "dcp_loaded")
+
+    def save_plain() -> float:
+        return timed_once(lambda: dcp.save(state, storage_writer=FileSystemWriter(os.path.join(root, "dcp_plain"))))
+
+    def save_checked() -> float:
+        def run() -> None:
+            writer = DigestingWriter(os.path.join(root, "dcp_checked"))
+            dcp.save(state, storage_writer=writer)
+            record_manifest(os.path.join(root, "dcp_checked"), writer)
+        return timed_once(run)
+
+    def load_plain() -> float:
+        return timed_once(lambda: dcp.load(target, storage_reader=FileSystemReader(folder)))
+
+    def load_checked() -> float:
+        return timed_once(lambda: (verify_dcp(folder), dcp.load(target, storage_reader=SafeReader(folder))))
+
+    writer = DigestingWriter(folder)
+    dcp.save(state, storage_writer=writer)
+    record_manifest(folder, writer)
+    pairs = {"DCP save": (save_plain, save_checked), "DCP load": (load_plain, load_checked)}
+    for plain, checked in pairs.values():  # warm-up
+        plain(), checked()
+    ratios: dict[str, list[float]] = {name: [] for name in pairs}
+    for r in range(repeats):
+        for name, (plain, checked) in pairs.items():
+            first, second = (plain, checked) if r % 2 == 0 else (checked, plain)
+            t1, t2 = first(), second()
+            t_plain, t_checked = (t1, t2) if r % 2 == 0 else (t2, t1)
+            ratios[name].append(t_plain / t_checked)  # throughput ratio: with checksums ÷ without
+            for d in ("dcp_plain", "dcp_checked"):
+                shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    return list(ratios.items())
+
+
 def load_average() -> str:
     try:
         return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -204,6 +254,7 @@ def main() -> None:
     parser.add_argument("--save-every", type=int, default=16)
     parser.add_argument("--dir", default=None, help="scratch directory on the disk to measure (default: a temp dir)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the saved state lives")
+    parser.add_argument("--dcp-only", action="store_true", help="only the DCP checksum cost")
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -212,6 +263,14 @@ def main() -> None:
     store = dist.FileStore(os.path.join(root, "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
+        for mb in args.mb:
+            rows = dcp_checksum_cost(root, mb, args.repeats)
+            print(f"\nDCP with nxd's checksums, {mb} MiB: throughput with ÷ without, median of {args.repeats} "
+                  f"rounds (min-max); {load_average()}")
+            for name, ratios in rows:
+                print(f"{name:38s} {statistics.median(ratios):6.2f} {min(ratios):5.2f}-{max(ratios):<5.2f}")
+        if args.dcp_only:
+            return
         for mb in args.mb:
             before = load_average()
             rows = throughput(root, mb, args.repeats)

@@ -64,6 +64,19 @@ class Reader:
             self._cache[rel] = fmt.load(io.BytesIO(data), where)
         return self._cache[rel]
 
+    def verify_files(self, prefix: str) -> None:
+        """Check every file recorded under ``prefix`` against its checksum before another library
+        (DCP) reads them itself; a checkpoint without recorded checksums (NxD's) is read as it is."""
+        if self.files is None:
+            return
+        for rel in sorted(r for r in self.files if r.startswith(prefix)):
+            where = self.storage.describe(f"{self.tag}/{rel}")
+            if not self.storage.exists(f"{self.tag}/{rel}"):
+                raise CheckpointError(f"{where}: missing from checkpoint (metadata.json records it: it was deleted)")
+            with self.storage.open_read(f"{self.tag}/{rel}") as f:
+                verify(f.read(), self.files[rel], where, {self.storage.describe(f"{self.tag}/{p}"): d
+                                                          for p, d in self.files.items() if p != rel})
+
     def drop(self) -> None:
         self._cache.clear()
 
@@ -323,6 +336,7 @@ def _load_nxd_dcp_optimizer(reader: Reader, optimizer: Any, model: Any, topo: To
         raise CheckpointError(f"{where}: NxD's DCP optimizer state is keyed by parameter name: pass the model too")
     names = {id(p): n for n, p in unwrap_model(model).named_parameters()}
     groups = [[(names.get(id(p), "?"), p) for p in g["params"]] for g in optimizer.param_groups]
+    reader.verify_files("optim/")  # DCP reads the files itself: checked against metadata.json first
     state = read_dcp(reader.storage, f"{reader.tag}/optim")
     optimizer.load_state_dict_from_shards([nxd_dcp_xla_shard(state, groups, topo.tp_rank, topo.pp_rank, where)])
 

@@ -46,7 +46,14 @@ def read_dcp(storage: Storage, path: str) -> dict[str, Any]:
     buffer = io.BytesIO()
     with warnings.catch_warnings():  # DCP says it loads in one process: this rank reads the whole state on purpose
         warnings.simplefilter("ignore", UserWarning)
-        dcp_to_torch_save(local, buffer)  # type: ignore[arg-type]
+        try:
+            dcp_to_torch_save(local, buffer)  # type: ignore[arg-type]
+        except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException; never its advice
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise CheckpointError(f"{storage.describe(path)}: DCP could not read it ({type(exc).__name__}); its "
+                                  ".metadata or .distcp files are damaged (truncated, swapped or altered): restore "
+                                  "the checkpoint") from None
     buffer.seek(0)
     return torch.load(buffer, map_location="cpu", weights_only=True)
 

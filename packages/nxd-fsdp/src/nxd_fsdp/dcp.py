@@ -7,7 +7,9 @@ writes its own DTensor shards, DCP's ``.metadata`` describes the global tensors,
 renames model keys on the way out (``load_dcp`` takes the inverse), for another code base's names.
 
 The save goes to ``<path>.partial`` and is renamed to ``path`` by rank 0 after every rank
-finished (DCP writes ``.metadata`` last), so ``path`` exists only complete. Model state is DCP's
+finished (DCP writes ``.metadata`` last), so ``path`` exists only complete. Every file's CRC-32,
+computed while it is written, goes into ``nxd_checksums.json``; a load checks them before DCP
+reads a byte (``nxd_fsdp.dcp_integrity``). Model state is DCP's
 global view only where the parameters are FSDP's DTensors over the whole model: tensor and
 pipeline parallelism (whose parameters are TP-local plain tensors) are refused."""
 
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -28,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from nxd import ParallelContext
+from nxd_fsdp.dcp_integrity import DigestingWriter, SafeReader, load_error, record_manifest, save_error, verify_dcp
 from nxd_fsdp.shard import sharded_state_dict
 
 OPTIMIZER_KEY = "optimizer"
@@ -65,7 +69,12 @@ def save_dcp(path: str, model: Any, optimizer: Any = None, *, context: ParallelC
     if os.path.exists(path):
         raise FileExistsError(f"{path} exists; DCP checkpoints are written once (choose a new path)")
     partial = path + ".partial"
-    dcp.save(_state(_module(model), optimizer, key_map), checkpoint_id=partial)
+    writer = DigestingWriter(partial)
+    try:
+        dcp.save(_state(_module(model), optimizer, key_map), storage_writer=writer)
+    except (CheckpointException, OSError) as exc:
+        raise save_error(path, exc) from None
+    record_manifest(partial, writer)
     if dist.get_rank() == 0:
         os.replace(partial, path)
     dist.barrier()
@@ -76,11 +85,13 @@ def load_dcp(path: str, model: Any, optimizer: Any = None, *, context: ParallelC
     """Read the DCP checkpoint ``path`` into ``model`` (and ``optimizer``), resharding to this run's
     layout; ``key_map`` maps this model's names to the checkpoint's. Collective."""
     _check(context)
-    if not os.path.exists(os.path.join(path, ".metadata")):
-        raise FileNotFoundError(f"{path} is not a complete DCP checkpoint (no .metadata)")
+    verify_dcp(path)  # every file against nxd's checksums before DCP copies a byte into the model
     module = _module(model)
     state = _state(module, optimizer, key_map)
-    dcp.load(state, checkpoint_id=path)
+    try:
+        dcp.load(state, storage_reader=SafeReader(path))
+    except (CheckpointException, AssertionError, OSError, RuntimeError, ValueError) as exc:
+        raise load_error(path, exc) from None
     with sharded_state_dict(module):
         names = {(key_map(k) if key_map else k): k for k in get_model_state_dict(module, options=_OPTIONS)}
         model_state = {names[k]: v for k, v in state.items() if k != OPTIMIZER_KEY}

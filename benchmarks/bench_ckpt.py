@@ -143,7 +143,7 @@ def dcp_checksum_cost(root: str, mb: int, repeats: int) -> list[tuple[str, list[
         return timed_once(lambda: dcp.load(target, storage_reader=FileSystemReader(folder)))
 
     def load_checked() -> float:
-        return timed_once(lambda: (verify_dcp(folder), dcp.load(target, storage_reader=SafeReader(folder))))
+        return timed_once(lambda: dcp.load(target, storage_reader=SafeReader(folder, verify_dcp(folder))))
 
     writer = DigestingWriter(folder)
     dcp.save(state, storage_writer=writer)

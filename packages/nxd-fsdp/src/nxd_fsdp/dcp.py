@@ -85,11 +85,11 @@ def load_dcp(path: str, model: Any, optimizer: Any = None, *, context: ParallelC
     """Read the DCP checkpoint ``path`` into ``model`` (and ``optimizer``), resharding to this run's
     layout; ``key_map`` maps this model's names to the checkpoint's. Collective."""
     _check(context)
-    verify_dcp(path)  # every file against nxd's checksums before DCP copies a byte into the model
+    files = verify_dcp(path)  # nxd's checksums (None: a folder torchtitan or torch wrote, noted)
     module = _module(model)
     state = _state(module, optimizer, key_map)
-    try:
-        dcp.load(state, storage_reader=SafeReader(path))
+    try:  # each rank checks every file it reads before DCP copies a byte of it into the model
+        dcp.load(state, storage_reader=SafeReader(path, files))
     except (CheckpointException, AssertionError, OSError, RuntimeError, ValueError) as exc:
         raise load_error(path, exc) from None
     with sharded_state_dict(module):

@@ -2,12 +2,12 @@
 
 ``save_dcp`` writes every file through a stream that hashes the bytes as they go out (CRC-32, no
 second read), and rank 0 records all ranks' digests in ``nxd_checksums.json`` before the folder is
-renamed into place (DCP's readers ignore the file). ``load_dcp`` checks every file against it before
-DCP reads a byte: DCP copies each tensor into the model's parameters as it reads, so a check after
-the read would come too late. The ranks share the work (each hashes its share of the files; the
-read DCP does next finds them in the page cache). A folder without the manifest (torchtitan's,
-torch's own) is loaded with a one-line note that it is unverified, after checking that every file
-its ``.metadata`` places a tensor in holds those bytes.
+renamed into place (DCP's readers ignore the file). ``load_dcp`` has each rank check every file it
+is about to read, whole, before DCP copies a tensor out of it (DCP copies straight into the model's
+parameters, so a check after the read would come too late): the check maps the file and hashes it,
+and DCP's reads are then served from those pages (one read from disk). Files no rank reads are not
+read at all. A folder without the manifest (torchtitan's, torch's own) is loaded with a one-line note
+that it is unverified, each file checked to hold the bytes its ``.metadata`` places in it.
 
 ``.metadata`` is a pickle: it is read here by an unpickler that builds DCP's metadata classes,
 ``torch.Size``, dtypes and paths only (torch's reader unpickles anything, code included).
@@ -16,12 +16,14 @@ its ``.metadata`` places a tensor in holds those bytes.
 from __future__ import annotations
 
 import errno
+import io
+import mmap
 import os
 import pickle
 import threading
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -37,7 +39,7 @@ from nxd_core_parallel.file_checksums import (
     MANIFEST,
     RunningDigest,
     check_digest,
-    file_digest,
+    digest_of,
     read_manifest,
     write_manifest,
 )
@@ -188,14 +190,18 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it names {module}.{name}, which DCP metadata never holds")
 
 
-def read_metadata(path: str) -> Any:
-    """DCP's ``.metadata`` of the folder ``path``, read safely; errors name the file."""
+def read_metadata(path: str, files: dict[str, dict] | None = None) -> Any:
+    """DCP's ``.metadata`` of the folder ``path``, checked against ``files`` (nxd's manifest) when
+    given, and read safely; errors name the file."""
     from torch.distributed.checkpoint.metadata import Metadata
 
     where = os.path.join(path, DCP_METADATA)
+    with open(where, "rb") as f:
+        data = f.read()
+    if files is not None:
+        check_digest(digest_of(data), files.get(DCP_METADATA, {}), where, "nxd saved it")
     try:
-        with open(where, "rb") as f:
-            meta = _MetadataUnpickler(f).load()
+        meta = _MetadataUnpickler(io.BytesIO(data)).load()
     except Exception as exc:  # noqa: BLE001 - any failure of a damaged file: named, never torch's advice
         raise DcpCheckpointError(f"{where}: not a DCP metadata file ({type(exc).__name__}: {exc}); the checkpoint "
                                  "is damaged: restore that file or the folder") from None
@@ -205,81 +211,111 @@ def read_metadata(path: str) -> Any:
     return meta
 
 
+class _MappedFile(io.RawIOBase):
+    """A read-only, seekable file over a mapped (already verified) file: DCP's slices are served from
+    the pages the check read, so the file is read from disk once."""
+
+    def __init__(self, buffer: Any) -> None:
+        super().__init__()
+        self._buf, self._pos = memoryview(buffer), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._buf)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self._buf) - self._pos))
+        memoryview(b).cast("B")[:n] = self._buf[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+
+class _CheckedFileSystem(FileSystem):
+    def __init__(self, opened: dict[str, Any]) -> None:
+        super().__init__()
+        self._opened = opened
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        mapped = self._opened.get(os.path.basename(str(path))) if "r" in mode else None
+        if mapped is None:
+            with super().create_stream(path, mode) as raw:
+                yield raw
+        else:
+            yield _MappedFile(mapped)
+
+
 class SafeReader(FileSystemReader):
-    """DCP's file reader with :func:`read_metadata`'s safe, file-naming unpickler."""
+    """DCP's file reader that checks each file this rank reads, whole, before DCP copies a tensor out
+    of it: against nxd's manifest (``files``) when the folder has one, else that it holds the bytes
+    ``.metadata`` places in it. The check reads the file once (mapped); DCP's reads are then served
+    from those pages. ``.metadata`` goes through :func:`read_metadata` (checked, safe unpickler)."""
+
+    def __init__(self, path: str | os.PathLike, files: dict[str, dict] | None = None) -> None:
+        super().__init__(path)
+        self._files = files
+        self._opened: dict[str, Any] = {}
+        self.fs = _CheckedFileSystem(self._opened)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         from torch.distributed.checkpoint.metadata import StorageMeta
 
-        meta = read_metadata(str(self.path))
+        meta = read_metadata(str(self.path), self._files)
         if getattr(meta, "storage_meta", None) is None:
             meta.storage_meta = StorageMeta()
         meta.storage_meta.load_id = self.load_id
         return meta
 
-
-def _my_share(names: list[str]) -> list[str]:
-    if not dist.is_initialized():
-        return names
-    return names[dist.get_rank()::dist.get_world_size()]
-
-
-def _agree(error: str | None) -> None:
-    """Raise on every rank the first error any rank found (they verified different files)."""
-    errors = [error]
-    if dist.is_initialized():
-        errors = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-    found = sorted(e for e in errors if e)
-    if found:
-        raise DcpCheckpointError(found[0])
-
-
-def _verify_manifest(path: str, files: dict[str, dict]) -> str | None:
-    present = sorted(e.name for e in os.scandir(path) if e.is_file() and e.name != MANIFEST)
-    extra = [n for n in present if n not in files and n.endswith(".distcp")]
-    if extra:
-        return f"{os.path.join(path, extra[0])}: not among the files {MANIFEST} records (added after the save?)"
-    try:
-        for name in _my_share(sorted(files)):
-            where = resolve_inside(path, check_relative(name, f"{MANIFEST} entry"), f"{MANIFEST} entry")
-            if not os.path.isfile(where):
-                return f"{where}: missing ({os.path.join(path, MANIFEST)} records it); restore the folder"
-            others = {os.path.join(path, n): d for n, d in files.items() if n != name}
-            check_digest(file_digest(where), files[name], where, "nxd saved it", others)
-    except NxdError as exc:
-        return str(exc)
-    return None
-
-
-def _check_layout(path: str) -> str | None:
-    """A folder without nxd's manifest: every file ``.metadata`` places tensors in holds those bytes."""
-    try:
-        meta = read_metadata(path)
-    except DcpCheckpointError as exc:
-        return str(exc)
-    needed: dict[str, tuple[int, Any]] = {}
-    for index, info in meta.storage_data.items():
-        end = int(info.offset) + int(info.length)
-        if end > needed.get(info.relative_path, (-1, None))[0]:
-            needed[info.relative_path] = (end, index)
-    for name in _my_share(sorted(needed)):
-        try:
-            where = resolve_inside(path, check_relative(name, f"{DCP_METADATA} entry"), f"{DCP_METADATA} entry")
-        except NxdError as exc:
-            return f"{os.path.join(path, DCP_METADATA)}: {exc}"
-        end, index = needed[name]
+    def _open_checked(self, name: str, end: int, fqn: Any) -> None:
+        folder = str(self.path)
+        where = resolve_inside(folder, check_relative(name, f"{DCP_METADATA} entry"), f"{DCP_METADATA} entry")
         size = os.path.getsize(where) if os.path.isfile(where) else None
         if size is None or size < end:
             what = "missing" if size is None else f"truncated: it has {size} bytes"
-            return (f"{where}: {what}, and {DCP_METADATA} places {getattr(index, 'fqn', index)!r} up to byte {end}; "
-                    "the checkpoint is damaged: restore that file")
-    return None
+            raise DcpCheckpointError(f"{where}: {what}, and {DCP_METADATA} places {fqn!r} up to byte {end}; the "
+                                     "checkpoint is damaged: restore that file")
+        with open(where, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        if self._files is not None:
+            if name not in self._files:
+                raise DcpCheckpointError(f"{where}: not among the files {MANIFEST} records (added after the save?)")
+            others = {os.path.join(folder, n): d for n, d in self._files.items() if n != name}
+            check_digest(digest_of(mapped), self._files[name], where, "nxd saved it", others)
+        self._opened[name] = mapped
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        needed: dict[str, tuple[int, Any]] = {}
+        for item in plan.items:
+            info = self.storage_data[item.storage_index]
+            end = int(info.offset) + int(info.length)
+            if end > needed.get(info.relative_path, (-1, None))[0]:
+                needed[info.relative_path] = (end, getattr(item.storage_index, "fqn", item.storage_index))
+        try:
+            for name in sorted(needed):  # every file this rank reads, before any tensor leaves one
+                self._open_checked(name, *needed[name])
+            return super().read_data(plan, planner)
+        finally:
+            for mapped in self._opened.values():
+                if isinstance(mapped, mmap.mmap):
+                    with suppress(BufferError):  # a view DCP still holds: unmapped when it is dropped
+                        mapped.close()
+            self._opened.clear()
 
 
-def verify_dcp(path: str) -> None:
-    """Check the DCP folder ``path`` before any tensor of it is used (collective when a process group
-    is up: the ranks share the files): nxd's checksums when it has them, else its layout, with a note."""
+def verify_dcp(path: str) -> dict[str, dict] | None:
+    """The cheap checks of the DCP folder ``path`` before a load (every rank: same files, same
+    answer): it is complete, holds no ``.distcp`` its manifest does not record; returns the
+    manifest (None, with a one-line note on rank 0, for a folder torchtitan or torch wrote)."""
     if not os.path.isfile(os.path.join(path, DCP_METADATA)):
         raise DcpCheckpointError(f"{path} is not a complete DCP checkpoint (no {DCP_METADATA}); give the folder "
                                  "a completed save wrote")
@@ -288,17 +324,31 @@ def verify_dcp(path: str) -> None:
         if not dist.is_initialized() or dist.get_rank() == 0:
             warnings.warn(f"{path}: no {MANIFEST} (a DCP folder written by torchtitan or torch, not nxd): loading it "
                           "unverified", UserWarning, stacklevel=3)
-        _agree(_check_layout(path))
-        return
-    _agree(_verify_manifest(path, files))
+        return None
+    extra = sorted(e.name for e in os.scandir(path) if e.name.endswith(".distcp") and e.name not in files)
+    if extra:
+        raise DcpCheckpointError(f"{os.path.join(path, extra[0])}: not among the files {MANIFEST} records (added "
+                                 "after the save?)")
+    return files
 
 
-def load_error(path: str, exc: BaseException) -> DcpCheckpointError:
-    """One line for a DCP read that failed after the checks (torch's exception text, with its advice, stays out)."""
+#: how DCP (torch 2.13) words a failed ``.metadata`` read on every rank, followed by the reader's message
+_METADATA_FAILED = "global metadata read failed:"
+
+
+def load_error(path: str, exc: BaseException) -> NxdError:
+    """One line for a failed DCP load: nxd's own finding on the lowest failing rank as it is; any other
+    exception named without its text when that carries torch's advice (``weights_only=False``)."""
     failures = exc.failures if isinstance(exc, CheckpointException) else {0: (exc, None)}
     rank, (cause, _) = min(failures.items())
+    if isinstance(cause, NxdError):
+        return DcpCheckpointError(str(cause))
+    text = str(cause)
+    if _METADATA_FAILED in text:  # DCP reports the coordinator's .metadata error inside an AssertionError
+        return DcpCheckpointError(text.split(_METADATA_FAILED, 1)[1].split("; rank local metadata read failed", 1)[0]
+                                  .strip())
     first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
     detail = "" if "weights_only" in str(cause) else f": {first[:200]}"
     return DcpCheckpointError(f"DCP checkpoint {path}: rank {rank} could not read it ({type(cause).__name__}{detail}); "
-                              "its files do not hold what its .metadata describes (swapped, truncated or altered); "
-                              f"it has no {MANIFEST} to say which file. Restore the folder")
+                              "its files do not hold what its .metadata describes (swapped or altered); it has no "
+                              f"{MANIFEST} to say which file. Restore the folder")

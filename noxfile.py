@@ -116,6 +116,22 @@ def interop(session: nox.Session) -> None:
     session.run("pytest", str(INTEROP), *session.posargs)
 
 
+#: the quick loop's selection: in-process and rank-pool tests, no launches, nothing marked slow
+QUICK_MARKERS = "not slow and not launch"
+
+
+@nox.session(default=False, venv_backend="none")
+def quick(session: nox.Session) -> None:
+    """The development loop: the unit and fast rank-pool tests of every package (``-m "not slow and
+    not launch"``; tiers are marked by nxd-testing's pytest plugin) in the one editable ``.venv`` of
+    scripts/dev-env.sh (made on first use). Not CI: ``bash scripts/test.sh`` still runs everything."""
+    python = ROOT / ".venv" / "bin" / "python"
+    if not python.exists():
+        session.run("bash", str(ROOT / "scripts" / "dev-env.sh"), external=True)
+    tests = [str(PACKAGES[dist] / "tests") for dist in PACKAGES if (PACKAGES[dist] / "tests").is_dir()]
+    session.run(str(python), "-m", "pytest", "-m", QUICK_MARKERS, "-q", *tests, *session.posargs, external=True)
+
+
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Side-by-side benchmarks against torch-native peers (prints ratio tables)."""

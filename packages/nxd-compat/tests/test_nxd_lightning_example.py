@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from example_run import prepare, rel, torchrun
 
+pytestmark = pytest.mark.launch  # every test here trains through a launch
+
 SCRIPT, STEPS = "run_llama_nxd_ptl.py", 3
 COMMON = ("--model_path", "tiny_llama", "--data_dir", "data", "--train_batch_size", "2", "--max_steps", str(STEPS),
           "--steps_this_run", str(STEPS), "--seq_len", "32", "--scheduler_type", "linear", "--warmup_steps", "1",

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from example_run import prepare, rel, step_losses, torchrun
 
+pytestmark = pytest.mark.launch  # every test here trains through a launch
+
 SCRIPT, STEPS = "run_llama_nxd.py", 3
 COMMON = ("--training_config", "tiny_llama", "--training_dir", "data", "--max_steps", str(STEPS), "--seq_len", "32",
           "--tensor_parallel_size", "1", "--num_microbatches", "2", "--train_batch_size", "4", "--lr", "1e-3",

@@ -52,6 +52,7 @@ def test_refused_before_launch(config_file: Path, capsys, overrides: list[str], 
     assert not (config_file.parent / "runs" / "refused").exists()  # no rank started, nothing written
 
 
+@pytest.mark.launch
 @pytest.mark.slow  # two in-process training runs (~23 s on 2 cores)
 def test_emulated_fp8_trains(config_file: Path) -> None:
     runs = config_file.parent / "runs"

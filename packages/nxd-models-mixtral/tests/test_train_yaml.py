@@ -129,6 +129,7 @@ def test_pp2_run_follows_the_ep2_run(rank_pool, corpus, tmp_path, ep2_losses, ep
     assert abs(valid["lm_loss"] + coef * valid["aux_loss"] - valid["loss"]) / valid["loss"] < 1e-6, valid
 
 
+@pytest.mark.launch
 def test_trained_run_converts_to_hf_with_no_arguments(corpus, tmp_path, capsys):
     """A user's path back to Hugging Face: ``nxd train`` (the NxDT Mixtral config, one rank), then
     ``nxd ckpt convert --from nxd --to hf RUN_DIR`` alone; transformers loads the folder and gives

@@ -64,6 +64,7 @@ def _step_counters(optimizer) -> set[int]:
     return out
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("zero1", [False, True])
 def test_a_step_reads_nothing_back(make_config, tmp_path: Path, monkeypatch, zero1: bool) -> None:
     reads: list[list[str]] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
@@ -38,6 +39,7 @@ def test_mismatches_are_refused_before_launch(hf_llama: Path, make_config, tmp_p
            "folder" in capsys.readouterr().err
 
 
+@pytest.mark.launch
 def test_run_starts_from_hf_weights_and_goes_back_exactly(hf_llama: Path, make_config, tmp_path: Path, capsys) -> None:
     assert main(["train", str(_config(make_config, tmp_path)), f"model.pretrained_checkpoint={hf_llama}"]) == 0
     out = capsys.readouterr().out
@@ -49,6 +51,7 @@ def test_run_starts_from_hf_weights_and_goes_back_exactly(hf_llama: Path, make_c
     assert [k for k in original if not torch.equal(original[k], back[k])] == []
 
 
+@pytest.mark.launch
 def test_mistral_folder_with_a_short_window_trains_and_goes_back(make_config, tmp_path: Path, capsys) -> None:
     """A Mistral folder (model_type mistral) whose sliding window is shorter than the training
     sequence: ``--validate`` and the ranks read it the same way (the ``mistral`` model, window on),

@@ -11,6 +11,8 @@ import yaml
 
 from nxd.cli import main
 
+pytestmark = pytest.mark.launch  # every test here trains through a launch
+
 PROMPT = [[1, 5, 9, 23, 77, 4, 301, 2]]
 
 

@@ -116,12 +116,48 @@ def check_transform(name: str, transform: Any) -> None:
         raise PluginError(f"model transform registered as {name!r} calls itself {transform.name!r}")
 
 
-def model_transforms() -> list[Any]:
-    """Every registered transform, in the order they run (``order``, then name)."""
+def _registered_in_order() -> list[Any]:
+    """Every registered transform's component record, in the order they run (``order``, then name)."""
     from nxd.plugins import state
 
-    named = [(r.obj.order, r.name, r.obj) for r in state().components.all(KIND)]
-    return [t for _, _, t in sorted(named, key=lambda item: (item[0], item[1]))]
+    return sorted(state().components.all(KIND), key=lambda r: (r.obj.order, r.name))
+
+
+def model_transforms() -> list[Any]:
+    """Every registered transform, in the order they run (``order``, then name)."""
+    return [r.obj for r in _registered_in_order()]
+
+
+def slot_of(order: float) -> str:
+    """The anchor of :data:`ORDERS` an ``order`` sits at, or after by how much: 110 -> ``"parallel_plan+10"``."""
+    below = [(at, name) for name, at in ORDERS.items() if at <= order]
+    if not below:
+        return f"before {min(ORDERS, key=ORDERS.__getitem__)}"
+    at, name = max(below)
+    return name if order == at else f"{name}+{order - at:g}"
+
+
+def describe_applies(applies: Any) -> str:
+    """``applies`` in words: ``always``, ``<key>``, ``<key> == v``, ``<key> > n``, ``v in <key>`` or
+    the callable's name (decided per run)."""
+    if not isinstance(applies, When):
+        return f"{getattr(applies, '__qualname__', type(applies).__name__)}(context, config)"
+    if applies.key is None:
+        return "always"
+    if applies.equals is not _UNSET:
+        return f"{applies.key} == {applies.equals!r}"
+    if applies.above is not _UNSET:
+        return f"{applies.key} > {applies.above!r}"
+    if applies.contains is not _UNSET:
+        return f"{applies.contains!r} in {applies.key}"
+    return f"{applies.key} set"
+
+
+def recipe() -> list[dict[str, Any]]:
+    """The registered transforms as the trainer applies them (those whose ``applies`` holds for the
+    run): order, slot, name, distribution and when it applies. ``nxd plugins`` prints it."""
+    return [{"order": r.obj.order, "slot": slot_of(r.obj.order), "name": r.name, "distribution": r.distribution,
+             "applies": describe_applies(r.obj.applies)} for r in _registered_in_order()]
 
 
 def applicable_transforms(context: Any, config: Any) -> list[Any]:

@@ -1,17 +1,64 @@
-"""pytest plugin (entry point ``pytest11``): fixtures for multi-rank tests.
+"""pytest plugin (entry point ``pytest11``, loaded in every package's test session): fixtures for
+multi-rank tests, and the test tiers.
 
 ``rank_pool(world_size)`` returns a :class:`nxd_testing.ranks.RankPool` shared by every test of
 the session; asking for another world size stops the previous pool first (a 2-core machine
 cannot hold many ranks at once).
+
+Every collected test gets exactly one tier marker, from what it uses (:func:`tier_of`):
+``launch`` (starts processes: ``nxd train``, torchrun, ``subprocess``), ``ranks`` (the persistent
+rank pools) or ``unit`` (in-process). ``nox -s quick`` runs ``-m "not slow and not launch"``.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from nxd_testing.ranks import RankPool
+from nxd_testing.ranks import RankPool, run_on_ranks
+
+TIERS = {
+    "unit": "in-process test (marked automatically)",
+    "ranks": "uses nxd-testing's rank pools: the rank_pool fixture, RankPool or run_on_ranks (marked automatically)",
+    "launch": "starts processes: nxd train, torchrun, subprocess (marked automatically when the test module "
+              "imports subprocess; a module that launches otherwise sets pytestmark = pytest.mark.launch)",
+}
+#: fixtures that hand a test the rank pools
+RANK_FIXTURES = frozenset({"rank_pool"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, doc in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+    config.addinivalue_line("markers", "four_ranks: uses a 4-rank pool (scheduled after the 2-rank tests)")
+
+
+def tier_of(item: pytest.Item) -> str:
+    """``launch``, ``ranks`` or ``unit``: an explicit tier marker first, then what the test uses (its
+    fixtures, its module's ``subprocess`` import or rank-pool names); cheap, no source is read."""
+    for tier in ("launch", "ranks", "unit"):
+        if item.get_closest_marker(tier) is not None:
+            return tier
+    module = getattr(item, "module", None)
+    names = vars(module) if module is not None else {}
+    if isinstance(names.get("subprocess"), types.ModuleType):
+        return "launch"
+    if RANK_FIXTURES.intersection(getattr(item, "fixturenames", ())) or any(
+            value is RankPool or value is run_on_ranks for value in names.values()):
+        return "ranks"
+    return "unit"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item)
+        if item.get_closest_marker(tier) is None:
+            item.add_marker(tier)
+    # changing the pool's world size restarts the ranks: every 4-rank test after the 2-rank ones
+    items.sort(key=lambda item: item.get_closest_marker("four_ranks") is not None)
 
 
 class _Pools:

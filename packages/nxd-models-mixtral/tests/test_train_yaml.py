@@ -71,12 +71,47 @@ def test_nxdt_mixtral_config_validates_and_selects_mixtral(corpus, tmp_path):
     assert plan.model_config.output_router_logits
 
 
+def _train_run_config(config_path: str) -> dict[str, Any]:
+    """What a rank of ``nxd train`` does: train from the run directory's config.yaml."""
+    from nxd_training.config.resolved import load_resolved
+    from nxd_training.loop import train
+
+    result = train(load_resolved(config_path))
+    return {"losses": dict(result.losses), "metrics": dict(result.metrics), "valid": dict(result.valid_losses)}
+
+
 @pytest.fixture(scope="module")
 def ep2_run(rank_pool, corpus, tmp_path_factory) -> dict[str, Any]:
+    from nxd_training.config import load_config
+    from nxd_training.launcher import write_run_config
+
     tmp = tmp_path_factory.mktemp("ep2")
-    results = rank_pool(2).run(_train, mixtral_config(corpus, tmp / "runs", ep=2), str(tmp / "log"), timeout=900)
+    config = mixtral_config(corpus, tmp / "runs", ep=2)
+    # the run as nxd train leaves it (config.yaml, a checkpoint, validation at the end) for `nxd eval`
+    config["trainer"].update(val_check_interval=12, limit_val_batches=2)
+    config["exp_manager"].update(create_checkpoint_callback=True, checkpoint_callback_params={"every_n_train_steps": 12})
+    path = write_run_config(load_config(config), tmp / "log")
+    results = rank_pool(2).run(_train_run_config, str(path), timeout=900)
     assert results[0] == results[1]
-    return {**results[0], "logged": _logged_terms(str(tmp / "log"))}
+    return {**results[0], "logged": _logged_terms(str(tmp / "log")), "log": tmp / "log"}
+
+
+@pytest.mark.slow
+def test_ep2_checkpoint_evaluates_in_one_process(ep2_run, capsys):
+    """``nxd eval RUN_DIR`` of the EP=2 run's checkpoint at EP=1 in one process (experts resharded on load):
+    the run's own validation loss and terms at that step."""
+    import re
+
+    from nxd.cli import main
+
+    assert main(["eval", str(ep2_run["log"])]) == 0
+    out = capsys.readouterr().out
+    assert "(step 12, written at TP 1 x PP 1 x DP 2 x EP 2); model 'mixtral'; one process" in out, out
+    loss = float(re.search(r"validation loss (\S+),", out).group(1))
+    expected = ep2_run["valid"][12]
+    print(f"\nnxd eval at EP=1 vs the EP=2 run's validation loss: {loss:.6f} vs {expected:.6f}")
+    assert abs(loss - expected) <= 1e-5 * expected, (out, expected)
+    assert "aux_loss" in out and "lm_loss" in out
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Ctrl-C during a 2-rank ``nxd train``, as from a terminal: one line (stopped at step N, the last
+"""Ctrl-C during a 2-rank ``nxd train`` (SIGINT to its process, as a terminal or a scheduler sends it): one line (stopped at step N, the last
 complete checkpoint, the resume command) and no tracebacks; the printed command resumes, and no
 step appears twice in metrics.jsonl or TensorBoard."""
 
@@ -58,7 +58,9 @@ def test_ctrl_c_prints_one_line_and_the_resume_logs_each_step_once(make_config, 
             assert job.poll() is None, job.stdout.read()
             assert time.monotonic() < deadline, "training did not reach step 6 in time"
             time.sleep(0.1)
-        os.killpg(job.pid, signal.SIGINT)
+        # SIGINT to the nxd train process alone (kill -INT PID, Popen.send_signal, a scheduler); a terminal's
+        # Ctrl-C reaches the same process only, since torchrun runs in its own session
+        job.send_signal(signal.SIGINT)
         out, _ = job.communicate(timeout=120)
     finally:
         if job.poll() is None:

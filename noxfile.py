@@ -128,7 +128,9 @@ def quick(session: nox.Session) -> None:
     python = ROOT / ".venv" / "bin" / "python"
     if not python.exists():
         session.run("bash", str(ROOT / "scripts" / "dev-env.sh"), external=True)
-    tests = [str(PACKAGES[dist] / "tests") for dist in PACKAGES if (PACKAGES[dist] / "tests").is_dir()]
+    # paths among the arguments after ``--`` narrow the run to them; options alone keep every package
+    paths = [arg for arg in session.posargs if not arg.startswith("-")]
+    tests = [] if paths else [str(PACKAGES[d] / "tests") for d in PACKAGES if (PACKAGES[d] / "tests").is_dir()]
     session.run(str(python), "-m", "pytest", "-m", QUICK_MARKERS, "-q", *tests, *session.posargs, external=True)
 
 

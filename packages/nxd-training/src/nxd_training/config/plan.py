@@ -425,7 +425,7 @@ def _run_paths(em: ExpManagerConfig, run_name: str) -> None:
     experiment name or version with '/' or '..' would write outside ``exp_dir``, a checkpoint tag so
     formed outside ``checkpoints/`` (the tag is checked as the first save would form it)."""
     if em.explicit_log_dir is None:
-        check_name(em.name if em.name is not None else run_name, "exp_manager.name" if em.name is not None else "name")
+        check_name(*((em.name, "exp_manager.name") if em.name else (run_name, "name")))  # "" falls back, as in the run
         if em.version is not None:
             check_name(str(em.version), "exp_manager.version")
     params = em.checkpoint_callback_params

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nxd.errors import ConfigError
+from nxd_lora.quantize import QUANTIZE_MODES
 
 BIAS_MODES = ("none", "all", "lora_only")
 INIT_MODES = ("default", "gaussian")
@@ -44,6 +45,9 @@ class LoraConfig:
     merge_sharded_lora: bool = True
     #: written as ``base_model_name_or_path`` in ``adapter_config.json`` (PEFT needs it to auto-load)
     base_model_name_or_path: str | None = None
+    #: QLoRA (nxd's addition, not NxD's): ``"nf4"`` stores each LoRA target's frozen base weight as
+    #: torchao's ``NF4Tensor``; ``None`` keeps it as it is
+    quantize_base: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -74,6 +78,12 @@ class LoraConfig:
             raise ConfigError("LoraConfig.merge_lora=True needs save_lora_base=True (the merged base is what is saved)")
         if not isinstance(self.lora_save_dir, str) or not self.lora_save_dir:
             raise ConfigError(f"LoraConfig.lora_save_dir must be a non-empty path string, got {self.lora_save_dir!r}")
+        if self.quantize_base is not None and self.quantize_base not in QUANTIZE_MODES:
+            raise ConfigError(f"LoraConfig.quantize_base must be None or one of {', '.join(QUANTIZE_MODES)}, "
+                              f"got {self.quantize_base!r}")
+        if self.quantize_base is not None and self.save_lora_base:
+            raise ConfigError("LoraConfig.quantize_base with save_lora_base=True is not supported: the base is stored "
+                              "as NF4 codes; save the adapter and apply it to the original base (as PEFT's QLoRA does)")
         if self.lora_load_tag is not None and not isinstance(self.lora_load_tag, str):
             raise ConfigError(f"LoraConfig.lora_load_tag must be a string or None, got {self.lora_load_tag!r}")
 

@@ -15,6 +15,7 @@ from nxd_core_parallel.dtensor import copy_whole_, local
 from nxd_lora.config import LoraConfig
 from nxd_lora.layers import LoraAdapter
 from nxd_lora.naming import SUPPORTED_LAYERS, Plan, model_plan, model_spec_for, slots_for, tp_size_rank
+from nxd_lora.quantize import check_nf4_target, quantize_linear_nf4
 
 
 def _matches(targets: list[str] | str, names: list[str]) -> bool:
@@ -83,6 +84,7 @@ class LoRAModel(nn.Module):
         targets = self._targets()
         tp, rank = tp_size_rank(self.parallel_context)
         generator = shared_init_generator()
+        to_quantize: list[nn.Module] = []
         for name, sub in self.module.named_modules():
             if not name:
                 continue
@@ -106,6 +108,9 @@ class LoRAModel(nn.Module):
                 raise ConfigError(f"LoraConfig.target_modules matches {name}, Megatron's interleaved QKV with K/V heads "
                                   "replicated over TP (kv_size_multiplier); LoRA on it is not supported: leave it out "
                                   "of target_modules or use a tensor_parallel_size dividing num_query_groups")
+            if self.lora_config.quantize_base == "nf4":
+                check_nf4_target(name, sub)  # every target checked before any is quantised
+                to_quantize.append(sub)
             adapter = LoraAdapter(sub, slots, targeted, self.lora_config, generator)
             self.lora_layers[_safe(name)] = adapter
             self._bases[name] = sub
@@ -113,6 +118,8 @@ class LoRAModel(nn.Module):
         if not len(self.lora_layers):
             raise ConfigError(f"LoraConfig.target_modules={targets!r} matched no adaptable layer of "
                               f"{type(self.module).__name__}")
+        for sub in to_quantize:
+            quantize_linear_nf4(sub)
 
     def _freeze(self) -> None:
         mode = self.lora_config.bias
@@ -164,6 +171,9 @@ class LoRAModel(nn.Module):
     def merge_lora(self) -> None:
         """Add every adapter's update into its base weight (the hooks then add nothing). The original
         weights are kept so :meth:`unmerge_lora` restores them bit for bit."""
+        if self.lora_config.quantize_base is not None:
+            raise ConfigError("merge_lora with LoraConfig.quantize_base: the base is stored as NF4 codes and cannot "
+                              "hold the update; save the adapter and merge it into the original base")
         for name, (base, adapter) in self.adapters().items():
             if adapter.merged:
                 continue

@@ -480,7 +480,13 @@ def _plugins(ds: DistributedStrategyConfig, align: ModelAlignmentConfig | None, 
                 raise ConfigError(f"model_alignment_strategy.peft: LoRA does not support pipeline parallelism "
                                   f"(pipeline_model_parallel_size={pp}); use tensor/data parallelism with LoRA")
             _need("adapter", "lora", "model_alignment_strategy.peft", "nxd-lora")
-            peft.lora_config(align.peft, [])  # every key checked now, not on the ranks
+            qlora = peft.lora_config(align.peft, []).quantize_base  # every key checked now, not on the ranks
+            if qlora is not None:
+                raise ConfigError(f"model_alignment_strategy.peft.quantize_base={qlora!r}: QLoRA is not supported "
+                                  "through `nxd train` yet: it quantises plain nn.Linear LoRA targets only, and nxd's "
+                                  "model families build their projections as nxd's own (tensor-parallel) linear layers; "
+                                  "FSDP/TP composition is not supported yet either. Use it from Python on a model with "
+                                  "nn.Linear targets: LoRAModel(model, LoraConfig(quantize_base='nf4')) (docs/lora.md)")
     if em.create_checkpoint_callback or em.resume_if_exists:
         _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")
 

@@ -38,7 +38,6 @@ from nxd_training.config.schema import (
     TrainerConfig,
     TrainingConfig,
 )
-from nxd_training.exp_manager import checkpoint_tag
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
 from nxd_training.schedules import SCHEDULES, schedule_names
@@ -429,6 +428,8 @@ def _run_paths(em: ExpManagerConfig, run_name: str) -> None:
         if em.version is not None:
             check_name(str(em.version), "exp_manager.version")
     params = em.checkpoint_callback_params
+    from nxd_training.exp_manager import checkpoint_tag  # here: exp_manager imports config, which imports this module
+
     tag = checkpoint_tag(params, run_name, step=1, consumed_samples=1, epoch=0)
     problem = name_problem(tag)
     if problem is not None:

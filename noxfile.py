@@ -99,6 +99,15 @@ COMPOSITION = ROOT / "integration_tests" / "composition"
 INTEROP = ROOT / "integration_tests" / "interop"
 
 
+@nox.session
+def composition(session: nox.Session) -> None:
+    """The composition matrix (docs/composition.md): every pair of the features users combine,
+    through ``nxd train``'s own path, with every first-party plugin installed."""
+    session.install("-c", CONSTRAINTS, *(str(path) for path in PACKAGES.values()),
+                    f"{PACKAGES['nxd-data']}[hf]", "pytest", "pytest-timeout", "transformers", "peft", "safetensors")
+    session.run("pytest", str(COMPOSITION), *session.posargs)
+
+
 #: torchtitan 0.3.0 pins ``datasets<4.8`` (constraints.txt: 5.2.0, which it runs with), so the resolver
 #: cannot place it beside the pinned stack: it goes in with ``--no-deps`` after what it imports.
 TORCHTITAN = "torchtitan==0.3.0"
@@ -174,4 +183,4 @@ def xla(session: nox.Session) -> None:
                 env={"PJRT_DEVICE": "CPU", "NXD_BACKEND": "xla"})
 
 
-nox.options.sessions = ["lint", *(f"tests-{d}" for d in PACKAGES), "integration", "interop"]
+nox.options.sessions = ["lint", *(f"tests-{d}" for d in PACKAGES), "integration", "interop", "composition"]

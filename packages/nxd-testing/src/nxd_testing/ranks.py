@@ -133,9 +133,10 @@ class RankPool:
             except Exception:  # noqa: BLE001
                 pass
         deadline = time.monotonic() + 5
-        for proc in self._procs:
+        started = [proc for proc in self._procs if proc.pid is not None]  # a failed start leaves some unstarted
+        for proc in started:
             proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self._procs:
+        for proc in started:
             if proc.is_alive():
                 proc.kill()
                 proc.join()

@@ -236,6 +236,18 @@ def _reshard(reader: Reader, meta: dict, target: dict[str, Any], shardings: dict
     return out
 
 
+def optimizer_reshard_refusal(storage: Storage, tag: str, meta: dict | None, tp: int, pp: int) -> str | None:
+    """Why ``tag``'s optimizer state cannot be loaded at TP=``tp`` PP=``pp`` (None: it can). The
+    rule :func:`load_optimizer` applies, also asked before launch (``nxd train --validate``)."""
+    if meta is None:
+        return None  # NxD-written: its own layouts, checked against the files when loaded
+    saved = (meta["degrees"]["tp"], meta["degrees"]["pp"])
+    if saved == (tp, pp) or (is_nxd_dcp_optim(storage, tag) and saved[1] == pp):  # NxD's DCP layout reshards TP
+        return None
+    return (f"{storage.describe(f'{tag}/optim')}: optimizer state was saved at TP={saved[0]} PP={saved[1]} and "
+            f"does not reshard to TP={tp} PP={pp}")
+
+
 def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topology, model: Any = None) -> None:
     zero1_now = bool(getattr(optimizer, "nxd_zero1", False))
     where = reader.storage.describe(f"{reader.tag}/optim")
@@ -243,11 +255,9 @@ def load_optimizer(reader: Reader, meta: dict | None, optimizer: Any, topo: Topo
     if meta is not None and dcp and meta["degrees"]["pp"] == topo.pp and meta["degrees"]["tp"] != topo.tp:
         _load_nxd_optimizer_resharded(reader, optimizer, model, topo, zero1_now)  # NxD's layout (use_zero1_dcp)
         return
-    if meta is not None and (meta["degrees"]["tp"], meta["degrees"]["pp"]) != (topo.tp, topo.pp):
-        raise CheckpointError(
-            f"{where}: optimizer state was saved at TP={meta['degrees']['tp']} PP={meta['degrees']['pp']} and "
-            f"does not reshard to TP={topo.tp} PP={topo.pp}; pass optimizer=None to load the weights only"
-        )
+    refusal = optimizer_reshard_refusal(reader.storage, reader.tag, meta, topo.tp, topo.pp)
+    if refusal:
+        raise CheckpointError(f"{refusal}; pass optimizer=None to load the weights only")
     if meta is None:
         _check_nxd_optimizer_layout(reader, topo)
         if nxd_written_degrees(reader.storage, reader.tag)[0] != topo.tp:

@@ -47,6 +47,7 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
     em = config.exp_manager
     _resume(em.resume_from_checkpoint)
     check_pretrained(config.model, em.resume_from_checkpoint, plan)
+    _resume_layout(config, log_dir)
     # the format is checked whenever it is used or written down (a wrong name is wrong with checkpointing off too)
     if em.create_checkpoint_callback or em.resume_from_checkpoint or "checkpoint_format" in em.model_fields_set:
         nxd.get_component("checkpoint_format", em.checkpoint_format,
@@ -107,6 +108,34 @@ def _resume(source: str | None) -> None:
     if looks_like_hf_folder(path):
         raise ConfigError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model folder, not an nxd "
                           f"checkpoint; to start a run from its weights use model.pretrained_checkpoint={path}")
+
+
+def _resume_layout(config: TrainingConfig, log_dir: Path) -> None:
+    """A resume that loads optimizer state needs a layout that state reshards to: refused here, not
+    on every rank after launch (the composition matrix found "resume on another TP" failing there)."""
+    from nxd_ckpt.layout import newest_complete_tag
+    from nxd_ckpt.load import optimizer_reshard_refusal
+    from nxd_ckpt.metadata import read_metadata
+    from nxd_ckpt.storage import open_storage
+    from nxd_training.exp_manager import checkpoint_dir, is_url, split_checkpoint_path
+
+    em, ds = config.exp_manager, config.distributed_strategy
+    source: tuple[str, str | None, str] | None = None
+    ckpt_dir = checkpoint_dir(em, log_dir)
+    if em.resume_if_exists and not is_url(ckpt_dir) and Path(ckpt_dir).is_dir():
+        source = (ckpt_dir, newest_complete_tag(open_storage(ckpt_dir)), "exp_manager.resume_if_exists")
+    elif em.resume_from_checkpoint and not config.model.weight_init_only and not is_url(em.resume_from_checkpoint):
+        source = (*split_checkpoint_path(em.resume_from_checkpoint), "exp_manager.resume_from_checkpoint")
+    if source is None or source[1] is None:
+        return
+    folder, tag, key = source
+    storage = open_storage(folder)
+    tp, pp = ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size
+    refusal = optimizer_reshard_refusal(storage, tag, read_metadata(storage, tag), tp, pp)
+    if refusal:
+        raise ConfigError(f"{key}: {refusal}: resume at the layout it was saved at, or start from its weights with "
+                          f"exp_manager.resume_from_checkpoint={folder}/{tag} and model.weight_init_only=true "
+                          "(the optimizer, schedule and data position then start fresh)")
 
 
 def _tokenizer(data: DataConfig, gen: GenerationConfig | None) -> None:

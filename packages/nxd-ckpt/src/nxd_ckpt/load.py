@@ -24,6 +24,7 @@ from nxd_ckpt.snapshot import unwrap_model
 from nxd_ckpt.storage import Storage
 from nxd_ckpt.topology import Topology
 from nxd_ckpt.xser import is_xser_in_storage, load_from_storage
+from nxd_core_parallel.dtensor import shard_like
 from nxd_core_parallel.xla_zero1_layout import is_xla_state
 
 
@@ -187,7 +188,10 @@ def load_model(reader: Reader, meta: dict | None, model: Any, topo: Topology, st
     if missing:
         warnings.warn(f"{where}: strict=False left {len(missing)} model tensor(s) at their initial values (not in "
                       f"the checkpoint): {missing}", stacklevel=4)
-    module.load_state_dict({k: v for k, v in state.items() if k in target}, strict=False)
+    # parameters a data-parallel strategy cut into DTensors (FSDP) take their own rows of each whole tensor
+    params = dict(module.named_parameters())
+    module.load_state_dict({k: shard_like(v, params[k]) if k in params else v for k, v in state.items() if k in target},
+                           strict=False)
 
 
 def _load_target(reader: Reader, meta: dict | None, module: Any, topo: Topology) -> tuple[Any, list[str]]:

@@ -80,7 +80,9 @@ def fsdp_mesh(context: ParallelContext, replicate_degree: int = 1) -> DeviceMesh
         if replicate_degree == 1 and context.cp.size == 1:
             return DeviceMesh.from_group(context.dp.group, device_type, mesh_dim_names=(SHARD_DIM,))
         rep, shard, layout = _replicated_groups(context, replicate_degree)
-        return DeviceMesh.from_group([rep, shard], device_type, mesh=torch.tensor(layout, dtype=torch.int),
+        # the rank layout is bookkeeping on the host, also when the model is built under a meta device
+        # context (nxd train --validate builds every rank that way: HSDP was refused there)
+        return DeviceMesh.from_group([rep, shard], device_type, mesh=torch.tensor(layout, dtype=torch.int, device="cpu"),
                                      mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
 
     return _cached(context, replicate_degree, make)

@@ -95,10 +95,19 @@ def fsdp_rows(rows: int, shards: int, index: int) -> int:
 
 def _fsdp_coordinates(model: torch.nn.Module) -> tuple[int, int] | None:
     """(index, size) on the shard (last) dimension of the mesh of FSDP's DTensor parameters."""
+    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
+
+    from nxd_core_parallel.dtensor import SHARD_GROUP
 
     for p in model.parameters():
         if isinstance(p, DTensor):
+            # the group nxd-fsdp recorded, not p.device_mesh: DTensor caches meshes by equality, so after
+            # an earlier rank's fake world (--validate builds several in one process) the mesh may be an
+            # equal one whose groups are gone ("Could not resolve the process group ...": HSDP refused)
+            group = getattr(p, SHARD_GROUP, None)
+            if group is not None:
+                return dist.get_rank(group), dist.get_world_size(group)
             mesh = p.device_mesh
             return mesh.get_local_rank(mesh.ndim - 1), mesh.size(mesh.ndim - 1)
     return None

@@ -65,6 +65,8 @@ def padded_layers_body(tp: int) -> dict[str, float]:
     xr = x_full.clone().requires_grad_()
     out = col(x)
     assert out.shape[-1] == ODD, out.shape
+    assert out.is_contiguous()  # NxD scripts .view() it
+    out.view(-1)
     (out * w).sum().backward()
     (ref(xr) * w).sum().backward()
     full_grad = gather(col.weight.grad, 0)

@@ -230,7 +230,8 @@ class ColumnParallelLinear(_ShardedLinear):
         if self.gather_output:
             out = gather_from_tensor_model_parallel_region(out, process_group=group)
             if self.pad_size and not self.keep_padded_output:
-                out = out.narrow(-1, 0, self.output_size)
+                # contiguous, as NxD's output is: NxD scripts .view() it
+                out = out.narrow(-1, 0, self.output_size).contiguous()
         return (out, self.bias) if self.skip_bias_add else out
 
     def extra_repr(self) -> str:

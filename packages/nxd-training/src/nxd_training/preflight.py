@@ -47,7 +47,7 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
     em = config.exp_manager
     _resume(em.resume_from_checkpoint)
     check_pretrained(config.model, em.resume_from_checkpoint, plan)
-    _resume_layout(config, log_dir)
+    _resume_layout(config, log_dir, plan.resolution.dp)
     # the format is checked whenever it is used or written down (a wrong name is wrong with checkpointing off too)
     if em.create_checkpoint_callback or em.resume_from_checkpoint or "checkpoint_format" in em.model_fields_set:
         nxd.get_component("checkpoint_format", em.checkpoint_format,
@@ -110,7 +110,7 @@ def _resume(source: str | None) -> None:
                           f"checkpoint; to start a run from its weights use model.pretrained_checkpoint={path}")
 
 
-def _resume_layout(config: TrainingConfig, log_dir: Path) -> None:
+def _resume_layout(config: TrainingConfig, log_dir: Path, dp: int) -> None:
     """A resume that loads optimizer state needs a layout that state reshards to: refused here, not
     on every rank after launch (the composition matrix found "resume on another TP" failing there)."""
     from nxd_ckpt.layout import newest_complete_tag
@@ -131,7 +131,13 @@ def _resume_layout(config: TrainingConfig, log_dir: Path) -> None:
     folder, tag, key = source
     storage = open_storage(folder)
     tp, pp = ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size
-    refusal = optimizer_reshard_refusal(storage, tag, read_metadata(storage, tag), tp, pp)
+    meta = read_metadata(storage, tag)
+    refusal = optimizer_reshard_refusal(storage, tag, meta, tp, pp)
+    saved_dp = (meta or {}).get("degrees", {}).get("dp")
+    if not refusal and key == "exp_manager.resume_if_exists" and saved_dp and saved_dp != dp:
+        # the run's own checkpoints hold one data position per DP rank (nxd_training.loop._restore)
+        refusal = (f"{storage.describe(tag)} was written with {saved_dp} data-parallel ranks and this run has {dp}: "
+                   "the data position cannot continue exactly")
     if refusal:
         raise ConfigError(f"{key}: {refusal}: resume at the layout it was saved at, or start from its weights with "
                           f"exp_manager.resume_from_checkpoint={folder}/{tag} and model.weight_init_only=true "

@@ -80,8 +80,12 @@ def _validate(cfg: dict[str, Any], path: Path) -> tuple[int, str]:
 
 def _reason(said: str) -> str:
     """The refusal ``nxd train`` printed (its own lines; third-party warnings left out), paths shortened."""
-    lines = [line for line in said.splitlines() if line.startswith("nxd train: ")]
-    reason = lines[-1][len("nxd train: "):] if lines else said.strip().splitlines()[-1]
+    lines = said.strip().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("nxd train: ")]
+    # the last of nxd's lines and the lines it continues on (a refusal may list its reasons below it)
+    tail = lines[starts[-1]:] if starts else lines[-1:]
+    reason = " ".join(line.strip() for line in tail if not re.match(r"[WE]\d{4} |Failed to load|\s*warnings\.warn", line))
+    reason = reason[len("nxd train: "):] if reason.startswith("nxd train: ") else reason
     return re.sub(r"/\S*/(test_cell|pytest-of|tmp)\S*", "<path>", reason)
 
 

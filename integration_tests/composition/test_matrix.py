@@ -84,7 +84,8 @@ def _reason(said: str) -> str:
     starts = [i for i, line in enumerate(lines) if line.startswith("nxd train: ")]
     # the last of nxd's lines and the lines it continues on (a refusal may list its reasons below it)
     tail = lines[starts[-1]:] if starts else lines[-1:]
-    reason = " ".join(line.strip() for line in tail if not re.match(r"[WE]\d{4} |Failed to load|\s*warnings\.warn", line))
+    tail = tail[:1] + [line for line in tail[1:] if line[:1].isspace() and "warnings.warn" not in line]
+    reason = " ".join(line.strip() for line in tail)
     reason = reason[len("nxd train: "):] if reason.startswith("nxd train: ") else reason
     return re.sub(r"/\S*/(test_cell|pytest-of|tmp)\S*", "<path>", reason)
 

@@ -8,6 +8,7 @@ logits (the checkpoint rebuilt in one process) within 1e-5."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -115,7 +116,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def test_hf_lora_sft_on_fsdp_ctrl_c_resume_export_peft(hf_llama: Path, make_config, tmp_path: Path) -> None:
+def test_hf_lora_sft_on_fsdp_ctrl_c_resume_export_peft(hf_llama: Path, make_config, tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     config = make_config(
         trainer={"max_steps": 100},
@@ -168,9 +169,18 @@ def test_hf_lora_sft_on_fsdp_ctrl_c_resume_export_peft(hf_llama: Path, make_conf
           "bit-identical (loss, grad norm)")
     assert losses[-1] < losses[0]
 
-    # 3. the adapter leaves in PEFT's format; PEFT on transformers gives nxd's logits
+    # 3. evaluate: nxd eval takes the newest checkpoint with its adapters (not the HF folder the run started from)
     ckpts = run / "checkpoints"
     tag = f"tiny--step={2 * CKPT_EVERY}-consumed_samples={2 * CKPT_EVERY * 4}"
+    capsys.readouterr()
+    # the SFT run had no validation split: evaluated on its records, as a user points eval at held-out data
+    assert main(["eval", str(run), f"data.val_dir={tmp_path / 'train.jsonl'}", "trainer.limit_val_batches=2"]) == 0
+    said = capsys.readouterr().out
+    assert f"nxd eval: weights from checkpoint {ckpts / tag} (step {2 * CKPT_EVERY}, written at TP 1 x PP 1 x DP 2, " \
+           "LoRA adapters included)" in said, said
+    assert math.isfinite(float(said.split("validation loss ")[1].split()[0])), said
+
+    # 4. the adapter leaves in PEFT's format; PEFT on transformers gives nxd's logits
     assert (ckpts / tag / "lora_adapter" / "adapter_config.json").is_file(), sorted(p.name for p in ckpts.iterdir())
     assert main(["ckpt", "convert", "--from", "nxd", "--to", "hf", str(run), "--lora", "adapter",
                  "--output", str(tmp_path / "adapter")]) == 0

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _plugins(venv) -> dict[str, dict]:
-    return {p["name"]: p for p in json.loads(venv.nxd("plugins", "--json").stdout)}
+    return {p["name"]: p for p in json.loads(venv.nxd("plugins", "--json").stdout)["plugins"]}
 
 
 def test_core_then_plugins_then_third_party(fresh_venv):

@@ -80,7 +80,7 @@ def test_refused_where_there_is_no_fp8_matmul() -> None:
     if not torch.cuda.is_available():
         assert "sees no CUDA device" in fp8_refusal("cuda", "tensorwise", emulate=False)
         # the Python path: the config is refused when it is made, naming the field and the way out
-        with pytest.raises(ConfigError, match=r"model_transforms\['fp8'\].*compute capability >= 8.9.*emulate: true"):
+        with pytest.raises(ConfigError, match=r"model_transforms\['fp8'\].*compute capability >= 8.9.*precision\.fp8\.emulate=true"):
             nxd.neuronx_distributed_config(model_transforms={"fp8": {"recipe": "rowwise"}})
     assert nxd.neuronx_distributed_config(model_transforms={"fp8": {"emulate": True}}).transform_options("fp8")
 

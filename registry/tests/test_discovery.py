@@ -93,13 +93,13 @@ def test_misspelled_hook_is_caught(fake_distribution, monkeypatch, load_only):
 
 
 def test_incompatible_plugin_api_is_refused(fake_distribution, monkeypatch, load_only):
-    fake_distribution("future-plugin", "future_plugin", "NXD_PLUGIN_API = (4, 5)\n")
+    fake_distribution("future-plugin", "future_plugin", "NXD_PLUGIN_API = (5, 6)\n")
     load_only("future_plugin")
-    with pytest.warns(PluginWarning, match=r"supports plugin-API versions 4\.\.5.*speaks version 3 \(and accepts 2\.\.3\)"):
+    with pytest.warns(PluginWarning, match=r"supports plugin-API versions 5\.\.6.*speaks version 4 \(and accepts 2\.\.4\)"):
         list(plugin_infos())
     monkeypatch.setenv("NXD_STRICT_PLUGINS", "1")
     nxd.plugins.reset()
-    with pytest.raises(nxd.PluginError, match="plugin-API versions 4..5"):
+    with pytest.raises(nxd.PluginError, match="plugin-API versions 5..6"):
         list(plugin_infos())
 
 
@@ -137,7 +137,7 @@ def test_in_process_registration():
 def test_a_plugin_for_plugin_api_1_is_refused_naming_the_versions(fake_distribution, load_only):
     fake_distribution("old-plugin", "old_plugin", "NXD_PLUGIN_API = (1, 1)\n")
     load_only("old_plugin")
-    with pytest.warns(PluginWarning, match=r"supports plugin-API versions 1\.\.1.*speaks version 3 \(and accepts 2\.\.3\)"):
+    with pytest.warns(PluginWarning, match=r"supports plugin-API versions 1\.\.1.*speaks version 4 \(and accepts 2\.\.4\)"):
         assert [i.status for i in plugin_infos() if i.name == "old_plugin"] == ["skipped"]
 
 

@@ -61,10 +61,14 @@ class RecordingPlugin:
             self.calls.append(("transform", "ddp", type(model).__name__))
             return None
 
+        def after_step(optimizer, context, config):
+            self.calls.append(("after_optimizer_step", type(optimizer).__name__))
+            return lambda: self.calls.append(("stepped",))
+
         registry.add("ddp", nxd.transforms.ModelTransform(
-            "ddp", nxd.transforms.DATA_PARALLEL, wrap, make_optimizer=make_optimizer))
+            "ddp", "data_parallel", wrap, make_optimizer=make_optimizer, after_optimizer_step=after_step))
         registry.add("toy-parallel-plan", nxd.transforms.ModelTransform(
-            "toy-parallel-plan", nxd.transforms.PARALLEL_PLAN,
+            "toy-parallel-plan", "parallel_plan",
             lambda model, context, config: self.calls.append(("transform", "plan", type(model).__name__)),
             applies=lambda context, config: config["tensor_parallel_size"] == 1))
 
@@ -137,10 +141,6 @@ class RecordingPlugin:
         return model_fn(*model_args, **model_kwargs)
 
     @nxd.hookimpl
-    def nxd_wrap_optimizer(self, nxd_config, optimizer):
-        self.calls.append(("wrap_optimizer", type(optimizer).__name__))
-
-    @nxd.hookimpl
     def nxd_checkpoint_extras(self, model, path, tag, phase):
         self.calls.append(("checkpoint_extras", type(model).__name__, path, tag, phase))
 
@@ -191,7 +191,9 @@ def test_every_hook_is_called_through_the_public_api(tmp_path, capsys):
 
     optimizer = nxd.initialize_parallel_optimizer(config, torch.optim.SGD, model.parameters(), lr=0.5)
     assert isinstance(optimizer, torch.optim.SGD) and ("optimizer", {"lr": 0.5}) in plugin.calls
-    assert ("wrap_optimizer", "SGD") in plugin.calls
+    assert ("after_optimizer_step", "SGD") in plugin.calls and ("stepped",) not in plugin.calls
+    optimizer.step()
+    assert plugin.calls[-1] == ("stepped",)  # after each step of the optimizer
 
     nxd.save_checkpoint(str(tmp_path), tag="t", model=model, user_content={"step": 3}, num_kept_ckpts=2)
     assert nxd.has_checkpoint(str(tmp_path))
@@ -262,8 +264,13 @@ class ContextRecorder:
         self.seen.append(("build", context))
 
     @nxd.hookimpl
-    def nxd_wrap_optimizer(self, context):
-        self.seen.append(("wrap_optimizer", context))
+    def nxd_register_model_transforms(self, registry):
+        def after_step(optimizer, context, config):
+            self.seen.append(("after_optimizer_step", context))
+
+        registry.add("context-recorder", nxd.transforms.ModelTransform(
+            "context-recorder", nxd.transforms.after("data_parallel"), lambda model, context, config: None,
+            after_optimizer_step=after_step))
 
     @nxd.hookimpl
     def nxd_checkpoint_extras(self, phase, context):
@@ -290,7 +297,7 @@ def _context_reaches_hooks(tmp: str) -> list[str]:
 
 
 def test_lifecycle_hooks_receive_the_parallel_context(rank_pool, tmp_path):
-    names = ["build", "wrap_optimizer", "extras:saved", "extras:loaded"]
+    names = ["build", "after_optimizer_step", "extras:saved", "extras:loaded"]
     assert rank_pool(2).run(_context_reaches_hooks_on_rank, str(tmp_path)) == [names] * 2
 
 

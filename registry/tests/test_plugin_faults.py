@@ -109,9 +109,6 @@ def nxd_plan_run(config, device_memory_gib):
 RAISING_WRAPPERS = """
 import nxd
 @nxd.hookimpl
-def nxd_wrap_optimizer(nxd_config, optimizer, context):
-    raise RuntimeError("wrap boom")
-@nxd.hookimpl
 def nxd_checkpoint_extras(model, path, tag, phase, context):
     raise RuntimeError("extras boom")
 """
@@ -126,19 +123,15 @@ def test_a_crashing_planner_is_named_and_skipped(fake_distribution, load_only, c
         assert nxd.trainer.plan_run({"any": "config"}) is None
 
 
-def test_a_crashing_wrap_or_extras_hook_names_its_plugin(fake_distribution, load_only, tmp_path):
-    """In a rank, these failed as a bare RuntimeError ('wrap boom'): the last line of `nxd train`
-    named no plugin. They are not optional (the optimizer or an export would silently differ)."""
+def test_a_crashing_extras_hook_names_its_plugin(fake_distribution, load_only, tmp_path):
+    """In a rank, this failed as a bare RuntimeError ('extras boom'): the last line of `nxd train`
+    named no plugin. It is not optional (an export would silently be missing)."""
     import torch
 
     from nxd.errors import PluginError
 
     fake_distribution("acme-wrappers", "acme_wrappers", RAISING_WRAPPERS)
     load_only("acme_wrappers")
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    with pytest.raises(PluginError, match=r"nxd plugin 'acme_wrappers' from acme-wrappers: its nxd_wrap_optimizer "
-                                          r"hook raised RuntimeError\('wrap boom'\)"):
-        nxd.plugins.state().call_chain("nxd_wrap_optimizer", "optimizer", optimizer, nxd_config={}, context=None)
     with pytest.raises(PluginError, match=r"'acme_wrappers' from acme-wrappers: its nxd_checkpoint_extras hook "
                                           r"raised RuntimeError\('extras boom'\)"):
         nxd.trainer.checkpoint_extras(torch.nn.Linear(1, 1), str(tmp_path), "t", "saved", context=object())

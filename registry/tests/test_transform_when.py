@@ -26,6 +26,6 @@ def test_a_rule_reads_the_config_with_its_defaults(rule, given, expected):
 
 
 def test_applies_must_be_a_rule_or_a_callable():
-    check_transform("ok", ModelTransform("ok", 1, lambda m, c, k: None, lambda context, config: True))
+    check_transform("ok", ModelTransform("ok", "adapter", lambda m, c, k: None, lambda context, config: True))
     with pytest.raises(PluginError, match="applies='pad_model'"):
-        check_transform("bad", ModelTransform("bad", 1, lambda m, c, k: None, "pad_model"))
+        check_transform("bad", ModelTransform("bad", "adapter", lambda m, c, k: None, "pad_model"))

@@ -49,6 +49,11 @@ def test_single_device_run_in_process(make_config, tmp_path: Path, capsys) -> No
     assert yaml.safe_load((run / "config.yaml").read_text())["exp_manager"]["name"] == "cli"
     # a second run without resume gets the next version
     assert main(["train", str(path), "exp_manager.name=cli", "trainer.max_steps=1", "--validate"]) == 0
+    # --validate prints the recipe this config runs: each slot's transforms, those skipped with why
+    recipe = capsys.readouterr().out.split("nxd train: recipe", 1)[1].splitlines()[1:]
+    steps = {line.split()[2]: line.split(None, 4) for line in recipe if line.startswith("    ")}
+    assert steps["parallel_plan"][:2] == ["runs", "parallel_plan"] and steps["ddp"][0] == "runs"
+    assert steps["pipeline"][0] == "--" and steps["pipeline"][4].endswith("skipped: needs pipeline_parallel_size > 1")
 
 
 def test_bad_config_exits_2_with_message(make_config, tmp_path: Path, capsys) -> None:

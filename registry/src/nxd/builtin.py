@@ -15,13 +15,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from nxd.plugins import plugin_infos
-    from nxd.transforms import recipe
+    from nxd.transforms import SLOTS, recipe
 
     _probe_optional_hooks()
     infos = list(plugin_infos())
     steps = recipe()
     if args.json:
-        print(json.dumps({"plugins": [info.__dict__ for info in infos], "recipe": steps}, indent=2, default=str))
+        print(json.dumps({"plugins": [info.__dict__ for info in infos], "slots": list(SLOTS), "recipe": steps}, indent=2,
+                         default=str))
         return 0
     for info in infos:
         line = f"{info.name:<16} {info.distribution} {info.version}  [{info.status}]"
@@ -30,10 +31,14 @@ def _run(args: argparse.Namespace) -> int:
         print(line)
         for kind, names in info.components.items():
             print(f"    {kind}: {', '.join(names)}")
-    print("recipe: model transforms in the order the trainer applies them (each when its condition holds)")
-    for step in steps:
-        print(f"    {step['order']:>5g}  {step['slot']:<26} {step['name']:<24} {step['distribution']:<20} "
-              f"when {step['applies']}")
+    print("recipe: the slots model transforms run in, in order, each transform when its condition holds "
+          "(nxd train --validate prints what runs for a config)")
+    for slot in SLOTS:
+        mine = [s for s in steps if s["slot"].split(":", 1)[-1] == slot]
+        if not mine:
+            print(f"    {slot:<26} -")
+        for step in mine:
+            print(f"    {step['slot']:<26} {step['name']:<24} {step['distribution']:<20} when {step['applies']}")
     return 0
 
 

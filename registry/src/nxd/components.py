@@ -90,7 +90,7 @@ class Components:
         if component.kind == "model_transform":
             from nxd.transforms import check_transform
 
-            check_transform(component.name, component.obj)
+            check_transform(component.name, component.obj, component.distribution)
         existing = self._by_kind[component.kind].get(component.name)
         if existing is not None:
             message = (

@@ -29,14 +29,20 @@ PROJECT_NAME = "nxd"
 #: take it; the one fallback is ``nxd.parallel.resolve_context``), a family's parallel plan is data
 #: applied by transforms, ``nxd_plan_run``; version 1's ``nxd_wrap_model`` is gone. Migration notes
 #: in docs/hooks.md.
-PLUGIN_API_VERSION = 3
-#: The oldest plugin-API version still accepted (its hooks are all still called).
+#: 4: transforms declare a named ``slot`` of the recipe (integer ``order`` and its anchors are
+#: gone), may take the family (``spec``) and an ``after_optimizer_step``; ``nxd_wrap_optimizer`` is
+#: gone (its one use, nxd-moe's balancer, is the ``expert_parallel`` transform's ``after_optimizer_step``).
+PLUGIN_API_VERSION = 4
+#: The oldest plugin-API version still accepted (what a later version removed, a hook or a transform's
+#: integer order, is refused naming its replacement).
 OLDEST_PLUGIN_API = 2
 #: Hooks an older plugin-API had, -> what replaces them (a plugin still implementing one is refused
 #: with this advice rather than as a misspelling).
 REMOVED_HOOKS = {
     "nxd_wrap_model": "removed in plugin-API 3: register a model transform instead (nxd_register_model_transforms "
-                      "with nxd.transforms.ModelTransform at the phase's order anchor; docs/hooks.md, migrating to 3)",
+                      "with nxd.transforms.ModelTransform in the phase's slot; docs/hooks.md, migrating to 3)",
+    "nxd_wrap_optimizer": "removed in plugin-API 4: give your model transform an after_optimizer_step(optimizer, "
+                          "context, config) returning what runs after each step (docs/hooks.md, migrating to 4)",
 }
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
@@ -145,13 +151,6 @@ def nxd_build_model(nxd_config: dict, model_fn: Any, model_args: tuple, model_kw
     concurrent materialisation, device placement on ``context.device``). Return the ``nn.Module``
     or ``None``. ``include_buffers``: meta-device init also puts buffers on the meta device (NxD's
     argument). ``context``: the parallel context (``None`` without ``torch.distributed``)."""
-
-
-@hookspec
-def nxd_wrap_optimizer(nxd_config: dict, optimizer: Any, context: Any) -> Any:
-    """Transform the optimizer returned by the registered optimizer factory. The implementations
-    run as a chain: each receives the optimizer the previous one returned and returns a replacement,
-    or ``None`` to leave it unchanged. ``context``: the parallel context."""
 
 
 @hookspec

@@ -196,22 +196,6 @@ class PluginState:
                 info.status, info.reason = "failing", "; ".join(r for r in (info.reason, reason) if r)
         warnings.warn(message + "; skipped it (this hook is optional)", PluginWarning, stacklevel=3)
 
-    def call_chain(self, hook_name: str, value_name: str, value: Any, **kwargs: Any) -> Any:
-        """Run every implementation of ``hook_name`` in pluggy's order, threading ``value``
-        through: each gets the latest value and may return a replacement (``None`` keeps it)."""
-        hook = getattr(self.pm.hook, hook_name)
-        for impl in reversed(hook.get_hookimpls()):
-            args = {value_name: value, **kwargs}
-            try:
-                result = impl.function(**{k: args[k] for k in impl.argnames})
-            except NxdError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - named: the traceback alone shows only a plugin's file
-                self.report_failure(impl.plugin_name, hook_name, exc, optional=False)
-            if result is not None:
-                value = result
-        return value
-
 
 def _api_problem(plugin: Any) -> str:
     removed = [name for name in hookspecs.REMOVED_HOOKS

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections.abc import Callable, Iterator
+import functools
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -157,13 +159,54 @@ class ModelSpec:
     #: may cut: the family's parallel plan as data (``None``: not declared)
     parallel_plan: ParallelPlan | None = None
 
+    #: the family's own parallelisation of named recipe slots (torchtitan's ``parallelize_fn``, per
+    #: slot): slot name (:data:`nxd.transforms.SLOTS`) -> ``(model, context, config) -> nn.Module |
+    #: None`` run there instead of the slot's registered transforms (it decides from ``config`` itself),
+    #: or ``None`` to skip the slot. For a family no plan describes; ``data_parallel`` is not
+    #: replaceable (its optimizer side sees no model). ``nxd train --validate`` prints the result.
+    parallelize: Mapping[str, Callable[..., Any] | None] = field(default_factory=dict)
+
     #: the model runs under context parallelism (``context_parallel_size > 1``): its plan names the
     #: attention modules whose core the ``context_parallel`` transform swaps for ring attention over
     #: the CP ranks. Read from ``parallel_plan``, never given; models without it are refused under CP
     context_parallel: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
+        from nxd.transforms import SLOTS
+
         self.context_parallel = bool(self.parallel_plan is not None and self.parallel_plan.context_parallel)
+        for slot in self.parallelize:
+            if slot not in SLOTS or slot == "data_parallel":
+                raise ValueError(f"model {self.name!r}: parallelize[{slot!r}] names no replaceable slot of the recipe: "
+                                 f"one of {', '.join(s for s in SLOTS if s != 'data_parallel')}")
+        self.build = _remembering_spec(self.build, self)
+
+
+#: model -> the spec whose ``build`` made it (weak: a model's lifetime is its own; never pickled with it)
+_BUILT_BY: weakref.WeakKeyDictionary[torch.nn.Module, ModelSpec] = weakref.WeakKeyDictionary()
+
+
+def _remembering_spec(build: Callable[..., Any], spec: ModelSpec) -> Callable[..., Any]:
+    """``build`` that records which spec made each model it returns (:func:`spec_of`); the signature
+    stays ``build``'s (``nxd.parallel.bind_context`` reads it)."""
+
+    @functools.wraps(build)
+    def build_and_remember(*args: Any, **kwargs: Any) -> Any:
+        model = build(*args, **kwargs)
+        if isinstance(model, torch.nn.Module):
+            _BUILT_BY[model] = spec
+        return model
+
+    return build_and_remember
+
+
+def spec_of(model: Any) -> ModelSpec | None:
+    """The :class:`ModelSpec` whose ``build`` made ``model`` (what the recipe's transforms receive as
+    ``spec``), or ``None`` (a user's ``model_fn``)."""
+    try:
+        return _BUILT_BY.get(model)
+    except TypeError:  # not weak-referenceable: not built by a spec
+        return None
 
 
 #: what :func:`family_spec` reads from the model class (never inherited from a ``base`` spec)

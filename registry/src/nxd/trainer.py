@@ -13,7 +13,7 @@ from nxd.errors import ComponentNotFound, ConfigError
 from nxd.lookup import get_component
 from nxd.parallel import ParallelContext, call_with_context, resolve_context
 from nxd.plugins import state
-from nxd.transforms import apply_model_transforms, data_parallel_strategy
+from nxd.transforms import applicable_transforms, apply_model_transforms, data_parallel_strategy
 
 
 class CheckpointPhase(str, Enum):
@@ -57,16 +57,34 @@ def initialize_parallel_optimizer(nxd_config: dict, optimizer_class: type, param
                                   context: ParallelContext | None = None, **defaults: Any):
     """Create ``optimizer_class(parameters, **defaults)`` wrapped so ``step()`` does the
     data-parallel gradient sync and clipping of ``nxd_config``: the optimizer side of the config's
-    data-parallel strategy (a model transform: ``ddp``, ``zero1``, ...). The strategy and the
-    ``nxd_wrap_optimizer`` hook receive ``context`` (the current parallel context when left out,
-    as NxD's callers do)."""
+    data-parallel strategy (a model transform: ``ddp``, ``zero1``, ...). The applicable transforms'
+    ``after_optimizer_step`` callbacks run after each of its steps. The strategy and the callbacks
+    receive ``context`` (the current parallel context when left out, as NxD's callers do)."""
     config = check_config(nxd_config)
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
         raise ConfigError(f"optimizer_class must be a torch.optim.Optimizer subclass, got {optimizer_class!r}")
     context = resolve_context(context)
     strategy = data_parallel_strategy(context, config)
     optimizer = strategy.make_optimizer(config, optimizer_class, parameters, context=context, **defaults)
-    return state().call_chain("nxd_wrap_optimizer", "optimizer", optimizer, nxd_config=config, context=context)
+    for transform in applicable_transforms(context, config):
+        make_callback = getattr(transform, "after_optimizer_step", None)
+        callback = make_callback(optimizer, context, config) if make_callback is not None else None
+        if callback is not None:
+            innermost_optimizer(optimizer).register_step_post_hook(lambda *_, run=callback: run())
+    return optimizer
+
+
+def innermost_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Follow ``.optimizer`` through wrappers (NxDOptimizer -> torch optimizer) to the last torch
+    optimizer: its step runs once per training step, after the wrapper's sync and clipping. Stops at
+    a wrapper whose ``.optimizer`` is itself (NeuronZero1Optimizer answers NxD scripts'
+    ``nxd_optimizer.optimizer`` with itself: following it forever spun every rank)."""
+    seen = {id(optimizer)}
+    inner = optimizer
+    while isinstance(nxt := getattr(inner, "optimizer", None), torch.optim.Optimizer) and id(nxt) not in seen:
+        seen.add(id(nxt))
+        inner = nxt
+    return inner
 
 
 def _checkpointer() -> Any:

@@ -4,7 +4,7 @@ It shows the three places a third party extends nxd (docs/contributing.md, "Wher
 a model family (``nxd_register_models``: a ModelSpec whose model is written for one device, with its
 tensor-parallel plan as data that nxd applies) and a model
 transform (``nxd_register_model_transforms``), here a low-precision recipe that runs at the
-``LOW_PRECISION`` anchor when the config turns it on:
+``low_precision`` slot when the config turns it on:
 ``nxd.neuronx_distributed_config(model_transforms={"tinylm_bf16": {"modules": ["head"]}})``.
 """
 
@@ -14,10 +14,10 @@ import torch
 
 import nxd
 from nxd.specs import config_reader, family_spec
-from nxd.transforms import LOW_PRECISION, ModelTransform, When
+from nxd.transforms import ModelTransform, When
 from nxd_example_tinylm.model import TinyLM, TinyLMConfig
 
-NXD_PLUGIN_API = (3, 3)
+NXD_PLUGIN_API = (4, 4)
 
 PRESETS = {"tiny": {"vocab_size": 128, "hidden_size": 32, "num_heads": 4}}
 
@@ -44,7 +44,7 @@ def _bf16(model: torch.nn.Module, context, config) -> torch.nn.Module:
 
 
 #: applies when the config names it in ``model_transforms`` (as data: nxd reads it without calling the plugin)
-BF16 = ModelTransform("tinylm_bf16", LOW_PRECISION, _bf16, When("model_transforms", contains="tinylm_bf16"),
+BF16 = ModelTransform("tinylm_bf16", "low_precision", _bf16, When("model_transforms", contains="tinylm_bf16"),
                       description="example low-precision recipe: bfloat16 parameters for the named modules")
 
 

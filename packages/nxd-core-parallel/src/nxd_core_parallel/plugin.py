@@ -8,7 +8,7 @@ from typing import Any
 import nxd
 from nxd.resolved import NxdConfig
 
-NXD_PLUGIN_API = (3, 3)  # plugin-API versions this plugin supports (inclusive range)
+NXD_PLUGIN_API = (4, 4)  # plugin-API versions this plugin supports (inclusive range)
 
 
 @nxd.hookimpl

@@ -20,7 +20,7 @@ transformers) see this rank's heads; integer head-count attributes of a module w
 were sharded (``num_heads``, ``num_key_value_heads``) are divided by the TP size. Sharding by heads
 needs the TP size to divide both head counts (the model's ``config``) and is refused otherwise.
 
-The ``parallel_plan`` transform (order ``PARALLEL_PLAN``) applies the plan a model carries in
+The ``parallel_plan`` transform (slot ``parallel_plan``) applies the plan a model carries in
 ``nxd_parallel_plan`` (nxd's families declare theirs as a class attribute and build plain; set it in
 ``model_fn`` for any other model; :func:`transformers_plan` reads Hugging Face's own TP plan). It is
 the only place nxd's models become tensor parallel: outside the trainer, ``nxd.build_parallel_model``

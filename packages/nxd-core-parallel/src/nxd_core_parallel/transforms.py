@@ -10,22 +10,9 @@ import torch
 
 from nxd import ParallelContext
 from nxd.resolved import NxdConfig
-from nxd.transforms import (
-    ACTIVATION_CHECKPOINTING,
-    ALWAYS,
-    COMPILE,
-    DATA_PARALLEL,
-    PARALLEL_PLAN,
-    ModelTransform,
-    When,
-)
+from nxd.transforms import ALWAYS, ModelTransform, When
 from nxd_core_parallel.context_parallel.transform import apply_context_parallel
 from nxd_core_parallel.tensor_plan import apply_parallel_plan
-
-#: after the tensor-parallel plan and expert parallelism (``PARALLEL_PLAN + 10``): it swaps attention cores only
-CONTEXT_PARALLEL = PARALLEL_PLAN + 20
-#: head padding runs on the tensor-parallel layers the plan made (and expert parallelism's split)
-PAD_MODEL = PARALLEL_PLAN + 50
 
 
 def _pad(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
@@ -78,17 +65,17 @@ def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, 
 
 TRANSFORMS = (
     # at any TP: a model carrying a plan (nxd's families built plain) gets its layers at TP=1 too
-    ModelTransform("parallel_plan", PARALLEL_PLAN, apply_parallel_plan, ALWAYS,
+    ModelTransform("parallel_plan", "parallel_plan", apply_parallel_plan, ALWAYS,
                    description="a model's nxd_parallel_plan (a family's, or a plain model's): nn.Linear/nn.Embedding/QKVLinear "
                                "-> TP/SP layers with their shards"),
-    ModelTransform("context_parallel", CONTEXT_PARALLEL, apply_context_parallel, When("context_parallel_size", above=1),
+    ModelTransform("context_parallel", "context_parallel", apply_context_parallel, When("context_parallel_size", above=1),
                    description="ring attention over CP in the attention modules the plan names context_parallel; "
                                "the forward takes this CP rank's chunks of each sequence"),
-    ModelTransform("pad_model", PAD_MODEL, _pad, When("pad_model"),
+    ModelTransform("pad_model", "pad_model", _pad, When("pad_model"),
                    description="NxD's pad_model: attention heads padded with zero heads to a multiple of the TP size"),
-    ModelTransform("activation_checkpointing", ACTIVATION_CHECKPOINTING, _checkpoint, When("activation_checkpoint_config"),
+    ModelTransform("activation_checkpointing", "activation_checkpointing", _checkpoint, When("activation_checkpoint_config"),
                    description="full, selective (module classes) or op-level activation checkpointing"),
-    ModelTransform("compile", COMPILE, _compile, When("compile_config"), description="torch.compile per transformer block"),
-    ModelTransform("ddp", DATA_PARALLEL, wrap_nxd_model, strategy_selected("ddp"), make_optimizer=ddp_optimizer,
+    ModelTransform("compile", "compile", _compile, When("compile_config"), description="torch.compile per transformer block"),
+    ModelTransform("ddp", "data_parallel", wrap_nxd_model, strategy_selected("ddp"), make_optimizer=ddp_optimizer,
                    description="replicated parameters; bucketed gradient all-reduce overlapped with backward"),
 )

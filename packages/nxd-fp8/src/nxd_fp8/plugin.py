@@ -8,7 +8,7 @@ import nxd
 from nxd.resolved import NxdConfig
 from nxd_fp8.options import NAME
 
-NXD_PLUGIN_API = (3, 3)  # plugin-API versions this plugin supports (inclusive range)
+NXD_PLUGIN_API = (4, 4)  # plugin-API versions this plugin supports (inclusive range)
 
 
 @nxd.hookimpl

@@ -1,4 +1,4 @@
-"""The ``fp8`` model transform (order LOW_PRECISION: after the parallel layers exist, before
+"""The ``fp8`` model transform (slot ``low_precision``: after the parallel layers exist, before
 adapters, activation checkpointing, compile, the pipeline split and the data-parallel strategy)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from nxd import ConfigError
 from nxd.resolved import NxdConfig
-from nxd.transforms import LOW_PRECISION, ModelTransform, When
+from nxd.transforms import ModelTransform, When
 from nxd_fp8.options import NAME, Fp8Options, parse_options
 from nxd_fp8.support import default_device_type, fp8_refusal
 
@@ -56,5 +56,5 @@ def _apply(model: torch.nn.Module, context: Any, nxd_config: dict) -> torch.nn.M
     return model
 
 
-FP8_TRANSFORM = ModelTransform(NAME, LOW_PRECISION, _apply, When("model_transforms", contains=NAME),
+FP8_TRANSFORM = ModelTransform(NAME, "low_precision", _apply, When("model_transforms", contains=NAME),
                                description="FP8 linear layers through torchao's float8 training (tensorwise/rowwise)")

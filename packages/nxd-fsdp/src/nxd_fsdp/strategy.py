@@ -9,7 +9,7 @@ import torch
 
 from nxd import ConfigError, ParallelContext
 from nxd.resolved import NxdConfig
-from nxd.transforms import DATA_PARALLEL, ModelTransform
+from nxd.transforms import ModelTransform
 from nxd_core_parallel.grads import expert_gradient_divisor
 from nxd_core_parallel.model_init import materialize_deferred
 from nxd_core_parallel.transforms import strategy_selected
@@ -90,6 +90,6 @@ def make_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Optimizer
 
 #: the registered data-parallel strategy (``neuronx_distributed_config(fsdp_config=...)`` or
 #: ``data_parallel_strategy="fsdp"``; YAML ``distributed_strategy.fsdp``)
-FSDP_TRANSFORM = ModelTransform(NAME, DATA_PARALLEL, shard, strategy_selected(NAME), make_optimizer=make_optimizer,
+FSDP_TRANSFORM = ModelTransform(NAME, "data_parallel", shard, strategy_selected(NAME), make_optimizer=make_optimizer,
                                 description="FSDP2: fully_shard over the data-parallel mesh (ZeRO-3/ZeRO-2, HSDP)",
                                 materialises_meta=materialises_meta)

@@ -9,9 +9,9 @@ from typing import Any
 import nxd
 from nxd.resolved import NxdConfig
 from nxd.trainer import CheckpointPhase
-from nxd.transforms import ADAPTER, ModelTransform, When
+from nxd.transforms import ModelTransform, When
 
-NXD_PLUGIN_API = (3, 3)  # plugin-API versions this plugin supports (inclusive range)
+NXD_PLUGIN_API = (4, 4)  # plugin-API versions this plugin supports (inclusive range)
 
 
 def lora_adapter(model: Any, adapter_config: Any, context: nxd.ParallelContext | None = None) -> Any:
@@ -42,7 +42,7 @@ def _apply_lora(model: Any, context: nxd.ParallelContext | None, nxd_config: Nxd
 
 
 # applies when lora_config is given; lora_adapter leaves the model as it is when enable_lora is False
-LORA_TRANSFORM = ModelTransform("lora", ADAPTER, _apply_lora, When("lora_config"),
+LORA_TRANSFORM = ModelTransform("lora", "adapter", _apply_lora, When("lora_config"),
                                 description="LoRA adapters on the (parallel) linear layers of lora_config")
 
 

@@ -5,9 +5,9 @@ the choice of experts; the affinities that weight their outputs are unbiased.
 
 Routers with ``expert_bias`` count their assignments in training (``expert_load``); the update sums
 those counts over the data-parallel ranks (every rank then applies the same update, so the biases
-stay identical) and clears them. :func:`attach_expert_bias_update` runs it after each optimizer
-step; nxd-moe's ``nxd_wrap_optimizer`` hook attaches it for ``nxd train`` and
-``initialize_parallel_optimizer``.
+stay identical) and clears them. :func:`expert_bias_balancer` is the ``expert_parallel`` transform's
+``after_optimizer_step``: ``initialize_parallel_optimizer`` (and so ``nxd train``) runs it after each
+step; :func:`attach_expert_bias_update` does the same for an optimizer built by hand.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from nxd.trainer import innermost_optimizer
 from nxd_moe.routing import RouterTopK
 
 
@@ -53,18 +54,6 @@ def attach_expert_bias_update(optimizer: torch.optim.Optimizer, routers: list[Ro
     return innermost_optimizer(optimizer).register_step_post_hook(lambda *_: update_expert_biases(routers, group))
 
 
-def innermost_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Follow ``.optimizer`` through wrappers (NxDOptimizer -> torch optimizer) to the last torch
-    optimizer. Stops at a wrapper whose ``.optimizer`` is itself (NeuronZero1Optimizer answers
-    NxD scripts' ``nxd_optimizer.optimizer`` with itself: following it forever spun every rank)."""
-    seen = {id(optimizer)}
-    inner = optimizer
-    while isinstance(nxt := getattr(inner, "optimizer", None), torch.optim.Optimizer) and id(nxt) not in seen:
-        seen.add(id(nxt))
-        inner = nxt
-    return inner
-
-
 def routers_of_optimizer(optimizer: torch.optim.Optimizer) -> list[RouterTopK]:
     """The bias-balanced routers whose weight ``optimizer`` trains (each router's weight carries a
     reference to it, so a plugin seeing only the optimizer finds them)."""
@@ -76,3 +65,14 @@ def routers_of_optimizer(optimizer: torch.optim.Optimizer) -> list[RouterTopK]:
             if router is not None and router.e_score_correction_bias is not None:
                 seen[id(router)] = router
     return list(seen.values())
+
+
+def expert_bias_balancer(optimizer: torch.optim.Optimizer, context: Any, config: Any) -> Any:
+    """The ``expert_parallel`` transform's ``after_optimizer_step``: for the bias-balanced routers
+    ``optimizer`` trains, :func:`update_expert_biases` over the data x context parallel ranks
+    (``None``: no such router, nothing to run)."""
+    routers = routers_of_optimizer(optimizer)
+    if not routers:
+        return None
+    group = None if context is None else (context.dp_cp.group if context.cp.size > 1 else context.dp.group)
+    return lambda: update_expert_biases(routers, group)

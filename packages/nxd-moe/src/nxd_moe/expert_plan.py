@@ -1,13 +1,14 @@
 """Expert parallelism applied to a plain model in one place: the ``expert_parallel`` transform.
 
 A model family builds its experts plain (:class:`nxd_moe.ExpertMLPs` holding every expert, whole)
-and names them in its :class:`nxd.specs.ParallelPlan`'s ``experts`` patterns. The transform (order
-``EXPERT_PARALLEL``, right after the tensor-parallel plan) replaces each named module with the one
+and names them in its :class:`nxd.specs.ParallelPlan`'s ``experts`` patterns. The transform (slot
+``expert_parallel``, right after the tensor-parallel plan) replaces each named module with the one
 of this rank's :class:`nxd_moe.experts.ExpertShard`: its experts over ``ep`` (routed experts only)
 and its slice of each expert's intermediate dimension over ``tp``, holding those pieces of the
 weights the plain module had. A model built on the meta device stays there (each module's
 ``reset_parameters`` later draws the whole experts and keeps its part, so the weights are the
-plain build's).
+plain build's). After every optimizer step it moves the expert biases of aux-loss-free routers
+(``after_optimizer_step``: :func:`nxd_moe.balancer.expert_bias_balancer`).
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_rank, dim_size
-from nxd.transforms import ALWAYS, PARALLEL_PLAN, ModelTransform
+from nxd.transforms import ALWAYS, ModelTransform
+from nxd_moe.balancer import expert_bias_balancer
 from nxd_moe.experts import ExpertMLPs, ExpertShard
 from nxd_moe.groups import expert_parallel_groups
 
 NAME = "expert_parallel"
-#: after the tensor-parallel plan (the attention and dense layers), before head padding
-EXPERT_PARALLEL = PARALLEL_PLAN + 10
 
 
 def expert_shard(experts: ExpertMLPs, context: ParallelContext | None) -> ExpertShard:
@@ -77,5 +77,6 @@ def apply_expert_plan(model: nn.Module, context: ParallelContext | None, config:
 
 EXPERT_PARALLEL_TRANSFORM = ModelTransform(
     # at any size: the split also gives the experts their EP groups at EP=1 (ZeRO-1's param groups)
-    NAME, EXPERT_PARALLEL, apply_expert_plan, ALWAYS,
-    description="the plan's experts (nxd_moe.ExpertMLPs, built whole) split over EP and each expert's MLP over TP")
+    NAME, "expert_parallel", apply_expert_plan, ALWAYS, after_optimizer_step=expert_bias_balancer,
+    description="the plan's experts (nxd_moe.ExpertMLPs, built whole) split over EP and each expert's MLP over TP; "
+                "aux-loss-free expert biases moved after each optimizer step")

@@ -6,11 +6,11 @@ from typing import Any
 
 import nxd
 from nxd.resolved import NxdConfig
-from nxd.transforms import PIPELINE, ModelTransform, When
+from nxd.transforms import ModelTransform, When
 from nxd_pipeline.config import parse_pipeline_config
 from nxd_pipeline.schedules import BUILTIN_SCHEDULES
 
-NXD_PLUGIN_API = (3, 3)  # plugin-API versions this plugin supports (inclusive range)
+NXD_PLUGIN_API = (4, 4)  # plugin-API versions this plugin supports (inclusive range)
 
 
 @nxd.hookimpl
@@ -43,7 +43,7 @@ def _split(model: Any, context: nxd.ParallelContext | None, nxd_config: NxdConfi
     return NxDPPModel(model, nxd_config.pipeline_parallel_size, nxd_config.pipeline_config, context=context)
 
 
-PIPELINE_TRANSFORM = ModelTransform("pipeline", PIPELINE, _split, When("pipeline_parallel_size", above=1),
+PIPELINE_TRANSFORM = ModelTransform("pipeline", "pipeline", _split, When("pipeline_parallel_size", above=1),
                                     description="cut the model into stages over context.pp (NxDPPModel)")
 
 

@@ -8,7 +8,7 @@ import torch
 
 from nxd import ConfigError, ParallelContext
 from nxd.resolved import NxdConfig
-from nxd.transforms import DATA_PARALLEL, ModelTransform
+from nxd.transforms import ModelTransform
 from nxd_core_parallel.grads import reduction_param_groups
 from nxd_core_parallel.transforms import strategy_selected, wrap_nxd_model
 from nxd_zero1.optimizer import NeuronZero1Optimizer
@@ -69,6 +69,6 @@ def make_zero1_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Opt
 
 
 #: the ``zero1`` data-parallel strategy: NxD's NxDModel, optimizer state sharded over context.dp
-ZERO1_TRANSFORM = ModelTransform("zero1", DATA_PARALLEL, wrap_nxd_model, strategy_selected("zero1"),
+ZERO1_TRANSFORM = ModelTransform("zero1", "data_parallel", wrap_nxd_model, strategy_selected("zero1"),
                                  make_optimizer=make_zero1_optimizer,
                                  description="ZeRO-1: optimizer state and master weights sharded over data parallel")

@@ -13,6 +13,7 @@ from nxd.resolved import NxdConfig
 from nxd_core_parallel import dp_overlap
 from nxd_core_parallel.loss_terms import add_loss_terms
 from nxd_core_parallel.wrapped_optimizer import NxDOptimizer  # noqa: F401 - NxD's names live together here
+from nxd_core_parallel.wrapper import ForwardsToModule
 
 
 def _loss_of(output: Any) -> torch.Tensor:
@@ -56,7 +57,7 @@ def autocast_context(batch: dict, dtype: torch.dtype | None) -> Any:
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-class NxDModel(nn.Module):
+class NxDModel(ForwardsToModule, nn.Module):
     """Wraps the built model. Behaves as the wrapped module: attributes, ``named_parameters`` and
     ``state_dict`` are the local module's, with unprefixed names."""
 
@@ -169,12 +170,6 @@ class NxDModel(nn.Module):
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
         return self.local_module().load_state_dict(state_dict, strict=strict, assign=assign)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["module"], name)
 
     @property
     def dtype(self) -> torch.dtype:

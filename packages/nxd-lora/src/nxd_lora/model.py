@@ -12,6 +12,7 @@ from torch import nn
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, resolve_context
 from nxd_core_parallel.dtensor import copy_whole_, local
+from nxd_core_parallel.wrapper import ForwardsToModule
 from nxd_lora.config import LoraConfig
 from nxd_lora.layers import LoraAdapter
 from nxd_lora.naming import SUPPORTED_LAYERS, Plan, model_plan, model_spec_for, slots_for, tp_size_rank
@@ -30,7 +31,7 @@ def _safe(name: str) -> str:
     return name.replace(".", "__")
 
 
-class LoRAModel(nn.Module):
+class LoRAModel(ForwardsToModule, nn.Module):
     """Wrap ``module`` with LoRA adapters described by ``lora_config`` (NxD's ``LoRAModel``).
 
     Base parameters keep their names under ``module.`` and are frozen; adapters live in
@@ -156,15 +157,6 @@ class LoRAModel(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            inner = self.__dict__.get("_modules", {}).get("module")
-            if inner is None:
-                raise
-            return getattr(inner, name)
 
     # ------------------------------------------------------------------ merge
     @torch.no_grad()

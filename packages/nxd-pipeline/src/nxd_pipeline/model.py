@@ -12,6 +12,7 @@ from torch import nn
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, resolve_context
 from nxd_core_parallel.trainer import autocast_context
+from nxd_core_parallel.wrapper import ForwardsToModule
 from nxd_pipeline import partition as part
 from nxd_pipeline.comm import PipelineGroup
 from nxd_pipeline.config import PipelineConfig, parse_pipeline_config
@@ -29,7 +30,7 @@ def _lookup_schedule(name: str) -> PipelineSchedule:
     return schedule
 
 
-class NxDPPModel(nn.Module):
+class NxDPPModel(ForwardsToModule, nn.Module):
     """The local stages of a pipeline-able model (see docs/pipeline.md), with NxD's interface:
     ``run_train(**batch)`` runs forward and backward over ``num_microbatches`` micro-batches and
     returns the mean loss on every pipeline rank; ``run_eval(**batch)`` the loss without grads.
@@ -139,17 +140,6 @@ class NxDPPModel(nn.Module):
         if strict and missing:
             raise KeyError(f"state dict lacks {len(missing)} key(s) of pipeline stage(s) {self.local_stages}: {missing[:5]}")
         return self.module.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=strict, assign=assign)
-
-    def __getattr__(self, name: str) -> Any:
-        """An attribute this wrapper lacks is the wrapped (pruned) model's, as NxD's ``NxDPPModel``
-        forwards it (NxD's DBRX example calls ``model.zero_padding_weights()`` at any PP size)."""
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            module = self.__dict__.get("_modules", {}).get("module")
-            if module is None or name == "module":
-                raise
-            return getattr(module, name)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a pipelined model runs through run_train(**batch) / run_eval(**batch), not forward()")

@@ -63,15 +63,23 @@ def tp_size_rank(context: ParallelContext | None) -> tuple[int, int]:
 
 
 def model_spec_for(model: nn.Module) -> Any:
-    """The registered :class:`nxd.specs.ModelSpec` whose model class ``model`` is, or ``None``."""
+    """The :class:`nxd.specs.ModelSpec` of ``model``: the one whose ``build`` made it, else the
+    registered spec whose model class is ``model``'s nearest (a family subclassing another's model,
+    Mixtral's Llama's, finds its own), or ``None``."""
     import nxd
+    from nxd.specs import spec_of
 
+    built_by = spec_of(model)
+    if built_by is not None:
+        return built_by
+    mro = type(model).__mro__
+    found = []
     for name in nxd.list_components("model"):
         spec = nxd.get_model(name)
         cls = getattr(spec, "extras", {}).get("model_class")
         if isinstance(cls, type) and isinstance(model, cls):
-            return spec
-    return None
+            found.append((mro.index(cls), name, spec))
+    return min(found, key=lambda f: f[:2])[2] if found else None
 
 
 def model_plan(model: nn.Module) -> Plan | None:

@@ -350,6 +350,9 @@ class LlamaForCausalLM(nn.Module):
     nxd_transformer_layer_classes = (LlamaDecoderLayer,)
     #: Recomputed by selective activation checkpointing.
     nxd_core_attention_classes = (LlamaCoreAttention,)
+    #: the decoder and config classes (a family on this model, Mixtral's, sets its own)
+    model_class: type[LlamaModel] = LlamaModel
+    config_class: type[LlamaConfig] = LlamaConfig
 
     def __init__(self, config: LlamaConfig | dict, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
@@ -357,7 +360,7 @@ class LlamaForCausalLM(nn.Module):
         block takes it from here."""
         super().__init__()
         context = resolve_context(context)
-        config = LlamaConfig.from_dict(config) if isinstance(config, dict) else config
+        config = self.config_class.from_dict(config) if isinstance(config, dict) else config
         # A vocabulary not divisible by TP is padded inside the embedding and LM head (pad=True);
         # the padded classes' logits are -inf, so loss, softmax and exports see the real vocabulary.
         if "cross_entropy" in config.fused_kernels and _size(context, "tp") > 1:
@@ -365,12 +368,16 @@ class LlamaForCausalLM(nn.Module):
                               f"vocabulary on one rank; tensor_parallel_size is {_size(context, 'tp')} "
                               "(its logits are vocabulary-parallel): remove 'cross_entropy' or use tensor_parallel_size=1")
         self.config = config
-        self.model = LlamaModel(config, sequence_parallel, device, context)
+        self.model = self.model_class(config, sequence_parallel, device, context)
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        self.lm_head = plain.Linear(config.hidden_size, config.vocab_size, bias=False, init_method=init,
-                                    dtype=config.torch_dtype, device=device)
+        self.lm_head = plain.Linear(config.hidden_size, self.lm_head_rows(config, context), bias=False,
+                                    init_method=init, dtype=config.torch_dtype, device=device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def lm_head_rows(self, config: LlamaConfig, context: ParallelContext | None) -> int:
+        """The LM head's rows: the vocabulary (a size TP does not divide is padded by the plan)."""
+        return config.vocab_size
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary slice of the LM head's logits; TP padding columns are -inf."""

@@ -14,13 +14,12 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd.parallel import ParallelContext, dim_rank, dim_size, resolve_context
+from nxd.parallel import ParallelContext, dim_rank, dim_size
 from nxd_core_parallel.lm_loss import causal_lm_loss, sequence_mean
-from nxd_core_parallel.modules import plain
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.vocab_padding import mask_padded_vocab
 from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention, LlamaMLP
-from nxd_models_llama.modeling import LlamaModel
+from nxd_models_llama.modeling import LlamaForCausalLM, LlamaModel
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_models_mixtral.plan import MIXTRAL_PLAN
 from nxd_moe import (
@@ -113,10 +112,11 @@ class MixtralModel(LlamaModel):
         return config.padded_vocab_size(dim_size(context, "tp"))
 
 
-class MixtralForCausalLM(nn.Module):
+class MixtralForCausalLM(LlamaForCausalLM):
     """Mixtral with a vocabulary-parallel LM head, vocabulary-parallel cross-entropy and the router
-    auxiliary loss. ``context``: the parallel context whose expert-parallel groups the MoE layers
-    use (``None``: the current one)."""
+    auxiliary loss: Llama's causal LM (build, weight tying, init, pipeline layout) with Mixtral's
+    model and Megatron's vocabulary padding. ``context``: the parallel context whose expert-parallel
+    groups the MoE layers use (``None``: the current one)."""
 
     nxd_transformer_layer_classes: tuple[type[nn.Module], ...] = (MixtralDecoderLayer,)
     nxd_core_attention_classes: tuple[type[nn.Module], ...] = (LlamaCoreAttention,)
@@ -125,36 +125,21 @@ class MixtralForCausalLM(nn.Module):
     #: the family's parallel plan (data; the spec registers the same object): the model is built
     #: plain and the ``parallel_plan`` transform applies it
     nxd_parallel_plan = MIXTRAL_PLAN
-    #: query heads TP does not divide are padded by the plan (NxD's pad_model; zero heads, masked output)
-    nxd_pads_attention_heads = True
 
     def __init__(self, config: MixtralConfig | dict, sequence_parallel: bool = False,
                  device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
-        super().__init__()
-        config = self.config_class.from_dict(config) if isinstance(config, dict) else config
-        self.parallel_context = context = resolve_context(context)
+        super().__init__(config, sequence_parallel, device, context)
+        self.padded_vocab_size = self.lm_head_rows(self.config, self.parallel_context)
+        self.moe_config = self.config.moe_config()
+
+    def lm_head_rows(self, config: MixtralConfig, context: ParallelContext | None) -> int:
+        """Megatron's vocabulary padding (``make_vocab_size_divisible_by`` x TP) is the config's."""
         tp = dim_size(context, "tp")
-        self.padded_vocab_size = config.padded_vocab_size(tp)
-        if self.padded_vocab_size % tp:
+        rows = config.padded_vocab_size(tp)
+        if rows % tp:
             raise ConfigError(f"vocab_size ({config.vocab_size}) must be divisible by tensor_parallel_size ({tp}); "
                               "or set make_vocab_size_divisible_by to pad it (Megatron's padding)")
-        self.config = config
-        self.moe_config = config.moe_config()
-        self.model = self.model_class(config, sequence_parallel, device, self.parallel_context)
-        init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        self.lm_head = plain.Linear(config.hidden_size, self.padded_vocab_size, bias=False, init_method=init,
-                                    dtype=config.torch_dtype, device=device)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    @property
-    def sequence_parallel(self) -> bool:
-        return self.model.sequence_parallel
-
-    @staticmethod
-    def init_weights(module: nn.Module) -> None:
-        if hasattr(module, "reset_parameters"):
-            module.reset_parameters()
+        return rows
 
     def layer_router_statistics(self, router_logits: torch.Tensor,
                                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -222,9 +207,6 @@ class MixtralForCausalLM(nn.Module):
     # -- pipeline contract (docs/pipeline.md, docs/moe.md): the same modules as forward(). Between
     # stages travels the hidden state flattened with the running sum of the layers' router
     # statistics, so the last stage computes the router losses of all layers exactly.
-    def nxd_pipeline_layout(self) -> dict[str, object]:
-        return {"embed": ["model.embed_tokens"], "layers": "model.layers", "head": ["model.norm", "lm_head"]}
-
     def nxd_pipeline_embed(self, input_ids: torch.Tensor, **batch: object) -> torch.Tensor:
         hidden = self.model.embed_tokens(input_ids)
         return pack_router_statistics(hidden, torch.zeros(self._num_router_statistics, device=hidden.device))

@@ -9,8 +9,8 @@ the spread (min-max), and each writer's ratio to the raw write is taken within a
 changes on a shared machine cancel out); the load average is printed with the numbers; the header states the regime (size vs free memory: a size far below free
 memory is written through the page cache, and fsync then measures the device's flush; sizes near
 or above it are disk-bound).
-  * the cost of nxd's DCP checksums (``nxd_fsdp.save_dcp`` / ``load_dcp``: CRC-32 while writing,
-    every file verified before a load): the same DCP save and load with and without them.
+  * the cost of nxd's DCP checksums (``nxd_fsdp.save_dcp`` / ``load_dcp``: CRC-32 while writing and syncing,
+    each file hashed as the load reads it): the same DCP save and load with and without them.
 Usage: python benchmarks/bench_ckpt.py [--mb 64 1024] [--repeats 5] [--dir /scratch/on/the/disk] [--dcp-only]
 """
 
@@ -119,8 +119,8 @@ def throughput(root: str, mb: int, repeats: int) -> list[tuple[str, list[float],
 def dcp_checksum_cost(root: str, mb: int, repeats: int) -> list[tuple[str, list[float]]]:
     """(operation, time with nxd's checksums ÷ time without, per round) for a DCP save and load of
     the same state: plain DCP (``FileSystemWriter``/``Reader``) against the writer and checks that
-    ``nxd_fsdp.save_dcp`` / ``load_dcp`` add (hash while writing + manifest; verify every file, then
-    read ``.metadata`` with the safe unpickler). Rounds alternate which goes first."""
+    ``nxd_fsdp.save_dcp`` / ``load_dcp`` add (hash while writing and syncing + manifest; hash each file as
+    it is read, ``.metadata`` through the safe unpickler). Rounds alternate which goes first."""
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
     from nxd_fsdp.dcp_integrity import DigestingWriter, SafeReader, record_manifest, verify_dcp

@@ -1,5 +1,5 @@
 """DCP integrity (issue 43): ``save_dcp`` records every file's CRC-32 in ``nxd_checksums.json`` and
-``load_dcp`` checks them before DCP reads a byte; a damaged file is named (never torch's
+``load_dcp`` checks each file as DCP reads it (one pass) and stops the load naming it; a damaged file is named (never torch's
 ``weights_only=False`` advice, ``AssertionError`` or "checkpoint file is corrupted"); a folder written
 by plain torch loads with a one-line note that it is unverified; ENOSPC names the file. Before this
 change a flipped byte in a ``.distcp`` loaded silently. Real gloo ranks (2), real files."""
@@ -98,7 +98,7 @@ def test_dcp_checksums_name_the_damaged_file(rank_pool, tmp_path: Path) -> None:
     data[len(data) // 2] ^= 1  # one flipped byte inside a tensor: before, loaded without error
     shard.write_bytes(bytes(data))
     outcome, _ = _loaded(pool, bad)
-    assert f"{shard}: content checksum mismatch" in outcome and "nothing was loaded from it" in outcome, outcome
+    assert f"{shard}: content checksum mismatch" in outcome and "the load stopped there" in outcome, outcome
 
     a, b = Path(bad) / "__0_0.distcp", shard
     shutil.copyfile(Path(run) / "__1_0.distcp", a)
@@ -147,3 +147,43 @@ def test_dcp_metadata_is_not_unpickled_blindly(tmp_path: Path, payload: bytes) -
     (tmp_path / ".metadata").write_bytes(payload)
     with pytest.raises(DcpCheckpointError, match=r"\.metadata: not a DCP metadata file .*os\.system"):
         read_metadata(str(tmp_path))
+
+
+def test_dcp_files_are_hashed_in_the_one_read_that_loads_them(tmp_path: Path, monkeypatch) -> None:
+    """In process: the writer hashes while DCP writes and syncs (nxd-ckpt's one hashing writer), the
+    reader hashes the bytes DCP reads into the tensors (no second read of any file: ``file_digest``,
+    the re-read, is never called), and a flipped byte inside a tensor's bytes stops the load naming
+    the file."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    import nxd_fsdp.dcp_verified_read as verified
+    from nxd_core_parallel.file_checksums import ChecksumError, file_digest
+    from nxd_fsdp.dcp_integrity import DigestingWriter, SafeReader, record_manifest, verify_dcp
+
+    state = {f"w{i}": torch.randn(300_000 + i) for i in range(3)}  # > 1 MiB each: hashed while synced
+    state["small"] = torch.arange(7.0)
+    folder = str(tmp_path / "dcp")
+    writer = DigestingWriter(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's "no process group: one process" note
+        dcp.save(state, storage_writer=writer)
+    record_manifest(folder, writer)
+    files = verify_dcp(folder)
+    assert all(file_digest(os.path.join(folder, n)) == d for n, d in files.items())  # the streamed digests
+
+    monkeypatch.setattr(verified, "file_digest", lambda where: pytest.fail(f"{where} read a second time"))
+    loaded = {k: torch.zeros_like(v) for k, v in state.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(loaded, storage_reader=SafeReader(folder, files))
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+
+    shard = next(Path(folder).glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointException) as caught, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(loaded, storage_reader=SafeReader(folder, files))
+    found = caught.value.failures[0][0]  # DCP wraps each rank's error; load_dcp unwraps it
+    assert isinstance(found, ChecksumError) and f"{shard}: content checksum mismatch" in str(found), found

@@ -62,9 +62,10 @@ def file_digest(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def check_digest(actual: dict[str, Any], recorded: dict[str, Any], where: str, what: str = "",
-                 others: dict[str, dict] | None = None) -> None:
+                 others: dict[str, dict] | None = None, outcome: str = "nothing was loaded from it") -> None:
     """Raise :class:`ChecksumError` naming ``where`` unless ``actual`` is ``recorded``; ``others``
-    (name -> recorded digest) lets the message say which file the bytes really are."""
+    (name -> recorded digest) lets the message say which file the bytes really are; ``outcome``: what
+    became of the load."""
     if actual == {k: recorded.get(k) for k in actual}:
         return
     swapped = [p for p, d in (others or {}).items() if d == actual]
@@ -76,7 +77,7 @@ def check_digest(actual: dict[str, Any], recorded: dict[str, Any], where: str, w
         hint = ""
     raise ChecksumError(f"{where}: content checksum mismatch ({ALGORITHM} {actual[ALGORITHM]}, recorded when "
                         f"{what or 'nxd wrote it'} {recorded.get(ALGORITHM)}): the file was corrupted or altered "
-                        f"after it was written{hint}; nothing was loaded from it. Restore or rewrite that file")
+                        f"after it was written{hint}; {outcome}. Restore or rewrite that file")
 
 
 def write_manifest(folder: str | os.PathLike, files: dict[str, dict[str, Any]], writer: str) -> None:

@@ -1,13 +1,14 @@
 """Integrity of torch.distributed.checkpoint (DCP) folders: nxd's checksums, and errors that name files.
 
-``save_dcp`` writes every file through a stream that hashes the bytes as they go out (CRC-32, no
-second read), and rank 0 records all ranks' digests in ``nxd_checksums.json`` before the folder is
-renamed into place (DCP's readers ignore the file). ``load_dcp`` has each rank check every file it
-is about to read, whole, before DCP copies a tensor out of it (DCP copies straight into the model's
-parameters, so a check after the read would come too late): the check maps the file and hashes it,
-and DCP's reads are then served from those pages (one read from disk). Files no rank reads are not
-read at all. A folder without the manifest (torchtitan's, torch's own) is loaded with a one-line note
-that it is unverified, each file checked to hold the bytes its ``.metadata`` places in it.
+``save_dcp`` writes every file through nxd's one hashing writer (``nxd_core_parallel.hashing_writer``:
+CRC-32, no second read; the tensors' bytes are hashed while the file is synced), and rank 0 records
+all ranks' digests in ``nxd_checksums.json`` before the folder is renamed into place (DCP's readers
+ignore the file). ``load_dcp`` has each rank hash every file it reads as it reads it (one pass,
+``nxd_fsdp.dcp_verified_read``) and raise, naming the file, before the load returns: a damaged
+file's bytes may reach the model's parameters, but the load never completes with them. Files no rank
+reads are not read at all. A folder without the manifest (torchtitan's, torch's own) is loaded with
+a one-line note that it is unverified, each file checked to hold the bytes its ``.metadata`` places
+in it.
 
 ``.metadata`` is a pickle: it is read here by an unpickler that builds DCP's metadata classes,
 ``torch.Size``, dtypes and paths only (torch's reader unpickles anything, code included).
@@ -17,32 +18,35 @@ from __future__ import annotations
 
 import errno
 import io
-import mmap
 import os
 import pickle
 import threading
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path, PurePath
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.planner import LoadItemType
+from torch.futures import Future
 
 from nxd.errors import NxdError
 from nxd.paths import check_relative, resolve_inside
 from nxd_core_parallel.file_checksums import (
     MANIFEST,
-    RunningDigest,
     check_digest,
     digest_of,
     read_manifest,
     write_manifest,
 )
+from nxd_core_parallel.hashing_writer import HashingWriter, StableMemory
+from nxd_fsdp.dcp_verified_read import VerifyingFile
 
 DCP_METADATA = ".metadata"
 WRITER = "nxd_fsdp.save_dcp"
@@ -54,28 +58,29 @@ class DcpCheckpointError(NxdError, RuntimeError):
 
 # ---------------------------------------------------------------------------------------------- save
 class _DigestingStream:
-    """A file DCP writes: every byte is forwarded and hashed; an OSError names the file."""
+    """A file DCP writes, through nxd's one hashing writer (``nxd_core_parallel.hashing_writer``); an
+    OSError names the file. The tensors' bytes are hashed while DCP syncs the file: DCP asks for
+    ``fileno()`` to fsync right after its last write, which is when the hashing starts."""
 
     def __init__(self, raw: Any, fs: _DigestingFileSystem, path: Path) -> None:
         self._raw, self._fs, self._path = raw, fs, path
-        self._digest = RunningDigest()
+        self._out = HashingWriter(raw, stable=fs.stable)
         self._recorded = False
 
     def write(self, data: Any) -> int:
         try:
-            n = self._raw.write(data)
+            return self._out.write(data)
         except OSError as exc:  # the kernel's ENOSPC names no file: say which (it reaches every rank's error)
             raise OSError(exc.errno, f"{exc.strerror or exc} (writing {self._path})") from None
-        self._digest.update(data)
-        return n
 
     def tell(self) -> int:
-        return self._raw.tell()
+        return self._out.tell()
 
     def flush(self) -> None:
         self._raw.flush()
 
     def fileno(self) -> int:
+        self._out.hash_in_background()  # DCP's fsync follows: hash meanwhile
         return self._raw.fileno()
 
     def writable(self) -> bool:
@@ -94,7 +99,7 @@ class _DigestingStream:
     def record(self) -> None:
         if not self._recorded:
             self._recorded = True
-            self._fs.record(self._path.name.removesuffix(".tmp"), self._digest.digest())  # .metadata.tmp is renamed
+            self._fs.record(self._path.name.removesuffix(".tmp"), self._out.digest())  # .metadata.tmp is renamed
 
     def close(self) -> None:
         self._raw.close()
@@ -105,6 +110,7 @@ class _DigestingFileSystem(FileSystem):
     def __init__(self) -> None:
         super().__init__()
         self.digests: dict[str, dict] = {}
+        self.stable = StableMemory()  # the tensors being written, held until their files are hashed
         self._lock = threading.Lock()  # DCP may write with several threads
 
     def record(self, name: str, digest: dict) -> None:
@@ -122,12 +128,38 @@ class _DigestingFileSystem(FileSystem):
             stream.record()
 
 
+class _HoldingPlanner:
+    """DCP's save planner, handing out host tensors that hold still until their file is hashed: each
+    is made compact here (as DCP's writer would copy it anyway) and held by the writer."""
+
+    def __init__(self, planner: Any, stable: StableMemory) -> None:
+        self._planner, self._stable = planner, stable
+
+    def resolve_data(self, item: Any) -> Any:
+        data = self._planner.resolve_data(item)
+        if isinstance(data, torch.Tensor) and data.device.type == "cpu":
+            data = data.detach()
+            if data.untyped_storage().nbytes() != data.nbytes:
+                data = data.clone()
+            self._stable.hold(data)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
+
+
 class DigestingWriter(FileSystemWriter):
     """DCP's file writer, recording the CRC-32 of every file it writes (``self.fs.digests``)."""
 
     def __init__(self, path: str | os.PathLike, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
         self.fs = _DigestingFileSystem()
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        try:
+            return super().write_data(plan, _HoldingPlanner(planner, self.fs.stable))
+        finally:
+            self.fs.stable.release()  # every file is closed, so hashed
 
 
 def save_error(path: str, exc: BaseException) -> DcpCheckpointError:
@@ -211,61 +243,17 @@ def read_metadata(path: str, files: dict[str, dict] | None = None) -> Any:
     return meta
 
 
-class _MappedFile(io.RawIOBase):
-    """A read-only, seekable file over a mapped (already verified) file: DCP's slices are served from
-    the pages the check read, so the file is read from disk once."""
-
-    def __init__(self, buffer: Any) -> None:
-        super().__init__()
-        self._buf, self._pos = memoryview(buffer), 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._buf)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readinto(self, b: Any) -> int:
-        n = max(0, min(len(b), len(self._buf) - self._pos))
-        memoryview(b).cast("B")[:n] = self._buf[self._pos:self._pos + n]
-        self._pos += n
-        return n
-
-
-class _CheckedFileSystem(FileSystem):
-    def __init__(self, opened: dict[str, Any]) -> None:
-        super().__init__()
-        self._opened = opened
-
-    @contextmanager
-    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
-        mapped = self._opened.get(os.path.basename(str(path))) if "r" in mode else None
-        if mapped is None:
-            with super().create_stream(path, mode) as raw:
-                yield raw
-        else:
-            yield _MappedFile(mapped)
-
-
 class SafeReader(FileSystemReader):
-    """DCP's file reader that checks each file this rank reads, whole, before DCP copies a tensor out
-    of it: against nxd's manifest (``files``) when the folder has one, else that it holds the bytes
-    ``.metadata`` places in it. The check reads the file once (mapped); DCP's reads are then served
-    from those pages. ``.metadata`` goes through :func:`read_metadata` (checked, safe unpickler)."""
+    """DCP's file reader that checks each file this rank reads as it reads it (one pass,
+    :class:`~nxd_fsdp.dcp_verified_read.VerifyingFile`): against nxd's manifest (``files``) when the
+    folder has one, else only that it holds the bytes ``.metadata`` places in it. A file that fails
+    its check raises before the load returns, naming the file. ``.metadata`` goes through
+    :func:`read_metadata` (checked, safe unpickler). The read loop is DCP's own (torch 2.13's
+    ``FileSystemReader.read_data``), with the items of a file read in file order."""
 
     def __init__(self, path: str | os.PathLike, files: dict[str, dict] | None = None) -> None:
         super().__init__(path)
         self._files = files
-        self._opened: dict[str, Any] = {}
-        self.fs = _CheckedFileSystem(self._opened)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         from torch.distributed.checkpoint.metadata import StorageMeta
@@ -276,7 +264,7 @@ class SafeReader(FileSystemReader):
         meta.storage_meta.load_id = self.load_id
         return meta
 
-    def _open_checked(self, name: str, end: int, fqn: Any) -> None:
+    def _checked_path(self, name: str, end: int, fqn: Any) -> tuple[str, int]:
         folder = str(self.path)
         where = resolve_inside(folder, check_relative(name, f"{DCP_METADATA} entry"), f"{DCP_METADATA} entry")
         size = os.path.getsize(where) if os.path.isfile(where) else None
@@ -284,32 +272,56 @@ class SafeReader(FileSystemReader):
             what = "missing" if size is None else f"truncated: it has {size} bytes"
             raise DcpCheckpointError(f"{where}: {what}, and {DCP_METADATA} places {fqn!r} up to byte {end}; the "
                                      "checkpoint is damaged: restore that file")
-        with open(where, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        if self._files is not None:
-            if name not in self._files:
-                raise DcpCheckpointError(f"{where}: not among the files {MANIFEST} records (added after the save?)")
-            others = {os.path.join(folder, n): d for n, d in self._files.items() if n != name}
-            check_digest(digest_of(mapped), self._files[name], where, "nxd saved it", others)
-        self._opened[name] = mapped
+        if self._files is not None and name not in self._files:
+            raise DcpCheckpointError(f"{where}: not among the files {MANIFEST} records (added after the save?)")
+        return where, size
+
+    def _read_item(self, stream: VerifyingFile, req: Any, planner: Any) -> None:
+        info = self.storage_data[req.storage_index]
+        source = self.transforms.transform_load_stream(req, info.transform_descriptors or (),
+                                                       self._slice_file(stream, info))
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(source.read(-1)))
+            stream.settle(None)
+            return
+        seekable = source if source.seekable() else io.BytesIO(source.read(-1))
+        loaded = torch.load(seekable, map_location="cpu", weights_only=True)
+        stream.settle(loaded)  # hashed on the helper thread while it is copied into the model
+        try:
+            tensor = narrow_tensor_by_index(loaded, req.storage_offsets, req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != tensor.size():
+                raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+            target.copy_(tensor)
+            planner.commit_tensor(req, target)
+        finally:
+            stream.wait()  # before ``loaded``, whose memory is being hashed, is dropped
 
     def read_data(self, plan: Any, planner: Any) -> Any:
-        needed: dict[str, tuple[int, Any]] = {}
+        per_file: dict[str, list[tuple[int, Any]]] = {}
         for item in plan.items:
             info = self.storage_data[item.storage_index]
-            end = int(info.offset) + int(info.length)
-            if end > needed.get(info.relative_path, (-1, None))[0]:
-                needed[info.relative_path] = (end, getattr(item.storage_index, "fqn", item.storage_index))
-        try:
-            for name in sorted(needed):  # every file this rank reads, before any tensor leaves one
-                self._open_checked(name, *needed[name])
-            return super().read_data(plan, planner)
-        finally:
-            for mapped in self._opened.values():
-                if isinstance(mapped, mmap.mmap):
-                    with suppress(BufferError):  # a view DCP still holds: unmapped when it is dropped
-                        mapped.close()
-            self._opened.clear()
+            per_file.setdefault(info.relative_path, []).append((int(info.offset), int(info.length), item))
+        for name in sorted(per_file):
+            reqs = sorted(per_file[name], key=lambda r: r[0])
+            end, fqn = max((o + n, getattr(r.storage_index, "fqn", r.storage_index)) for o, n, r in reqs)
+            where, size = self._checked_path(name, end, fqn)
+            recorded = self._files.get(name) if self._files is not None else None
+            others = {os.path.join(str(self.path), n): d for n, d in (self._files or {}).items() if n != name}
+            with open(where, "rb") as raw:
+                stream = VerifyingFile(raw, size, where, hashing=recorded is not None)
+                try:
+                    for *_, req in reqs:
+                        self._read_item(stream, req, planner)
+                except Exception:
+                    if recorded is not None:  # a damaged file names itself, not torch's parse error
+                        stream.check_after_failure(recorded, others)
+                    raise
+                if recorded is not None:
+                    stream.finish(recorded, others)
+        done: Future = Future()
+        done.set_result(None)
+        return done
 
 
 def verify_dcp(path: str) -> dict[str, dict] | None:

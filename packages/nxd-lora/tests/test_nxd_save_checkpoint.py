@@ -1,12 +1,15 @@
 """``nxd.save_checkpoint`` of a LoRA model also writes the LoRA export its ``LoraConfig`` asks for
-(through the ``nxd_checkpoint_extras`` hook nxd-ckpt calls), and PEFT/transformers load it."""
+(through the ``nxd_checkpoint_extras`` hook nxd-ckpt calls), and PEFT/transformers load it; nxd
+checks the export's checksums when it loads the adapter."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from nxd.transforms import parallelize_model
@@ -58,6 +61,22 @@ def test_save_checkpoint_writes_peft_adapter_and_full_state_round_trips(tmp_path
     err = rel(ours, theirs)
     print(f"PEFT logits on the exported adapter: max rel err {err:.1e}")
     assert err <= 1e-5
+
+    # nxd's manifest (PEFT ignored it above) is checked when nxd loads the adapter: intact, it loads;
+    # a flipped byte in the weights or in adapter_config.json is refused naming the file (issue 43)
+    from nxd_core_parallel.file_checksums import ChecksumError
+
+    manifest = json.loads((exported / "nxd_checksums.json").read_text())["files"]
+    assert sorted(manifest) == ["adapter_config.json", "adapter_model.safetensors"], manifest
+    _lora_model(base, exported)
+    for name, at in (("adapter_model.safetensors", -5), ("adapter_config.json", 20)):
+        damaged = tmp_path / f"damaged_{name}"
+        shutil.copytree(exported, damaged)
+        data = bytearray((damaged / name).read_bytes())
+        data[at] ^= 1
+        (damaged / name).write_bytes(bytes(data))
+        with pytest.raises(ChecksumError, match=f"{damaged / name}: content checksum mismatch"):
+            _lora_model(base, damaged)
 
     # The full sharded checkpoint still round-trips exactly into a fresh LoRA model.
     fresh = _lora_model(base, adapter)

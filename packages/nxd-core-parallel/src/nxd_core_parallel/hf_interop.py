@@ -38,7 +38,7 @@ from nxd_core_parallel.file_checksums import (
 __all__ = ["WRAPPER_TOKENS", "SafetensorsCheckpoint", "SlicePiece", "assembles_stage", "check_config_fields",
            "check_unused", "clean_param_name", "exported_parameters", "gather_over", "gather_pipeline_stages",
            "gather_shards", "headers_only", "loadable_parameters", "place_piece", "reading_headers_only", "split_by_pieces", "tp_size_and_rank",
-           "unwrap_local_module", "write_hf_dir", "writes_files"]
+           "unwrap_local_module", "write_checked_file", "write_hf_dir", "writes_files"]
 
 class HfCheckpointError(NxdError, ValueError):
     """A Hugging Face checkpoint file nxd cannot use; the message names the file (and tensor)."""
@@ -415,16 +415,16 @@ def write_hf_dir(out_dir: str | os.PathLike, hf_config: dict, tensors: dict[str,
     (out / MANIFEST).unlink(missing_ok=True)  # an earlier export's: never left vouching for new files
     digests: dict[str, dict] = {}
     if len(shards) == 1:
-        digests["model.safetensors"] = _write_file(out / "model.safetensors", safetensors_bytes(shards[0], metadata))
+        digests["model.safetensors"] = write_checked_file(out / "model.safetensors", safetensors_bytes(shards[0], metadata))
     else:
         weight_map = {}
         for i, shard in enumerate(shards, start=1):
             name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            digests[name] = _write_file(out / name, safetensors_bytes(shard, metadata))
+            digests[name] = write_checked_file(out / name, safetensors_bytes(shard, metadata))
             weight_map.update({key: name for key in shard})
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        digests["model.safetensors.index.json"] = _write_file(out / "model.safetensors.index.json",
+        digests["model.safetensors.index.json"] = write_checked_file(out / "model.safetensors.index.json",
                                                               (json.dumps(index, indent=2) + "\n").encode())
     try:  # what transformers reads ignores it; nxd checks every file against it before loading one
         write_manifest(out, digests, "nxd hf export")
@@ -439,8 +439,9 @@ def _write_failed(path: Path, exc: OSError) -> HfCheckpointError:
                              "or choose another --output, then export again")
 
 
-def _write_file(path: Path, data: bytes) -> dict:
-    """Write ``data`` (hashed in memory as it goes out: no second read) and return its checksum."""
+def write_checked_file(path: Path, data: bytes) -> dict:
+    """Write ``data`` (hashed in memory as it goes out: no second read) and return its checksum (for
+    the folder's ``nxd_checksums.json``); a failure names the file."""
     try:
         with open(path, "wb") as f:
             f.write(data)

@@ -6,10 +6,16 @@ modules, TP shards are gathered, GQA KV replicas are written once. An adapted em
 ``...lora_embedding_A`` (``[r, num_embeddings]``) / ``...lora_embedding_B`` (``[embedding_dim, r]``),
 PEFT's names for its ``Embedding`` layer (no ``.weight``). Only configuration keys that
 PEFT has long accepted are written, so older PEFT releases load the files too.
+
+nxd's export also records both files' CRC-32 in ``nxd_checksums.json`` (as its Hugging Face export
+does; PEFT ignores the file), and nxd checks them before it uses either file: a flipped byte in the
+weights or in ``r``/``lora_alpha`` is refused naming the file. A folder without it (PEFT's own) is
+read as it is.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -17,12 +23,22 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors import SafetensorError
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_bytes
 
 from nxd.errors import ConfigError
 from nxd.parallel import dim_group, dim_size
 from nxd_core_parallel.dtensor import copy_whole_, whole
+from nxd_core_parallel.file_checksums import (
+    MANIFEST,
+    ChecksumError,
+    check_digest,
+    digest_of,
+    read_manifest,
+    write_manifest,
+)
+from nxd_core_parallel.hf_interop import write_checked_file
 from nxd_lora.config import LoraConfig
 from nxd_lora.naming import EMBEDDING_LAYERS, bias_pieces, model_spec_for, slots_for, tp_size_rank
 
@@ -71,13 +87,28 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 
 
+def read_checked(adapter_dir: Path, name: str) -> bytes:
+    """The bytes of ``adapter_dir/name``, checked against the folder's ``nxd_checksums.json`` when nxd
+    exported it (a folder from PEFT has none: read as it is)."""
+    path = adapter_dir / name
+    data = path.read_bytes()
+    manifest = read_manifest(adapter_dir)
+    if manifest is not None:
+        if name not in manifest:
+            raise ChecksumError(f"{path}: not among the files {adapter_dir / MANIFEST} records (added after the "
+                                "export?); nothing was loaded from it")
+        check_digest(digest_of(data), manifest[name], str(path), "nxd exported it")
+    return data
+
+
 def read_peft_config(adapter_dir: str | Path, **overrides: Any) -> LoraConfig:
     """A :class:`LoraConfig` from a PEFT (or nxd) ``adapter_config.json``."""
     path = Path(adapter_dir) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no {CONFIG_NAME}; an adapter directory holds {CONFIG_NAME} and {WEIGHTS_NAME}")
+    raw = read_checked(Path(adapter_dir), CONFIG_NAME)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(raw)
     except ValueError as err:
         raise ConfigError(f"{path}: not valid JSON: {err}") from None
     if data.get("peft_type", "LORA") != "LORA":
@@ -221,8 +252,11 @@ def save_adapter(lora_model: Any, out_dir: str | Path, embed_config: bool = Fals
         metadata = {"format": "pt"}
         if embed_config:
             metadata["nxd_lora_config"] = json.dumps(lora_model.lora_config.to_dict())
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_NAME), metadata=metadata)
-        (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        (out / MANIFEST).unlink(missing_ok=True)  # an earlier export's: never left vouching for new files
+        weights = safetensors_bytes({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)
+        digests = {WEIGHTS_NAME: write_checked_file(out / WEIGHTS_NAME, weights),
+                   CONFIG_NAME: write_checked_file(out / CONFIG_NAME, (json.dumps(config, indent=2) + "\n").encode())}
+        write_manifest(out, digests, "nxd-lora adapter export")
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return out
@@ -232,11 +266,14 @@ def save_adapter(lora_model: Any, out_dir: str | Path, embed_config: bool = Fals
 def _read_tensors(adapter_dir: Path) -> dict[str, torch.Tensor]:
     path = adapter_dir / WEIGHTS_NAME
     if path.is_file():
-        with safe_open(str(path), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
+        try:
+            return safetensors_load(read_checked(adapter_dir, WEIGHTS_NAME))
+        except SafetensorError as exc:
+            raise ValueError(f"{path}: not a readable safetensors file ({exc}); restore or re-export the "
+                             "adapter") from None
     legacy = adapter_dir / "adapter_model.bin"
     if legacy.is_file():
-        return torch.load(str(legacy), map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(read_checked(adapter_dir, legacy.name)), map_location="cpu", weights_only=True)
     raise FileNotFoundError(f"{adapter_dir}: no {WEIGHTS_NAME} (or adapter_model.bin)")
 
 

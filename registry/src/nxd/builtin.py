@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
         if not mine:
             print(f"    {slot:<26} -")
         for step in mine:
-            print(f"    {step['slot']:<26} {step['name']:<24} {step['distribution']:<20} when {step['applies']}")
+            print(f"    {step['slot']:<26} {step['name']:<26} {step['distribution']:<20} when {step['applies']}")
     return 0
 
 

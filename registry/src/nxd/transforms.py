@@ -258,7 +258,7 @@ def recipe() -> list[dict[str, Any]]:
 
 def format_recipe(steps: list[Step]) -> list[str]:
     """``steps`` as printed lines: slot, transform, distribution, and what decided it."""
-    return [f"    {'runs' if s.runs else '--':<5} {s.slot:<26} {s.name:<24} {s.distribution:<20} {s.why}" for s in steps]
+    return [f"    {'runs' if s.runs else '--':<5} {s.slot:<26} {s.name:<26} {s.distribution:<20} {s.why}" for s in steps]
 
 
 def applicable_transforms(context: Any, config: Any, spec: Any = None) -> list[Any]:

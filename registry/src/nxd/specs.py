@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 #: the sharding styles a :class:`ParallelPlan` names, in the words of NxD's layers
-PLAN_STYLES = ("column", "row", "vocab", "gathered", "partial_grad", "sequence", "experts")
+PLAN_STYLES = ("column", "row", "vocab", "gathered", "scattered", "partial_grad", "sequence", "experts")
 
 
 def config_reader(from_dict: Callable[[Any], Any], preset: Callable[..., Any]) -> Callable[[Any], Any]:
@@ -68,6 +68,10 @@ class ParallelPlan:
     #: output dimension sharded over ``tp`` and gathered whole after the layer
     #: (``ColumnParallelLinear(gather_output=True)``: a plain model's LM head, whole logits on every rank)
     gathered: tuple[str, ...] = ()
+    #: input dimension sharded over ``tp``, the whole input split on entry and the output summed
+    #: (``RowParallelLinear(input_is_parallel=False)``: the partner of a ``gathered`` layer, as
+    #: transformers' ``rowwise_split_input``)
+    scattered: tuple[str, ...] = ()
     #: replicated modules fed TP-sharded activations (Qwen3's per-head q/k norms): each rank's
     #: weight gradient is partial and is summed over ``tp``
     partial_grad: tuple[str, ...] = ()
@@ -132,7 +136,8 @@ class ModelSpec:
     #: NxD Training recompute names (``model.activations_checkpoint_recompute: [CoreAttention]``)
     #: -> this model's module classes that the name selects; names not listed are refused before launch
     recompute_modules: dict[str, tuple[type, ...]] = field(default_factory=dict)
-    #: Hugging Face ``config.json`` ``model_type`` values this plugin builds (empty: just ``name``)
+    #: Hugging Face ``config.json`` ``model_type`` values this plugin builds (empty: just ``name``);
+    #: ``"*"``: any ``model_type`` no other installed plugin lists (nxd-models-transformers)
     hf_model_types: tuple[str, ...] = ()
     #: NxD Training config keys (dotted, e.g. ``"model.activation"``, ``"model.moe"``,
     #: ``"distributed_strategy.context_parallel_size"``) that change the model and that this plugin

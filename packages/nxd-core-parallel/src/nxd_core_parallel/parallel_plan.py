@@ -33,6 +33,8 @@ def plan_mismatches(model: nn.Module, plan: ParallelPlan, layer_styles: dict[typ
         want = next((style for cls, style in styles.items() if type(module) is cls), None)
         if want == "column" and getattr(module, "gather_output", False):
             want = "gathered"
+        if want == "row" and not getattr(module, "input_is_parallel", True):
+            want = "scattered"
         have = plan.style_of(name)
         if want is not None and have != want:
             problems.append(f"{name} ({type(module).__name__}) is {want} parallel; the plan says {have}")

@@ -12,6 +12,8 @@ one did. Styles:
 * ``vocab``: ``nn.Embedding`` -> ``ParallelEmbedding`` (vocabulary rows sharded);
 * ``gathered``: ``nn.Linear`` -> ``ColumnParallelLinear(gather_output=True)`` (an LM head: whole
   logits on every rank, so the model's own loss is unchanged);
+* ``scattered``: ``nn.Linear`` -> ``RowParallelLinear(input_is_parallel=False)`` (the whole input
+  split on entry, output summed over TP: the partner of a ``gathered`` layer);
 * ``partial_grad``: replicated modules fed TP-sharded activations (Qwen3's per-head q/k norms): each
   rank's weight gradient is partial, so it is summed over TP in backward.
 
@@ -58,11 +60,12 @@ from nxd_core_parallel.parallel_layers.utils import mark_padding
 PLAN_ATTRIBUTE = "nxd_parallel_plan"
 
 #: Hugging Face's TP plan styles -> ours
-_HF_STYLES = {"colwise": "column", "rowwise": "row", "colwise_gather_output": "gathered",
-              "replicated_with_grad_allreduce": "partial_grad", "embedding": "vocab"}
+HF_STYLES = {"colwise": "column", "rowwise": "row", "colwise_gather_output": "gathered",
+              "rowwise_split_input": "scattered", "replicated_with_grad_allreduce": "partial_grad",
+              "embedding": "vocab"}
 
 #: the styles that swap a module for a parallel layer
-_SWAPPED = ("column", "row", "vocab", "gathered")
+_SWAPPED = ("column", "row", "vocab", "gathered", "scattered")
 _PARALLEL_LAYERS = (ColumnParallelLinear, RowParallelLinear, ParallelEmbedding, GQAQKVColumnParallelLinear,
                     GroupedQKVColumnParallelLinear)
 
@@ -178,7 +181,8 @@ def _padded_heads(name: str, module: nn.Linear, style: str, context: ParallelCon
 
 
 def _linear(name: str, module: nn.Module, style: str, context: ParallelContext | None, options: dict) -> nn.Module:
-    padded = _padded_heads(name, module, style, context, options) if isinstance(module, nn.Linear) else None
+    padded = _padded_heads(name, module, style, context, options) if isinstance(module, nn.Linear) and \
+        style != "scattered" else None
     if padded is not None:
         return padded
     if not isinstance(module, nn.Linear):
@@ -188,10 +192,10 @@ def _linear(name: str, module: nn.Module, style: str, context: ParallelContext |
     weight, bias = module.weight, module.bias
     common = dict(bias=bias is not None, dtype=weight.dtype, device=weight.device, init_method=_skip_init,
                   context=context, **options)
-    if style == "row":
+    if style in ("row", "scattered"):
         if not options.get("pad"):
             _check_divisible(name, "in_features", module.in_features, tp)
-        layer = RowParallelLinear(module.in_features, module.out_features, input_is_parallel=True, **common)
+        layer = RowParallelLinear(module.in_features, module.out_features, input_is_parallel=style == "row", **common)
         _copy_shard(layer.weight, weight, 1, context, pad=layer.pad_size)
         if bias is not None and not (bias.is_meta or layer.bias.is_meta):
             with torch.no_grad():
@@ -315,7 +319,7 @@ def _layer_options(name: str, style: str, plan: ParallelPlan, sequence_parallel:
     if reduce_dtype is not None and style != "vocab":
         options["reduce_dtype"] = reduce_dtype
     whole = any(fnmatch.fnmatchcase(name, p) for p in plan.whole_sequence)
-    if sequence_parallel and style != "gathered" and not whole:
+    if sequence_parallel and style not in ("gathered", "scattered") and not whole:
         options.update(sequence_parallel_enabled=True, sequence_dimension=plan.sequence_dimension)
     if any(fnmatch.fnmatchcase(name, p) for p in plan.padded):
         options["pad"] = True
@@ -410,14 +414,21 @@ def transformers_plan(model: nn.Module) -> ParallelPlan:
     entries.update(getattr(type(model), "_tp_plan", None) or {})
     styles: dict[str, list[str]] = {}
     for pattern, hf_style in entries.items():
-        if hf_style not in _HF_STYLES:
+        if hf_style not in HF_STYLES:
             raise ConfigError(f"transformers TP plan of {type(model).__name__}: {pattern}: style {hf_style!r} has no "
-                              f"nxd equivalent (nxd: {', '.join(_HF_STYLES)}); write a ParallelPlan by hand")
-        styles.setdefault(_HF_STYLES[hf_style], []).append(pattern)
+                              f"nxd equivalent (nxd: {', '.join(HF_STYLES)}); write a ParallelPlan by hand")
+        styles.setdefault(HF_STYLES[hf_style], []).append(pattern)
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if isinstance(embeddings, (nn.Embedding, ParallelEmbedding)):
+    if isinstance(embeddings, ParallelEmbedding) or (isinstance(embeddings, nn.Embedding)
+                                                     and type(embeddings).forward is nn.Embedding.forward):
         styles.setdefault("vocab", []).extend(n for n, m in model.named_modules() if m is embeddings)
-    return ParallelPlan(**{style: tuple(patterns) for style, patterns in styles.items()})
+    elif embeddings is not None:
+        # an embedding computing more than a lookup (Gemma's scaled one) stays whole, and so does an
+        # LM head sharing its weight (a sharded head cannot share a whole weight)
+        tied = {n for n, m in model.named_modules()
+                if m is not embeddings and getattr(m, "weight", None) is getattr(embeddings, "weight", False)}
+        styles = {style: [p for p in patterns if p not in tied] for style, patterns in styles.items()}
+    return ParallelPlan(**{style: tuple(patterns) for style, patterns in styles.items() if patterns})
 
 
 def plan_of(model: nn.Module) -> ParallelPlan | None:

@@ -1,0 +1,101 @@
+"""Hugging Face import/export of a transformers model through nxd's one pipeline (``hf_pipeline``).
+
+The parameter names are the checkpoint's (the model is transformers' own class), so the mapping is
+the identity: a TP-sharded parameter is its rank's contiguous rows (or columns) of the tensor of the
+same name, every other parameter the whole tensor. Every file goes through
+``SafetensorsCheckpoint`` (checksums of an nxd export verified, index entries kept inside the folder,
+every error naming the file); the export writes ``config.json`` + safetensors as ``save_pretrained``
+lays them out (a tied LM head not stored)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nxd.errors import ConfigError
+from nxd_core_parallel.hf_interop import clean_param_name, tp_size_and_rank
+from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping, Piece, mapping_context
+from nxd_models_transformers.model import NxdCausalLMMixin
+
+#: config.json fields a folder must agree on with the model it is loaded into (when both have them)
+SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The transformers model inside an ``NxDModel`` (or the model itself)."""
+    if hasattr(model, "local_module") and callable(model.local_module):
+        model = model.local_module()
+    if not isinstance(model, NxdCausalLMMixin):
+        raise TypeError(f"expected a model built by nxd-models-transformers, got {type(model).__name__}")
+    return model
+
+
+def hf_config_dict(module: nn.Module) -> dict[str, Any]:
+    """The ``config.json`` ``save_pretrained`` writes for ``module`` (its transformers class named)."""
+    config = module.config.to_dict()
+    hf_class = type(module).__mro__[2]  # (nxd subclass, mixin, transformers class, ...)
+    config["architectures"] = [hf_class.__name__]
+    return config
+
+
+def hf_mapping(module: nn.Module) -> HfMapping:
+    """The identity mapping at the model's TP size (shapes from the parameters: whole under FSDP)."""
+    context = mapping_context(module)
+    tp, _ = tp_size_and_rank(context)
+    shapes: dict[str, tuple[int, ...]] = {}
+    sharded: dict[str, tuple[int, int]] = {}
+    for raw, param in module.named_parameters():
+        name, shape = clean_param_name(raw), list(param.shape)
+        if tp > 1 and getattr(param, "tensor_model_parallel", False):
+            dim = param.partition_dim
+            sharded[name] = (dim, shape[dim])
+            shape[dim] *= tp
+        shapes[name] = tuple(shape)
+
+    def pieces(name: str, rank: int) -> list[Piece]:
+        if name not in sharded:
+            return [Piece(name, None)]
+        dim, local = sharded[name]
+        return [Piece(name, dim, tuple(range(rank * local, (rank + 1) * local)))]
+
+    head, embed = module.get_output_embeddings(), module.get_input_embeddings()
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    return HfMapping(pieces=pieces, shapes=shapes, hf_config=lambda: hf_config_dict(module), context=context,
+                     tied=tied, buffers=())
+
+
+def check_folder_config(module: nn.Module, hf_dir: str | os.PathLike) -> None:
+    """The folder's ``config.json`` describes the model it is loaded into (the fields both name)."""
+    path = Path(hf_dir) / "config.json"
+    if not path.is_file():
+        return  # a weights-only folder: every tensor's shape is still checked
+    try:
+        theirs = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    ours = module.config.to_dict()
+    for field in SHAPE_FIELDS:
+        if field in theirs and field in ours and theirs[field] != ours[field]:
+            raise ConfigError(f"{path}: {field}={theirs[field]!r} but the model was built with {field}={ours[field]!r}")
+
+
+HF_IO = HfFamilyIO(unwrap_model, hf_mapping, shape_fields=(), max_shard_size=5 * 2**30)
+
+
+def load_hf_checkpoint(model: nn.Module, hf_dir: str | os.PathLike, strict: bool = True) -> None:
+    """Load a Hugging Face folder into ``model`` at its TP size; each rank reads only its slices."""
+    check_folder_config(unwrap_model(model), hf_dir)
+    HF_IO.load(model, hf_dir, strict)
+
+
+def save_hf_checkpoint(model: nn.Module, out_dir: str | os.PathLike, dtype: torch.dtype | None = None,
+                       max_shard_size: int = 5 * 2**30) -> None:
+    """Write what ``save_pretrained`` writes (config.json + safetensors, names unchanged), loadable by
+    ``AutoModelForCausalLM.from_pretrained``. Collective over all ranks; one rank writes."""
+    HF_IO.save(model, out_dir, dtype, max_shard_size)

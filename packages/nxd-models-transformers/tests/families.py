@@ -35,7 +35,7 @@ FAMILIES: dict[str, dict] = {
 TP_FAMILIES = ("gemma3_text", "phi3", "olmo2", "granite", "starcoder2")
 
 
-def save_family(model_type: str, out: Path) -> Path:
+def save_family(model_type: str, out: Path, **overrides: object) -> Path:
     """A randomly initialised ``model_type`` model saved to ``out`` (norm weights spread away from 1,
     expert weights drawn wider, so every piece counts in a gradient comparison)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -44,6 +44,6 @@ def save_family(model_type: str, out: Path) -> Path:
 
     quiet_transformers()
     torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type, **{**_BASE, **FAMILIES[model_type]})
+    config = AutoConfig.for_model(model_type, **{**_BASE, **FAMILIES[model_type], **overrides})
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return save_hf_oracle(model, out, spread_norms=True)

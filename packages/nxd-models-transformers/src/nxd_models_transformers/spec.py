@@ -43,9 +43,15 @@ def config_from_dict(data: Any) -> Any:
         config = AutoConfig.for_model(model_type, **data)
     except ValueError as exc:
         raise ConfigError(f"model_type {model_type!r}: transformers cannot build it ({exc})") from None
-    config.dtype = dtype if dtype in _DTYPES else "float32"
+    config.dtype = getattr(torch, dtype if dtype in _DTYPES else "float32")
     causal_lm_class(config)  # refused now when transformers has no causal LM for it
     return config
+
+
+def param_dtype(config: Any) -> torch.dtype:
+    """The parameter dtype :func:`config_from_dict` chose (transformers keeps it as a ``torch.dtype``)."""
+    dtype = config.dtype
+    return dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).replace("torch.", ""))
 
 
 def causal_lm_class(config: Any) -> type:
@@ -74,7 +80,7 @@ def build(config: Any, nxd_config: dict | None = None, context: Any = None) -> t
     check_layout(config, hf_class, tp=tp, pp=dim_size(context, "pp"), cp=dim_size(context, "cp"),
                  sequence_parallel=NxdConfig.of(nxd_config).sequence_parallel)
     cls = nxd_class(hf_class)
-    model = cls._from_config(config, dtype=getattr(torch, config.dtype))
+    model = cls._from_config(config, dtype=param_dtype(config))
     cls.nxd_transformer_layer_classes = decoder_layer_classes(model)
     if tp > 1:
         setattr(model, PLAN_ATTRIBUTE, transformers_plan(model))

@@ -17,6 +17,7 @@ import nxd
 from nxd.errors import ConfigError
 from nxd.resolved import NxdConfig
 from nxd_training.build import nxd_config
+from nxd_training.config.features import builds_model_type
 from nxd_training.config.plan import MODEL_KEY_MAP, RunPlan, file_tokenizer, tokenizer_path
 from nxd_training.config.schema import (
     DataConfig,
@@ -226,7 +227,7 @@ def check_pretrained(model: ModelConfig, resume_from_checkpoint: str | None, pla
     hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
     model_type = hf.get("model_type")
     types = tuple(getattr(plan.spec, "hf_model_types", ()) or ()) or (plan.spec.name,)
-    if model_type and model_type not in types:
+    if model_type and not builds_model_type(plan.spec, model_type):
         raise ConfigError(f"{PRETRAINED_KEY}: {path}/config.json has model_type {model_type!r}, which model.architecture="
                           f"{plan.spec.name!r} does not build (it builds {', '.join(types)})")
     _same_shape(model, plan.model_dict, hf, path)

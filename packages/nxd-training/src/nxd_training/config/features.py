@@ -112,14 +112,24 @@ def hf_config_file(model: ModelConfig) -> dict[str, Any] | None:
     return data
 
 
+#: a spec's ``hf_model_types`` entry meaning "any model_type no other installed plugin lists"
+ANY_MODEL_TYPE = "*"
+
+
 def _model_types() -> dict[str, str]:
-    """HF ``model_type`` -> registered model name."""
+    """HF ``model_type`` -> registered model name (a plugin listing ``"*"`` under that key)."""
     out: dict[str, str] = {}
     for name in nxd.list_components("model"):
         spec = nxd.get_model(name)
         for model_type in getattr(spec, "hf_model_types", ()) or (name,):
             out.setdefault(model_type, name)
     return out
+
+
+def builds_model_type(spec: Any, model_type: str) -> bool:
+    """Whether ``spec`` builds HF ``model_type`` (it lists it, or lists ``"*"`` and no other plugin does)."""
+    accepted = tuple(getattr(spec, "hf_model_types", ()) or (spec.name,))
+    return model_type in accepted or (ANY_MODEL_TYPE in accepted and _model_types().get(model_type) in (None, spec.name))
 
 
 def select_model(m: ModelConfig, model_source: str, run_name: str, hf: dict[str, Any] | None) -> tuple[str, str]:
@@ -133,7 +143,11 @@ def select_model(m: ModelConfig, model_source: str, run_name: str, hf: dict[str,
         return "gpt", "model_source=megatron (NxD Training's Megatron GPT model)"
     model_type = (hf or {}).get("model_type")
     if model_type:
-        return _model_types().get(model_type, model_type), f"model.model_config (model_type {model_type!r})"
+        types = _model_types()
+        if model_type not in types and ANY_MODEL_TYPE in types:
+            return types[ANY_MODEL_TYPE], (f"model.model_config (model_type {model_type!r}, which no nxd family lists: "
+                                           f"the {types[ANY_MODEL_TYPE]!r} model builds it)")
+        return types.get(model_type, model_type), f"model.model_config (model_type {model_type!r})"
     if "mixtral" in run_name.lower():
         return "mixtral", f"name={run_name!r} (NxD Training builds Mixtral for hf runs named *mixtral*)"
     return DEFAULT_ARCHITECTURE, "model_source=hf (NxD Training's HF Llama model)"
@@ -149,7 +163,7 @@ def model_spec(m: ModelConfig, model_source: str, run_name: str, hf: dict[str, A
         raise ConfigError(str(exc)) from None
     model_type = (hf or {}).get("model_type")
     accepted = tuple(getattr(spec, "hf_model_types", ()) or (spec.name,))
-    if model_type and model_type not in accepted:
+    if model_type and not builds_model_type(spec, model_type):
         other = _model_types().get(model_type)
         hint = f"set model.architecture: {other}" if other else _install_hint("model", model_type)
         raise ConfigError(f"model.model_config describes model_type {model_type!r}, but the {spec.name!r} model builds "

@@ -211,6 +211,8 @@ def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str, list[
     hf = hf_config_file(config.model)
     spec, reason = model_spec(config.model, config.model_source, config.name, hf)
     _require_model_source(config.model, spec, hf)
+    if hf and (getattr(spec, "extras", None) or {}).get("sizes_from_hf_config"):
+        _yaml_agrees_with_hf(config.model, hf)
     # the training sequence (checked with the batch sizes later: the model is refused first)
     covered = check_features(config, spec, hf, config.data.seq_length or config.model.encoder_seq_length)
     recompute_classes(config.model, spec)
@@ -224,12 +226,25 @@ def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str, list[
     return spec, as_dict, model_config, reason, list(covered.values())
 
 
+def _yaml_agrees_with_hf(m: ModelConfig, hf: dict[str, Any]) -> None:
+    """For a model whose sizes are its config.json's (the transformers family): a YAML size key
+    naming another value is refused, never applied over the file."""
+    for ours, theirs in MODEL_KEY_MAP.items():
+        value = getattr(m, ours)
+        if value is not None and theirs in hf and hf[theirs] != value:
+            raise ConfigError(f"model.{ours}={value} disagrees with the model's config.json ({theirs}={hf[theirs]}); "
+                              "this model's sizes are its config.json's: remove the key or set it to the file's value")
+
+
 def _layout_fits_model(ds: DistributedStrategyConfig, spec: Any, model_config: Any, seq: int, tp: int, pp: int) -> None:
     """The parallel layout fits the model: heads (and K/V heads, replicated or not) split over TP,
     the sequence over SP and CP (CP needs a model whose attention spans CP ranks, and a sequence
     that cuts into 2 x CP chunks), the vocabulary over TP, PP only for a model with the pipeline
     contract (docs/pipeline.md)."""
     cp = ds.context_parallel_size
+    check = (getattr(spec, "extras", None) or {}).get("check_layout")
+    if callable(check):  # the model's own judgement, the one its build on every rank makes again
+        check(model_config, tp=tp, pp=pp, cp=cp, sequence_parallel=bool(ds.sequence_parallel))
     if cp > 1 and not getattr(spec, "context_parallel", False):
         raise ConfigError(
             f"distributed_strategy.context_parallel_size={cp}: model.architecture {spec.name!r} does not support "

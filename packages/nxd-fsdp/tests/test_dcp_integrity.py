@@ -187,3 +187,24 @@ def test_dcp_files_are_hashed_in_the_one_read_that_loads_them(tmp_path: Path, mo
         dcp.load(loaded, storage_reader=SafeReader(folder, files))
     found = caught.value.failures[0][0]  # DCP wraps each rank's error; load_dcp unwraps it
     assert isinstance(found, ChecksumError) and f"{shard}: content checksum mismatch" in str(found), found
+
+
+def test_a_damaged_metadata_is_one_line_naming_it(tmp_path: Path, caplog) -> None:
+    """In process: ``load_dcp`` of a folder whose ``.metadata`` is damaged raises nxd's one error naming
+    the file; torch's "Global/Rank local metadata is not found" warnings and their tracebacks (logged on
+    the root logger before DCP's own error: printed to stderr outside pytest) are not logged."""
+    from nxd_fsdp.dcp_integrity import DcpCheckpointError, DigestingWriter, record_manifest
+
+    model = torch.nn.Linear(3, 2)
+    folder = str(tmp_path / "dcp")
+    writer = DigestingWriter(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(model.state_dict(), storage_writer=writer)
+    record_manifest(folder, writer)
+    (Path(folder) / ".metadata").write_bytes(b"\x80\x04garbage")
+    caplog.set_level("DEBUG")
+    with pytest.raises(DcpCheckpointError, match=rf"{Path(folder) / '.metadata'}: content checksum mismatch"):
+        load_dcp(folder, model)
+    logged = [r.getMessage() for r in caplog.records if r.name == "root"]
+    assert not any("metadata is not found" in m for m in logged), logged

@@ -1,8 +1,8 @@
 """A ``torch.distributed.checkpoint`` (DCP) folder read and written in one process, no process group.
 
 DCP's ``.metadata`` is a pickle; an untrusted one could run code when unpickled, so it is read
-with an unpickler that builds only DCP's metadata classes and torch's dtype/layout/size values
-(:class:`SafeFileSystemReader`). Tensors come from the ``.distcp`` files through DCP itself
+with nxd's one restricted unpickler (``nxd_core_parallel.dcp_metadata``: DCP's metadata classes and
+torch's dtype/layout/size values only; :class:`SafeFileSystemReader`). Tensors come from the ``.distcp`` files through DCP itself
 (``torch.load(weights_only=True)``). Non-tensor entries (``BytesStorageMetadata``: pickled
 objects such as a data loader's state) are never read, only named.
 
@@ -12,9 +12,7 @@ their names; a training run's other states under their own prefixes (``optimizer
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
 from typing import Any
 
 import torch
@@ -23,39 +21,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
 from nxd_ckpt.errors import CheckpointError
-
-#: modules whose classes a DCP ``.metadata`` pickle may name
-_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                     "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
-_BUILTINS = {"set", "frozenset", "dict", "list", "tuple", "slice", "bytes", "bytearray", "int", "float", "str", "bool",
-             "complex", "NoneType"}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def __init__(self, file: Any, path: str) -> None:
-        super().__init__(file)
-        self.path = path
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module in _METADATA_MODULES and not name.startswith("__"):
-            return super().find_class(module, name)
-        if module == "torch":
-            value = getattr(torch, name, None)
-            if value is torch.Size or isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-                return value
-        if (module, name) == ("torch.serialization", "_get_layout"):  # torch.strided & co: a lookup by name
-            return super().find_class(module, name)
-        if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
-            return super().find_class(module, name)  # the checkpoint id DCP records
-        if module == "builtins" and name in _BUILTINS:
-            return super().find_class(module, name)
-        if module == "collections" and name == "OrderedDict":
-            return super().find_class(module, name)
-        if module == "enum" and name == "Enum":
-            return super().find_class(module, name)
-        raise CheckpointError(f"{self.path}: the DCP metadata names {module}.{name}, which is not part of DCP's "
-                              "metadata; refusing to unpickle it (the file may not be a DCP checkpoint, or may be "
-                              "crafted)")
+from nxd_core_parallel.dcp_metadata import DcpMetadataError, load_dcp_metadata, quiet_metadata_fallback
 
 
 class SafeFileSystemReader(FileSystemReader):
@@ -66,9 +32,9 @@ class SafeFileSystemReader(FileSystemReader):
         with open(path, "rb") as f:
             data = f.read()
         try:
-            metadata = _MetadataUnpickler(io.BytesIO(data), path).load()
-        except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError) as exc:
-            raise CheckpointError(f"{path}: not a readable DCP metadata file ({type(exc).__name__}: {exc})") from None
+            metadata = load_dcp_metadata(data, path)
+        except DcpMetadataError as exc:
+            raise CheckpointError(str(exc)) from None
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -101,7 +67,8 @@ def read_dcp_tensors(path: str, keys: list[str] | None = None) -> dict[str, torc
         if not isinstance(meta, TensorStorageMetadata):
             raise CheckpointError(f"{path}: no tensor {key!r} in the DCP checkpoint")
         state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-    dcp.load(state, storage_reader=SafeFileSystemReader(path), no_dist=True)
+    with quiet_metadata_fallback():
+        dcp.load(state, storage_reader=SafeFileSystemReader(path), no_dist=True)
     return state
 
 

@@ -17,11 +17,13 @@ chunk of a saved tensor).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
 import torch
 
+from nxd.errors import NxdError
 from nxd_ckpt.errors import CheckpointError
 from nxd_ckpt.storage import LocalStorage, Storage
 from nxd_core_parallel.xla_zero1_layout import MASTER_KEY
@@ -36,26 +38,72 @@ def is_nxd_dcp_optim(storage: Storage, tag: str) -> bool:
 
 
 def read_dcp(storage: Storage, path: str) -> dict[str, Any]:
-    """Everything in the DCP checkpoint at ``path``, nested as saved, tensors whole."""
-    import io
+    """Everything in the DCP checkpoint at ``path``, nested as saved, tensors whole. ``.metadata``
+    goes through nxd's restricted unpickler and non-tensor entries through
+    ``torch.load(weights_only=True)``: a crafted file is refused naming it, never run."""
     import warnings
 
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from nxd_ckpt.dcp_folder import SafeFileSystemReader
+    from nxd_core_parallel.dcp_metadata import quiet_metadata_fallback
 
     local = _local_dir(storage, path)
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():  # DCP says it loads in one process: this rank reads the whole state on purpose
+    reader = SafeFileSystemReader(local)
+    reader.read_metadata()  # a damaged or crafted .metadata is refused here, naming it (DCP would wrap it)
+    state: dict[str, Any] = {}
+    with warnings.catch_warnings(), quiet_metadata_fallback():  # DCP's one-process note: this rank reads all on purpose
         warnings.simplefilter("ignore", UserWarning)
         try:
-            dcp_to_torch_save(local, buffer)  # type: ignore[arg-type]
+            _load_state_dict(state, storage_reader=reader, planner=_safe_planner_class()(storage.describe(path)),
+                             no_dist=True)
         except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException; never its advice
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise CheckpointError(f"{storage.describe(path)}: DCP could not read it ({type(exc).__name__}); its "
+            cause = _first_cause(exc)
+            if isinstance(cause, NxdError):  # nxd's own finding names the file
+                raise CheckpointError(str(cause)) from None
+            raise CheckpointError(f"{storage.describe(path)}: DCP could not read it ({type(cause).__name__}); its "
                                   ".metadata or .distcp files are damaged (truncated, swapped or altered): restore "
                                   "the checkpoint") from None
-    buffer.seek(0)
-    return torch.load(buffer, map_location="cpu", weights_only=True)
+    return state
+
+
+def _first_cause(exc: BaseException) -> BaseException:
+    """The lowest rank's exception inside DCP's ``CheckpointException`` (``exc`` itself otherwise)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        found = failures[min(failures)]
+        return found[0] if isinstance(found, tuple) else found
+    return exc
+
+
+@functools.cache
+def _safe_planner_class() -> type:
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+    class SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
+        """DCP's planner that rebuilds the saved state, its non-tensor entries read with
+        ``torch.load(weights_only=True)`` (DCP's own planner uses ``weights_only=False``)."""
+
+        def __init__(self, where: str) -> None:
+            super().__init__()
+            self.where = where
+
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            fqn = read_item.dest_index.fqn
+            try:
+                obj = torch.load(value, weights_only=True)
+            except Exception as exc:  # noqa: BLE001 - a crafted or damaged entry: named, never run
+                raise CheckpointError(f"{self.where}: entry {fqn!r} is not plain data ({type(exc).__name__}); "
+                                      "refusing to unpickle it (the checkpoint is damaged or was crafted)") from None
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
+
+    return SafeEmptyPlanner
 
 
 def rank_entries(base_state: dict[str, dict], tp_rank: int, pp_rank: int) -> dict[str, dict[str, Any]]:

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from nxd import ParallelContext
+from nxd_core_parallel.dcp_metadata import quiet_metadata_fallback
 from nxd_fsdp.dcp_integrity import DigestingWriter, SafeReader, load_error, record_manifest, save_error, verify_dcp
 from nxd_fsdp.shard import sharded_state_dict
 
@@ -88,8 +89,9 @@ def load_dcp(path: str, model: Any, optimizer: Any = None, *, context: ParallelC
     files = verify_dcp(path)  # nxd's checksums (None: a folder torchtitan or torch wrote, noted)
     module = _module(model)
     state = _state(module, optimizer, key_map)
-    try:  # each rank checks every file it reads before DCP copies a byte of it into the model
-        dcp.load(state, storage_reader=SafeReader(path, files))
+    try:  # each rank checks every file as it reads it; DCP's own logging of a bad .metadata is dropped
+        with quiet_metadata_fallback():
+            dcp.load(state, storage_reader=SafeReader(path, files))
     except (CheckpointException, AssertionError, OSError, RuntimeError, ValueError) as exc:
         raise load_error(path, exc) from None
     with sharded_state_dict(module):

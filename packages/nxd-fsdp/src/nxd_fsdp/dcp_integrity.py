@@ -10,8 +10,9 @@ reads are not read at all. A folder without the manifest (torchtitan's, torch's 
 a one-line note that it is unverified, each file checked to hold the bytes its ``.metadata`` places
 in it.
 
-``.metadata`` is a pickle: it is read here by an unpickler that builds DCP's metadata classes,
-``torch.Size``, dtypes and paths only (torch's reader unpickles anything, code included).
+``.metadata`` is a pickle: it is read by nxd's one restricted unpickler
+(``nxd_core_parallel.dcp_metadata``: DCP's metadata classes, ``torch.Size``, dtypes and paths only;
+torch's reader unpickles anything, code included).
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from __future__ import annotations
 import errno
 import io
 import os
-import pickle
 import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from torch.futures import Future
 
 from nxd.errors import NxdError
 from nxd.paths import check_relative, resolve_inside
+from nxd_core_parallel.dcp_metadata import DcpMetadataError, load_dcp_metadata
 from nxd_core_parallel.file_checksums import (
     MANIFEST,
     check_digest,
@@ -197,50 +198,18 @@ def record_manifest(partial: str, writer: DigestingWriter) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- load
-_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds what DCP's ``.metadata`` holds and nothing else (no function calls of the file's choosing)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        obj = super().find_class(module, name) if module in _METADATA_MODULES + ("torch", "pathlib") else None
-        if module in _METADATA_MODULES and isinstance(obj, type):
-            return obj
-        if module == "torch" and (obj is torch.Size or isinstance(obj, torch.dtype)):
-            return obj
-        if module == "pathlib" and isinstance(obj, type) and issubclass(obj, PurePath):
-            return obj
-        if (module, name) == ("torch.serialization", "_get_layout"):
-            from torch.serialization import _get_layout
-
-            return _get_layout
-        if (module, name) == ("collections", "OrderedDict"):
-            from collections import OrderedDict
-
-            return OrderedDict
-        raise pickle.UnpicklingError(f"it names {module}.{name}, which DCP metadata never holds")
-
-
 def read_metadata(path: str, files: dict[str, dict] | None = None) -> Any:
     """DCP's ``.metadata`` of the folder ``path``, checked against ``files`` (nxd's manifest) when
     given, and read safely; errors name the file."""
-    from torch.distributed.checkpoint.metadata import Metadata
-
     where = os.path.join(path, DCP_METADATA)
     with open(where, "rb") as f:
         data = f.read()
     if files is not None:
         check_digest(digest_of(data), files.get(DCP_METADATA, {}), where, "nxd saved it")
     try:
-        meta = _MetadataUnpickler(io.BytesIO(data)).load()
-    except Exception as exc:  # noqa: BLE001 - any failure of a damaged file: named, never torch's advice
-        raise DcpCheckpointError(f"{where}: not a DCP metadata file ({type(exc).__name__}: {exc}); the checkpoint "
-                                 "is damaged: restore that file or the folder") from None
-    if not isinstance(meta, Metadata) or not isinstance(getattr(meta, "storage_data", None), dict):
-        raise DcpCheckpointError(f"{where}: not a DCP metadata file (it holds {type(meta).__name__}); the checkpoint "
-                                 "is damaged: restore that file or the folder")
-    return meta
+        return load_dcp_metadata(data, where)
+    except DcpMetadataError as exc:
+        raise DcpCheckpointError(str(exc)) from None
 
 
 class SafeReader(FileSystemReader):

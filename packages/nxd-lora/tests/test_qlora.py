@@ -106,7 +106,7 @@ def test_nf4_refusals_name_the_key():
     class MyLinear(nn.Linear):
         pass
 
-    with pytest.raises(ConfigError, match="not a plain nn.Linear"):
+    with pytest.raises(ConfigError, match="not a linear layer QLoRA can quantise"):
         LoRAModel(nn.Sequential(MyLinear(H, H)), _cfg(target_modules=["0"], quantize_base="nf4"))
     q, _, _ = _qlora_and_reference()
     with pytest.raises(ConfigError, match="merge_lora"):

@@ -52,8 +52,18 @@ def write_lora_hf(spec: Any, base: Any, full: Any, mode: str, output: str) -> No
         adapter = nxd.get_component("adapter", "lora", need="converting a LoRA checkpoint")
     except nxd.ComponentNotFound as exc:
         raise CheckpointError(f"{exc} (pip install nxd-lora)") from None
+    quantized = settings.get("quantize_base")
+    if quantized and mode == "merge":
+        raise CheckpointError(f"--lora merge: this run's base was quantised (peft.quantize_base={quantized!r}, QLoRA) "
+                              "and its checkpoints do not hold it; use --lora adapter and apply the PEFT adapter to "
+                              "the run's model.pretrained_checkpoint (PEFT's merge_and_unload merges it there)")
     model = adapter(base, settings)
     model.load_state_dict(full.state, strict=True)
+    if quantized:  # the frozen NF4 base is the run's model.pretrained_checkpoint, not in the checkpoint
+        checkpoint_extras(model, os.path.abspath(output), "", "saved")
+        print(f"QLoRA ({quantized} base): wrote the adapter only ({output}/lora_adapter); its base is the run's "
+              "model.pretrained_checkpoint")
+        return
     if mode == "merge":
         model.merge_lora()
         spec.save_hf(model.module, output)

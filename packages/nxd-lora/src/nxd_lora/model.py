@@ -16,7 +16,7 @@ from nxd_core_parallel.wrapper import ForwardsToModule
 from nxd_lora.config import LoraConfig
 from nxd_lora.layers import LoraAdapter
 from nxd_lora.naming import SUPPORTED_LAYERS, Plan, model_plan, model_spec_for, slots_for, tp_size_rank
-from nxd_lora.quantize import check_nf4_target, quantize_linear_nf4
+from nxd_lora.quantize import check_nf4_target, quantize_nf4
 
 
 def _matches(targets: list[str] | str, names: list[str]) -> bool:
@@ -60,7 +60,13 @@ class LoRAModel(ForwardsToModule, nn.Module):
         self._bases: dict[str, nn.Module] = {}
         self._originals: dict[str, torch.Tensor] = {}
         self._hooks: list[Any] = []
+        #: the NF4 base weights (QLoRA), names under this wrapper: not in its state_dict (see quantize.py)
+        self._nf4_keys: list[str] = []
         self._inject()
+        if self._nf4_keys:
+            self.register_state_dict_post_hook(_drop_nf4_state)
+            self.register_load_state_dict_pre_hook(_note_load_prefix)
+            self.register_load_state_dict_post_hook(_nf4_not_missing)
         self._freeze()
         if adapter_dir is not None:
             from nxd_lora.peft_format import load_adapter
@@ -85,7 +91,7 @@ class LoRAModel(ForwardsToModule, nn.Module):
         targets = self._targets()
         tp, rank = tp_size_rank(self.parallel_context)
         generator = shared_init_generator()
-        to_quantize: list[nn.Module] = []
+        to_quantize: list[tuple[str, nn.Module]] = []
         for name, sub in self.module.named_modules():
             if not name:
                 continue
@@ -110,8 +116,8 @@ class LoRAModel(ForwardsToModule, nn.Module):
                                   "replicated over TP (kv_size_multiplier); LoRA on it is not supported: leave it out "
                                   "of target_modules or use a tensor_parallel_size dividing num_query_groups")
             if self.lora_config.quantize_base == "nf4":
-                check_nf4_target(name, sub)  # every target checked before any is quantised
-                to_quantize.append(sub)
+                check_nf4_target(name, sub, tp)  # every target checked before any is quantised
+                to_quantize.append((name, sub))
             adapter = LoraAdapter(sub, slots, targeted, self.lora_config, generator)
             self.lora_layers[_safe(name)] = adapter
             self._bases[name] = sub
@@ -119,8 +125,8 @@ class LoRAModel(ForwardsToModule, nn.Module):
         if not len(self.lora_layers):
             raise ConfigError(f"LoraConfig.target_modules={targets!r} matched no adaptable layer of "
                               f"{type(self.module).__name__}")
-        for sub in to_quantize:
-            quantize_linear_nf4(sub)
+        for name, sub in to_quantize:
+            self._nf4_keys.append(f"module.{name}.{quantize_nf4(sub)}")
 
     def _freeze(self) -> None:
         mode = self.lora_config.bias
@@ -201,6 +207,22 @@ def shared_init_generator() -> torch.Generator:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() != "fake":
         dist.broadcast_object_list(seed, src=0)
     return torch.Generator().manual_seed(seed[0])
+
+
+def _drop_nf4_state(model: LoRAModel, state_dict: dict, prefix: str, local_metadata: Any) -> None:
+    # registered before any data-parallel wrapper's hooks: FSDP never gathers the NF4 shards
+    for key in model._nf4_keys:
+        state_dict.pop(prefix + key, None)
+
+
+def _note_load_prefix(model: LoRAModel, state_dict: dict, prefix: str, *args: Any) -> None:
+    model._load_prefix = prefix
+
+
+def _nf4_not_missing(model: LoRAModel, incompatible: Any) -> None:
+    prefix = model.__dict__.pop("_load_prefix", "")
+    expected = {prefix + key for key in model._nf4_keys}
+    incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k not in expected]
 
 
 def _make_hook(adapter: LoraAdapter):

@@ -35,10 +35,40 @@ def nxd_validate_config(nxd_config: NxdConfig) -> None:
     config = check_lora_config(nxd_config.lora_config)
     if config is not None and nxd_config.pipeline_parallel_size > 1:
         raise nxd.ConfigError("lora_config with pipeline_parallel_size > 1 is not supported by nxd-lora yet; use PP=1")
+    if config is not None and config.quantize_base is not None:
+        _check_qlora_layout(config.quantize_base, nxd_config)
+
+
+def _check_qlora_layout(mode: str, nxd_config: NxdConfig) -> None:
+    """What QLoRA's NF4 base cannot be composed with, refused before any rank builds."""
+    key = f"lora_config.quantize_base={mode!r}"
+    if nxd_config.tensor_parallel_size > 1:
+        raise nxd.ConfigError(f"{key} with tensor_parallel_size={nxd_config.tensor_parallel_size}: NF4 over TP shards "
+                              "is not supported (each rank would quantise its shard with its own scales, so the base "
+                              "would depend on the TP size); use tensor_parallel_size=1 with FSDP or DDP")
+    if nxd_config.transform_options("fp8") is not None:
+        raise nxd.ConfigError(f"{key} with the fp8 model transform: FP8 computes the base matmuls in float8 from a "
+                              "plain weight, the NF4 base is 4-bit codes; use one of them")
+    if nxd_config.model_init.meta_device_init:
+        raise nxd.ConfigError(f"{key} with meta_device_init: the base is quantised from its weights when LoRA is "
+                              "applied, before they would be initialised on the meta device; build on the CPU")
+
+
+def _fsdp_shards(context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> int:
+    """How many row shards FSDP cuts each parameter into (1 without FSDP; HSDP: DP / replicas)."""
+    if context is None or nxd_config.data_parallel_strategy != "fsdp":
+        return 1
+    fsdp = nxd_config.fsdp_config if isinstance(nxd_config.fsdp_config, dict) else {}
+    return context.dp.size // int(fsdp.get("replicate_degree", 1) or 1)
 
 
 def _apply_lora(model: Any, context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> Any:
-    return lora_adapter(model, nxd_config.lora_config, context)
+    model = lora_adapter(model, nxd_config.lora_config, context)
+    if getattr(getattr(model, "lora_config", None), "quantize_base", None) is not None:
+        from nxd_lora.quantize import check_nf4_shards
+
+        check_nf4_shards(model, _fsdp_shards(context, nxd_config), "FSDP (data_parallel_strategy=fsdp)")
+    return model
 
 
 # applies when lora_config is given; lora_adapter leaves the model as it is when enable_lora is False

@@ -65,7 +65,7 @@ def build_rank_model(config: Any, run: Any) -> tuple[torch.nn.Module, nxd.Parall
     context = start_parallel_context(**nxd_cfg.sizes(),
                                      timeout=timedelta(seconds=config.distributed_strategy.collective_timeout))
     model_config = build.model_config_for_rank(config.precision, run)
-    build_fn = nxd.parallel.bind_context(run.spec.build, context)
+    build_fn = build.model_builder(config, run, context)
     later = _mesh_transforms(context, nxd_cfg)
     # built first with no data-parallel strategy (a name none registers), then that strategy runs
     build_cfg = type(nxd_cfg)({**nxd_cfg, "data_parallel_strategy": UNSHARDED}) if later else nxd_cfg

@@ -40,7 +40,7 @@ def build_rank(config: Any, run: Any, rank: int) -> tuple[torch.nn.Module, Any, 
     try:
         model, context, nxd_cfg = build_rank_model(config, run)
         folder = config.model.pretrained_checkpoint
-        if folder:
+        if build.loads_pretrained_late(config):  # else read by the model build itself (QLoRA)
             step = f"its load of model.pretrained_checkpoint={folder} (names and shapes from the files' headers)"
             with headers_only():
                 build.load_pretrained(run, model, nxd_cfg.lora_config is not None, folder)

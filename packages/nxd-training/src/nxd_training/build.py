@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -10,7 +12,7 @@ import nxd
 from nxd.resolved import NxdConfig
 from nxd_training.config import peft
 from nxd_training.config.features import recompute_classes
-from nxd_training.config.plan import RunPlan, data_section
+from nxd_training.config.plan import RunPlan, data_section, qlora_mode
 from nxd_training.config.schema import (
     CheckpointCallbackParams,
     DataConfig,
@@ -130,6 +132,35 @@ def build_scheduler(optim: OptimConfig, max_steps: int, optimizer: Any) -> torch
     total = sched.max_steps or (max_steps if max_steps > 0 else None)
     lr_fn = make_lr_fn(sched.name, optim.lr, total, sched.warmup_steps, sched.min_lr, sched.constant_steps)
     return make_scheduler(optimizer, lr_fn, optim.lr)
+
+
+def model_builder(config: TrainingConfig, plan: RunPlan, context: nxd.ParallelContext) -> Callable[..., Any]:
+    """The ``model_fn`` a rank gives ``initialize_parallel_model``: the model spec's build with the
+    run's context. QLoRA (``peft.quantize_base``) quantises the base when the LoRA transform runs, so
+    there the Hugging Face weights (``model.pretrained_checkpoint``) load into the plain model first,
+    on every start, resumes included; on the meta device (the dry run before launch) only names and
+    shapes are checked against the files' headers."""
+    build_fn = nxd.parallel.bind_context(plan.spec.build, context)
+    if qlora_mode(config) is None:
+        return build_fn
+    folder = config.model.pretrained_checkpoint
+
+    def build_and_load(*args: Any, **kwargs: Any) -> torch.nn.Module:
+        from nxd_core_parallel.hf_interop import headers_only
+
+        model = build_fn(*args, **kwargs)
+        on_meta = any(p.is_meta for p in model.parameters())
+        with headers_only() if on_meta else contextlib.nullcontext():
+            plan.spec.load_hf(model, folder)
+        return model
+
+    return build_and_load
+
+
+def loads_pretrained_late(config: TrainingConfig) -> bool:
+    """``model.pretrained_checkpoint`` loads into the built model (under its adapters), not into the
+    plain model before the transforms (QLoRA: :func:`model_builder`)."""
+    return bool(config.model.pretrained_checkpoint) and qlora_mode(config) is None
 
 
 def load_pretrained(plan: RunPlan, model: torch.nn.Module, lora: bool, folder: str) -> None:

@@ -100,7 +100,7 @@ class Trainer:
         # the run's groups, with its timeout, before anything else builds them (neuronx_distributed_config
         # keeps a current context of the same sizes: groups start once)
         self.context = start_parallel_context(**self.nxd_config.sizes(), timeout=timeout)
-        build_fn = nxd.parallel.bind_context(self.plan.spec.build, self.context)  # the model spec gets the context
+        build_fn = build.model_builder(config, self.plan, self.context)  # the model spec gets the context
         self.rank = dist.get_rank()
         self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
         self.ckpt_dir = checkpoint_dir(config.exp_manager, self.log_dir)
@@ -175,7 +175,8 @@ class Trainer:
                                           optimizer=None if weights_only else self.optimizer,
                                           scheduler=None if weights_only else self.scheduler, context=self.context,
                                           load_rng=not weights_only)  # weights only: a fresh start keeps its seed
-            unused = f"; model.pretrained_checkpoint {pretrained} not read" if pretrained else ""
+            unused = ("" if not pretrained else f"; model.pretrained_checkpoint {pretrained} not read"
+                      if build.loads_pretrained_late(self.config) else f"; the NF4 base quantised from {pretrained}")
             if weights_only:
                 self._weights_changed()
                 self.weights_from = (f"{em.resume_from_checkpoint} (model.weight_init_only: the optimizer, schedule "
@@ -184,9 +185,11 @@ class Trainer:
             self._restore(content)
             return f"{em.resume_from_checkpoint} (step {self.step}{unused})"
         if pretrained:
-            # the base model (under LoRA adapters, if any) takes the folder's weights; the optimizer starts fresh
-            build.load_pretrained(self.plan, self.model, self.lora, pretrained)
-            self._weights_changed()
+            # the base model (under LoRA adapters, if any) takes the folder's weights; the optimizer starts fresh.
+            # QLoRA's base read them before it was quantised (build.model_builder)
+            if build.loads_pretrained_late(self.config):
+                build.load_pretrained(self.plan, self.model, self.lora, pretrained)
+                self._weights_changed()
             self.initialised_from = pretrained
             return None
         return None

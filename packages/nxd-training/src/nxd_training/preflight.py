@@ -18,7 +18,7 @@ from nxd.errors import ConfigError
 from nxd.resolved import NxdConfig
 from nxd_training.build import nxd_config
 from nxd_training.config.features import builds_model_type
-from nxd_training.config.plan import MODEL_KEY_MAP, RunPlan, file_tokenizer, tokenizer_path
+from nxd_training.config.plan import MODEL_KEY_MAP, RunPlan, file_tokenizer, qlora_mode, tokenizer_path
 from nxd_training.config.schema import (
     DataConfig,
     ExpManagerConfig,
@@ -47,7 +47,7 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
     parse_max_time(config.trainer.max_time)
     em = config.exp_manager
     _resume(em.resume_from_checkpoint)
-    check_pretrained(config.model, em.resume_from_checkpoint, plan)
+    check_pretrained(config.model, em.resume_from_checkpoint, plan, qlora_mode(config) is not None)
     _resume_layout(config, log_dir, plan.resolution.dp)
     # the format is checked whenever it is used or written down (a wrong name is wrong with checkpointing off too)
     if em.create_checkpoint_callback or em.resume_from_checkpoint or "checkpoint_format" in em.model_fields_set:
@@ -197,17 +197,19 @@ def looks_like_nxd_checkpoint(path: Path) -> bool:
     return any((path / name).exists() for name in ("done", "checkpoint", "model", "checkpoints", "metadata.json"))
 
 
-def check_pretrained(model: ModelConfig, resume_from_checkpoint: str | None, plan: RunPlan) -> None:
+def check_pretrained(model: ModelConfig, resume_from_checkpoint: str | None, plan: RunPlan,
+                     quantized_base: bool = False) -> None:
     """``model.pretrained_checkpoint``: refuse, naming the field, a Hugging Face folder the run could
     not start from (checked before launch: the folder, its weights, its ``config.json`` against the
-    model section; each rank then loads its slices through ``ModelSpec.load_hf``)."""
+    model section; each rank then loads its slices through ``ModelSpec.load_hf``). ``quantized_base``
+    (QLoRA): the folder is the NF4 base of every start, a resumed one too."""
     source = model.pretrained_checkpoint
     if not source:
         return
     if "://" in source:
         raise ConfigError(f"{PRETRAINED_KEY}={source}: give a local Hugging Face model folder (download it first, e.g. "
                           "huggingface-cli download NAME --local-dir DIR)")
-    if resume_from_checkpoint:
+    if resume_from_checkpoint and not quantized_base:
         raise ConfigError(f"{PRETRAINED_KEY} and exp_manager.resume_from_checkpoint are both set: start from the Hugging Face "
                           "weights or from an nxd checkpoint, not both")
     path = Path(source)

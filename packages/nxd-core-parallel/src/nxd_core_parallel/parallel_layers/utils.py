@@ -6,6 +6,10 @@ import torch
 
 _TP_ATTRS = {"tensor_model_parallel": False, "partition_dim": -1, "partition_stride": 1}
 
+#: bytes one element of a parameter takes in memory when it is not its dtype's itemsize (a frozen base
+#: weight stored quantised: nxd-lora's NF4), set on the parameter; memory planning (nxd plan) reads it
+STORED_BYTES_PER_ELEMENT = "stored_bytes_per_element"
+
 
 def divide(numerator: int, denominator: int, what: str = "size", hint: str | None = None) -> int:
     """``numerator // denominator``, raising a clear error when it does not divide; ``hint`` (the

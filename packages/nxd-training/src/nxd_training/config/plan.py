@@ -496,15 +496,33 @@ def _plugins(ds: DistributedStrategyConfig, align: ModelAlignmentConfig | None, 
                 raise ConfigError(f"model_alignment_strategy.peft: LoRA does not support pipeline parallelism "
                                   f"(pipeline_model_parallel_size={pp}); use tensor/data parallelism with LoRA")
             _need("adapter", "lora", "model_alignment_strategy.peft", "nxd-lora")
-            qlora = peft.lora_config(align.peft, []).quantize_base  # every key checked now, not on the ranks
-            if qlora is not None:
-                raise ConfigError(f"model_alignment_strategy.peft.quantize_base={qlora!r}: QLoRA is not supported "
-                                  "through `nxd train` yet: it quantises plain nn.Linear LoRA targets only, and nxd's "
-                                  "model families build their projections as nxd's own (tensor-parallel) linear layers; "
-                                  "FSDP/TP composition is not supported yet either. Use it from Python on a model with "
-                                  "nn.Linear targets: LoRAModel(model, LoraConfig(quantize_base='nf4')) (docs/lora.md)")
+            peft.lora_config(align.peft, [])  # every key checked now, not on the ranks
     if em.create_checkpoint_callback or em.resume_if_exists:
         _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")
+
+
+def qlora_mode(config: TrainingConfig) -> str | None:
+    """``model_alignment_strategy.peft.quantize_base`` (QLoRA's base format), or ``None``."""
+    align = config.model_alignment_strategy
+    return (align.peft or {}).get("quantize_base") if align is not None and align.peft is not None else None
+
+
+def _qlora(config: TrainingConfig) -> None:
+    """QLoRA through the trainer: its base is quantised from the Hugging Face weights as the model is
+    built, and checkpoints leave the frozen NF4 base out (every start, resumes included, reads it
+    again). The layouts NF4 cannot take are refused by nxd-lora (``nxd_validate_config``)."""
+    mode = qlora_mode(config)
+    if mode is None:
+        return
+    key = f"model_alignment_strategy.peft.quantize_base={mode!r}"
+    if not config.model.pretrained_checkpoint:
+        raise ConfigError(f"{key} needs model.pretrained_checkpoint (a Hugging Face folder): QLoRA fine-tunes a "
+                          "pretrained base, quantised from those weights at every start; checkpoints hold the "
+                          "adapters and the other tensors, not the frozen NF4 base")
+    if config.exp_manager.resume_from_checkpoint and config.model.weight_init_only:
+        raise ConfigError(f"{key} with exp_manager.resume_from_checkpoint and model.weight_init_only: the NF4 base "
+                          "is quantised from model.pretrained_checkpoint, not from another checkpoint's weights; "
+                          "export that checkpoint to Hugging Face (nxd ckpt convert) and name it there")
 
 
 def make_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
@@ -551,6 +569,7 @@ def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
     _training(config.trainer, config.model.optim, config.exp_manager, config.name)
     _precision(config.precision, ds)
     _plugins(ds, align, config.exp_manager, pp, dp)
+    _qlora(config)
     _layout_fits_model(ds, spec, model_config, seq, tp, pp)
     workflow_key, workflow = build_workflow(align)
     if workflow is not None and pp > 1 and not getattr(workflow, "supports_pipeline", False):

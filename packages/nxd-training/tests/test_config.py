@@ -68,7 +68,7 @@ BAD = [
     ({"distributed_strategy": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2},
       "model_alignment_strategy": {"peft": {"lora_rank": 4}}}, ["model_alignment_strategy.peft", "pipeline"]),
     ({"model_alignment_strategy": {"peft": {"lora_rank": 4, "quantize_base": "nf4"}}},
-     ["model_alignment_strategy.peft.quantize_base='nf4'", "not supported through `nxd train` yet"]),
+     ["model_alignment_strategy.peft.quantize_base='nf4'", "needs model.pretrained_checkpoint"]),
     ({"model_alignment_strategy": {"peft": {"quantize_base": "int4"}}},
      ["model_alignment_strategy.peft: quantize_base must be None or one of nf4"]),
 ]

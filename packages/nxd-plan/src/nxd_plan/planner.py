@@ -202,10 +202,21 @@ def make_run_plan(source: Any, overrides: Sequence[str] = (), *, device: str | D
         plan.notes.append("FSDP: each rank's shards are fully_shard's own DTensors (built on the meta parameters "
                           "with a CPU DeviceMesh over the fake group); a rank's rows follow FSDP's Shard(0) "
                           "chunking at its DP coordinate, which --dry-run checks on every rank")
+    plan.notes.extend(quantized_notes(shards))
     plan.notes.extend(profile.notes)
     if num_layers > MEASURED_LAYERS and profile.measured:
         plan.notes.append(f"activations measured on a {MEASURED_LAYERS}-layer replica; later layers taken as alike")
     return plan
+
+
+def quantized_notes(shards: dict) -> list[str]:
+    """What the rank's quantised base weights (QLoRA's NF4) take: bytes per parameter, scales included."""
+    numel, nbytes = map(sum, zip(*(s.quantized_numel_bytes() for s in shards.values()))) if shards else (0, 0)
+    if not numel:
+        return []
+    return [f"QLoRA: {numel:,} base weight elements stored as NF4 take {nbytes:,} bytes, {nbytes / numel:.4f} bytes "
+            "per parameter (0.5 for the 4-bit codes + their double-quantised block scales), counted in the "
+            "parameter bytes above (per pipeline/expert coordinate, before FSDP sharding)"]
 
 
 def replica_base_overrides(layout: Layout) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from nxd_core_parallel.parallel_layers.utils import STORED_BYTES_PER_ELEMENT
 from nxd_plan.fake_world import fake_rank
 from nxd_plan.rank_check import build_rank
 
@@ -31,6 +32,11 @@ class Shard:
     #: and each parameter's local shape as FSDP built it (``params`` holds the unsharded shapes)
     fsdp: tuple[int, int] | None = None
     local: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: parameters stored in fewer bytes than their dtype's (QLoRA's NF4 base): name -> bytes per element
+    quantized: dict[str, float] = field(default_factory=dict)
+
+    def _bytes_per_element(self, name: str) -> float:
+        return self.quantized.get(name) or _itemsize(self.params[name][1])
 
     def stored(self, index: int | None = None) -> dict[str, tuple[int, ...]]:
         """Each parameter's shape as stored on a rank: FSDP's row shard at shard ``index`` (this
@@ -46,7 +52,12 @@ class Shard:
                    if not trainable or self.params[name][2])
 
     def stored_bytes(self, index: int | None = None) -> int:
-        return sum(_numel(shape) * _itemsize(self.params[name][1]) for name, shape in self.stored(index).items())
+        return int(sum(_numel(shape) * self._bytes_per_element(name) for name, shape in self.stored(index).items()))
+
+    def quantized_numel_bytes(self) -> tuple[int, int]:
+        """(elements, bytes) of this rank's quantised parameters, unsharded by DP."""
+        numel = sum(_numel(self.params[name][0]) for name in self.quantized)
+        return numel, int(sum(_numel(self.params[name][0]) * per for name, per in self.quantized.items()))
 
     def unsharded_numel(self, first_ep: bool) -> int:
         """This rank's parameters as whole tensors across TP; non-expert ones only on expert rank 0
@@ -68,7 +79,7 @@ class Shard:
 
     @property
     def param_bytes(self) -> int:
-        return sum(_numel(shape) * _itemsize(dtype) for shape, dtype, _ in self.params.values())
+        return int(sum(_numel(shape) * self._bytes_per_element(name) for name, (shape, _, _) in self.params.items()))
 
     def signature(self) -> tuple:
         """What must agree between ranks of one coordinate class."""
@@ -149,8 +160,10 @@ def shard_of(model: torch.nn.Module, context: Any, rank: int) -> Shard:
                 for name, p in model.named_parameters()}
     local = {name: tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape)
              for name, p in model.named_parameters()}
+    quantized = {name: float(getattr(p, STORED_BYTES_PER_ELEMENT)) for name, p in model.named_parameters()
+                 if getattr(p, STORED_BYTES_PER_ELEMENT, None)}
     return Shard(rank, context.coordinates(), params, pipeline_stages(model), groups, sharding=sharding,
-                 fsdp=_fsdp_coordinates(model), local=local)
+                 fsdp=_fsdp_coordinates(model), local=local, quantized=quantized)
 
 
 def build_shard(config: Any, run: Any, rank: int) -> Shard:

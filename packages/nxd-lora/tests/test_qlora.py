@@ -122,3 +122,64 @@ def test_nf4_adapter_export_loads_with_peft_on_dequantised_base(tmp_path):
     with torch.no_grad():
         expect, got = q(x), peft_model(x)
     assert (got - expect).abs().max() <= 1e-5 * expect.abs().max()
+
+
+LLAMA = {"vocab_size": 64, "hidden_size": 128, "intermediate_size": 128, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 16}
+LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _llama():
+    from nxd.transforms import parallelize_model
+    from nxd_models_llama import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)  # TP=1: the plan swaps in nxd's parallel layers holding the whole weights
+    return parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(LLAMA)))
+
+
+def test_nf4_on_nxd_parallel_layers_at_tp1_and_state_without_base():
+    from nxd_lora.quantize import dequantize_nf4_
+
+    cfg = dict(lora_rank=4, lora_alpha=8.0, target_modules=LLAMA_TARGETS)
+    q = LoRAModel(_llama(), LoraConfig(**cfg, quantize_base="nf4"))
+    kinds = {type(m).__name__ for m in q.module.modules()
+             if any(isinstance(p, NF4Tensor) for p in m.parameters(recurse=False))}
+    assert kinds == {"GQAQKVColumnParallelLinear", "ColumnParallelLinear", "RowParallelLinear"}, kinds
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in q.lora_layers.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    ref_base = _llama()  # the same NF4 values, dequantised into the plain layers
+    with torch.no_grad():
+        for name, p in q.module.named_parameters():
+            if isinstance(p, NF4Tensor):
+                ref_base.get_parameter(name).copy_(p.get_original_weight())
+    ref = LoRAModel(ref_base, LoraConfig(**cfg))
+    ref.lora_layers.load_state_dict(q.lora_layers.state_dict())
+    ids = torch.randint(0, 64, (2, 8), generator=g)
+    out_q, out_r = q(input_ids=ids, labels=ids), ref(input_ids=ids, labels=ids)
+    assert (out_q.logits - out_r.logits).abs().max() <= 1e-5 * out_r.logits.abs().max()
+    out_q.loss.backward()
+    out_r.loss.backward()
+    ref_params = dict(ref.lora_layers.named_parameters())
+    for n, p in q.lora_layers.named_parameters():
+        assert (p.grad - ref_params[n].grad).abs().max() <= 1e-5 * ref_params[n].grad.abs().max(), n
+    # the NF4 base is not state: saved and loaded without it (the run rebuilds it from the HF weights)
+    state = q.state_dict()
+    assert not any(isinstance(v, NF4Tensor) for v in state.values()) and any("lora_layers" in k for k in state)
+    again = LoRAModel(_llama(), LoraConfig(**cfg, quantize_base="nf4"))
+    assert again.load_state_dict(state, strict=True).missing_keys == []
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=ids).logits, q(input_ids=ids).logits)
+    assert dequantize_nf4_(q.module) == 4  # fused qkv, o, fused gate/up, down
+
+
+def test_nf4_layouts_refused_before_launch():
+    import nxd
+
+    lora = LoraConfig(lora_rank=4, target_modules=LLAMA_TARGETS, quantize_base="nf4")
+    with pytest.raises(ConfigError, match=r"quantize_base='nf4' with tensor_parallel_size=2: NF4 over TP shards"):
+        nxd.neuronx_distributed_config(tensor_parallel_size=2, lora_config=lora)
+    with pytest.raises(ConfigError, match="quantize_base='nf4' with meta_device_init"):
+        nxd.neuronx_distributed_config(lora_config=lora, model_init_config={"meta_device_init": True,
+                                                                            "param_init_fn": lambda module: None})

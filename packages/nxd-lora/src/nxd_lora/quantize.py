@@ -102,11 +102,6 @@ def quantize_nf4(base: nn.Module) -> str:
     return pname
 
 
-def quantize_linear_nf4(base: nn.Linear) -> None:
-    """:func:`quantize_nf4` of an ``nn.Linear`` (the name of the first QLoRA release)."""
-    quantize_nf4(base)
-
-
 def nf4_bytes(weight: Any) -> int:
     """Bytes an ``NF4Tensor`` holds: packed codes, quantised scales, their factors and mean."""
     weight = getattr(weight, "_local_tensor", weight)

@@ -34,6 +34,7 @@ from nxd_training.hang import COLLECTIVE_ATTR, locate_collective
 from nxd_training.precision import autocast_dtype
 from nxd_training.profiling import StepProfiler
 from nxd_training.readback import StepReadback
+from nxd_training.resume_rules import data_position_refusal
 from nxd_training.runtime import ensure_process_group, parse_max_time, seed_everything, select_backend
 
 #: batch keys the model's forward takes (a data module may add others, e.g. segment_ids)
@@ -208,9 +209,9 @@ class Trainer:
         self.step = int(content["step"])
         states = content.get("data")
         if states:
-            if len(states) != self.plan.resolution.dp:
-                raise ConfigError(f"checkpoint was written with {len(states)} data-parallel ranks, this run has "
-                                  f"{self.plan.resolution.dp}: the data position cannot continue exactly")
+            refusal = data_position_refusal(len(states), self.plan.resolution.dp, f"the checkpoint in {self.ckpt_dir}")
+            if refusal:
+                raise ConfigError(refusal)
             self.data.load_state_dict(states[self.dp_rank])
 
     # ------------------------------------------------------------------ steps

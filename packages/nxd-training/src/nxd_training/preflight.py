@@ -114,11 +114,13 @@ def _resume(source: str | None) -> None:
 def _resume_layout(config: TrainingConfig, log_dir: Path, dp: int) -> None:
     """A resume that loads optimizer state needs a layout that state reshards to: refused here, not
     on every rank after launch (the composition matrix found "resume on another TP" failing there)."""
-    from nxd_ckpt.layout import newest_complete_tag
+    from nxd.errors import NxdError
+    from nxd_ckpt.layout import newest_complete_tag, read_done
     from nxd_ckpt.load import optimizer_reshard_refusal
     from nxd_ckpt.metadata import read_metadata
     from nxd_ckpt.storage import open_storage
     from nxd_training.exp_manager import checkpoint_dir, is_url, split_checkpoint_path
+    from nxd_training.resume_rules import data_position_refusal
 
     em, ds = config.exp_manager, config.distributed_strategy
     source: tuple[str, str | None, str] | None = None
@@ -132,13 +134,13 @@ def _resume_layout(config: TrainingConfig, log_dir: Path, dp: int) -> None:
     folder, tag, key = source
     storage = open_storage(folder)
     tp, pp = ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size
-    meta = read_metadata(storage, tag)
+    try:  # verified against the digest its `done` records before a word of it is believed
+        meta = read_metadata(storage, tag, read_done(storage, tag).get("metadata"))
+    except NxdError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
     refusal = optimizer_reshard_refusal(storage, tag, meta, tp, pp)
-    saved_dp = (meta or {}).get("degrees", {}).get("dp")
-    if not refusal and key == "exp_manager.resume_if_exists" and saved_dp and saved_dp != dp:
-        # the run's own checkpoints hold one data position per DP rank (nxd_training.loop._restore)
-        refusal = (f"{storage.describe(tag)} was written with {saved_dp} data-parallel ranks and this run has {dp}: "
-                   "the data position cannot continue exactly")
+    if not refusal and key == "exp_manager.resume_if_exists":  # the run's own: one data position per DP rank
+        refusal = data_position_refusal((meta or {}).get("degrees", {}).get("dp"), dp, storage.describe(tag))
     if refusal:
         raise ConfigError(f"{key}: {refusal}: resume at the layout it was saved at, or start from its weights with "
                           f"exp_manager.resume_from_checkpoint={folder}/{tag} and model.weight_init_only=true "

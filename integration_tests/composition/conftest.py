@@ -1,22 +1,23 @@
 """Inputs every cell of the composition matrix shares, made once: the embedded corpus and its
-tokenizer, SFT and preference JSONL files, and per family a tiny Hugging Face folder (transformers
+tokenizer, an SFT JSONL file (the preference set, ``pairs_file``, is nxd-testing's fixture), and per family a tiny Hugging Face folder (transformers
 writes it) and the same weights as an nxd checkpoint (``nxd ckpt convert --from hf --to nxd``)."""
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from nxd_testing.preference_pairs import WORDS  # the preference set (pairs_file) is nxd-testing's fixture
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # importlib mode: axes/pairwise by name
 
 VOCAB = 512
-WORDS = ["king", "love", "night", "sword", "crown", "heart", "storm", "blood"]
+
 #: shared sizes; head size 8, KV heads 2 (4 for DeepSeek-V3's latent attention, where every head has its keys)
 COMMON = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
           "max_position_embeddings": 64, "tie_word_embeddings": False}
@@ -61,18 +62,6 @@ def sft_file(tmp_path_factory: pytest.TempPathFactory) -> str:
         for i in range(64):
             w = WORDS[i % len(WORDS)]
             f.write(json.dumps({"prompt": f"Say {w} twice:", "completion": f" {w} {w}"}) + "\n")
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def pairs_file(tmp_path_factory: pytest.TempPathFactory) -> str:
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
-    with path.open("w") as f:
-        for i in range(64):
-            w = WORDS[i % len(WORDS)]
-            a, b = rng.sample([x for x in WORDS if x != w], 2)
-            f.write(json.dumps({"prompt": f"Say {w} twice:", "chosen": f" {w} {w}", "rejected": f" {a} {b}"}) + "\n")
     return str(path)
 
 

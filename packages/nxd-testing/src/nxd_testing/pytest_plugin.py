@@ -1,6 +1,8 @@
 """pytest plugin (entry point ``pytest11``, loaded in every package's test session): fixtures for
 multi-rank tests, and the test tiers.
 
+``pairs_file``: a JSONL preference set (:mod:`nxd_testing.preference_pairs`), written once per session.
+
 ``rank_pool(world_size)`` returns a :class:`nxd_testing.ranks.RankPool` shared by every test of
 the session; asking for another world size stops the previous pool first (a 2-core machine
 cannot hold many ranks at once).
@@ -85,3 +87,11 @@ def rank_pool() -> Iterator[Callable[[int], RankPool]]:
     pools = _Pools()
     yield pools.get
     pools.close()
+
+
+@pytest.fixture(scope="session")
+def pairs_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A preference set (``{prompt, chosen, rejected}`` JSONL) whose chosen responses follow a learnable rule."""
+    from nxd_testing.preference_pairs import write_preference_pairs
+
+    return str(write_preference_pairs(tmp_path_factory.mktemp("pairs") / "data_dpo.jsonl"))

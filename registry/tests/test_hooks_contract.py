@@ -70,7 +70,7 @@ class RecordingPlugin:
         registry.add("toy-parallel-plan", nxd.transforms.ModelTransform(
             "toy-parallel-plan", "parallel_plan",
             lambda model, context, config: self.calls.append(("transform", "plan", type(model).__name__)),
-            applies=lambda context, config: config["tensor_parallel_size"] == 1))
+            applies=lambda context, config: config.tensor_parallel_size == 1))
 
     @nxd.hookimpl
     def nxd_register_adapters(self, registry):
@@ -126,13 +126,13 @@ class RecordingPlugin:
     # lifecycle hooks
     @nxd.hookimpl
     def nxd_validate_config(self, nxd_config):
-        self.calls.append(("validate", nxd_config["tensor_parallel_size"]))
-        if nxd_config["pipeline_config"].get("toy_key") == "bad":
+        self.calls.append(("validate", nxd_config.tensor_parallel_size))
+        if nxd_config.pipeline_config.get("toy_key") == "bad":
             raise nxd.ConfigError("pipeline_config.toy_key must be 'good'")
 
     @nxd.hookimpl
     def nxd_initialize_parallel(self, nxd_config):
-        self.calls.append(("initialize_parallel", nxd_config["tensor_parallel_size"]))
+        self.calls.append(("initialize_parallel", nxd_config.tensor_parallel_size))
         return _world_context()
 
     @nxd.hookimpl

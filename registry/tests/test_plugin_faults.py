@@ -67,7 +67,7 @@ RAISING_VALIDATOR = """
 import nxd
 @nxd.hookimpl
 def nxd_validate_config(nxd_config):
-    return nxd_config["no_such_key"]
+    return nxd_config.pipeline_config["no_such_key"]
 """
 
 

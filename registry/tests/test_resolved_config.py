@@ -8,6 +8,7 @@ import pytest
 
 import nxd
 from nxd.resolved import ModelInitConfig, NxdConfig, OptimizerConfig
+from nxd.run_config import RunConfig
 
 
 def test_the_config_is_typed_and_still_nxd_dict():
@@ -16,7 +17,7 @@ def test_the_config_is_typed_and_still_nxd_dict():
     assert isinstance(config, NxdConfig) and isinstance(config, dict)
     assert config.tensor_parallel_size == config["tensor_parallel_size"] == 1
     assert config.sequence_parallel is True and config.context_parallel_size == 1
-    assert config.optimizer == OptimizerConfig(zero_one_enabled=False, grad_clipping=True, max_grad_norm=0.5)
+    assert config.optimizer == OptimizerConfig(zero_one_enabled=False, max_grad_norm=0.5)
     assert config["optimizer_config"]["max_grad_norm"] == 0.5
     assert config.model_init == ModelInitConfig() and config.data_parallel_strategy == "ddp"
     assert config.sizes() == {"tp": 1, "pp": 1, "cp": 1, "ep": 1}
@@ -30,3 +31,16 @@ def test_a_partial_dict_answers_every_attribute_with_the_defaults():
     assert partial.data_parallel_strategy == "zero1" and partial.optimizer.max_grad_norm == 1.0
     assert partial.pipeline_parallel_size == 1 and partial.pipeline_config == {} and partial.lora_config is None
     assert NxdConfig.of(None) == {} and NxdConfig.of(partial) is partial
+
+
+def test_nxd_dict_is_an_adapter_over_one_typed_run_config():
+    # NxD's two clipping keys are one value downstream: the norm, None for no clipping
+    off = nxd.neuronx_distributed_config(optimizer_config={"grad_clipping": False})
+    assert off["optimizer_config"]["grad_clipping"] is False and off.run.optimizer.max_grad_norm is None
+    assert RunConfig.of(off) is off.run and RunConfig.of(off.run) is off.run
+    assert RunConfig.of({"optimizer_config": {"grad_clipping": False}}).optimizer.max_grad_norm is None
+    run = nxd.neuronx_distributed_config(tensor_parallel_size=1, activation_checkpoint_config="full").run
+    # written to a run folder and read back as the same typed config
+    assert RunConfig.from_record(run.to_record(), {}, "run.json") == run
+    with pytest.raises(nxd.ConfigError, match="max_grad_norm must be a positive number"):
+        OptimizerConfig(max_grad_norm=0.0)

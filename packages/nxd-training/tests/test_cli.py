@@ -8,9 +8,15 @@ import yaml
 
 import nxd
 from nxd.cli import main
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
+from nxd_training import loop
+from nxd_training.config import plan as plan_module
+from nxd_training.config.translate import run_config
 from nxd_training.cli import layout
 from nxd_training.exp_manager import read_metrics
+
+
+EVENTS: list[str] = []
 
 
 class _SeenConfigs:
@@ -22,9 +28,10 @@ class _SeenConfigs:
     @nxd.hookimpl
     def nxd_validate_config(self, nxd_config) -> None:
         self.seen.append(nxd_config)
+        EVENTS.append("validate")
 
 
-def test_single_device_run_in_process(make_config, tmp_path: Path, capsys) -> None:
+def test_single_device_run_in_process(make_config, tmp_path: Path, capsys, monkeypatch) -> None:
     config = make_config(trainer={"devices": 1, "max_steps": 3},
                          distributed_strategy={"tensor_model_parallel_size": 1},
                          generation={"prompts": ["The "], "max_new_tokens": 4})
@@ -32,18 +39,33 @@ def test_single_device_run_in_process(make_config, tmp_path: Path, capsys) -> No
     path.write_text(yaml.safe_dump(config))
     seen = _SeenConfigs()
     nxd.register_plugin(seen, name="seen-configs")
+    translated, ranks = [], []  # every translation into a RunConfig; what the rank trained with
+
+    def translate(*args):
+        EVENTS.append("translate")
+        return translated.append(run_config(*args)) or translated[-1]
+
+    def rank_plan(config):
+        EVENTS.append("rank")
+        return ranks.append(plan_module.plan_of(config)) or ranks[-1]
+    EVENTS.clear()
+    monkeypatch.setattr(plan_module, "run_config", translate)
+    monkeypatch.setattr(loop, "plan_of", rank_plan)
     try:
         assert main(["train", str(path), "exp_manager.name=cli"]) == 0
     finally:
         nxd.plugins.state().pm.unregister(name="seen-configs")
     out = capsys.readouterr().out
     assert "world size 1 = TP 1 x PP 1 x DP 1" in out and "--- samples ---" in out
-    # one chain: the NxD config `nxd train` validated and printed, and the one the rank built from
-    # the written config.yaml, are built by the same builder from the same resolution
-    # (nxd-plan's pre-launch plan, when installed, builds the same config in between)
-    validated, rank = seen.seen[0], seen.seen[-1]
-    assert isinstance(rank, NxdConfig) and rank is not validated and all(c == validated for c in seen.seen)
-    assert f"= {layout(rank, 1)}," in out
+    # one chain: the YAML is translated into a RunConfig once, the plugins validate it once, before
+    # launch; the rank reads it back from the written config.yaml (never translating nor validating
+    # again) and trains with an equal one
+    # (nxd-plan, when installed, also translates the smaller replica it measures, before launch)
+    assert isinstance(translated[0], RunConfig) and seen.seen[0] == translated[0]
+    assert EVENTS[0] == "translate" and EVENTS[-1] == "rank" and EVENTS.count("rank") == 1, EVENTS
+    assert len(ranks) == 1 and ranks[0].run == translated[0] and ranks[0].run is not translated[0]
+    assert translated[0].optimizer.max_grad_norm == 1.0  # trainer.gradient_clip_val, one name downstream
+    assert f"= {layout(translated[0], 1)}," in out
     run = Path(config["exp_manager"]["exp_dir"]) / "cli" / "version_0"
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     assert yaml.safe_load((run / "config.yaml").read_text())["exp_manager"]["name"] == "cli"

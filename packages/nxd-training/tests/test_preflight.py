@@ -60,7 +60,7 @@ def test_plugins_validate_hooks_run_under_validate(make_config, tmp_path: Path, 
     class Picky:
         @nxd.hookimpl
         def nxd_validate_config(self, nxd_config):
-            if nxd_config["tensor_parallel_size"] == 2:
+            if nxd_config.tensor_parallel_size == 2:
                 raise ConfigError("acme: tensor_parallel_size=2 is not supported by the acme plugin")
 
     nxd.register_plugin(Picky(), name="acme-picky", distribution="acme")

@@ -13,20 +13,14 @@ from nxd.errors import ComponentNotFound, ConfigError, PluginError
 from nxd.lookup import get_component
 from nxd.parallel import ParallelContext, current_parallel_context, set_parallel_context
 from nxd.plugins import state
-from nxd.resolved import (
+from nxd.resolved import DEFAULT_MODEL_INIT_CONFIG, DEFAULT_OPTIMIZER_CONFIG, NxdConfig
+from nxd.run_config import (
     DEFAULT_COMPILE_CONFIG,
     DEFAULT_DATA_PARALLEL_STRATEGY,
-    DEFAULT_MODEL_INIT_CONFIG,
-    DEFAULT_OPTIMIZER_CONFIG,
     ZERO1_STRATEGY,
-    NxdConfig,
-    default_data_parallel_strategy,
+    RunConfig,
 )
 
-#: ``fsdp_config`` (an nxd addition) selects this strategy; its keys belong to the plugin (nxd-fsdp)
-FSDP_STRATEGY = "fsdp"
-#: mixed_precision_config keys only the ZeRO-1 optimizer honours.
-MIXED_PRECISION_ZERO1_KEYS = ("use_master_weights", "use_fp32_grad_acc", "use_master_weights_in_ckpt")
 CONFIG_MARKER = "_nxd_config_version"
 
 
@@ -74,19 +68,6 @@ def _compile(value: Any) -> dict | None:
     return merged
 
 
-def _activation_checkpoint(value: Any) -> Any:
-    if value is None or value in ("full", "op"):  # "op": nxd's op-level checkpointing of every layer
-        return value
-    classes = value if isinstance(value, (list, tuple)) else [value]
-    for cls in classes:
-        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-            raise ConfigError(
-                "activation_checkpoint_config must be None, 'full', 'op' (nxd's op-level checkpointing), or an nn.Module class (or a list of them), "
-                f"got {value!r}"
-            )
-    return value
-
-
 def _mixed_precision(given: Any, zero1: bool) -> dict[str, Any]:
     """NxD's derivation: missing keys follow ZeRO-1 (master weights and fp32 gradient accumulation
     on with it, off without); master weights in checkpoints default off. Other keys (e.g. nxd-zero1's
@@ -95,14 +76,8 @@ def _mixed_precision(given: Any, zero1: bool) -> dict[str, Any]:
         given = {}
     if not isinstance(given, dict):
         raise ConfigError(f"mixed_precision_config must be a dict, got {type(given).__name__}")
-    merged = {"use_master_weights": zero1, "use_fp32_grad_acc": zero1, "use_master_weights_in_ckpt": False, **given}
-    if not zero1:
-        # NxD raises the same at initialize_parallel_optimizer; here it is refused before anything runs.
-        for key in MIXED_PRECISION_ZERO1_KEYS:
-            if merged[key] is True:
-                raise ConfigError(f"mixed_precision_config.{key}=True needs optimizer_config.zero_one_enabled=True "
-                                  "(NxD keeps fp32 master weights and gradient accumulation in the ZeRO-1 optimizer)")
-    return merged
+    # without ZeRO-1 a key set True is refused by RunConfig (NxD raises it at initialize_parallel_optimizer)
+    return {"use_master_weights": zero1, "use_fp32_grad_acc": zero1, "use_master_weights_in_ckpt": False, **given}
 
 
 def neuronx_distributed_config(
@@ -165,51 +140,47 @@ def neuronx_distributed_config(
         raise ConfigError("model_init_config.param_init_fn must be a callable when meta_device_init is True")
     if pipeline_config is not None and not isinstance(pipeline_config, dict):
         raise ConfigError(f"pipeline_config must be a dict, got {type(pipeline_config).__name__}")
-    # each argument checked on its own first; then what is derived from several (precision, strategy)
-    checkpointing = _activation_checkpoint(activation_checkpoint_config)
-    compile_options = _compile(compile_config)
-    transforms = _model_transforms(model_transforms)
-    mixed_precision = _mixed_precision(mixed_precision_config, optimizer["zero_one_enabled"])
-    fsdp = _fsdp_config(fsdp_config)
-    if fsdp is not None and optimizer["zero_one_enabled"]:
-        raise ConfigError("fsdp_config and optimizer_config.zero_one_enabled=True select two data-parallel strategies "
-                          "(FSDP already shards the optimizer state, with the parameters and gradients); set one")
-    strategy = _data_parallel_strategy(FSDP_STRATEGY if fsdp is not None and data_parallel_strategy is None
-                                       else data_parallel_strategy, optimizer["zero_one_enabled"])
-    if fsdp is not None and strategy != FSDP_STRATEGY:
-        raise ConfigError(f"fsdp_config selects the data-parallel strategy {FSDP_STRATEGY!r}, but "
-                          f"data_parallel_strategy={strategy!r}; set one of them only")
+    if data_parallel_strategy is not None and (not isinstance(data_parallel_strategy, str) or not data_parallel_strategy):
+        raise ConfigError(f"data_parallel_strategy must be a registered strategy's name (e.g. 'ddp'), "
+                          f"got {data_parallel_strategy!r}")
     reduce_dtype = dtype_name(parallel_layers_reduce_dtype, "parallel_layers_reduce_dtype",
                               allowed=(torch.float32, torch.bfloat16))
-
+    # NxD's dict; its RunConfig (what every hook, transform and optimizer gets) checks the values
+    # together (strategy, precision, checkpointing)
     config = NxdConfig({
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,
         "pipeline_config": dict(pipeline_config or {}),
         "optimizer_config": optimizer,
-        "activation_checkpoint_config": checkpointing,
+        "activation_checkpoint_config": activation_checkpoint_config,
         "pad_model": _bool("pad_model", pad_model),
         "sequence_parallel": _bool("sequence_parallel", sequence_parallel),
         "model_init_config": model_init,
         "lora_config": lora_config,
-        "mixed_precision_config": mixed_precision,
+        "mixed_precision_config": _mixed_precision(mixed_precision_config, optimizer["zero_one_enabled"]),
         "expert_parallel_size": ep,
         "context_parallel_size": cp,
         "lnc_size": lnc_size,
-        "compile_config": compile_options,
-        "data_parallel_strategy": strategy,
-        "fsdp_config": fsdp,
-        "model_transforms": transforms,
+        "compile_config": _compile(compile_config),
+        "data_parallel_strategy": data_parallel_strategy,
+        "fsdp_config": _fsdp_config(fsdp_config),
+        "model_transforms": _model_transforms(model_transforms),
         "parallel_layers_reduce_dtype": reduce_dtype,
         CONFIG_MARKER: 1,
     })
-    _require_plugins(config)
-    state().call_each("nxd_validate_config", optional=True, nxd_config=config)  # a crashing validator is named, skipped
+    run = config.run
+    dict.__setitem__(config, "data_parallel_strategy", run.data_parallel_strategy)  # NxD's dict shows the one that applies
+    check_run_config(run)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        initialize_parallel(config)
+        initialize_parallel(run)
     return config
 
 
+def check_run_config(config: RunConfig) -> None:
+    """What the sections cannot check alone: every plugin the config needs is installed, and each
+    plugin's ``nxd_validate_config`` accepts it. Called once per run, before anything runs."""
+    _require_plugins(config)
+    state().call_each("nxd_validate_config", optional=True, nxd_config=config)  # a crashing validator is named, skipped
 def _fsdp_config(value: Any) -> dict | None:
     """``fsdp_config``: None/False (off), True (the plugin's defaults: ``{}``) or a dict of settings."""
     if value is None or value is False:
@@ -219,17 +190,6 @@ def _fsdp_config(value: Any) -> dict | None:
     if not isinstance(value, dict):
         raise ConfigError(f"fsdp_config must be True, False or a dict of FSDP settings (docs/fsdp.md), got {value!r}")
     return dict(value)
-
-
-def _data_parallel_strategy(name: Any, zero1: bool) -> str:
-    if name is None:
-        return default_data_parallel_strategy(zero1)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"data_parallel_strategy must be a registered strategy's name (e.g. 'ddp'), got {name!r}")
-    if zero1 != (name == ZERO1_STRATEGY):
-        raise ConfigError(f"data_parallel_strategy={name!r} contradicts optimizer_config.zero_one_enabled={zero1}: "
-                          f"ZeRO-1 is the strategy {ZERO1_STRATEGY!r}; set one of them only")
-    return name
 
 
 def _model_transforms(value: Any) -> dict[str, dict]:
@@ -247,8 +207,8 @@ def _model_transforms(value: Any) -> dict[str, dict]:
     return out
 
 
-def _require_plugins(config: NxdConfig) -> None:
-    for name in config.get("model_transforms", {}):
+def _require_plugins(config: RunConfig) -> None:
+    for name in config.model_transforms:
         get_component("model_transform", name, need=f"model_transforms[{name!r}]")
     pp = config.pipeline_parallel_size
     if pp > 1:
@@ -263,7 +223,7 @@ def _require_plugins(config: NxdConfig) -> None:
         get_component("adapter", "lora", need="lora_config")
 
 
-def initialize_parallel(config: NxdConfig) -> ParallelContext:
+def initialize_parallel(config: RunConfig) -> ParallelContext:
     """Set up process groups for ``config`` through the ``nxd_initialize_parallel`` hook and make
     the returned :class:`~nxd.parallel.ParallelContext` current. A current context of the same
     sizes (e.g. ``nxd train`` built it first, with its timeout) is kept: groups start once."""
@@ -285,18 +245,21 @@ def initialize_parallel(config: NxdConfig) -> ParallelContext:
     return context
 
 
-def _same_sizes(context: ParallelContext, config: NxdConfig) -> bool:
+def _same_sizes(context: ParallelContext, config: RunConfig) -> bool:
     if context.world_size != torch.distributed.get_world_size():
         return False
     return all(context.dim(name).size == size for name, size in config.sizes().items())
 
 
-def check_config(nxd_config: Any) -> NxdConfig:
-    """Reject anything that did not come from :func:`neuronx_distributed_config`; the config typed
-    (a copy of NxD's dict made by hand or pickled as a plain dict becomes an ``NxdConfig`` again)."""
+def check_config(nxd_config: Any) -> RunConfig:
+    """The :class:`RunConfig` of a run's config: itself, or the one :func:`neuronx_distributed_config`
+    returned (a copy of NxD's dict made by hand or pickled as a plain dict is read again); anything
+    else is refused."""
+    if isinstance(nxd_config, RunConfig):
+        return nxd_config
     if not isinstance(nxd_config, dict) or CONFIG_MARKER not in nxd_config:
         raise ConfigError(
             "nxd_config must be the dict returned by nxd.neuronx_distributed_config(...), "
             f"got {type(nxd_config).__name__}"
         )
-    return NxdConfig.of(nxd_config)
+    return RunConfig.of(nxd_config)

@@ -40,10 +40,10 @@ def model_builder(model_class: Callable[..., torch.nn.Module], read_config: Call
 
     def build(config: Any, nxd_config: dict | None = None, context: Any = None) -> torch.nn.Module:
         """This rank's model for ``context`` (``None``: the current context) and ``nxd_config``."""
-        from nxd.resolved import NxdConfig
+        from nxd.run_config import RunConfig
 
         cfg = read_config(config) if isinstance(config, dict) else config
-        return model_class(cfg, sequence_parallel=NxdConfig.of(nxd_config).sequence_parallel, context=context)
+        return model_class(cfg, sequence_parallel=RunConfig.of(nxd_config).sequence_parallel, context=context)
 
     return build
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nxd.errors import ComponentNotFound, PluginError
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 
 #: The recipe: its slots in the order they run, each with what it is for.
 SLOTS: dict[str, str] = {
@@ -228,7 +228,7 @@ def recipe_for(context: Any, config: Any, spec: Any = None) -> list[Step]:
     :class:`nxd.specs.ModelSpec`) replaces a slot with its ``parallelize``, that family's step
     instead of the slot's transforms. What :func:`apply_model_transforms` runs and what
     ``nxd train --validate`` prints."""
-    typed = NxdConfig.of(config)  # a partial dict answers with the defaults
+    typed = RunConfig.of(config)  # a partial dict answers with the defaults
     replaced = dict(getattr(spec, "parallelize", None) or {})
     family = getattr(spec, "name", "?")
     steps: list[Step] = []
@@ -290,11 +290,11 @@ def parallelize_model(model: Any, context: Any = None, config: Any = None) -> An
     layout applied: the applicable transforms of :data:`LAYOUT_SLOTS` (the TP/SP plan, expert
     parallelism, context parallelism, head padding, in the trainer's order). ``context``: the
     current parallel context when left out; ``config``: the NxD config (a partial dict is read with
-    its defaults, the parallel sizes it leaves out with ``context``'s: :meth:`nxd.resolved.NxdConfig.for_context`)."""
+    its defaults, the parallel sizes it leaves out with ``context``'s: :meth:`nxd.run_config.RunConfig.for_context`)."""
     from nxd.parallel import resolve_context
 
     context = resolve_context(context)
-    return apply_model_transforms(model, context, NxdConfig.for_context(config, context), slots=LAYOUT_SLOTS)
+    return apply_model_transforms(model, context, RunConfig.for_context(config, context), slots=LAYOUT_SLOTS)
 
 
 def build_parallel_model(spec: Any, model_config: Any, nxd_config: Any = None, context: Any = None) -> Any:

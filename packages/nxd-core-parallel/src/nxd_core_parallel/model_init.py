@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from nxd.parallel import ParallelContext
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd_core_parallel.backends import get_device
 from nxd_core_parallel.dtensor import shard_like
 
@@ -200,7 +200,7 @@ def build_model(nxd_config: Mapping[str, Any] | None, model_fn: Callable[..., nn
     With ``meta_device_init`` and a transform that shards a meta-device model itself (FSDP:
     ``nxd.transforms.meta_materialiser``), the model stays on the meta device: that transform calls
     :func:`materialize_deferred` once it holds only this rank's shards."""
-    nxd_config = NxdConfig.of(nxd_config)
+    nxd_config = RunConfig.of(nxd_config)
     init = nxd_config.model_init
     device = device if device is not None else get_device()
     if init.meta_device_init:
@@ -208,7 +208,9 @@ def build_model(nxd_config: Mapping[str, Any] | None, model_fn: Callable[..., nn
             model = model_fn(*args, **kwargs)
         if not isinstance(model, nn.Module):
             raise TypeError(f"model_fn must return an nn.Module, got {type(model).__name__}")
-        setattr(model, _DEFERRED, DeferredInit(device, init.param_init_fn, init.sequential_move_factor))
+        # no param_init_fn (the run config's default): each module's own reset_parameters
+        setattr(model, _DEFERRED, DeferredInit(device, init.param_init_fn or reset_parameters,
+                                               init.sequential_move_factor))
         from nxd.transforms import meta_materialiser
 
         if meta_materialiser(context, nxd_config) is None:

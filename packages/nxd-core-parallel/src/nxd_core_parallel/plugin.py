@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import nxd
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 
 NXD_PLUGIN_API = (4, 4)  # plugin-API versions this plugin supports (inclusive range)
 
@@ -27,7 +27,7 @@ def nxd_register_optimizers(registry: Any) -> None:
 
 
 @nxd.hookimpl
-def nxd_initialize_parallel(nxd_config: NxdConfig) -> Any:
+def nxd_initialize_parallel(nxd_config: RunConfig) -> Any:
     """Build (or keep, when the sizes match) the parallel context and return it."""
     from nxd_core_parallel.context import start_parallel_context
 
@@ -36,7 +36,7 @@ def nxd_initialize_parallel(nxd_config: NxdConfig) -> Any:
 
 
 @nxd.hookimpl
-def nxd_build_model(nxd_config: NxdConfig, model_fn: Any, model_args: tuple, model_kwargs: dict,
+def nxd_build_model(nxd_config: RunConfig, model_fn: Any, model_args: tuple, model_kwargs: dict,
                     include_buffers: bool, context: nxd.ParallelContext | None) -> Any:
     from nxd_core_parallel.backends import get_device
     from nxd_core_parallel.model_init import build_model

@@ -33,6 +33,7 @@ already parallel (a model written with NxD's layers) are left as they are.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd.specs import ParallelPlan
 from nxd_core_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
 from nxd_core_parallel.modules.kv_heads import HeadPadding, head_padding_for, kv_size_multiplier_for
@@ -447,13 +448,13 @@ def is_plain(model: nn.Module) -> bool:
     return plan_of(model) is not None and not any(isinstance(m, _PARALLEL_LAYERS) for m in model.modules())
 
 
-def _sequence_parallel(model: nn.Module, config: NxdConfig) -> bool:
+def _sequence_parallel(model: nn.Module, config: RunConfig, stated: bool) -> bool:
     """Sequence parallelism is the model's when it was built for it (its norms and masks run on
-    sequence shards: nxd's families), else the config's; a config asking otherwise is refused."""
+    sequence shards: nxd's families), else the config's; a config ``stated`` otherwise is refused."""
     built_for = getattr(model, "sequence_parallel", None)
     if not isinstance(built_for, bool):
         return config.sequence_parallel
-    if "sequence_parallel" in config and config.sequence_parallel != built_for:
+    if stated and config.sequence_parallel != built_for:
         raise ConfigError(f"sequence_parallel={config.sequence_parallel}, but {type(model).__name__} was built with "
                           f"sequence_parallel={built_for}; build it with the config's value (ModelSpec.build reads it)")
     return built_for
@@ -465,5 +466,7 @@ def apply_parallel_plan(model: nn.Module, context: ParallelContext | None, confi
     plan = plan_of(model)
     if plan is None:
         return None
-    config = NxdConfig.of(config)
-    return parallelize(model, plan, context, _sequence_parallel(model, config), config.parallel_layers_reduce_dtype)
+    stated = not isinstance(config, Mapping) or "sequence_parallel" in config  # a partial NxD dict may leave it out
+    config = RunConfig.of(config)
+    return parallelize(model, plan, context, _sequence_parallel(model, config, stated),
+                       config.parallel_layers_reduce_dtype)

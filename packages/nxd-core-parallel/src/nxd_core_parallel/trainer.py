@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd_core_parallel import dp_overlap
 from nxd_core_parallel.loss_terms import add_loss_terms
 from nxd_core_parallel.wrapped_optimizer import NxDOptimizer  # noqa: F401 - NxD's names live together here
@@ -64,7 +64,7 @@ class NxDModel(ForwardsToModule, nn.Module):
     def __init__(self, module: nn.Module, nxd_config: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.module = module
-        self.nxd_config = NxdConfig.of(nxd_config)
+        self.nxd_config = RunConfig.of(nxd_config)
 
     # ---------------------------------------------------------------- NxD API
     def local_module(self) -> nn.Module:

@@ -9,20 +9,20 @@ from typing import Any
 import torch
 
 from nxd import ParallelContext
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd.transforms import ALWAYS, ModelTransform, When
 from nxd_core_parallel.context_parallel.transform import apply_context_parallel
 from nxd_core_parallel.tensor_plan import apply_parallel_plan
 
 
-def _pad(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
+def _pad(model: torch.nn.Module, context: ParallelContext | None, config: RunConfig) -> torch.nn.Module:
     # structural: after the TP layers exist, before adapters, checkpointing and the pipeline cut
     from nxd_core_parallel.parallel_layers.pad import pad_model_from_config
 
     return pad_model_from_config(model, context)
 
 
-def _checkpoint(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
+def _checkpoint(model: torch.nn.Module, context: ParallelContext | None, config: RunConfig) -> torch.nn.Module:
     from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing, transformer_layer_classes
 
     setting = config.activation_checkpoint_config
@@ -32,7 +32,7 @@ def _checkpoint(model: torch.nn.Module, context: ParallelContext | None, config:
     return model
 
 
-def _compile(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
+def _compile(model: torch.nn.Module, context: ParallelContext | None, config: RunConfig) -> torch.nn.Module:
     # after checkpointing: each block compiles together with its recomputation
     from nxd_core_parallel.activation_checkpoint import transformer_layer_classes
     from nxd_core_parallel.compile import compile_blocks
@@ -46,7 +46,7 @@ def strategy_selected(name: str) -> When:
     return When("data_parallel_strategy", equals=name)
 
 
-def wrap_nxd_model(model: torch.nn.Module, context: ParallelContext | None, config: NxdConfig) -> torch.nn.Module:
+def wrap_nxd_model(model: torch.nn.Module, context: ParallelContext | None, config: RunConfig) -> torch.nn.Module:
     """The model side of ``ddp`` and ``zero1``: NxD's ``NxDModel`` (the step contract; gradients
     are synced by the optimizer side, overlapped with backward)."""
     from nxd_core_parallel.trainer import NxDModel
@@ -54,7 +54,7 @@ def wrap_nxd_model(model: torch.nn.Module, context: ParallelContext | None, conf
     return model if isinstance(model, NxDModel) else NxDModel(model, config)
 
 
-def ddp_optimizer(config: NxdConfig, optimizer_class: type, parameters: Any, *, context: ParallelContext | None = None,
+def ddp_optimizer(config: RunConfig, optimizer_class: type, parameters: Any, *, context: ParallelContext | None = None,
                   **defaults: Any) -> torch.optim.Optimizer:
     """The optimizer side of ``ddp`` (and the registered optimizer ``default``): NxD's
     ``NxDOptimizer`` around ``optimizer_class(parameters, **defaults)`` (DP gradient sync, clipping)."""

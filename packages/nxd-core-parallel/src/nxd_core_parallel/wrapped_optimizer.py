@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from nxd.parallel import ParallelContext, resolve_context
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd_core_parallel import dp_overlap
 from nxd_core_parallel.expert_state import gather_expert_state, slice_expert_state
 from nxd_core_parallel.grads import (
@@ -35,14 +35,16 @@ def _inner(name: str) -> property:
 
 
 class WrappedOptimizer(torch.optim.Optimizer):
-    """``step()``: :meth:`sync_gradients`, then :meth:`clip_grad_norm` when
-    ``optimizer_config.grad_clipping`` is on (the norm before clipping is kept in ``grad_norm``),
+    """``step()``: :meth:`sync_gradients`, then :meth:`clip_grad_norm` to the run's
+    ``optimizer.max_grad_norm`` unless it is ``None`` (the norm before clipping is kept in ``grad_norm``),
     then the inner optimizer's step. Subclasses implement those two methods."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, nxd_config: Mapping[str, Any] | None) -> None:
         # Optimizer.__init__ is not called on purpose: the inner optimizer owns groups and state.
         self.optimizer = optimizer
-        self.nxd_config = NxdConfig.of(nxd_config)
+        self.nxd_config = RunConfig.of(nxd_config)
+        #: the clipping norm, read once (``None``: no clipping)
+        self.max_grad_norm = self.nxd_config.optimizer.max_grad_norm
         self.grad_norm: torch.Tensor | None = None
         self._optimizer_step_pre_hooks: dict = {}
         self._optimizer_step_post_hooks: dict = {}
@@ -68,9 +70,8 @@ class WrappedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{type(self).__name__}.step does not take a closure: "
                              "run the forward/backward before step()")
         self.sync_gradients()
-        opt = self.nxd_config.optimizer
-        if opt.grad_clipping:
-            self.grad_norm = self.clip_grad_norm(opt.max_grad_norm)
+        if self.max_grad_norm is not None:
+            self.grad_norm = self.clip_grad_norm(self.max_grad_norm)
         return self.optimizer.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -83,7 +84,7 @@ class WrappedOptimizer(torch.optim.Optimizer):
         return f"{type(self).__name__}({self.optimizer!r})"
 
 
-def _overlap_possible(nxd_config: NxdConfig, context: ParallelContext | None) -> bool:
+def _overlap_possible(nxd_config: RunConfig, context: ParallelContext | None) -> bool:
     if context is None or context.dp.size * context.cp.size == 1:
         return False
     # Pipeline schedules run one backward per micro-batch; lazy XLA tensors have no eager hooks.

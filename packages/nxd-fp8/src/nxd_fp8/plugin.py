@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import nxd
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd_fp8.options import NAME
 
 NXD_PLUGIN_API = (4, 4)  # plugin-API versions this plugin supports (inclusive range)
@@ -19,7 +19,7 @@ def nxd_register_model_transforms(registry: Any) -> None:
 
 
 @nxd.hookimpl
-def nxd_validate_config(nxd_config: NxdConfig) -> None:
+def nxd_validate_config(nxd_config: RunConfig) -> None:
     # the options and the device are judged when the config is made: before `nxd train` starts a rank
     if NAME not in nxd_config.model_transforms:
         return  # FP8 is off

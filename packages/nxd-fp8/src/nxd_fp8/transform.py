@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from nxd import ConfigError
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd.transforms import ModelTransform, When
 from nxd_fp8.options import NAME, Fp8Options, parse_options
 from nxd_fp8.support import default_device_type, fp8_refusal
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 def options_of(nxd_config: dict) -> Fp8Options | None:
     """The ``fp8`` options of a config (``None``: FP8 is off)."""
-    raw = NxdConfig.of(nxd_config).transform_options(NAME)
+    raw = RunConfig.of(nxd_config).transform_options(NAME)
     return None if raw is None else parse_options(raw)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from nxd import ConfigError, ParallelContext
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd.transforms import ModelTransform
 from nxd_core_parallel.grads import expert_gradient_divisor
 from nxd_core_parallel.model_init import materialize_deferred
@@ -26,13 +26,13 @@ CONFIG_KEY = "fsdp_config"
 
 def fsdp_settings(nxd_config: dict) -> FsdpConfig:
     """The FSDP settings of ``nxd_config`` (defaults when it selects FSDP without any)."""
-    value = NxdConfig.of(nxd_config).fsdp_config
+    value = RunConfig.of(nxd_config).fsdp_config
     return resolve_fsdp_config(True if value is None or value == {} else value)
 
 
 def check_settings(fsdp: FsdpConfig, nxd_config: dict) -> None:
     """Refuse, before any rank starts, what the config alone shows cannot run (``nxd_validate_config``)."""
-    nxd_config = NxdConfig.of(nxd_config)
+    nxd_config = RunConfig.of(nxd_config)
     check_fsdp(fsdp, data_parallel_size=None, expert_parallel_size=nxd_config.expert_parallel_size,
                context_parallel_size=nxd_config.context_parallel_size, zero1=nxd_config.optimizer.zero_one_enabled)
 
@@ -43,7 +43,7 @@ def check_context(fsdp: FsdpConfig, context: ParallelContext | None, nxd_config:
         raise ConfigError("FSDP needs torch.distributed initialised (a parallel context) before the model is built")
     check_fsdp(fsdp, data_parallel_size=context.dp.size, expert_parallel_size=context.ep.size,
                context_parallel_size=context.cp.size,
-               zero1=NxdConfig.of(nxd_config).optimizer.zero_one_enabled,
+               zero1=RunConfig.of(nxd_config).optimizer.zero_one_enabled,
                accelerator=context.device.type)
     return context
 
@@ -54,7 +54,7 @@ def materialises_meta(context: ParallelContext | None, nxd_config: dict) -> bool
     some modules only, and the global RNG must be drawn for every module in order to give the
     unsharded build's weights), LoRA (its adapters initialise from their own shared generator) or
     ``pad_model`` (which rebuilds parameters): those materialise the whole model first, as before."""
-    cfg = NxdConfig.of(nxd_config)
+    cfg = RunConfig.of(nxd_config)
     return (cfg.model_init.meta_device_init and context is not None and context.pp.size == 1
             and cfg.lora_config is None and not cfg.pad_model)
 

@@ -46,7 +46,8 @@ class NeuronLTModule(LightningModule):
         manual_opt: bool = True,
     ) -> None:
         super().__init__()
-        self.nxd_config = check_config(nxd_config)
+        check_config(nxd_config)
+        self.nxd_config = nxd_config  # NxD's dict, as the user passed it (nxd's entry points read its RunConfig)
         # As NxD: model_fn may be None when a subclass builds the model in its own setup().
         if model_fn is None and type(self).setup is NeuronLTModule.setup or model_fn is not None and not callable(model_fn):
             raise ConfigError(f"NeuronLTModule: model_fn must be a callable that returns an nn.Module (or override "

@@ -124,7 +124,7 @@ class NxDStrategy(DDPStrategy):
         if self.nxd_config is not None:
             from nxd.config import initialize_parallel
 
-            initialize_parallel(self.nxd_config)
+            initialize_parallel(check_config(self.nxd_config))
         else:
             ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
 

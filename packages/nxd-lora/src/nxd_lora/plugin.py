@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import nxd
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd.trainer import CheckpointPhase
 from nxd.transforms import ModelTransform, When
 
@@ -29,7 +29,7 @@ def nxd_register_adapters(registry: Any) -> None:
 
 
 @nxd.hookimpl
-def nxd_validate_config(nxd_config: NxdConfig) -> None:
+def nxd_validate_config(nxd_config: RunConfig) -> None:
     from nxd_lora.checkpoint import check_lora_config
 
     config = check_lora_config(nxd_config.lora_config)
@@ -39,7 +39,7 @@ def nxd_validate_config(nxd_config: NxdConfig) -> None:
         _check_qlora_layout(config.quantize_base, nxd_config)
 
 
-def _check_qlora_layout(mode: str, nxd_config: NxdConfig) -> None:
+def _check_qlora_layout(mode: str, nxd_config: RunConfig) -> None:
     """What QLoRA's NF4 base cannot be composed with, refused before any rank builds."""
     key = f"lora_config.quantize_base={mode!r}"
     if nxd_config.tensor_parallel_size > 1:
@@ -54,7 +54,7 @@ def _check_qlora_layout(mode: str, nxd_config: NxdConfig) -> None:
                               "applied, before they would be initialised on the meta device; build on the CPU")
 
 
-def _fsdp_shards(context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> int:
+def _fsdp_shards(context: nxd.ParallelContext | None, nxd_config: RunConfig) -> int:
     """How many row shards FSDP cuts each parameter into (1 without FSDP; HSDP: DP / replicas)."""
     if context is None or nxd_config.data_parallel_strategy != "fsdp":
         return 1
@@ -62,7 +62,7 @@ def _fsdp_shards(context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> 
     return context.dp.size // int(fsdp.get("replicate_degree", 1) or 1)
 
 
-def _apply_lora(model: Any, context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> Any:
+def _apply_lora(model: Any, context: nxd.ParallelContext | None, nxd_config: RunConfig) -> Any:
     model = lora_adapter(model, nxd_config.lora_config, context)
     if getattr(getattr(model, "lora_config", None), "quantize_base", None) is not None:
         from nxd_lora.quantize import check_nf4_shards

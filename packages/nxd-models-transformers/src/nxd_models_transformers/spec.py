@@ -14,7 +14,7 @@ import torch
 
 from nxd.errors import ConfigError
 from nxd.parallel import dim_size
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd.specs import ModelSpec
 from nxd_core_parallel.tensor_plan import PLAN_ATTRIBUTE, transformers_plan
 from nxd_models_transformers.hf_io import load_hf_checkpoint, save_hf_checkpoint
@@ -78,7 +78,7 @@ def build(config: Any, nxd_config: dict | None = None, context: Any = None) -> t
     hf_class = causal_lm_class(config)
     tp = dim_size(context, "tp")
     check_layout(config, hf_class, tp=tp, pp=dim_size(context, "pp"), cp=dim_size(context, "cp"),
-                 sequence_parallel=NxdConfig.of(nxd_config).sequence_parallel)
+                 sequence_parallel=RunConfig.of(nxd_config).sequence_parallel)
     cls = nxd_class(hf_class)
     model = cls._from_config(config, dtype=param_dtype(config))
     cls.nxd_transformer_layer_classes = decoder_layer_classes(model)

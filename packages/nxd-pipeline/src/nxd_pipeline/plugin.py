@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import nxd
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd.transforms import ModelTransform, When
 from nxd_pipeline.config import parse_pipeline_config
 from nxd_pipeline.schedules import BUILTIN_SCHEDULES
@@ -20,7 +20,7 @@ def nxd_register_pipeline_schedules(registry: Any) -> None:
 
 
 @nxd.hookimpl
-def nxd_validate_config(nxd_config: NxdConfig) -> None:
+def nxd_validate_config(nxd_config: RunConfig) -> None:
     pp = nxd_config.pipeline_parallel_size
     cfg = parse_pipeline_config(nxd_config.pipeline_config, pp)
     if pp > 1:
@@ -37,7 +37,7 @@ def nxd_validate_config(nxd_config: NxdConfig) -> None:
             )
 
 
-def _split(model: Any, context: nxd.ParallelContext | None, nxd_config: NxdConfig) -> Any:
+def _split(model: Any, context: nxd.ParallelContext | None, nxd_config: RunConfig) -> Any:
     from nxd_pipeline.model import NxDPPModel
 
     return NxDPPModel(model, nxd_config.pipeline_parallel_size, nxd_config.pipeline_config, context=context)

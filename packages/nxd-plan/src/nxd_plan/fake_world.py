@@ -61,14 +61,15 @@ def build_rank_model(config: Any, run: Any) -> tuple[torch.nn.Module, nxd.Parall
     from nxd_core_parallel.context import start_parallel_context
     from nxd_training import build
 
-    nxd_cfg = build.nxd_config(config, run)  # as nxd train: the one NxD config, then its groups
+    nxd_cfg = run.run  # as nxd train: the one RunConfig the resolution recorded, then its groups
     context = start_parallel_context(**nxd_cfg.sizes(),
                                      timeout=timedelta(seconds=config.distributed_strategy.collective_timeout))
     model_config = build.model_config_for_rank(config.precision, run)
     build_fn = build.model_builder(config, run, context)
     later = _mesh_transforms(context, nxd_cfg)
     # built first with no data-parallel strategy (a name none registers), then that strategy runs
-    build_cfg = type(nxd_cfg)({**nxd_cfg, "data_parallel_strategy": UNSHARDED}) if later else nxd_cfg
+    build_cfg = (dataclasses.replace(nxd_cfg, data_parallel_strategy=UNSHARDED, fsdp_config=None) if later
+                 else nxd_cfg)
     model = nxd.initialize_parallel_model(build_cfg, build_fn, False, model_config, build_cfg)
     cpu_context = dataclasses.replace(context, device=torch.device("cpu"))
     for transform in later:
@@ -81,7 +82,7 @@ MESH_STRATEGIES = ("fsdp",)
 UNSHARDED = "nxd-plan: applied after the build"
 
 
-def _mesh_transforms(context: nxd.ParallelContext, nxd_cfg: dict) -> list[Any]:
+def _mesh_transforms(context: nxd.ParallelContext, nxd_cfg: Any) -> list[Any]:
     from nxd.transforms import applicable_transforms
 
     return [t for t in applicable_transforms(context, nxd_cfg) if t.name in MESH_STRATEGIES]

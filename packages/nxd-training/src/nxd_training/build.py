@@ -1,4 +1,4 @@
-"""Build what one rank trains with, from the validated config, through the NxD facade."""
+"""Build what one rank trains with, from the resolved config and its RunConfig, through the NxD facade."""
 
 from __future__ import annotations
 
@@ -9,89 +9,13 @@ from typing import Any
 import torch
 
 import nxd
-from nxd.resolved import NxdConfig
-from nxd_training.config import peft
-from nxd_training.config.features import recompute_classes
+from nxd.run_config import RunConfig
 from nxd_training.config.plan import RunPlan, data_section, qlora_mode
-from nxd_training.config.schema import (
-    CheckpointCallbackParams,
-    DataConfig,
-    ModelAlignmentConfig,
-    OptimConfig,
-    PrecisionConfig,
-    TrainingConfig,
-)
-from nxd_training.lora_export import base_module, lora_enabled
+from nxd_training.config.schema import DataConfig, ModelAlignmentConfig, OptimConfig, PrecisionConfig, TrainingConfig
+from nxd_training.lora_export import base_module
 from nxd_training.optimizers import OPTIMIZERS
-from nxd_training.precision import (
-    BF16_PARAM_TYPES,
-    STOCHASTIC_ROUNDING_TYPES,
-    model_transforms,
-    parallel_layers_reduce_dtype,
-    uses_master_weights,
-)
+from nxd_training.precision import BF16_PARAM_TYPES
 from nxd_training.schedules import make_lr_fn, make_scheduler
-
-
-def mixed_precision_config(p: PrecisionConfig, ckpt: CheckpointCallbackParams) -> dict[str, Any]:
-    """NxD's ``mixed_precision_config`` (ZeRO-1 runs), from ``precision``."""
-    master = uses_master_weights(p)
-    grad_acc = p.fp32_grad_acc if p.fp32_grad_acc is not None else master
-    sr = p.type in STOCHASTIC_ROUNDING_TYPES or bool(p.neuron_rt_stochastic_rounding_en)
-    return {
-        "use_master_weights": bool(master),
-        "use_fp32_grad_acc": bool(grad_acc),
-        "use_master_weights_in_ckpt": ckpt.use_master_weights_in_ckpt,
-        "stochastic_rounding": sr,
-    }
-
-
-def lora_config(align: ModelAlignmentConfig | None, spec: Any) -> Any:
-    """NxD's LoraConfig of ``model_alignment_strategy.peft``, or None."""
-    if not lora_enabled(align):
-        return None
-    return peft.lora_config(align.peft, list(getattr(spec, "lora_target_modules", ()) or ()))
-
-
-def nxd_config(config: TrainingConfig, plan: RunPlan) -> NxdConfig:
-    """The run's :class:`nxd.resolved.NxdConfig`, built from its resolution by the one builder every
-    path uses (``--validate``, each rank, ``nxd plan``): sizes and micro-batches are the resolution's,
-    the strategy and precision are derived by ``neuronx_distributed_config`` from these arguments."""
-    ds, clip, r = config.distributed_strategy, config.trainer.gradient_clip_val, plan.resolution
-    init: dict[str, Any] = {"sequential_move_factor": config.trainer.sequential_move_factor}
-    if config.model.meta_device_init:
-        # builds on the meta device and re-runs each module's own initialisation (nxd's families
-        # initialise every tensor in reset_parameters)
-        from nxd_core_parallel.model_init import reset_parameters
-
-        init.update(meta_device_init=True, param_init_fn=reset_parameters)
-    pipeline = {}
-    if r.pp > 1:
-        pipeline = {"num_microbatches": r.num_microbatches}
-        if ds.pipeline_schedule:  # unset: NxdConfig.pipeline_schedule's default
-            pipeline["schedule"] = ds.pipeline_schedule
-        if (ds.virtual_pipeline_model_parallel_size or 1) > 1:
-            pipeline["virtual_pipeline_size"] = ds.virtual_pipeline_model_parallel_size
-        if config.model.pipeline_cuts:
-            pipeline["pipeline_cuts"] = list(config.model.pipeline_cuts)
-    return nxd.neuronx_distributed_config(
-        tensor_parallel_size=r.tp,
-        pipeline_parallel_size=r.pp,
-        context_parallel_size=r.cp,
-        expert_parallel_size=r.ep,
-        pipeline_config=pipeline or None,
-        optimizer_config={"zero_one_enabled": ds.zero1, "grad_clipping": bool(clip), "max_grad_norm": float(clip or 1.0)},
-        activation_checkpoint_config=recompute_classes(config.model, plan.spec),
-        sequence_parallel=ds.sequence_parallel,
-        model_init_config=init,
-        lora_config=lora_config(config.model_alignment_strategy, plan.spec),
-        mixed_precision_config=mixed_precision_config(config.precision, config.exp_manager.checkpoint_callback_params)
-        if ds.zero1 else None,
-        compile_config=config.trainer.compile,
-        fsdp_config=ds.fsdp or None,
-        model_transforms=model_transforms(config.precision, config.trainer),
-        parallel_layers_reduce_dtype=parallel_layers_reduce_dtype(config.precision),
-    )
 
 
 def model_config_for_rank(precision: PrecisionConfig, plan: RunPlan) -> Any:
@@ -116,13 +40,13 @@ def param_groups(model: torch.nn.Module, decay_norms_and_biases: bool) -> list[d
     return groups
 
 
-def build_optimizer(optim: OptimConfig, groups: list[dict], nxd_cfg: dict,
+def build_optimizer(optim: OptimConfig, groups: list[dict], run: RunConfig,
                     context: nxd.ParallelContext | None = None) -> Any:
     """``model.optim``'s optimizer over the parameter ``groups``, wrapped by the run's data-parallel strategy."""
     cls, keys = OPTIMIZERS[optim.name.lower()]
     values = {"lr": optim.lr, "weight_decay": optim.weight_decay, "betas": tuple(optim.betas), "eps": optim.eps,
               "momentum": optim.momentum}
-    return nxd.initialize_parallel_optimizer(nxd_cfg, cls, groups, context=context,
+    return nxd.initialize_parallel_optimizer(run, cls, groups, context=context,
                                              **{k: values[k] for k in keys})
 
 

@@ -42,8 +42,8 @@ class PreparedRun:
     plan: Any  # nxd_training.config.RunPlan
     log_dir: Path
     cluster_note: str | None = None
-    #: the nxd.resolved.NxdConfig built from the resolution (each rank builds the same from config.yaml)
-    nxd_config: Any = None
+    #: the run's nxd.run_config.RunConfig, translated once with the resolution (each rank reads it from config.yaml)
+    run_config: Any = None
 
 
 def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
@@ -60,8 +60,8 @@ def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
     config = resolve_config(sections)  # the one resolution: validation, printing and every rank use it
     plan = plan_of(config)
     log_dir = resolve_log_dir(config)
-    nxd_config = preflight(config, log_dir, plan)
-    return PreparedRun(config, plan, log_dir, cluster_note, nxd_config)
+    preflight(config, log_dir, plan)
+    return PreparedRun(config, plan, log_dir, cluster_note, plan.run)
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -84,7 +84,7 @@ def _run_train(args: argparse.Namespace) -> int:
         print(dump_config(config), end="")
     r = config.resolved
     print(f"nxd train: {config.name}: model {r.architecture!r} ({r.architecture_reason}), "
-          f"world size {r.world_size} = {layout(run.nxd_config, r.dp)}, "
+          f"world size {r.world_size} = {layout(run.run_config, r.dp)}, "
           f"{r.num_microbatches} micro-batch(es) per step, seq length {r.seq_length}, "
           f"data module {r.data_module!r}", file=info)
     for note in r.notes:
@@ -118,9 +118,9 @@ DRY_RUN_SKIPPED = ("dry run skipped: no plugin planned the run (nxd-plan builds 
                    "failure only a rank's build finds shows at launch")
 
 
-def layout(nxd_config: Any, dp: int) -> str:
-    """``TP 2 x PP 1 x DP 2`` (CP, EP when used): the sizes of the run's NxD config, as printed."""
-    sizes = nxd_config.sizes()
+def layout(run_config: Any, dp: int) -> str:
+    """``TP 2 x PP 1 x DP 2`` (CP, EP when used): the sizes of the run's RunConfig, as printed."""
+    sizes = run_config.sizes()
     parts = [f"TP {sizes['tp']}", f"PP {sizes['pp']}"] + [f"{d.upper()} {sizes[d]}" for d in ("cp",) if sizes[d] > 1]
     parts.append(f"DP {dp}" + (f" (EP {sizes['ep']})" if sizes["ep"] > 1 else ""))
     return " x ".join(parts)

@@ -88,8 +88,8 @@ class Trainer:
     def __init__(self, config: TrainingConfig, log_dir: Path | None = None) -> None:
         self.config = config = resolve_config(config)
         self.plan: RunPlan = plan_of(config)  # from the resolution: nothing derived again
-        # the NxD config every hook and transform gets: the same builder and resolution `--validate` used
-        self.nxd_config = build.nxd_config(config, self.plan)
+        #: the RunConfig every hook and transform gets: the one `nxd train` translated and validated, read back
+        self.run = run = self.plan.run
         model_config = build.model_config_for_rank(config.precision, self.plan)
         self.backend = select_backend(config.trainer)
         seed_everything(config.seed)
@@ -100,7 +100,7 @@ class Trainer:
 
         # the run's groups, with its timeout, before anything else builds them (neuronx_distributed_config
         # keeps a current context of the same sizes: groups start once)
-        self.context = start_parallel_context(**self.nxd_config.sizes(), timeout=timeout)
+        self.context = start_parallel_context(**run.sizes(), timeout=timeout)
         build_fn = build.model_builder(config, self.plan, self.context)  # the model spec gets the context
         self.rank = dist.get_rank()
         self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
@@ -109,10 +109,10 @@ class Trainer:
 
         self.device = self.context.device
         model_parallel_manual_seed(config.seed, self.context)
-        self.model = nxd.initialize_parallel_model(self.nxd_config, build_fn, False, model_config, self.nxd_config)
+        self.model = nxd.initialize_parallel_model(run, build_fn, False, model_config, run)
         #: the step contract's ``autocast`` dtype (``precision.type: autocast`` or ``fp8``: bf16 forward passes)
         self.autocast = autocast_dtype(config.precision)
-        lora = self.nxd_config.lora_config  # NxD's LoraConfig, built once with the NxD config (None: no LoRA)
+        lora = run.lora_config  # NxD's LoraConfig fields, translated once with the run config (None: no LoRA)
         self.lora = lora is not None
         self.trainable = lora_export.trainable_counts(self.model)
         if self.lora and dist.get_rank() == 0:
@@ -123,12 +123,12 @@ class Trainer:
         self.weights_from: str | None = None
         #: what the checkpoints record of the model, so `nxd ckpt convert RUN_DIR` needs no arguments
         self.model_record = model_record(self.plan.spec.name, self.plan.resolution.model, tokenizer_path(config.data),
-                                         lora.to_dict() if lora is not None else None)
+                                         lora)
         if self.lora and is_url(self.ckpt_dir):
             raise ConfigError(f"LoRA exports are written to a local directory, and checkpoint_callback_params.dirpath "
                               f"is the URL {self.ckpt_dir}; use a local dirpath for LoRA runs")
         groups = build.param_groups(self.model, config.model.do_layer_norm_weight_decay)
-        self.optimizer = build.build_optimizer(config.model.optim, groups, self.nxd_config, self.context)
+        self.optimizer = build.build_optimizer(config.model.optim, groups, run, self.context)
         self.scheduler = build.build_scheduler(config.model.optim, config.trainer.max_steps, self.optimizer)
         self.dp_rank = self.context.dp.rank
         self.dp_group = self.context.dp.group

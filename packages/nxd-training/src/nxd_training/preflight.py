@@ -14,9 +14,8 @@ from typing import Any
 import torch
 
 import nxd
+from nxd.config import check_run_config
 from nxd.errors import ConfigError
-from nxd.resolved import NxdConfig
-from nxd_training.build import nxd_config
 from nxd_training.config.features import builds_model_type
 from nxd_training.config.plan import MODEL_KEY_MAP, RunPlan, file_tokenizer, qlora_mode, tokenizer_path
 from nxd_training.config.schema import (
@@ -34,9 +33,9 @@ _BYTES_PER_PARAM = 16
 PRETRAINED_KEY = "model.pretrained_checkpoint"
 
 
-def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig:
+def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> None:
     """Raise :class:`ConfigError` naming the key and what would be valid for anything that cannot work.
-    Builds the run's NxD config (returned), so every plugin's ``nxd_validate_config`` hook judges it now."""
+    Last, every plugin's ``nxd_validate_config`` hook judges the run's RunConfig (once per run: ranks do not)."""
     _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
     remote_checkpoints_writable(config.exp_manager, log_dir)
     backend = select_backend(config.trainer)  # the ranks' own choice, so an absent device is refused here first
@@ -59,7 +58,7 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> NxdConfig
                           "to N >= 1 (the newest N) or -1 (all)")
     _tokenizer(config.data, config.generation)
     _memory(config.model, config.trainer, plan.resolution.world_size)
-    return nxd_config(config, plan)  # last: the plugins judge a config whose files and machine passed
+    check_run_config(plan.run)  # last: the plugins judge a config whose files and machine passed
 
 
 def _writable_dir(path: Path, what: str) -> None:

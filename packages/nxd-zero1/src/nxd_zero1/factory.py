@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from nxd import ConfigError, ParallelContext
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 from nxd.transforms import ModelTransform
 from nxd_core_parallel.grads import reduction_param_groups
 from nxd_core_parallel.transforms import strategy_selected, wrap_nxd_model
@@ -49,16 +49,16 @@ def make_zero1_optimizer(nxd_config: dict, optimizer_class: type[torch.optim.Opt
     """Factory registered as optimizer ``zero1``: builds a NeuronZero1Optimizer from the config,
     sharded over ``context``'s data-parallel group (norms over its TP and PP groups); without a
     context, over the world (NeuronZero1Optimizer's defaults)."""
-    nxd_config = NxdConfig.of(nxd_config)
-    opt_cfg = nxd_config.optimizer
+    nxd_config = RunConfig.of(nxd_config)
+    max_norm = nxd_config.optimizer.max_grad_norm  # None: no clipping
     # parameters not replicated over the whole DP group get param groups naming their own groups
     parameters = reduction_param_groups(parameters)
     mp = validate_mixed_precision(nxd_config.mixed_precision_config)
     return NeuronZero1Optimizer(
         parameters,
         optimizer_class,
-        grad_clipping=opt_cfg.grad_clipping,
-        max_norm=opt_cfg.max_grad_norm,
+        grad_clipping=max_norm is not None,  # NeuronZero1Optimizer's (NxD's) arguments
+        max_norm=1.0 if max_norm is None else max_norm,
         use_master_weights=mp["use_master_weights"],
         use_fp32_grad_acc=mp["use_fp32_grad_acc"],
         save_master_weights=mp["use_master_weights_in_ckpt"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import nxd
-from nxd.resolved import NxdConfig
+from nxd.run_config import RunConfig
 
 NXD_PLUGIN_API = (4, 4)  # plugin-API versions this plugin supports (inclusive range)
 
@@ -25,7 +25,7 @@ def nxd_register_model_transforms(registry: Any) -> None:
 
 
 @nxd.hookimpl
-def nxd_validate_config(nxd_config: NxdConfig) -> None:
+def nxd_validate_config(nxd_config: RunConfig) -> None:
     from nxd_zero1.factory import validate_mixed_precision
 
     if nxd_config.optimizer.zero_one_enabled:

@@ -250,6 +250,14 @@ def recompute_names(m: ModelConfig, spec: Any) -> list[str] | None:
     return ["CoreAttention", mlp[0]]
 
 
+def recompute_table(spec: Any) -> dict[str, type]:
+    """Every module class the model ``spec`` can recompute, by class name (how a written run config
+    names them: a rank looks them up here, never imports a name from a file)."""
+    classes = [cls for group in (getattr(spec, "recompute_modules", {}) or {}).values() for cls in group]
+    classes += [*getattr(spec, "core_attention_classes", ()), *getattr(spec, "transformer_layer_classes", ())]
+    return {cls.__name__: cls for cls in classes}
+
+
 def recompute_classes(m: ModelConfig, spec: Any) -> list[type] | str | None:
     """NxD's ``activation_checkpoint_config`` from ``activations_checkpoint_granularity`` and
     ``activations_checkpoint_recompute`` (NxDT names mapped through ``spec.recompute_modules``)."""
@@ -257,7 +265,7 @@ def recompute_classes(m: ModelConfig, spec: Any) -> list[type] | str | None:
         return None
     if m.activations_checkpoint_granularity in ("full", "op"):
         return m.activations_checkpoint_granularity
-    table: dict[str, tuple[type, ...]] = dict(getattr(spec, "recompute_modules", {}) or {})
+    table = dict(getattr(spec, "recompute_modules", {}) or {})
     for cls in (*getattr(spec, "core_attention_classes", ()), *getattr(spec, "transformer_layer_classes", ())):
         table.setdefault(cls.__name__, (cls,))
     names = recompute_names(m, spec)  # NxDT 2.20's activations_checkpoint_recompute_mlp included

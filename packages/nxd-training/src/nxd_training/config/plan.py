@@ -20,9 +20,8 @@ import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
 from nxd.paths import check_name, name_problem
-from nxd.resolved import pipeline_schedule
+from nxd.run_config import pipeline_schedule
 from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
-from nxd_training.config import peft
 from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
 from nxd_training.config.nxdt_keys import key_notes, newer_keys
 from nxd_training.config.resolved import Resolution, ResolvedConfig
@@ -38,6 +37,7 @@ from nxd_training.config.schema import (
     TrainerConfig,
     TrainingConfig,
 )
+from nxd_training.config.translate import run_config, run_config_of
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
 from nxd_training.schedules import SCHEDULES, schedule_names
@@ -102,6 +102,8 @@ class RunPlan:
     spec: Any
     #: the nxd.specs.Workflow of model_alignment_strategy.<name> (dpo, orpo, ...), or None
     workflow: Any = None
+    #: the core's typed run config (nxd.run_config.RunConfig) the resolution recorded
+    run: Any = None
 
     @property
     def model_dict(self) -> dict[str, Any]:
@@ -496,7 +498,7 @@ def _plugins(ds: DistributedStrategyConfig, align: ModelAlignmentConfig | None, 
                 raise ConfigError(f"model_alignment_strategy.peft: LoRA does not support pipeline parallelism "
                                   f"(pipeline_model_parallel_size={pp}); use tensor/data parallelism with LoRA")
             _need("adapter", "lora", "model_alignment_strategy.peft", "nxd-lora")
-            peft.lora_config(align.peft, [])  # every key checked now, not on the ranks
+            # its keys are checked when the run config is translated (nxd_training.config.translate)
     if em.create_checkpoint_callback or em.resume_if_exists:
         _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")
 
@@ -526,14 +528,11 @@ def _qlora(config: TrainingConfig) -> None:
 
 
 def make_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
-    """The run's plan. For a :class:`ResolvedConfig` it is rebuilt from the resolution alone (the
-    registered model, its config from the recorded dict, the workflow by name): nothing is checked
-    or derived again. For a plain :class:`TrainingConfig`, every rule is checked (:func:`derive_plan`;
-    ``check_data=False`` skips the data module's own checks: its files need not exist, as for ``nxd
+    """The run's plan, rebuilt from the resolution alone (the registered model, its config from the
+    recorded dict, the workflow by name, the RunConfig as recorded). A plain :class:`TrainingConfig`
+    is resolved first (:func:`resolve_config`: every rule checked; ``check_data=False`` skips the data module's own checks: its files need not exist, as for ``nxd
     plan`` sizing a run on a machine that does not hold its data)."""
-    if isinstance(config, ResolvedConfig):
-        return plan_of(config)
-    return derive_plan(config, check_data)
+    return plan_of(resolve_config(config, check_data))
 
 
 def resolve_config(config: TrainingConfig, check_data: bool = True) -> ResolvedConfig:
@@ -547,7 +546,9 @@ def resolve_config(config: TrainingConfig, check_data: bool = True) -> ResolvedC
     sections = config.model_dump(by_alias=True)
     sections["model"]["architecture"] = plan.spec.name
     newer_keys(sections, config.model, plan.spec)  # keys of earlier NxDT releases written under their newer names
-    return ResolvedConfig.model_validate({**sections, "resolved": plan.resolution})
+    resolved = ResolvedConfig.model_validate({**sections, "resolved": plan.resolution})
+    run = run_config(resolved, plan.spec, plan.resolution)  # the one translation into the core's RunConfig
+    return resolved.model_copy(update={"resolved": plan.resolution.model_copy(update={"run": run.to_record()})})
 
 
 def plan_of(config: ResolvedConfig) -> RunPlan:
@@ -557,7 +558,11 @@ def plan_of(config: ResolvedConfig) -> RunPlan:
         spec = nxd.get_component("model", r.architecture, need=r.architecture_reason)
     except ComponentNotFound as exc:
         raise ConfigError(str(exc)) from None
-    return RunPlan(r, spec.config_from_dict(dict(r.model)), spec, build_workflow(config.model_alignment_strategy)[1])
+    if r.run is None:
+        raise ConfigError("config.yaml: its 'resolved' section has no 'run' (written by an older nxd); "
+                          "run `nxd train` on the run's YAML to resolve it again")
+    return RunPlan(r, spec.config_from_dict(dict(r.model)), spec, build_workflow(config.model_alignment_strategy)[1],
+                   run_config_of(config, spec))
 
 
 def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:

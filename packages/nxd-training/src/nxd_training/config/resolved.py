@@ -45,6 +45,8 @@ class Resolution(BaseModel):
     seq_length: int
     data_module: str
     workflow: Union[str, None] = Field(None, description="model_alignment_strategy's workflow (dpo, orpo), or null")
+    #: the core's RunConfig (nxd.run_config.RunConfig.to_record): what every rank builds and trains with
+    run: Union[dict[str, Any], None] = None
     #: how keys of earlier NxDT releases, and keys accepted without effect here, were read
     notes: list[str] = Field(default_factory=list)
     #: sha256 of the sections as written; a rank refuses a file whose sections were edited afterwards

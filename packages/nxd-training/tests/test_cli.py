@@ -10,11 +10,10 @@ import nxd
 from nxd.cli import main
 from nxd.run_config import RunConfig
 from nxd_training import loop
+from nxd_training.cli import layout
 from nxd_training.config import plan as plan_module
 from nxd_training.config.translate import run_config
-from nxd_training.cli import layout
 from nxd_training.exp_manager import read_metrics
-
 
 EVENTS: list[str] = []
 

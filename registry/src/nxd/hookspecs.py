@@ -31,7 +31,8 @@ PROJECT_NAME = "nxd"
 #: in docs/hooks.md.
 #: 4: transforms declare a named ``slot`` of the recipe (integer ``order`` and its anchors are
 #: gone), may take the family (``spec``) and an ``after_optimizer_step``; ``nxd_wrap_optimizer`` is
-#: gone (its one use, nxd-moe's balancer, is the ``expert_parallel`` transform's ``after_optimizer_step``).
+#: gone (its one use, nxd-moe's balancer, is the ``expert_parallel`` transform's ``after_optimizer_step``);
+#: hooks, transforms and optimizer factories receive the typed ``nxd.run_config.RunConfig`` (not a dict).
 PLUGIN_API_VERSION = 4
 #: The oldest plugin-API version still accepted (what a later version removed, a hook or a transform's
 #: integer order, is refused naming its replacement).

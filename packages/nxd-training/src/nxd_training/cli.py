@@ -105,7 +105,7 @@ def _run_train(args: argparse.Namespace) -> int:
         print(f"nxd train: {DRY_RUN_SKIPPED}", file=info)
     if args.validate:
         print("nxd train: recipe (the model transforms, in slot order; each rank runs those marked runs):", file=info)
-        print("\n".join(format_recipe(recipe_for(None, run.nxd_config, run.plan.spec))), file=info)
+        print("\n".join(format_recipe(recipe_for(None, run.run_config, run.plan.spec))), file=info)
     if dry:
         print("config is valid" + ("; not training (--print-config)" if args.print_config else ""), file=info)
         return 0

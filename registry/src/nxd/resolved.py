@@ -97,5 +97,10 @@ class NxdConfig(dict):
 
     @classmethod
     def of(cls, value: Mapping[str, Any] | None) -> NxdConfig:
-        """``value`` as an :class:`NxdConfig` (itself when it is one; ``None`` is the default config)."""
+        """``value`` as an :class:`NxdConfig` (itself when it is one; ``None`` is the default config;
+        a :class:`RunConfig`, what hooks receive: an NxdConfig reading it, its attributes only)."""
+        if isinstance(value, RunConfig):
+            config = cls()
+            config.__dict__["_run"] = value
+            return config
         return value if isinstance(value, NxdConfig) else cls(value or {})

@@ -22,6 +22,7 @@ from nxd.parallel import check_divisible
 from nxd.paths import check_name, name_problem
 from nxd.run_config import pipeline_schedule
 from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
+from nxd_training.config import peft
 from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
 from nxd_training.config.nxdt_keys import key_notes, newer_keys
 from nxd_training.config.resolved import Resolution, ResolvedConfig
@@ -498,7 +499,7 @@ def _plugins(ds: DistributedStrategyConfig, align: ModelAlignmentConfig | None, 
                 raise ConfigError(f"model_alignment_strategy.peft: LoRA does not support pipeline parallelism "
                                   f"(pipeline_model_parallel_size={pp}); use tensor/data parallelism with LoRA")
             _need("adapter", "lora", "model_alignment_strategy.peft", "nxd-lora")
-            # its keys are checked when the run config is translated (nxd_training.config.translate)
+            peft.lora_config(align.peft, [])  # its keys checked now, before the QLoRA rules (translated later)
     if em.create_checkpoint_callback or em.resume_if_exists:
         _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")
 

@@ -115,7 +115,7 @@ def test_earlier_keys_are_read_with_nxdts_meaning(files: Files, capsys) -> None:
     from nxd.cli import main  # what a user sees: the note, then "config is valid"
 
     assert main(["train", str(source), *files.path_overrides("hf_llama3_70B_trn2_config", raw),
-                 "model.num_layers=2", "model.hidden_size=1024", "--validate"]) == 0  # sized to fit this machine
+                 "model.num_layers=4", "model.hidden_size=1024", "--validate"]) == 0  # one layer per stage of its PP=4
     out = capsys.readouterr().out
     assert "nxd train: note: trainer.vnc=2 (NxD Training's earlier name) read as trainer.lnc=2" in out
     assert "config is valid" in out
@@ -171,7 +171,7 @@ def test_neuron_only_keys_get_one_note_each_at_validate_time(files: Files, capsy
 
     raw = raw_config("hf_llama3_8B_config")
     assert main(["train", str(CONF / "hf_llama3_8B_config.yaml"), *files.path_overrides("hf_llama3_8B_config", raw),
-                 "model.num_layers=2", "model.hidden_size=1024", "--validate"]) == 0  # sized to fit this machine
+                 "model.num_layers=4", "model.hidden_size=1024", "--validate"]) == 0  # one layer per stage of its PP=4
     out = capsys.readouterr().out
     noted = [line.split("note: ", 1)[1].split("=", 1)[0] for line in out.splitlines()
              if "nxd train: note: " in line and ": on Neuron, NxD Training sets" in line]

@@ -17,13 +17,12 @@ STEPS_BEFORE, STEPS_AFTER = 3, 3
 
 
 def setup(tp: int = 1, fsdp: bool = True):
-    cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp,
+    cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp, fsdp_config=True if fsdp else None,
                                          optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM})
     ctx = nxd.get_parallel_context()
     if not fsdp:
         model = nxd.initialize_parallel_model(cfg, build)
         return ctx, model, nxd.initialize_parallel_optimizer(cfg, torch.optim.AdamW, model.parameters(), lr=LR)
-    cfg = {**cfg, "fsdp_config": True}
     model = nxd_fsdp.shard(build(), ctx, cfg)
     return ctx, model, nxd_fsdp.make_optimizer(cfg, torch.optim.AdamW, model.parameters(), context=ctx, lr=LR)
 

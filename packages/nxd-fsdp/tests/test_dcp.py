@@ -20,8 +20,8 @@ STEPS = 3
 
 
 def setup():
-    cfg = nxd.neuronx_distributed_config(optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM})
-    cfg = {**cfg, "fsdp_config": True}
+    cfg = nxd.neuronx_distributed_config(optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM},
+                                         fsdp_config=True)
     ctx = nxd.get_parallel_context()
     model = nxd_fsdp.shard(build(), ctx, cfg)
     return ctx, model, nxd_fsdp.make_optimizer(cfg, torch.optim.AdamW, model.parameters(), context=ctx, lr=LR)

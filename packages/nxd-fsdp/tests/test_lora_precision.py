@@ -30,8 +30,8 @@ def rows(ctx, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def run(model_fn, fsdp) -> tuple[list[float], dict | None, dict]:
-    cfg = nxd.neuronx_distributed_config(optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM})
-    cfg = {**cfg, "fsdp_config": fsdp}
+    cfg = nxd.neuronx_distributed_config(optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM},
+                                         fsdp_config=fsdp)
     ctx = nxd.get_parallel_context()
     model = nxd_fsdp.shard(model_fn(), ctx, cfg)
     kinds = {"frozen DTensor": sum(isinstance(p, DTensor) and not p.requires_grad for p in model.parameters()),

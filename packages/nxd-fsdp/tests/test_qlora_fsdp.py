@@ -39,8 +39,8 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def body() -> tuple[list[float], dict | None, dict]:
     from nxd_lora.quantize import is_nf4
 
-    cfg = {**nxd.neuronx_distributed_config(optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM}),
-           "fsdp_config": True}
+    cfg = nxd.neuronx_distributed_config(optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM},
+                                         fsdp_config=True)
     ctx = nxd.get_parallel_context()
     model = nxd_fsdp.shard(qlora_model(), ctx, cfg)
     nf4 = [p for p in model.parameters() if is_nf4(p)]

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
+from nxd_core_parallel.file_checksums import MANIFEST, ChecksumError
 from nxd_lora import LoraConfig, LoRAModel, load_adapter, save_adapter
 from nxd_lora.checkpoint import find_adapter_dir, from_pretrained, save_lora_checkpoint
 
@@ -178,6 +179,9 @@ def test_bad_adapters_and_targets_are_named(tmp_path):
         load_adapter(wide_rank, tmp_path)
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     (tmp_path / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    with pytest.raises(ChecksumError, match="adapter_config.json"):  # edited after nxd wrote it
+        from_pretrained(copy.deepcopy(base), tmp_path)
+    (tmp_path / MANIFEST).unlink()  # without nxd's manifest: an adapter written elsewhere, read as it is
     with pytest.raises(ConfigError, match="use_dora"):
         from_pretrained(copy.deepcopy(base), tmp_path)
     with pytest.raises(FileNotFoundError, match="lora_save_dir"):

@@ -117,6 +117,7 @@ def test_load_checkpoint_reloads_adapter_when_load_lora_from_ckpt(tmp_path):
     # Overwrite the exported adapter with the original: with load_lora_from_ckpt the adapter dir wins.
     exported = tmp_path / "ckpt" / "s" / "lora_adapter"
     (exported / "adapter_model.safetensors").write_bytes((adapter / "adapter_model.safetensors").read_bytes())
+    (exported / "nxd_checksums.json").unlink()  # now PEFT's own adapter, which carries no nxd manifest
     fresh = _lora_model(base, adapter, load_lora_from_ckpt=False)
     fresh.lora_config.load_lora_from_ckpt = True
     nxd.load_checkpoint(str(tmp_path / "ckpt"), "s", model=fresh)

@@ -42,6 +42,7 @@ print it. Nothing else in nxd branches on a parallelism.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -294,7 +295,19 @@ def parallelize_model(model: Any, context: Any = None, config: Any = None) -> An
     from nxd.parallel import resolve_context
 
     context = resolve_context(context)
-    return apply_model_transforms(model, context, RunConfig.for_context(config, context), slots=LAYOUT_SLOTS)
+    run = RunConfig.for_context(config, context)
+    built_for = getattr(model, "sequence_parallel", None)
+    if isinstance(built_for, bool) and _leaves_out(config, "sequence_parallel"):
+        # a config that says nothing of SP takes the model's: it was built for it (its norms and masks)
+        run = dataclasses.replace(run, parallel=dataclasses.replace(run.parallel, sequence_parallel=built_for))
+    return apply_model_transforms(model, context, run, slots=LAYOUT_SLOTS)
+
+
+def _leaves_out(config: Any, key: str) -> bool:
+    """``config`` is None or a partial NxD dict without ``key`` (not a resolved RunConfig)."""
+    if config is None:
+        return True
+    return isinstance(config, dict) and getattr(config, "run", None) is None and key not in config
 
 
 def build_parallel_model(spec: Any, model_config: Any, nxd_config: Any = None, context: Any = None) -> Any:

@@ -92,11 +92,16 @@ def read_all(run_dir: Path) -> dict[int, dict]:
 
 
 def completed_step(run_dir: Path) -> int | None:
-    """The last step every rank completed, by the ranks' records, else by this process's own
-    progress (a one-device run trains in the launcher); None when neither knows."""
-    done = [r["done"] for r in read_all(run_dir).values() if r.get("done") is not None]
+    """The last step the run completed as its log shows it: rank 0's record (rank 0 writes
+    ``metrics.jsonl`` and sets ``done`` after a step's log line; another rank may be a step ahead or
+    behind when the stop lands), else the newest other record, else this process's own progress (a
+    one-device run trains in the launcher); None when nothing knows."""
+    records = read_all(run_dir)
+    if records.get(0, {}).get("done") is not None:
+        return records[0]["done"]
+    done = [r["done"] for r in records.values() if r.get("done") is not None]
     if done:
-        return min(done)
+        return max(done)
     return progress["done"]
 
 

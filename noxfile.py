@@ -126,13 +126,13 @@ def interop(session: nox.Session) -> None:
 
 
 #: the quick loop's selection: in-process and rank-pool tests, no launches, nothing marked slow
-QUICK_MARKERS = "not slow and not launch"
+QUICK_MARKERS = "not slow"  # launch tests are marked slow too (nxd-testing)
 
 
 @nox.session(default=False, venv_backend="none")
 def quick(session: nox.Session) -> None:
-    """The development loop: the unit and fast rank-pool tests of every package (``-m "not slow and
-    not launch"``; tiers are marked by nxd-testing's pytest plugin) in the one editable ``.venv`` of
+    """The development loop: the unit and fast rank-pool tests of every package (``-m "not slow"``;
+    tiers are marked by nxd-testing's pytest plugin, launches are slow) in the one editable ``.venv`` of
     scripts/dev-env.sh (made on first use). Not CI: ``bash scripts/test.sh`` still runs everything."""
     python = ROOT / ".venv" / "bin" / "python"
     if not python.exists():

@@ -19,9 +19,9 @@ class Base(torch.nn.Module):
     nxd_transformer_layer_classes = (Block,)
     nxd_parallel_plan = ParallelPlan(column=("*.up",), row=("*.down",), context_parallel=("*.attn",))
 
-    def __init__(self, config, sequence_parallel=False, context=None):
+    def __init__(self, config, device=None):
         super().__init__()
-        self.config, self.sequence_parallel, self.context = config, sequence_parallel, context
+        self.config = config
 
 
 class Derived(Base):
@@ -42,9 +42,8 @@ def test_family_spec_inherits_base_fields_but_not_identity_or_class_facts() -> N
     assert spec.context_parallel and spec.lora_target_modules == ("up",) and spec.save_hf is save_hf
     assert spec.transformer_layer_classes == (torch.nn.Linear,) and spec.parallel_plan is Base.nxd_parallel_plan
     assert spec.extras == {"config_class": list, "k": 1, "model_class": Derived}
-    model = spec.build({"x": 1}, {"sequence_parallel": True}, context="ctx")
+    model = spec.build({"x": 1}, {"sequence_parallel": True})  # plain: the plan lays it out
     assert type(model) is Derived and model.config == {"x": 1, "read": True}
-    assert model.sequence_parallel and model.context == "ctx"
 
 
 def test_family_spec_fields_override_base() -> None:

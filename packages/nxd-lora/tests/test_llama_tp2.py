@@ -57,7 +57,7 @@ def lora_tp_body(base_dir: str, peft_dir: str, out_dir: str, data: dict, sp: boo
     hf_config = json.loads((Path(base_dir) / "config.json").read_text())
 
     def build():
-        model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(hf_config), sequence_parallel=sp))
+        model = parallelize_model(LlamaForCausalLM(LlamaConfig.from_dict(hf_config)), config={"sequence_parallel": sp})
         load_hf_checkpoint(model, base_dir)
         return model
 

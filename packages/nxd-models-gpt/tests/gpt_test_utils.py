@@ -114,7 +114,7 @@ def nxd_forward_backward(hf_dir: Path, data: dict[str, torch.Tensor], sequence_p
     from nxd_models_gpt import GPTConfig, GPTForCausalLM, collect_hf_state_dict, gather_vocab_logits, load_hf_checkpoint
 
     config = GPTConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = parallelize_model(GPTForCausalLM(config, sequence_parallel=sequence_parallel))
+    model = parallelize_model(GPTForCausalLM(config), config={"sequence_parallel": sequence_parallel})
     load_hf_checkpoint(model, hf_dir)
     # norm/bias grads are partial per rank under SP (the optimizer wrapper all-reduces them)
     return forward_backward_result(model, data, gather_logits=lambda logits: gather_vocab_logits(model, logits),

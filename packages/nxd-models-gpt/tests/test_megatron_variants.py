@@ -37,7 +37,7 @@ def _build(config: dict, sequence_parallel: bool = False):
     from nxd_models_gpt import GPTConfig, GPTForCausalLM
 
     torch.manual_seed(0)
-    model = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(config), sequence_parallel=sequence_parallel))
+    model = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(config)), config={"sequence_parallel": sequence_parallel})
     with torch.no_grad():  # replicated norms and biases away from 1 and 0 (the same at any TP)
         for p in model.parameters():
             if p.dim() == 1 and not getattr(p, "tensor_model_parallel", False):

@@ -99,7 +99,7 @@ def nxd_forward_backward(hf_dir: Path, data: dict[str, torch.Tensor], sequence_p
     )
 
     config = LlamaConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = parallelize_model(LlamaForCausalLM(config, sequence_parallel=sequence_parallel))
+    model = parallelize_model(LlamaForCausalLM(config), config={"sequence_parallel": sequence_parallel})
     load_hf_checkpoint(model, hf_dir)
     # norm grads are partial per rank under SP (the optimizer wrapper all-reduces them)
     return forward_backward_result(model, data, gather_logits=lambda logits: gather_vocab_logits(logits, config.vocab_size),

@@ -41,7 +41,7 @@ def cp_body(tp: int, cp: int, hf_dir: str, data: dict, sequence_parallel: bool, 
     cp_rank = parallel_state.get_context_model_parallel_rank()
     dp_rank, dp = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_size()
     config = LlamaConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = parallelize_model(LlamaForCausalLM(config, sequence_parallel=sequence_parallel))
+    model = parallelize_model(LlamaForCausalLM(config), config={"sequence_parallel": sequence_parallel})
     load_hf_checkpoint(model, hf_dir)
     # DP ranks take their rows of the batch, CP ranks their chunks of the sequence
     rows = {k: v.chunk(dp)[dp_rank] for k, v in data.items()}

@@ -19,6 +19,7 @@ from nxd_models_llama import (  # noqa: E402
     LlamaConfig,
     LlamaDecoderLayer,
     LlamaForCausalLM,
+    LlamaModel,
     generate,
     load_hf_checkpoint,
 )
@@ -75,12 +76,17 @@ def test_llama31_preset_rope_matches_transformers():
     from transformers import LlamaConfig as HFConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from nxd_models_llama.rope import rope_inv_freq
-
     cfg = LlamaConfig.from_dict(PRESETS["llama3.1-8b"])
     hf = HFConfig(**{k: v for k, v in PRESETS["llama3.1-8b"].items()})
     expected, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")
     assert torch.equal(rope_inv_freq(cfg), expected)
+
+
+def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+    """The shared RoPE's inverse frequencies for a Llama config."""
+    from nxd_core_parallel.modules.rotary import rope_frequencies
+
+    return rope_frequencies(config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings)[0]
 
 
 #: YaRN as published: Qwen3's long-context recipe, DeepSeek-V3's (mscale = mscale_all_dim: attention
@@ -101,15 +107,13 @@ def test_llama_yarn_rope_matches_transformers_bitwise(case):
     from transformers import LlamaConfig as HFConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from nxd_models_llama.rope import RotaryEmbedding, rope_inv_freq
-
     scaling, max_positions, head_dim = YARN_CASES[case]
     fields = dict(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim, max_position_embeddings=max_positions,
                   rope_theta=10000.0)
     cfg = LlamaConfig.from_dict({**fields, "intermediate_size": 8, "num_hidden_layers": 1, "rope_scaling": dict(scaling)})
     expected, factor = ROPE_INIT_FUNCTIONS["yarn"](HFConfig(**fields, rope_scaling=dict(scaling)), "cpu")
     assert torch.equal(rope_inv_freq(cfg), expected)
-    cos, _ = RotaryEmbedding(cfg)(torch.zeros(1, 1, dtype=torch.long), torch.float32)
+    cos, _ = LlamaModel(cfg, device="meta").rotary_emb(torch.zeros(1, 1, dtype=torch.long), torch.float32)
     assert torch.allclose(cos, torch.full_like(cos, factor), rtol=0, atol=1e-7)
 
 

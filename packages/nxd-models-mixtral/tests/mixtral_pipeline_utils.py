@@ -43,7 +43,7 @@ def build(sequence_parallel: bool, layers: int, checkpointing: bool = False):
 
     torch.manual_seed(0)
     config = MixtralConfig.from_dict(dict(CONFIG, num_hidden_layers=layers))
-    model = parallelize_model(MixtralForCausalLM(config, sequence_parallel=sequence_parallel))
+    model = parallelize_model(MixtralForCausalLM(config), config={"sequence_parallel": sequence_parallel})
     with torch.no_grad():  # larger router and expert weights: routing and the aux loss matter
         for name, p in model.named_parameters():
             if "block_sparse_moe" in name:

@@ -72,7 +72,7 @@ def nxd_forward_backward(hf_dir: str, data: dict[str, torch.Tensor], sequence_pa
     from nxd_models_mixtral import MixtralConfig, MixtralForCausalLM, collect_hf_state_dict, load_hf_checkpoint
 
     config = MixtralConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = parallelize_model(MixtralForCausalLM(config, sequence_parallel=sequence_parallel))
+    model = parallelize_model(MixtralForCausalLM(config), config={"sequence_parallel": sequence_parallel})
     load_hf_checkpoint(model, hf_dir)
     return forward_backward_result(model, data, gather_logits=gather_vocab_logits, export_grads=collect_hf_state_dict,
                                    sync_grads=allreduce_sequence_parallel_gradients if sequence_parallel else None)

@@ -40,7 +40,7 @@ def ep_body(tp: int, ep: int, hf_dir: str, data: dict[str, torch.Tensor], sequen
     per = data["input_ids"].shape[0] // dp
     shard = {k: v[d * per:(d + 1) * per] for k, v in data.items()}
     config = MixtralConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
-    model = parallelize_model(MixtralForCausalLM(config, sequence_parallel=sequence_parallel))
+    model = parallelize_model(MixtralForCausalLM(config), config={"sequence_parallel": sequence_parallel})
     load_hf_checkpoint(model, hf_dir)
     if checkpointing:  # full activation checkpointing: each decoder layer (all-to-alls included) recomputed
         from nxd_core_parallel.activation_checkpoint import apply_activation_checkpointing

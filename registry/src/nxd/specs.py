@@ -35,15 +35,13 @@ def config_reader(from_dict: Callable[[Any], Any], preset: Callable[..., Any]) -
 
 def model_builder(model_class: Callable[..., torch.nn.Module], read_config: Callable[[Any], Any]
                   ) -> Callable[..., torch.nn.Module]:
-    """A :class:`ModelSpec` ``build``: ``model_class(config, sequence_parallel=..., context=...)``,
-    a dict config read with ``read_config``, ``sequence_parallel`` from the NxD config."""
+    """A :class:`ModelSpec` ``build``: ``model_class(config)``, plain (a dict config read with
+    ``read_config``); the recipe's ``parallel_plan`` slot lays it out for the context and the run's
+    sequence parallelism."""
 
-    def build(config: Any, nxd_config: dict | None = None, context: Any = None) -> torch.nn.Module:
-        """This rank's model for ``context`` (``None``: the current context) and ``nxd_config``."""
-        from nxd.run_config import RunConfig
-
-        cfg = read_config(config) if isinstance(config, dict) else config
-        return model_class(cfg, sequence_parallel=RunConfig.of(nxd_config).sequence_parallel, context=context)
+    def build(config: Any, nxd_config: dict | None = None) -> torch.nn.Module:
+        """The plain model (``nxd_config``: the run's, which a plain family does not need)."""
+        return model_class(read_config(config) if isinstance(config, dict) else config)
 
     return build
 

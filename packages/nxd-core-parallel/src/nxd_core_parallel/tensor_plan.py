@@ -46,7 +46,7 @@ from nxd.run_config import RunConfig
 from nxd.specs import ParallelPlan
 from nxd_core_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
 from nxd_core_parallel.modules.kv_heads import HeadPadding, head_padding_for, kv_size_multiplier_for
-from nxd_core_parallel.modules.plain import GroupedQKVLinear, QKVLinear
+from nxd_core_parallel.modules.plain import GroupedQKVLinear, PlacedByPlan, QKVLinear
 from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_core_parallel.parallel_layers import comm
 from nxd_core_parallel.parallel_layers.layers import (
@@ -207,7 +207,7 @@ def _linear(name: str, module: nn.Module, style: str, context: ParallelContext |
         _check_divisible(name, "out_features" if pieces == 1 else f"out_features / {pieces} fused pieces",
                          module.out_features // pieces, tp)
     layer = ColumnParallelLinear(module.in_features, module.out_features, gather_output=style == "gathered",
-                                 stride=pieces, **common)
+                                 stride=pieces, **common, **_pad_alignment(module, options))
     for param, full in ((layer.weight, weight), (layer.bias, bias)):
         if full is not None:
             _copy_shard(param, full, 0, context, stride=pieces, pad=layer.pad_size)
@@ -287,6 +287,7 @@ def _embedding(name: str, module: nn.Module, context: ParallelContext | None, op
         raise ConfigError(f"parallel plan: {name} uses max_norm or sparse gradients, which ParallelEmbedding refuses")
     if not options.get("pad"):
         _check_divisible(name, "num_embeddings", module.num_embeddings, dim_size(context, "tp"))
+    options = {**options, **_pad_alignment(module, options)}
     layer = ParallelEmbedding(module.num_embeddings, module.embedding_dim, padding_idx=module.padding_idx,
                               scale_grad_by_freq=module.scale_grad_by_freq, init_method=_skip_init,
                               dtype=module.weight.dtype, device=module.weight.device, context=context, **options)
@@ -325,6 +326,26 @@ def _layer_options(name: str, style: str, plan: ParallelPlan, sequence_parallel:
     if any(fnmatch.fnmatchcase(name, p) for p in plan.padded):
         options["pad"] = True
     return options
+
+
+def _pad_alignment(module: nn.Module, options: dict) -> dict:
+    """``{"pad_alignment_size_per_rank": n}`` for a ``padded`` vocabulary layer declaring it
+    (Megatron's ``make_vocab_size_divisible_by``: padded to a multiple of ``n`` x TP), else ``{}``."""
+    alignment = getattr(module, "pad_alignment_size_per_rank", None)
+    return {"pad_alignment_size_per_rank": alignment} if options.get("pad") and alignment else {}
+
+
+def _lay_out(model: nn.Module, plan: ParallelPlan, context: ParallelContext | None, sequence_parallel: bool) -> None:
+    """What a plain build leaves out: the plan's ``sequence`` modules (norms) run on sequence shards,
+    so their weights' gradients are partial and summed over TP (``sequence_parallel_enabled``), and
+    every :class:`~nxd_core_parallel.modules.plain.PlacedByPlan` module learns the context and SP."""
+    for _, module in plan.modules(model, "sequence"):
+        module.sequence_parallel_enabled = sequence_parallel
+        for param in module.parameters(recurse=False):
+            param.sequence_parallel_enabled = sequence_parallel
+    for module in model.modules():
+        if isinstance(module, PlacedByPlan):
+            module.parallel_context, module.sequence_parallel = context, sequence_parallel
 
 
 def _parallel_layer(name: str, module: nn.Module, style: str, context: ParallelContext | None,
@@ -393,6 +414,7 @@ def parallelize(model: nn.Module, plan: ParallelPlan, context: ParallelContext |
         if id(param) in new_for_old:
             raise ConfigError(f"parallel plan: {name} shares its weight with {new_for_old[id(param)][0]}, which the "
                               "plan shards; name it in the plan too")
+    _lay_out(model, plan, context, sequence_parallel)
     for module in model.modules():
         if callable(getattr(module, "nxd_parallelized", None)):
             module.nxd_parallelized(context)
@@ -452,7 +474,7 @@ def _sequence_parallel(model: nn.Module, config: RunConfig, stated: bool) -> boo
     """Sequence parallelism is the model's when it was built for it (its norms and masks run on
     sequence shards: nxd's families), else the config's; a config ``stated`` otherwise is refused."""
     built_for = getattr(model, "sequence_parallel", None)
-    if not isinstance(built_for, bool):
+    if isinstance(model, PlacedByPlan) or not isinstance(built_for, bool):  # a plain family: the plan sets it
         return config.sequence_parallel
     if stated and config.sequence_parallel != built_for:
         raise ConfigError(f"sequence_parallel={config.sequence_parallel}, but {type(model).__name__} was built with "

@@ -21,8 +21,7 @@ from nxd_data.module import (
     EpochStream,
     MappedSource,
     StreamDataModule,
-    check_geometry,
-    check_seq_length,
+    begin_build,
     config_flag,
 )
 from nxd_data.prepare import read_metadata
@@ -112,11 +111,9 @@ class IndexedDataModuleFactory:
         self, config: dict, *, seq_length: int, micro_batch_size: int, global_batch_size: int,
         dp_rank: int, dp_size: int, seed: int,
     ) -> StreamDataModule:
-        check_geometry(seq_length, micro_batch_size, global_batch_size, dp_rank, dp_size)
-        config = dict(config)
-        config.setdefault("seq_length", seq_length)
-        self.validate(config)
-        check_seq_length(config, seq_length)
+        config = {"seq_length": seq_length, **config}
+        begin_build(self, config, (), seq_length=seq_length, micro_batch_size=micro_batch_size,
+                    global_batch_size=global_batch_size, dp_rank=dp_rank, dp_size=dp_size)
         parsed = parse_prefix(config)
         splits = config.get("splits_string", "980,10,10")
         shuffle = config_flag(config, "shuffle", True)
@@ -198,10 +195,8 @@ class SFTDataModuleFactory:
         self, config: dict, *, seq_length: int, micro_batch_size: int, global_batch_size: int,
         dp_rank: int, dp_size: int, seed: int,
     ) -> StreamDataModule:
-        check_geometry(seq_length, micro_batch_size, global_batch_size, dp_rank, dp_size)
-        check_seq_length(config, seq_length)
-        if "train_dir" not in config or "tokenizer" not in config:
-            self.validate(config)
+        begin_build(self, config, ("train_dir", "tokenizer"), seq_length=seq_length, micro_batch_size=micro_batch_size,
+                    global_batch_size=global_batch_size, dp_rank=dp_rank, dp_size=dp_size)
         tok = load_tokenizer(config["tokenizer"])
         pad_id = next((i for i in (tok.pad_id, tok.eos_id, 0) if i is not None), 0)
         packing = config_flag(config, "packing", True)

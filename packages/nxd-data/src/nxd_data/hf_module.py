@@ -24,7 +24,7 @@ import numpy as np
 from nxd.errors import ConfigError
 from nxd_data.gpt_dataset import pretraining_sample
 from nxd_data.hf_disk import load_saved_dataset
-from nxd_data.module import EpochStream, MappedSource, StreamDataModule, check_geometry, check_seq_length, config_flag
+from nxd_data.module import EpochStream, MappedSource, StreamDataModule, begin_build, config_flag
 from nxd_data.tokenizers import load_tokenizer
 
 PACKING = ("rows", "concat")
@@ -170,10 +170,8 @@ class HFDataModuleFactory:
         self, config: dict, *, seq_length: int, micro_batch_size: int, global_batch_size: int,
         dp_rank: int, dp_size: int, seed: int,
     ) -> StreamDataModule:
-        check_geometry(seq_length, micro_batch_size, global_batch_size, dp_rank, dp_size)
-        check_seq_length(config, seq_length)
-        if "train_dir" not in config:
-            self.validate(config)
+        begin_build(self, config, ("train_dir",), seq_length=seq_length, micro_batch_size=micro_batch_size,
+                    global_batch_size=global_batch_size, dp_rank=dp_rank, dp_size=dp_size)
         shuffle = config_flag(config, "shuffle", True)
         pad_id = config.get("pad_id", 0)
         if not isinstance(pad_id, int) or isinstance(pad_id, bool) or pad_id < 0:

@@ -147,6 +147,17 @@ def check_geometry(seq_length: int, micro_batch_size: int, global_batch_size: in
         )
 
 
+def begin_build(factory: Any, config: dict, needs: tuple[str, ...] | None, *, seq_length: int, micro_batch_size: int,
+                global_batch_size: int, dp_rank: int, dp_size: int) -> None:
+    """What every data factory checks before it reads a file: the batch geometry, ``data.seq_length``
+    against the model's, and the factory's own ``validate(config)`` when a key it ``needs`` is
+    missing (``()``: always; ``None``: never, the build validates as it reads), so the error names the key."""
+    check_geometry(seq_length, micro_batch_size, global_batch_size, dp_rank, dp_size)
+    check_seq_length(config, seq_length)
+    if needs is not None and (not needs or any(key not in config for key in needs)):
+        factory.validate(config)
+
+
 def collate(samples: Sequence[dict[str, np.ndarray]], attention_mask: bool = True) -> dict[str, torch.Tensor]:
     """Stack samples into ``[b, s]`` tensors; a ``segment_ids`` key also yields the boolean
     ``[b, 1, s, s]`` attention mask (same segment and causal), see docs/plugins/data.md."""

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from nxd.errors import ConfigError
-from nxd_data.module import EpochStream, StreamDataModule, check_seq_length
+from nxd_data.module import EpochStream, StreamDataModule, begin_build
 from nxd_data.preference import RESPONSES, PreferenceSource
 from nxd_data.sources import dev_choose_samples
 
@@ -159,8 +159,9 @@ class PreferenceDataModuleFactory:
         self, config: dict, *, seq_length: int, micro_batch_size: int, global_batch_size: int,
         dp_rank: int, dp_size: int, seed: int,
     ) -> PreferenceDataModule:
-        check_seq_length(config, seq_length)
-        config = {**config, "seq_length": seq_length}
+        config = {"seq_length": seq_length, **config}
+        begin_build(self, config, None, seq_length=seq_length, micro_batch_size=micro_batch_size,
+                    global_batch_size=global_batch_size, dp_rank=dp_rank, dp_size=dp_size)
         pairs, opts = self._load(config)
         train = PreferenceSource(pairs["train"], seq_length, opts["pad_id"])
         valid = PreferenceSource(pairs["valid"], seq_length, opts["pad_id"]) if "valid" in pairs else None

@@ -23,6 +23,7 @@ from torch import nn
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_size
 from nxd_core_parallel.modules import plain
+from nxd_core_parallel.modules.plain import PlacedByPlan
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_core_parallel.modules.rotary import apply_rotary, yarn_softmax_scale
 from nxd_core_parallel.parallel_layers.mappings import (
@@ -48,12 +49,12 @@ class LatentRMSNorm(RMSNorm):
     which reads every plain ``RMSNorm`` as sequence-parallel, leaves it out)."""
 
 
-class DeepseekV3Attention(nn.Module):
-    def __init__(self, config: DeepseekV3Config, layer_idx: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+class DeepseekV3Attention(PlacedByPlan, nn.Module):
+    """Built plain; the plan shards its heads and gives it its context and sequence parallelism."""
+
+    def __init__(self, config: DeepseekV3Config, layer_idx: int, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.parallel_context = context  # handed down from DeepseekV3ForCausalLM, which resolves it
-        self.config, self.layer_idx, self.sequence_parallel = config, layer_idx, sequence_parallel
+        self.config, self.layer_idx = config, layer_idx
         self.num_heads = config.num_attention_heads  # this rank's, once the plan shards the heads
         self.kv_size_multiplier = 1  # every head has its own keys: nothing replicated
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)

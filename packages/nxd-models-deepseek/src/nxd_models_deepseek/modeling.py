@@ -33,9 +33,8 @@ def context_parallel_unsupported(c: DeepseekV3Config) -> str | None:
 
 
 class DeepseekV3DecoderLayer(MixtralDecoderLayer):
-    def build_attention(self, config: DeepseekV3Config, layer_idx: int, sequence_parallel: bool,
-                        device: torch.device | str | None, context: ParallelContext | None = None) -> nn.Module:
-        return DeepseekV3Attention(config, layer_idx, sequence_parallel, device, context)
+    def build_attention(self, config: DeepseekV3Config, layer_idx: int, device: torch.device | str | None) -> nn.Module:
+        return DeepseekV3Attention(config, layer_idx, device)
 
 
 class DeepseekV3Model(MixtralModel):
@@ -63,25 +62,31 @@ class DeepseekV3ForCausalLM(MixtralForCausalLM):
     #: MLA's heads are not padded (Mixtral's attention is)
     nxd_pads_attention_heads = False
 
-    def __init__(self, config: DeepseekV3Config | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
-        super().__init__(config, sequence_parallel, device, context)
-        c, context = self.config, self.parallel_context
-        if c.seq_aux_loss_coef and dim_size(context, "pp") > 1:
-            raise ConfigError("deepseek_v3: seq_aux_loss_coef > 0 is not implemented under pipeline parallelism "
-                              "(the per-layer losses do not travel between stages); set it to 0 or use PP=1")
-        if c.mtp_depth and dim_size(context, "pp") > 1:
-            raise ConfigError(f"deepseek_v3: mtp_depth={c.mtp_depth} is not implemented with pp_size "
-                              f"{dim_size(context, 'pp')} (the MTP modules need the embedding and output head, which "
-                              "sit on the first and last pipeline stages); set mtp_depth=0 or use pp_size 1")
+    def __init__(self, config: DeepseekV3Config | dict, device: torch.device | str | None = None) -> None:
+        super().__init__(config, device)
+        c = self.config
         #: why this configuration cannot run under context parallelism (the context_parallel transform refuses with it)
         self.nxd_context_parallel_unsupported = context_parallel_unsupported(c)
         #: multi-token prediction modules, depth 1..D (checkpoint: model.layers.{num_hidden_layers + k})
-        self.mtp = nn.ModuleList(mtp_module(DeepseekV3DecoderLayer, c, k, sequence_parallel, device, context)
-                                 for k in range(c.mtp_depth))
+        self.mtp = nn.ModuleList(mtp_module(DeepseekV3DecoderLayer, c, k, device) for k in range(c.mtp_depth))
         self.model.keep_hidden = bool(c.mtp_depth)
         if c.mtp_depth:
             self.nxd_parallel_plan = DEEPSEEK_MTP_PLAN
+
+    def nxd_parallelized(self, context: ParallelContext | None) -> None:
+        """What the plan's layout cannot run is refused (the losses that do not cross pipeline
+        stages); the MTP projections' gradients are partial under sequence parallelism."""
+        super().nxd_parallelized(context)
+        c, pp = self.config, dim_size(context, "pp")
+        if c.seq_aux_loss_coef and pp > 1:
+            raise ConfigError("deepseek_v3: seq_aux_loss_coef > 0 is not implemented under pipeline parallelism "
+                              "(the per-layer losses do not travel between stages); set it to 0 or use PP=1")
+        if c.mtp_depth and pp > 1:
+            raise ConfigError(f"deepseek_v3: mtp_depth={c.mtp_depth} is not implemented with pp_size {pp} (the MTP "
+                              "modules need the embedding and output head, which sit on the first and last pipeline "
+                              "stages); set mtp_depth=0 or use pp_size 1")
+        for block in self.mtp:  # under SP eh_proj sees this rank's sequence slice: its gradient is summed over TP
+            block.eh_proj.weight.sequence_parallel_enabled = self.sequence_parallel and dim_size(context, "tp") > 1
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

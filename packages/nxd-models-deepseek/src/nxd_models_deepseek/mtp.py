@@ -18,7 +18,6 @@ from functools import partial
 import torch
 from torch import nn
 
-from nxd.parallel import ParallelContext, dim_size
 from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_deepseek.config import DeepseekV3Config
 
@@ -30,22 +29,19 @@ def shift_left(t: torch.Tensor | None, fill: int) -> torch.Tensor | None:
     return torch.cat([t[:, 1:], t.new_full((t.shape[0], 1), fill)], dim=1)
 
 
-def mtp_module(layer_class: type[nn.Module], config: DeepseekV3Config, depth_index: int, sequence_parallel: bool,
-               device: torch.device | str | None, context: ParallelContext | None) -> nn.Module:
+def mtp_module(layer_class: type[nn.Module], config: DeepseekV3Config, depth_index: int,
+               device: torch.device | str | None = None) -> nn.Module:
     """MTP module ``depth_index``: a decoder block of ``layer_class`` (layer index ``num_hidden_layers +
     depth_index``, so MoE like the last layers) with the MTP pieces added; replicated ``eh_proj``
     (under sequence parallelism its input is the rank's sequence slice: its gradient is summed
-    over TP like the norms')."""
-    block = layer_class(config, config.num_hidden_layers + depth_index, sequence_parallel, device, context)
-    norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps, sequence_parallel_enabled=sequence_parallel,
-                   dtype=config.torch_dtype, device=device)
+    over TP like the norms', :meth:`DeepseekV3ForCausalLM.nxd_parallelized`)."""
+    block = layer_class(config, config.num_hidden_layers + depth_index, device)
+    norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps, dtype=config.torch_dtype, device=device)
     block.enorm, block.hnorm = norm(), norm()
     block.eh_proj = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False, dtype=config.torch_dtype,
                               device=device)
     if not block.eh_proj.weight.is_meta:
         nn.init.normal_(block.eh_proj.weight, 0.0, config.initializer_range)
-    if sequence_parallel and dim_size(context, "tp") > 1:
-        block.eh_proj.weight.sequence_parallel_enabled = True
     block.shared_head = nn.Module()
     block.shared_head.norm = norm()
     return block

@@ -54,5 +54,5 @@ SPEC = family_spec(
     load_hf=load_hf_checkpoint, save_hf=save_hf_checkpoint,
     extras={"hf_module_to_nxd": HF_MODULE_TO_NXD, "hf_param_plan": hf_param_plan, "config_class": DeepseekV3Config},
 )
-#: the plain model for ``context``; the transform list (``nxd.build_parallel_model``) parallelises it
+#: the plain model (``(config, device)``); the transform list (``nxd.build_parallel_model``) parallelises it
 build = SPEC.build

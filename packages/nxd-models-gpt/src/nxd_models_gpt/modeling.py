@@ -19,22 +19,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size, resolve_context
+from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
 from nxd_core_parallel.lm_loss import causal_lm_loss
+from nxd_core_parallel.model_init import reset_parameters
 from nxd_core_parallel.modules import plain
 from nxd_core_parallel.modules.attention_mask import build_attention_mask
 from nxd_core_parallel.modules.kv_heads import kv_local_index
+from nxd_core_parallel.modules.plain import PlacedByPlan
 from nxd_core_parallel.modules.rms_norm import RMSNorm
+from nxd_core_parallel.modules.rotary import RotaryEmbedding, apply_rotary
 from nxd_core_parallel.parallel_layers import (
     LayerNorm,
     get_rng_tracker,
     scatter_to_sequence_parallel_region,
     set_tensor_model_parallel_attributes,
 )
-from nxd_core_parallel.vocab_padding import mark_vocab_padding, mask_padded_vocab
+from nxd_core_parallel.vocab_padding import mask_padded_vocab, vocab_rows
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.plan import GPT_PLAN
-from nxd_models_gpt.rope import RotaryEmbedding, apply_rotary
 
 #: Batch-first activations: sequence parallelism splits dimension 1.
 SEQUENCE_DIM = 1
@@ -43,7 +45,7 @@ SEQUENCE_DIM = 1
 @dataclass
 class CausalLMOutput:
     loss: torch.Tensor | None
-    #: this TP rank's slice of the (padded) vocabulary; padded entries hold the dtype's minimum
+    #: this TP rank's slice of the (padded) vocabulary; padded entries are -inf
     logits: torch.Tensor
 
 
@@ -63,12 +65,10 @@ def _dropout(x: torch.Tensor, p: float, training: bool, rank_local: bool) -> tor
     return F.dropout(x, p, True)
 
 
-def _norm(config: GPTConfig, sequence_parallel: bool, device: torch.device | str | None) -> nn.Module:
-    if config.normalization == "RMSNorm":
-        return RMSNorm(config.hidden_size, eps=config.layernorm_epsilon, sequence_parallel_enabled=sequence_parallel,
-                       dtype=config.torch_dtype, device=device)
-    return LayerNorm(config.hidden_size, eps=config.layernorm_epsilon, sequence_parallel_enabled=sequence_parallel,
-                     dtype=config.torch_dtype, device=device)
+def _norm(config: GPTConfig, device: torch.device | str | None) -> nn.Module:
+    """The config's norm (the plan runs it on sequence shards under sequence parallelism)."""
+    norm = RMSNorm if config.normalization == "RMSNorm" else LayerNorm
+    return norm(config.hidden_size, eps=config.layernorm_epsilon, dtype=config.torch_dtype, device=device)
 
 
 def init_methods(config: GPTConfig) -> tuple[partial, partial]:
@@ -109,8 +109,7 @@ class GPTSelfAttention(nn.Module):
     ``kv_size_multiplier``): each rank holds ``[its q heads; its KV piece's k; v]`` and every local
     query head attends to its group's KV head (``kv_index``)."""
 
-    def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+    def __init__(self, config: GPTConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.num_query_groups = config.num_query_groups
         self.num_heads = config.num_attention_heads
@@ -171,8 +170,7 @@ class GPTSelfAttention(nn.Module):
 class GPTMLP(nn.Module):
     """``fc2(act(fc1(x)))``; for swiglu ``fc1`` holds ``[gate; up]`` (each TP rank ``[gate_r; up_r]``)."""
 
-    def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+    def __init__(self, config: GPTConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.gated = config.activation == "swiglu"
         self.openai_gelu = config.openai_gelu
@@ -195,26 +193,23 @@ class GPTMLP(nn.Module):
         return self.linear_fc2(h)
 
 
-class GPTTransformerLayer(nn.Module):
+class GPTTransformerLayer(PlacedByPlan, nn.Module):
     """One block: pre-LN ``x + attn(ln(x))``, ``x + mlp(ln(x))``; parallel residual
-    ``x + attn(ln1(x)) + mlp(ln2(x))``; or post-LN (NeMo) ``h = ln1(x + attn(x))``, ``ln2(h + mlp(h))``."""
+    ``x + attn(ln1(x)) + mlp(ln2(x))``; or post-LN (NeMo) ``h = ln1(x + attn(x))``, ``ln2(h + mlp(h))``.
+    Under sequence parallelism (the plan's) its dropout draws per TP rank."""
 
-    def __init__(self, config: GPTConfig, layer_number: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+    def __init__(self, config: GPTConfig, layer_number: int, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.layer_number = layer_number
         self.post_ln = config.transformer_block_type == "post_ln"
         self.parallel_residual = config.parallel_residual
         self.hidden_dropout = config.hidden_dropout
-        self.sequence_parallel = sequence_parallel
-        self.self_attention = GPTSelfAttention(config, sequence_parallel, device, context)
-        self.mlp = GPTMLP(config, sequence_parallel, device, context)
+        self.self_attention = GPTSelfAttention(config, device)
+        self.mlp = GPTMLP(config, device)
         if self.post_ln:
-            self.post_attention_layernorm = _norm(config, sequence_parallel, device)
-            self.post_mlp_layernorm = _norm(config, sequence_parallel, device)
+            self.post_attention_layernorm, self.post_mlp_layernorm = _norm(config, device), _norm(config, device)
         else:
-            self.input_layernorm = _norm(config, sequence_parallel, device)
-            self.pre_mlp_layernorm = _norm(config, sequence_parallel, device)
+            self.input_layernorm, self.pre_mlp_layernorm = _norm(config, device), _norm(config, device)
 
     def _drop(self, x: torch.Tensor) -> torch.Tensor:
         return _dropout(x, self.hidden_dropout, self.training, rank_local=self.sequence_parallel)
@@ -231,19 +226,18 @@ class GPTTransformerLayer(nn.Module):
         return h + self._drop(self.mlp(self.pre_mlp_layernorm(h)))
 
 
-class GPTEmbedding(nn.Module):
+class GPTEmbedding(PlacedByPlan, nn.Module):
     """Vocabulary-parallel word embeddings (+ replicated learned positions), dropout, and the
-    scatter to sequence shards under sequence parallelism (Megatron's order)."""
+    scatter to sequence shards under sequence parallelism (Megatron's order; the plan's context and SP)."""
 
-    def __init__(self, config: GPTConfig, padded_vocab: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+    def __init__(self, config: GPTConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         init, _ = init_methods(config)
-        self.sequence_parallel = sequence_parallel
         self.dropout = config.hidden_dropout
-        self.parallel_context = context  # GPTForCausalLM's (the model's entry point resolves it)
-        self.word_embeddings = plain.Embedding(padded_vocab, config.hidden_size, init_method=init,
+        # the vocabulary; the plan pads it Megatron's way (a multiple of make_vocab_size_divisible_by x TP)
+        self.word_embeddings = plain.Embedding(config.vocab_size, config.hidden_size, init_method=init,
                                                dtype=config.torch_dtype, device=device)
+        self.word_embeddings.pad_alignment_size_per_rank = config.make_vocab_size_divisible_by
         self.position_embeddings = None
         if config.position_embedding_type == "learned_absolute":
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size,
@@ -273,20 +267,18 @@ class GPTEmbedding(nn.Module):
 
 
 class GPTDecoder(nn.Module):
-    def __init__(self, config: GPTConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+    def __init__(self, config: GPTConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(GPTTransformerLayer(config, i + 1, sequence_parallel, device, context)
-                                    for i in range(config.num_layers))
+        self.layers = nn.ModuleList(GPTTransformerLayer(config, i + 1, device) for i in range(config.num_layers))
         # NeMo's post-LN stack ends with the last block's norm (no final layernorm)
-        self.final_layernorm = None if config.transformer_block_type == "post_ln" else \
-            _norm(config, sequence_parallel, device)
+        self.final_layernorm = None if config.transformer_block_type == "post_ln" else _norm(config, device)
 
 
-class GPTForCausalLM(nn.Module):
+class GPTForCausalLM(PlacedByPlan, nn.Module):
     """Megatron GPT with a vocabulary-parallel output layer and vocabulary-parallel cross-entropy.
-    Built plain (one-device modules) for ``context``; the ``parallel_plan`` transform parallelises
-    it by :attr:`nxd_parallel_plan`."""
+    Built plain (one-device modules, ``(config, device)``); the ``parallel_plan`` transform
+    parallelises it by :attr:`nxd_parallel_plan`, Megatron's vocabulary padding included, and gives
+    it its context."""
 
     #: the family's parallel plan (data; the spec registers the same object)
     nxd_parallel_plan = GPT_PLAN
@@ -298,38 +290,29 @@ class GPTForCausalLM(nn.Module):
     #: Recomputed by selective activation checkpointing.
     nxd_core_attention_classes = (GPTCoreAttention,)
 
-    def __init__(self, config: GPTConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
-        """``context``: the parallel context to build for (the current one when left out); every
-        block takes it from here."""
+    def __init__(self, config: GPTConfig | dict, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.parallel_context = context = resolve_context(context)
         config = GPTConfig.from_dict(config) if isinstance(config, dict) else config
         self.config = config
-        self.sequence_parallel = sequence_parallel
-        tp = _tp(context)
-        self.padded_vocab_size = config.padded_vocab_size(tp)
-        self.embedding = GPTEmbedding(config, self.padded_vocab_size, sequence_parallel, device, context)
-        self.decoder = GPTDecoder(config, sequence_parallel, device, context)
+        self.embedding = GPTEmbedding(config, device)
+        self.decoder = GPTDecoder(config, device)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rotary_base) \
             if config.position_embedding_type == "rope" else None
         init, _ = init_methods(config)
-        self.output_layer = plain.Linear(config.hidden_size, self.padded_vocab_size, bias=False, init_method=init,
+        self.output_layer = plain.Linear(config.hidden_size, config.vocab_size, bias=False, init_method=init,
                                          dtype=config.torch_dtype, device=device)
+        self.output_layer.pad_alignment_size_per_rank = config.make_vocab_size_divisible_by
         if config.share_embeddings_and_output_weights:
             self.output_layer.weight = self.embedding.word_embeddings.weight
 
-    def nxd_parallelized(self, context: ParallelContext | None) -> None:
-        """Once the plan has sharded the vocabulary layers: their Megatron padding rows are marked, so
-        a checkpoint holds the real vocabulary and loads at any TP (the padding depends on TP)."""
-        for weight in {id(w): w for w in (self.embedding.word_embeddings.weight, self.output_layer.weight)}.values():
-            mark_vocab_padding(weight, self.config.vocab_size, self.config.make_vocab_size_divisible_by)
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the vocabulary layers over all TP ranks: the vocabulary while plain, Megatron's
+        padding once the plan has parallelised them (the layers mark it: checkpoints hold the real rows)."""
+        return vocab_rows(self.embedding and self.embedding.word_embeddings, self.output_layer)
 
-    @staticmethod
-    def init_weights(module: nn.Module) -> None:
-        """``param_init_fn`` for meta-device init: each layer re-runs its own initialisation."""
-        if hasattr(module, "reset_parameters"):
-            module.reset_parameters()
+    #: ``param_init_fn`` for meta-device init (each layer re-runs its own initialisation)
+    init_weights = staticmethod(reset_parameters)
 
     # -- pieces shared by forward() and the pipeline stages
     def layer_inputs(self, input_ids: torch.Tensor, dtype: torch.dtype, position_ids: torch.Tensor | None = None,
@@ -337,10 +320,6 @@ class GPTForCausalLM(nn.Module):
                      ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
         """``(rope cos/sin or None, mask)`` every layer takes, recomputed from the batch alone."""
         b, s = input_ids.shape
-        tp = _tp(self.parallel_context)
-        if self.sequence_parallel and s % tp:
-            raise ValueError(f"sequence length {s} must be divisible by tensor_parallel_size {tp} with "
-                             "sequence parallelism")
         rope = None
         if self.rotary_emb is not None:
             if position_ids is None:
@@ -349,13 +328,10 @@ class GPTForCausalLM(nn.Module):
         return rope, build_attention_mask(attention_mask, b, s, input_ids.device)
 
     def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm + output layer; padded vocabulary entries get the dtype's minimum (no probability)."""
+        """Final norm + output layer; padded vocabulary entries are -inf (no probability)."""
         if self.decoder.final_layernorm is not None:
             hidden = self.decoder.final_layernorm(hidden)
-        logits = self.output_layer(hidden)
-        if self.padded_vocab_size != self.config.vocab_size:
-            logits = mask_padded_vocab(logits, self.config.vocab_size, dim_rank(self.parallel_context, "tp"))
-        return logits
+        return mask_padded_vocab(self.output_layer(hidden), self.config.vocab_size, dim_rank(self.parallel_context, "tp"))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

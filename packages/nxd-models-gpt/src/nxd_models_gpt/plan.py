@@ -15,8 +15,10 @@ GPT_PLAN = ParallelPlan(
     sequence=("decoder.layers.*layernorm", "decoder.final_layernorm"),
     pipeline_blocks=("decoder.layers.*",),
     whole_sequence=("embedding.word_embeddings",),
-    # NxD's pad_model: query groups TP does not divide (and query heads it does not divide either,
-    # else K/V heads are replicated) are padded with zero groups (pad_heads)
-    padded=("decoder.layers.*.self_attention.linear_qkv", "decoder.layers.*.self_attention.linear_proj"),
+    # Megatron's vocabulary padding (a multiple of make_vocab_size_divisible_by x TP, which the layers
+    # declare); NxD's pad_model: query groups TP does not divide (and query heads it does not divide
+    # either, else K/V heads are replicated) are padded with zero groups (pad_heads)
+    padded=("embedding.word_embeddings", "output_layer", "decoder.layers.*.self_attention.linear_qkv",
+            "decoder.layers.*.self_attention.linear_proj"),
     sequence_dimension=1,
 )

@@ -53,5 +53,5 @@ SPEC = family_spec(
     presets=PRESETS,
     extras={"config_class": GPTConfig, "sequence_dimension": 1, "hf_layouts": ("gpt2", "gpt_neox")},
 )
-#: the plain model for ``context``; the transform list (``nxd.build_parallel_model``) parallelises it
+#: the plain model (``(config, device)``); the transform list (``nxd.build_parallel_model``) parallelises it
 build = SPEC.build

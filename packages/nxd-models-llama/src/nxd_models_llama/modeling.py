@@ -11,26 +11,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd.parallel import ParallelContext, dim_group, resolve_context
+from nxd.parallel import ParallelContext
 from nxd.parallel import dim_rank as _rank
 from nxd.parallel import dim_size as _size
 from nxd_core_parallel import fused_kernels
 from nxd_core_parallel.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
+from nxd_core_parallel.model_init import reset_parameters
 from nxd_core_parallel.modules import kv_heads, plain
 from nxd_core_parallel.modules.attention_mask import build_attention_mask, sliding_window_mask
+from nxd_core_parallel.modules.plain import PlacedByPlan
 from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.parallel_layers import mask_vocab_padding
+from nxd_core_parallel.modules.rotary import RotaryEmbedding, apply_rotary
 from nxd_core_parallel.parallel_layers.mappings import copy_to_tensor_model_parallel_region
+from nxd_core_parallel.vocab_padding import mask_padded_vocab, vocab_rows
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.plan import LLAMA_PLAN
-from nxd_models_llama.rope import RotaryEmbedding, apply_rotary
 
 #: Batch-first layout: the sequence dimension that sequence parallelism splits.
 SEQUENCE_DIM = 1
@@ -131,14 +132,11 @@ class LlamaCoreAttention(nn.Module):
         return self.attention_core(q, k, v, attention_mask)
 
 
-class HeadRMSNorm(RMSNorm):
+class HeadRMSNorm(PlacedByPlan, RMSNorm):
     """RMSNorm over each attention head's features (Qwen3's ``q_norm``/``k_norm``): one replicated
     weight for all heads. TP ranks hold different heads, so each sees part of the weight's gradient:
-    the weight enters through ``copy_to_tensor_model_parallel_region``, whose backward sums it over TP."""
-
-    def __init__(self, *args: Any, context: ParallelContext | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.parallel_context = context  # handed down from LlamaForCausalLM, which resolves it
+    the weight enters through ``copy_to_tensor_model_parallel_region``, whose backward sums it over
+    the TP group of the context the plan placed it in."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
@@ -154,8 +152,7 @@ class LlamaAttention(nn.Module):
     heads (K/V replicated over TP as :func:`kv_size_multiplier_for` says) and ``o_proj`` by its
     input, then :meth:`nxd_parallelized` sets this rank's head counts."""
 
-    def __init__(self, config: LlamaConfig, layer_idx: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+    def __init__(self, config: LlamaConfig, layer_idx: int, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
@@ -172,7 +169,7 @@ class LlamaAttention(nn.Module):
         )
         # Qwen3: RMSNorm of every query and key head before RoPE (config.qk_norm)
         head_norm = partial(HeadRMSNorm, config.head_dim, eps=config.rms_norm_eps, dtype=config.torch_dtype,
-                            device=device, context=context)
+                            device=device)
         self.q_norm, self.k_norm = (head_norm(), head_norm()) if config.qk_norm else (None, None)
         self.core_attention = LlamaCoreAttention()
         self.o_proj = plain.Linear(config.num_attention_heads * config.head_dim, config.hidden_size,
@@ -241,8 +238,7 @@ class LlamaMLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused in one projection of two
     pieces ``[gate; up]``: the plan shards each piece, so every rank's shard is ``[gate_r; up_r]``."""
 
-    def __init__(self, config: LlamaConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+    def __init__(self, config: LlamaConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
         linear = partial(plain.Linear, bias=config.mlp_bias, init_method=init, dtype=config.torch_dtype, device=device)
@@ -256,18 +252,17 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block: ``h + attn(norm(h))`` then ``h + mlp(norm(h))``."""
+    """Pre-norm block: ``h + attn(norm(h))`` then ``h + mlp(norm(h))`` (the plan runs the norms on
+    sequence shards under sequence parallelism)."""
 
-    def __init__(self, config: LlamaConfig, layer_idx: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+    def __init__(self, config: LlamaConfig, layer_idx: int, device: torch.device | str | None = None) -> None:
         super().__init__()
-        norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps,
-                       sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device,
+        norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps, dtype=config.torch_dtype, device=device,
                        fused="rms_norm" in config.fused_kernels)
         self.input_layernorm = norm()
-        self.self_attn = LlamaAttention(config, layer_idx, sequence_parallel, device, context)
+        self.self_attn = LlamaAttention(config, layer_idx, device)
         self.post_attention_layernorm = norm()
-        self.mlp = LlamaMLP(config, sequence_parallel, device, context)
+        self.mlp = LlamaMLP(config, device)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
@@ -276,32 +271,24 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Token embedding, the decoder blocks, the final norm and RoPE. A model on this one (Mixtral)
-    sets its block class and, if it pads the vocabulary itself, :meth:`embedding_rows`."""
+    """Token embedding (the vocabulary: the plan pads it for TP where needed), the decoder blocks,
+    the final norm and RoPE. A model on this one (Mixtral) sets its block class."""
 
-    #: the block class, built ``decoder_layer_class(config, layer_idx, sequence_parallel, device, context)``
+    #: the block class, built ``decoder_layer_class(config, layer_idx, device)``
     decoder_layer_class: type[nn.Module] = LlamaDecoderLayer
 
-    def __init__(self, config: LlamaConfig, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+    def __init__(self, config: LlamaConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.parallel_context = context
         self.config = config
-        self.sequence_parallel = sequence_parallel
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        self.embed_tokens = plain.Embedding(self.embedding_rows(config, context), config.hidden_size,
-                                            init_method=init, dtype=config.torch_dtype, device=device)
-        self.layers = nn.ModuleList(
-            self.decoder_layer_class(config, i, sequence_parallel, device, context)
-            for i in range(config.num_hidden_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, sequence_parallel_enabled=sequence_parallel,
-                            dtype=config.torch_dtype, device=device, fused="rms_norm" in config.fused_kernels)
-        self.rotary_emb = RotaryEmbedding(config)
-
-    def embedding_rows(self, config: LlamaConfig, context: ParallelContext | None) -> int:
-        """Rows of the token embedding: the vocabulary (the plan pads it for TP where needed)."""
-        return config.vocab_size
+        self.embed_tokens = plain.Embedding(config.vocab_size, config.hidden_size, init_method=init,
+                                            dtype=config.torch_dtype, device=device)
+        self.layers = nn.ModuleList(self.decoder_layer_class(config, i, device) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=config.torch_dtype, device=device,
+                            fused="rms_norm" in config.fused_kernels)
+        # every rope_type nxd builds (linear, llama3, yarn), as transformers (YaRN's attention factor on cos/sin)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
+                                          config.max_position_embeddings)
 
     def layer_inputs(self, input_ids: torch.Tensor, dtype: torch.dtype, position_ids: torch.Tensor | None = None,
                      attention_mask: torch.Tensor | None = None, past: int = 0
@@ -310,12 +297,6 @@ class LlamaModel(nn.Module):
         batch alone: pipeline stages recompute them instead of receiving them. A config with a
         ``sliding_window`` (Mistral, Mixtral) limits the mask to it."""
         b, s = input_ids.shape
-        context = self.parallel_context
-        if self.sequence_parallel and s % _size(context, "tp"):
-            raise ValueError(
-                f"sequence length {s} must be divisible by tensor_parallel_size "
-                f"{_size(context, 'tp')} with sequence parallelism"
-            )
         if position_ids is None:
             position_ids = torch.arange(past, past + s, device=input_ids.device).unsqueeze(0).expand(b, s)
         cos, sin = self.rotary_emb(position_ids, dtype)
@@ -334,12 +315,12 @@ class LlamaModel(nn.Module):
         return self.norm(hidden)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(PlacedByPlan, nn.Module):
     """Llama with a vocabulary-parallel LM head and vocabulary-parallel cross-entropy.
 
-    Built plain (one-device modules) for ``context``; the ``parallel_plan`` transform
+    Built plain (one-device modules, ``(config, device)``); the ``parallel_plan`` transform
     (``initialize_parallel_model``, ``nxd.build_parallel_model``) parallelises it by
-    :attr:`nxd_parallel_plan`."""
+    :attr:`nxd_parallel_plan` and gives it its context (the loss's TP and CP groups)."""
 
     #: the family's parallel plan (data; the spec registers the same object)
     nxd_parallel_plan = LLAMA_PLAN
@@ -354,51 +335,39 @@ class LlamaForCausalLM(nn.Module):
     model_class: type[LlamaModel] = LlamaModel
     config_class: type[LlamaConfig] = LlamaConfig
 
-    def __init__(self, config: LlamaConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
-        """``context``: the parallel context to build for (the current one when left out); every
-        block takes it from here."""
+    def __init__(self, config: LlamaConfig | dict, device: torch.device | str | None = None) -> None:
         super().__init__()
-        context = resolve_context(context)
         config = self.config_class.from_dict(config) if isinstance(config, dict) else config
-        # A vocabulary not divisible by TP is padded inside the embedding and LM head (pad=True);
-        # the padded classes' logits are -inf, so loss, softmax and exports see the real vocabulary.
-        if "cross_entropy" in config.fused_kernels and _size(context, "tp") > 1:
-            raise ConfigError("fused_kernels: 'cross_entropy' (Liger's fused linear cross-entropy) needs the whole "
-                              f"vocabulary on one rank; tensor_parallel_size is {_size(context, 'tp')} "
-                              "(its logits are vocabulary-parallel): remove 'cross_entropy' or use tensor_parallel_size=1")
         self.config = config
-        self.model = self.model_class(config, sequence_parallel, device, context)
+        self.model = self.model_class(config, device)
         init = partial(nn.init.normal_, mean=0.0, std=config.initializer_range)
-        self.lm_head = plain.Linear(config.hidden_size, self.lm_head_rows(config, context), bias=False,
-                                    init_method=init, dtype=config.torch_dtype, device=device)
+        # the vocabulary: a size TP does not divide is padded by the plan (pad=True), its padded
+        # classes' logits -inf (:meth:`logits`), so loss, softmax and exports see the real vocabulary
+        self.lm_head = plain.Linear(config.hidden_size, config.vocab_size, bias=False, init_method=init,
+                                    dtype=config.torch_dtype, device=device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def lm_head_rows(self, config: LlamaConfig, context: ParallelContext | None) -> int:
-        """The LM head's rows: the vocabulary (a size TP does not divide is padded by the plan)."""
-        return config.vocab_size
+    def nxd_parallelized(self, context: ParallelContext | None) -> None:
+        """Refuses what the plan's layout cannot run: the fused linear cross-entropy needs the whole
+        vocabulary on one rank."""
+        if "cross_entropy" in self.config.fused_kernels and _size(context, "tp") > 1:
+            raise ConfigError("fused_kernels: 'cross_entropy' (Liger's fused linear cross-entropy) needs the whole "
+                              f"vocabulary on one rank; tensor_parallel_size is {_size(context, 'tp')} "
+                              "(its logits are vocabulary-parallel): remove 'cross_entropy' or use tensor_parallel_size=1")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and LM head over all TP ranks: the vocabulary while plain, padded
+        once the plan has parallelised them (the layers mark it: checkpoints hold the real rows)."""
+        return vocab_rows(self.model.embed_tokens, self.lm_head)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """This rank's vocabulary slice of the LM head's logits; TP padding columns are -inf."""
-        return mask_vocab_padding(self.lm_head(hidden), self.config.vocab_size,
-                                  process_group=dim_group(self.parallel_context, "tp"))
+        """This rank's vocabulary slice of the LM head's logits; padding columns are -inf."""
+        return mask_padded_vocab(self.lm_head(hidden), self.config.vocab_size, _rank(self.parallel_context, "tp"))
 
-    @property
-    def parallel_context(self) -> ParallelContext | None:
-        """The context this model was built for."""
-        return self.model.parallel_context
-
-    @property
-    def sequence_parallel(self) -> bool:
-        return self.model.sequence_parallel
-
-    @staticmethod
-    def init_weights(module: nn.Module) -> None:
-        """``param_init_fn`` for meta-device init: each layer re-runs its own initialisation (the
-        same as a normal build with the same seed)."""
-        if hasattr(module, "reset_parameters"):
-            module.reset_parameters()
+    #: ``param_init_fn`` for meta-device init (each layer re-runs its own initialisation)
+    init_weights = staticmethod(reset_parameters)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

@@ -94,7 +94,7 @@ SPEC = family_spec(
         "sequence_dimension": 1,
     },
 )
-#: the plain model for ``context`` (``sequence_parallel`` from ``nxd_config``); the transform list
+#: the plain model (``(config, device)``); the transform list
 #: (``nxd.build_parallel_model``) parallelises it
 build = SPEC.build
 

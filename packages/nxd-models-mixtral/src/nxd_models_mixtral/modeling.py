@@ -13,11 +13,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from nxd.errors import ConfigError
-from nxd.parallel import ParallelContext, dim_rank, dim_size
 from nxd_core_parallel.lm_loss import causal_lm_loss, sequence_mean
 from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.vocab_padding import mask_padded_vocab
 from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention, LlamaMLP
 from nxd_models_llama.modeling import LlamaForCausalLM, LlamaModel
 from nxd_models_mixtral.config import MixtralConfig
@@ -56,37 +53,32 @@ class MixtralDecoderLayer(nn.Module):
     router logits in ``last_router_logits`` for the model's auxiliary loss (``None`` after a dense
     feed-forward). A family on this model overrides :meth:`build_feed_forward`."""
 
-    def __init__(self, config: MixtralConfig, layer_idx: int, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
+    def __init__(self, config: MixtralConfig, layer_idx: int, device: torch.device | str | None = None) -> None:
         super().__init__()
-        norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps,
-                       sequence_parallel_enabled=sequence_parallel, dtype=config.torch_dtype, device=device)
+        norm = partial(RMSNorm, config.hidden_size, eps=config.rms_norm_eps, dtype=config.torch_dtype, device=device)
         self.input_layernorm = norm()
-        self.self_attn = self.build_attention(config, layer_idx, sequence_parallel, device, context)
+        self.self_attn = self.build_attention(config, layer_idx, device)
         self.post_attention_layernorm = norm()
         if config.use_scaled_init_method:  # Megatron's scaled init of the attention output projection
             self.self_attn.o_proj.init_method = partial(nn.init.normal_, mean=0.0, std=config.output_init_std)
             self.self_attn.o_proj.reset_parameters()
         self.feed_forward_name = config.MOE_MODULE
-        self.add_module(config.MOE_MODULE, self.build_feed_forward(config, layer_idx, sequence_parallel, device, context))
+        self.add_module(config.MOE_MODULE, self.build_feed_forward(config, layer_idx, device))
         self.last_router_logits: torch.Tensor | None = None
 
-    def build_attention(self, config: MixtralConfig, layer_idx: int, sequence_parallel: bool,
-                        device: torch.device | str | None, context: ParallelContext | None = None) -> nn.Module:
+    def build_attention(self, config: MixtralConfig, layer_idx: int, device: torch.device | str | None) -> nn.Module:
         """Llama's attention (GQA, RoPE; q/k head norms when ``config.qk_norm``)."""
-        return LlamaAttention(config, layer_idx, sequence_parallel, device, context)
+        return LlamaAttention(config, layer_idx, device)
 
-    def build_feed_forward(self, config: MixtralConfig, layer_idx: int, sequence_parallel: bool,
-                           device: torch.device | str | None, context: ParallelContext | None) -> nn.Module:
+    def build_feed_forward(self, config: MixtralConfig, layer_idx: int, device: torch.device | str | None) -> nn.Module:
         """This layer's feed-forward: a :class:`MoELayer` (returns ``(out, router_logits)``; with the
         config's shared experts, if any), or Llama's dense SwiGLU MLP in the layers
         ``config.is_moe_layer`` leaves dense (Qwen3-MoE's ``mlp_only_layers``, DeepSeek's first layers)."""
         if not config.is_moe_layer(layer_idx):
-            return LlamaMLP(config, sequence_parallel, device, context)
+            return LlamaMLP(config, device)
         return MoELayer(config.moe_config(), config.hidden_size, config.expert_intermediate_size,
-                        sequence_parallel=sequence_parallel, sequence_dimension=SEQUENCE_DIM,
-                        dtype=config.torch_dtype, device=device, init_std=config.initializer_range,
-                        output_init_std=config.output_init_std, context=context,
+                        sequence_dimension=SEQUENCE_DIM, dtype=config.torch_dtype, device=device,
+                        init_std=config.initializer_range, output_init_std=config.output_init_std,
                         shared_intermediate_size=config.shared_expert_intermediate_size)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -101,22 +93,18 @@ class MixtralDecoderLayer(nn.Module):
 
 class MixtralModel(LlamaModel):
     """Llama's model (embedding, decoder loop, norm, RoPE, masks with the config's sliding window)
-    with Mixtral's blocks and Megatron's vocabulary padding."""
+    with Mixtral's blocks."""
 
     #: the block class (a family on this model sets its own; its ``last_router_logits`` is ``None``
     #: in a layer without experts)
     decoder_layer_class: type[nn.Module] = MixtralDecoderLayer
 
-    def embedding_rows(self, config: MixtralConfig, context: ParallelContext | None) -> int:
-        """Megatron's vocabulary padding (``make_vocab_size_divisible_by`` x TP) is the config's."""
-        return config.padded_vocab_size(dim_size(context, "tp"))
-
 
 class MixtralForCausalLM(LlamaForCausalLM):
     """Mixtral with a vocabulary-parallel LM head, vocabulary-parallel cross-entropy and the router
-    auxiliary loss: Llama's causal LM (build, weight tying, init, pipeline layout) with Mixtral's
-    model and Megatron's vocabulary padding. ``context``: the parallel context whose expert-parallel
-    groups the MoE layers use (``None``: the current one)."""
+    auxiliary loss: Llama's causal LM (build, weight tying, init, logits, pipeline layout) with
+    Mixtral's model. Megatron's vocabulary padding (``make_vocab_size_divisible_by`` x TP) is the
+    plan's: the embedding and LM head declare the multiple (``pad_alignment_size_per_rank``)."""
 
     nxd_transformer_layer_classes: tuple[type[nn.Module], ...] = (MixtralDecoderLayer,)
     nxd_core_attention_classes: tuple[type[nn.Module], ...] = (LlamaCoreAttention,)
@@ -126,20 +114,12 @@ class MixtralForCausalLM(LlamaForCausalLM):
     #: plain and the ``parallel_plan`` transform applies it
     nxd_parallel_plan = MIXTRAL_PLAN
 
-    def __init__(self, config: MixtralConfig | dict, sequence_parallel: bool = False,
-                 device: torch.device | str | None = None, context: ParallelContext | None = None) -> None:
-        super().__init__(config, sequence_parallel, device, context)
-        self.padded_vocab_size = self.lm_head_rows(self.config, self.parallel_context)
+    def __init__(self, config: MixtralConfig | dict, device: torch.device | str | None = None) -> None:
+        super().__init__(config, device)
+        if self.config.make_vocab_size_divisible_by is not None:
+            for layer in (self.model.embed_tokens, self.lm_head):
+                layer.pad_alignment_size_per_rank = self.config.make_vocab_size_divisible_by
         self.moe_config = self.config.moe_config()
-
-    def lm_head_rows(self, config: MixtralConfig, context: ParallelContext | None) -> int:
-        """Megatron's vocabulary padding (``make_vocab_size_divisible_by`` x TP) is the config's."""
-        tp = dim_size(context, "tp")
-        rows = config.padded_vocab_size(tp)
-        if rows % tp:
-            raise ConfigError(f"vocab_size ({config.vocab_size}) must be divisible by tensor_parallel_size ({tp}); "
-                              "or set make_vocab_size_divisible_by to pad it (Megatron's padding)")
-        return rows
 
     def layer_router_statistics(self, router_logits: torch.Tensor,
                                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -175,12 +155,6 @@ class MixtralForCausalLM(LlamaForCausalLM):
         terms, extra = self.router_losses(stats)
         return MoECausalLMOutput(loss=loss + extra, logits=logits, aux_loss=terms["aux_loss"],
                                  loss_terms={"lm_loss": loss, **terms})
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
-        if self.padded_vocab_size != self.config.vocab_size:  # padding rows get no probability
-            logits = mask_padded_vocab(logits, self.config.vocab_size, dim_rank(self.parallel_context, "tp"))
-        return logits
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

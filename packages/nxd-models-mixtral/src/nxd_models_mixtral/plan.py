@@ -13,7 +13,8 @@ MIXTRAL_PLAN = ParallelPlan(
     sequence=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"),
     experts=("model.layers.*.block_sparse_moe.experts",),
     pipeline_blocks=("model.layers.*",),
-    # query heads TP does not divide get zero heads (NxD's pad_model; Llama's attention zeroes their output)
-    padded=("model.layers.*.self_attn.qkv_proj", "model.layers.*.self_attn.o_proj"),
+    # any vocabulary at any TP (Megatron's multiple when the config sets make_vocab_size_divisible_by):
+    # padded rows never show; query heads TP does not divide get zero heads (NxD's pad_model)
+    padded=("model.embed_tokens", "lm_head", "model.layers.*.self_attn.qkv_proj", "model.layers.*.self_attn.o_proj"),
     sequence_dimension=1,
 )

@@ -55,5 +55,5 @@ SPEC = family_spec(
     presets=PRESETS,
     extras={"config_class": MixtralConfig, "sequence_dimension": 1},
 )
-#: the plain model for ``context``; the transform list (``nxd.build_parallel_model``) parallelises it
+#: the plain model (``(config, device)``); the transform list (``nxd.build_parallel_model``) parallelises it
 build = SPEC.build

@@ -51,6 +51,6 @@ QWEN3_MOE_SPEC = family_spec(
     extras={"hf_module_to_nxd": LLAMA_SPEC.extras["hf_module_to_nxd"],
             "hf_param_plan": LLAMA_SPEC.extras["hf_param_plan"], "config_class": Qwen3MoeConfig},
 )
-#: the plain models for ``context``; the transform list (``nxd.build_parallel_model``) parallelises them
+#: the plain model (``(config, device)``); the transform list (``nxd.build_parallel_model``) parallelises them
 build_qwen3 = QWEN3_SPEC.build
 build_qwen3_moe = QWEN3_MOE_SPEC.build

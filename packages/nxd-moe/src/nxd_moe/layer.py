@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from nxd.parallel import ParallelContext, dim_group, dim_size, resolve_context
+from nxd_core_parallel.modules.plain import PlacedByPlan
 from nxd_core_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -30,7 +31,7 @@ from nxd_moe.losses import sequence_balance_loss
 from nxd_moe.routing import make_router
 
 
-class MoELayer(nn.Module):
+class MoELayer(PlacedByPlan, nn.Module):
     """``forward(hidden [batch, seq(/tp under SP), hidden]) -> (output same shape, router_logits)``.
 
     ``router_logits`` ``[batch*seq, num_experts]`` (batch-major rows, all of this rank's tokens
@@ -51,20 +52,17 @@ class MoELayer(nn.Module):
             raise ValueError("MoELayer takes batch-first activations [batch, seq, hidden] (sequence_dimension=1)")
         self.config = MoEConfig.from_dict(config)
         self.sequence_parallel = sequence_parallel
-        #: the parallel context the layer is built for (``None``: the current one); its TP group sums
-        #: the experts' partial outputs once the plan has split them over TP
+        #: the parallel context the layer is built for (``None``: the current one; a family's plan
+        #: sets it, :class:`~nxd_core_parallel.modules.plain.PlacedByPlan`); its TP group sums the
+        #: experts' partial outputs once the plan has split them over TP
         self.parallel_context = resolve_context(context)
-        tp = dim_size(self.parallel_context, "tp")
         self.router = make_router(self.config.routing_algorithm, self.config.num_experts, self.config.top_k,
                                   hidden_size, self.config.sinkhorn_iterations, self.config.sinkhorn_tol,
                                   dtype=dtype, device=device, init_std=init_std,
                                   activation=self.config.router_activation, n_group=self.config.n_group,
                                   topk_group=self.config.topk_group, expert_bias=self.config.expert_bias)
         self.router.bias_update_rate = self.config.bias_update_rate
-        if sequence_parallel and tp > 1:
-            # under SP each TP rank routes only its sequence slice: the router's gradient is partial
-            # and the optimizer sums it over TP (like norm weights)
-            self.router.weight.sequence_parallel_enabled = True
+        self.nxd_parallelized(self.parallel_context)
         self.experts = ExpertMLPs(self.config.num_experts, hidden_size, intermediate_size, dtype=dtype, device=device,
                                   init_std=init_std, output_init_std=output_init_std,
                                   grouped_gemm=self.config.grouped_gemm)
@@ -77,6 +75,11 @@ class MoELayer(nn.Module):
                                          expert_parallel=False) if shared_intermediate_size else None
         #: DeepSeek-V3's sequence-wise balance loss of the last training forward (``seq_aux_loss_coef`` > 0)
         self.last_seq_aux_loss: torch.Tensor | None = None
+
+    def nxd_parallelized(self, context: ParallelContext | None) -> None:
+        """Under SP each TP rank routes only its sequence slice: the router's gradient is partial and
+        the optimizer sums it over TP (like norm weights). Called again once a plan has placed the layer."""
+        self.router.weight.sequence_parallel_enabled = self.sequence_parallel and dim_size(context, "tp") > 1
 
     @property
     def ep_size(self) -> int:

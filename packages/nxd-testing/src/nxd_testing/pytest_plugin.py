@@ -8,8 +8,9 @@ the session; asking for another world size stops the previous pool first (a 2-co
 cannot hold many ranks at once).
 
 Every collected test gets exactly one tier marker, from what it uses (:func:`tier_of`):
-``launch`` (starts processes: ``nxd train``, torchrun, ``subprocess``), ``ranks`` (the persistent
-rank pools) or ``unit`` (in-process). ``nox -s quick`` runs ``-m "not slow and not launch"``.
+``launch`` (starts processes: ``nxd train``, torchrun, ``subprocess``; always ``slow`` too), ``ranks``
+(the persistent rank pools) or ``unit`` (in-process). The fast loop is ``pytest -m "not slow"``
+(``nox -s quick``): unit and fast rank-pool tests, no launch.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = tier_of(item)
         if item.get_closest_marker(tier) is None:
             item.add_marker(tier)
+        if tier == "launch" and item.get_closest_marker("slow") is None:  # a launch is never the fast loop
+            item.add_marker("slow")
     # changing the pool's world size restarts the ranks: every 4-rank test after the 2-rank ones
     items.sort(key=lambda item: item.get_closest_marker("four_ranks") is not None)
 

@@ -18,7 +18,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nxd.parallel import ParallelContext
 from nxd_core_parallel.parallel_layers.layers import InitMethod, default_linear_init, init_sharded_
+
+
+class PlacedByPlan:
+    """Mixin of a plain module whose forward reads the parallel layout (its TP/CP groups, whether
+    its activations are sequence shards): built for one process, it learns both from the
+    ``parallel_plan`` transform (:func:`nxd_core_parallel.tensor_plan.parallelize`), so a family's
+    constructor takes only ``(config, device)``."""
+
+    #: the context the plan parallelised the model over (``None``: one process, whole tensors)
+    parallel_context: ParallelContext | None = None
+    #: activations run on sequence shards (set by the plan with the run's ``sequence_parallel``)
+    sequence_parallel: bool = False
 
 
 def _full_init(weight: torch.Tensor, init_method: InitMethod) -> None:

@@ -340,6 +340,7 @@ class ParallelEmbedding(nn.Module):
         rank_ordering: Optional[list] = None,
         collect_output: bool = True,
         context: ParallelContext | None = None,
+        pad_alignment_size_per_rank: int = 1,
     ) -> None:
         super().__init__()
         self.tensor_model_parallel_group = tensor_model_parallel_group
@@ -347,7 +348,7 @@ class ParallelEmbedding(nn.Module):
         tp, rank = _tp_size_rank(tensor_model_parallel_group, self.parallel_context)
         _check_nxd_options("ParallelEmbedding", rank_ordering)
         self.pad_size = _pad_length("ParallelEmbedding", pad, embedding_dim if shard_across_embedding else num_embeddings,
-                                    tp)
+                                    tp, alignment=pad_alignment_size_per_rank)
         if max_norm is not None or sparse:
             raise ValueError("ParallelEmbedding: max_norm and sparse=True are not supported by nxd (as NxD on Neuron); "
                              "leave max_norm=None, sparse=False")
@@ -370,7 +371,8 @@ class ParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(*local, dtype=dtype, device=device))
         set_tensor_model_parallel_attributes(self.weight, True, self.partition_dim, 1)
         if self.pad_size:
-            mark_padding(self.weight, embedding_dim if shard_across_embedding else num_embeddings)
+            mark_padding(self.weight, embedding_dim if shard_across_embedding else num_embeddings,
+                         pad_alignment_size_per_rank)
         self.reset_parameters()
 
     def init_weight_cpu(self) -> None:

@@ -94,6 +94,6 @@ def mask_vocab_padding(vocab_parallel_logits: torch.Tensor, vocab_size: int, pro
         return vocab_parallel_logits
     if per_rank * size < vocab_size:
         raise ValueError(f"logits hold {per_rank} classes per rank x {size} ranks, fewer than vocab_size {vocab_size}")
-    start = (comm.group_rank(group) if group is not None else 0) * per_rank
-    padded = torch.arange(start, start + per_rank, device=vocab_parallel_logits.device) >= vocab_size
-    return vocab_parallel_logits.masked_fill(padded, float("-inf"))
+    from nxd_core_parallel.vocab_padding import mask_padded_vocab  # the one rule (and why -inf)
+
+    return mask_padded_vocab(vocab_parallel_logits, vocab_size, comm.group_rank(group) if group is not None else 0)

@@ -126,3 +126,26 @@ def test_plan_gives_the_configs_reduce_dtype_to_its_linear_layers():
     assert isinstance(model[0], ParallelEmbedding)
     assert isinstance(model[1], ColumnParallelLinear) and isinstance(model[2], RowParallelLinear)
     assert model[1].reduce_dtype == model[2].reduce_dtype == torch.bfloat16
+
+
+def test_the_plan_places_a_plain_model_built_without_context_or_sp():
+    """A family's constructor takes ``(config, device)`` only: the plan tags its ``sequence`` norms
+    for the SP gradient sum and hands every ``PlacedByPlan`` module the context and SP it runs with."""
+    from nxd_core_parallel.modules.plain import PlacedByPlan
+    from nxd_core_parallel.modules.rms_norm import RMSNorm
+
+    class Scatter(PlacedByPlan, torch.nn.Module):
+        pass
+
+    class Plain(PlacedByPlan, torch.nn.Module):
+        nxd_parallel_plan = ParallelPlan(sequence=("norm",))
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.inner = RMSNorm(4), Scatter()
+
+    model = Plain()
+    assert (model.inner.parallel_context, model.inner.sequence_parallel) == (None, False)
+    assert not model.norm.weight.sequence_parallel_enabled
+    parallelize(model, model.nxd_parallel_plan, None, sequence_parallel=True)
+    assert model.inner.sequence_parallel and model.sequence_parallel and model.norm.weight.sequence_parallel_enabled

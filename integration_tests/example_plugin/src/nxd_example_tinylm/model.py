@@ -47,11 +47,9 @@ class TinyLM(nn.Module):
     #: the plan the ``parallel_plan`` transform applies (at TP > 1) to a model carrying it
     nxd_parallel_plan = PLAN
 
-    def __init__(self, config: TinyLMConfig, sequence_parallel: bool = False, context: Any = None) -> None:
-        # the spec's build passes the run's sequence_parallel and parallel context; one-device layers
-        # need neither, the model keeps the context it was built for (plugin-API 3)
+    def __init__(self, config: TinyLMConfig, device: Any = None) -> None:
+        # plain: the spec's build passes the config only; the parallel_plan slot shards it (plugin-API 4)
         super().__init__()
-        self.parallel_context = context
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.block = TinyBlock(config)
         self.head = nn.Linear(config.hidden_size, config.vocab_size)

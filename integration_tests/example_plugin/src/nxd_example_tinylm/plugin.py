@@ -30,7 +30,7 @@ def _config(data: dict | TinyLMConfig) -> TinyLMConfig:
 config_from_dict = config_reader(_config, lambda name, **overrides: {**PRESETS[name], **overrides})
 
 #: the model class carries its family's facts (blocks, parallel plan); family_spec reads them from it and
-#: builds TinyLM(config, sequence_parallel=..., context=...): one-device layers, sharded by the plan
+#: builds TinyLM(config): one-device layers, sharded by the plan (parallel_plan slot)
 SPEC = family_spec("tinylm", TinyLM, config_from_dict, presets=PRESETS)
 
 

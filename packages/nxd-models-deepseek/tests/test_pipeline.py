@@ -1,7 +1,8 @@
 """DeepSeek-V3 under nxd-pipeline on real gloo ranks (1F1B, PP=2: the dense first layer and an MoE
 layer on one stage, the other MoE layer on the next) against the same weights at PP=1 in one process
 (gradient accumulation over the same micro-batches): loss and every gradient within 1e-5 relative
-(fp32). ``seq_aux_loss_coef`` under PP is refused at build (test_pipeline_refuses_seq_aux_loss)."""
+(fp32). ``seq_aux_loss_coef`` and ``mtp_depth`` under PP are refused when the plan places the model
+(``DeepseekV3ForCausalLM.nxd_parallelized``)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ plugins are discovered and the trainer's modules imported before the walk starts
 - returns: moves along that order into a module the walk had already left (a room re-entered).
 
 Also counts the functions of ``packages/*/src`` that take the whole ``TrainingConfig`` (a parameter
-annotated ``TrainingConfig`` or ``ResolvedConfig``): every one reads any key it likes.
+annotated ``TrainingConfig``): every one reads any key it likes.
 
     python benchmarks/step_walk.py [--json] [--list]
 """
@@ -30,7 +30,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(ROOT.glob("packages/*/src")) + [ROOT / "registry" / "src"]
-CONFIG_TYPES = ("TrainingConfig", "ResolvedConfig")
+CONFIG_TYPES = ("TrainingConfig",)
 
 
 def _module_of(filename: str) -> str | None:

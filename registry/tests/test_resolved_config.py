@@ -44,3 +44,30 @@ def test_nxd_dict_is_an_adapter_over_one_typed_run_config():
     assert RunConfig.from_record(run.to_record(), {}, "run.json") == run
     with pytest.raises(nxd.ConfigError, match="max_grad_norm must be a positive number"):
         OptimizerConfig(max_grad_norm=0.0)
+
+
+def test_what_a_config_leaves_out_is_filled_in_one_place():
+    """``RunConfig.for_context``: a config silent on sequence parallelism takes the model's own
+    setting (it was built for it); a stated one, or a full RunConfig, keeps its own."""
+
+    class BuiltForSP:
+        sequence_parallel = True
+
+    model = BuiltForSP()
+    assert RunConfig.for_context(None, None, model).sequence_parallel is True
+    assert RunConfig.for_context({"tensor_parallel_size": 1}, None, model).sequence_parallel is True
+    assert RunConfig.for_context({"sequence_parallel": False}, None, model).sequence_parallel is False
+    assert RunConfig.for_context(RunConfig(), None, model).sequence_parallel is False
+    assert RunConfig.for_context({}, None, object()).sequence_parallel is False  # no setting of its own
+
+
+def test_derived_numbers_are_checked_against_the_layout_and_round_trip():
+    from nxd.errors import ConfigError
+    from nxd.run_config import Derived, Parallelism
+
+    derived = Derived(architecture="m", architecture_reason="model.architecture", model={"h": 1}, world_size=4, dp=2,
+                      num_microbatches=2, seq_length=8, data_module="indexed", data={"seq_length": 8}, notes=["n"])
+    run = RunConfig(parallel=Parallelism(tp=2), derived=derived)
+    assert RunConfig.from_record(run.to_record(), {}, "test") == run and run.derived.notes == ("n",)
+    with pytest.raises(ConfigError, match="derived.world_size=4 is not DP 2 x TP 1"):
+        RunConfig(derived=derived)

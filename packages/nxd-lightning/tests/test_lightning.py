@@ -136,11 +136,11 @@ def _automatic_losses(config: dict[str, Any], model_dict: dict[str, Any], tmp: s
 # ----------------------------------------------------------------------------- tests
 @pytest.fixture(scope="module")
 def parity_setup(corpus: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from nxd_training.config import load_config, make_plan
+    from nxd_training.config import load_config
 
     tmp = tmp_path_factory.mktemp("lightning")
     config = yaml_config(corpus, tmp / "runs")
-    model_dict = dict(make_plan(load_config(config)).model_dict)
+    model_dict = dict(load_config(config).run.derived.model)
     return {"config": config, "model_dict": model_dict, "tmp": tmp}
 
 
@@ -193,10 +193,10 @@ def test_model_checkpoint_and_ckpt_path_resume(rank_pool, parity_setup, yaml_los
 
 # ----------------------------------------------------------------------------- ZeRO-1 at DP=2
 def _dp2_flags(corpus: dict[str, str], tmp: Path, **extra: Any) -> dict[str, Any]:
-    from nxd_training.config import load_config, make_plan
+    from nxd_training.config import load_config
 
     config = yaml_config(corpus, tmp / "runs")
-    model_dict = dict(make_plan(load_config(config)).model_dict)
+    model_dict = dict(load_config(config).run.derived.model)
     return example_flags(config, model_dict, tmp, tensor_parallel_size=1, **extra)
 
 

@@ -61,14 +61,15 @@ def _logged_terms(log_dir: str, split: str = "train") -> dict[int, dict[str, flo
 
 
 def test_nxdt_mixtral_config_validates_and_selects_mixtral(corpus, tmp_path):
-    from nxd_training.config import load_config
-    from nxd_training.config.plan import make_plan
+    from nxd_training.config import load_config, model_config_of, model_spec_of
 
-    plan = make_plan(load_config(mixtral_config(corpus, tmp_path, ep=2)))
-    assert plan.spec.name == "mixtral"
-    moe = plan.model_config.moe_config()
+    run = load_config(mixtral_config(corpus, tmp_path, ep=2)).run
+    spec = model_spec_of(run)
+    assert spec.name == "mixtral"
+    model_config = model_config_of(run, spec)
+    moe = model_config.moe_config()
     assert (moe.num_experts, moe.top_k, moe.dropless, moe.router_aux_loss_coef) == (4, 2, True, 0.02)
-    assert plan.model_config.output_router_logits
+    assert model_config.output_router_logits
 
 
 def _train_run_config(config_path: str) -> dict[str, Any]:

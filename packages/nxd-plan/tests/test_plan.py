@@ -110,14 +110,13 @@ def test_plans_the_one_resolved_config(tiny, monkeypatch) -> None:
     resolution (the only resolution made is the activation replica's, a different config); from a
     YAML dict it resolves it once, the same way."""
     from nxd_plan.planner import resolve
-    from nxd_training.config import ResolvedConfig
     from nxd_training.config import plan as config_plan
 
     resolved = resolve(tiny())
-    assert isinstance(resolved, ResolvedConfig) and resolved.resolved.dp == 2
+    assert resolved.resolved and resolved.run.derived.dp == 2
     calls = []
-    derive = config_plan.derive_plan
-    monkeypatch.setattr(config_plan, "derive_plan", lambda *a, **k: calls.append(1) or derive(*a, **k))
+    derive = config_plan.derive
+    monkeypatch.setattr(config_plan, "derive", lambda *a, **k: calls.append(1) or derive(*a, **k))
     from_resolved = make_run_plan(resolved)
     assert len(calls) == 1  # the 3-layer PP=1 replica; the config itself is not resolved again
     from_dict = make_run_plan(tiny())

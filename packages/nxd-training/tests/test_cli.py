@@ -9,10 +9,10 @@ import yaml
 import nxd
 from nxd.cli import main
 from nxd.run_config import RunConfig
-from nxd_training import loop
+from nxd_training import launcher
 from nxd_training.cli import layout
 from nxd_training.config import plan as plan_module
-from nxd_training.config.translate import run_config
+from nxd_training.config.nxdt.translate import run_config
 from nxd_training.exp_manager import read_metrics
 
 EVENTS: list[str] = []
@@ -44,12 +44,13 @@ def test_single_device_run_in_process(make_config, tmp_path: Path, capsys, monke
         EVENTS.append("translate")
         return translated.append(run_config(*args)) or translated[-1]
 
-    def rank_plan(config):
+    def rank_reads(path):
         EVENTS.append("rank")
-        return ranks.append(plan_module.plan_of(config)) or ranks[-1]
+        return ranks.append(read_back(path)) or ranks[-1]
     EVENTS.clear()
+    read_back = launcher.load_resolved
     monkeypatch.setattr(plan_module, "run_config", translate)
-    monkeypatch.setattr(loop, "plan_of", rank_plan)
+    monkeypatch.setattr(launcher, "load_resolved", rank_reads)
     try:
         assert main(["train", str(path), "exp_manager.name=cli"]) == 0
     finally:

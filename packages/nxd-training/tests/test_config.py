@@ -11,14 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nxd import ConfigError
-from nxd_training.config import hub_names, load_config, make_plan, parse_config, parse_override, read_yaml, resolve
+from nxd_training.config import hub_names, load_config, parse_config, parse_override, read_yaml, resolve, resolve_config
 
 
 def test_valid_tiny_config_plans(make_config) -> None:
-    r = make_plan(load_config(make_config())).resolution
-    assert (r.world_size, r.tp, r.pp, r.dp, r.num_microbatches) == (2, 2, 1, 1, 2)
+    run = load_config(make_config()).run
+    r = run.derived
+    assert (r.world_size, run.parallel.tp, run.parallel.pp, r.dp, r.num_microbatches) == (2, 2, 1, 1, 2)
     assert r.seq_length == 32 and r.data_module == "indexed"
-    r = make_plan(load_config(make_config(trainer={"devices": 4}, data={"global_batch_size": 8}))).resolution
+    r = load_config(make_config(trainer={"devices": 4}, data={"global_batch_size": 8})).run.derived
     assert (r.dp, r.num_microbatches) == (2, 2)  # 8 = micro 2 x DP 2 x accumulation 2
 
 
@@ -180,11 +181,12 @@ def test_hub_configs_validate(name: str, corpus) -> None:
 
         if "1f1b" not in nxd.list_components("pipeline_schedule"):
             with pytest.raises(ConfigError, match="nxd-pipeline"):
-                make_plan(load_config(raw, overrides, check=False))
+                resolve_config(load_config(raw, overrides, check=False))
             return
-    r = make_plan(load_config(raw, overrides, check=False)).resolution
+    run = resolve_config(load_config(raw, overrides, check=False)).run
+    r = run.derived
     assert r.world_size == config.trainer.devices * config.trainer.num_nodes
-    assert r.tp * r.pp * r.dp == r.world_size
+    assert run.parallel.tp * run.parallel.pp * r.dp == r.world_size
 
 
 # --------------------------------------------------------------------------- property test
@@ -244,8 +246,8 @@ def test_gpt_and_llama_pad_heads_and_replicate_query_groups(make_config) -> None
     """GPT and Llama pad query heads TP does not divide (NxD's pad_model) and replicate query groups
     it does not divide (the kv_replicator NxDT names must then be that replication)."""
     gpt = {"architecture": "gpt", "num_attention_heads": 3, "num_kv_heads": 3, "hidden_size": 48}
-    assert make_plan(load_config(make_config(model=gpt))).resolution.tp == 2
+    assert load_config(make_config(model=gpt)).run.parallel.tp == 2
     grouped = dict(gpt, num_attention_heads=6, num_kv_heads=3)
-    assert make_plan(load_config(make_config(model=grouped, distributed_strategy={"kv_replicator": 2}))).resolution.tp == 2
+    assert load_config(make_config(model=grouped, distributed_strategy={"kv_replicator": 2})).run.parallel.tp == 2
     llama = {"num_attention_heads": 3, "num_kv_heads": 3, "hidden_size": 48}
-    assert make_plan(load_config(make_config(model=llama))).resolution.tp == 2
+    assert load_config(make_config(model=llama)).run.parallel.tp == 2

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 
 def test_padding_model_plans_with_an_odd_vocabulary(make_config) -> None:
-    from nxd_training.config import load_config, make_plan
+    from nxd_training.config import load_config, model_config_of, model_spec_of
 
-    plan = make_plan(load_config(make_config(model={"architecture": "gpt", "vocab_size": 515})))
-    assert plan.spec.name == "gpt" and plan.model_config.padded_vocab_size(2) == 768
+    run = load_config(make_config(model={"architecture": "gpt", "vocab_size": 515})).run
+    spec = model_spec_of(run)
+    assert spec.name == "gpt" and model_config_of(run, spec).padded_vocab_size(2) == 768
     # nxd's Llama pads inside its TP layers (pad=True): it plans too
-    plan = make_plan(load_config(make_config(model={"architecture": "llama", "vocab_size": 515})))
-    assert plan.spec.name == "llama" and plan.model_config.padded_vocab_size(2) == 516
+    run = load_config(make_config(model={"architecture": "llama", "vocab_size": 515})).run
+    spec = model_spec_of(run)
+    assert spec.name == "llama" and model_config_of(run, spec).padded_vocab_size(2) == 516

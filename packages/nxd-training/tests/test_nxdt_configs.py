@@ -14,7 +14,7 @@ import yaml
 from nxdt_files import CONF, NAMES, NEEDS, Files, raw_config, reason_words, unmet
 
 from nxd import ConfigError
-from nxd_training.config import load_config, make_plan, read_yaml
+from nxd_training.config import load_config, model_spec_of, read_yaml, resolve_config
 
 
 def test_the_vendored_configs_are_nxdts() -> None:
@@ -30,10 +30,10 @@ def test_config_validates_or_is_refused_naming_the_provider(name: str, files: Fi
     overrides = files.path_overrides(name, raw)
     missing = unmet(name)
     if not missing:
-        plan = make_plan(load_config(raw, overrides, check=False))
+        run = resolve_config(load_config(raw, overrides, check=False)).run
         trainer = raw["trainer"]
-        assert plan.resolution.world_size == trainer["devices"] * trainer["num_nodes"]
-        assert plan.spec.name == ("gpt" if raw["model_source"] == "megatron" else "llama") or name in NEEDS
+        assert run.derived.world_size == trainer["devices"] * trainer["num_nodes"]
+        assert model_spec_of(run).name == ("gpt" if raw["model_source"] == "megatron" else "llama") or name in NEEDS
         return
     with pytest.raises(ConfigError) as info:
         load_config(raw, overrides)
@@ -67,14 +67,11 @@ def test_recompute_names_map_onto_llama_modules(files: Files) -> None:
     raw = raw_config("hf_llama3_8B_config")
     overrides = files.path_overrides("hf_llama3_8B_config", raw)
     from nxd_models_llama.modeling import LlamaActivationMultiply, LlamaCoreAttention, LlamaMLP
-    from nxd_training.config.features import recompute_classes
 
-    config = load_config(raw, overrides, check=False)
-    plan = make_plan(config)
-    assert recompute_classes(config.model, plan.spec) == [LlamaCoreAttention]
-    config = load_config(raw, [*overrides, "model.activations_checkpoint_recompute=[LlamaMLP, ActivationMultiplyMLP]"],
-                         check=False)
-    assert recompute_classes(config.model, plan.spec) == [LlamaMLP, LlamaActivationMultiply]
+    config = resolve_config(load_config(raw, overrides, check=False))
+    assert config.run.activation_checkpoint_config == [LlamaCoreAttention]  # resolved once, carried in the RunConfig
+    config = load_config(raw, [*overrides, "model.activations_checkpoint_recompute=[LlamaMLP, ActivationMultiplyMLP]"])
+    assert config.run.activation_checkpoint_config == [LlamaMLP, LlamaActivationMultiply]
     with pytest.raises(ConfigError, match=r"cannot recompute 'MixtralSparseMoeBlock'.*CoreAttention"):
         load_config(raw, [*overrides, "model.activations_checkpoint_recompute=[MixtralSparseMoeBlock]"])
 
@@ -87,21 +84,20 @@ def test_earlier_keys_are_read_with_nxdts_meaning(files: Files, capsys) -> None:
 
     from nxd_models_llama.modeling import LlamaCoreAttention, LlamaMLP
     from nxd_training.config import dump_config
-    from nxd_training.config.features import recompute_classes
 
     source = EARLIER / "sdk2.20.0_hf_llama3_70B_config.yaml"
     raw = read_yaml(source)
     assert raw["model"]["activations_checkpoint_recompute_mlp"] is True  # the release's own file
     config = load_config(source, files.path_overrides("hf_llama3_70B_config", raw))
-    assert recompute_classes(config.model, make_plan(config).spec) == [LlamaCoreAttention, LlamaMLP]  # seq 8192
-    assert any("activations_checkpoint_recompute_mlp=True" in n for n in config.resolved.notes)
+    assert config.run.activation_checkpoint_config == [LlamaCoreAttention, LlamaMLP]  # seq 8192
+    assert any("activations_checkpoint_recompute_mlp=True" in n for n in config.run.derived.notes)
     written = yaml.safe_load(dump_config(config))["model"]
     assert written["activations_checkpoint_recompute"] == ["CoreAttention", "LlamaMLP"]
     assert written["activations_checkpoint_recompute_mlp"] is None
     # below NxDT's threshold (encoder_seq_length < 8192) only the core attention was recomputed
     short_raw = {**raw, "model": {**raw["model"], "encoder_seq_length": 4096}}
     short = load_config(short_raw, files.path_overrides("hf_llama3_70B_config", short_raw))
-    assert recompute_classes(short.model, make_plan(short).spec) == [LlamaCoreAttention]
+    assert short.run.activation_checkpoint_config == [LlamaCoreAttention]
     with pytest.raises(ConfigError, match="keep activations_checkpoint_recompute"):
         load_config(source, [*files.path_overrides("hf_llama3_70B_config", raw),
                              "model.activations_checkpoint_recompute=[CoreAttention]"])
@@ -111,7 +107,7 @@ def test_earlier_keys_are_read_with_nxdts_meaning(files: Files, capsys) -> None:
     assert raw["trainer"]["vnc"] == 2
     config = load_config(source, files.path_overrides("hf_llama3_70B_trn2_config", raw))
     assert config.trainer.lnc == 2 and config.trainer.vnc is None
-    assert any(n.startswith("trainer.vnc=2") for n in config.resolved.notes)
+    assert any(n.startswith("trainer.vnc=2") for n in config.run.derived.notes)
     from nxd.cli import main  # what a user sees: the note, then "config is valid"
 
     assert main(["train", str(source), *files.path_overrides("hf_llama3_70B_trn2_config", raw),
@@ -155,9 +151,9 @@ def test_gpt2_bpe_tokenizer_files_size_the_vocabulary_or_are_refused(files: File
         load_config(raw, local)
     with pytest.raises(ConfigError, match=r"data.tokenizer.merge_file: /nonexistent/merges.txt does not exist"):
         load_config(raw, [*overrides, "data.tokenizer.merge_file=/nonexistent/merges.txt"])
-    plan = make_plan(load_config(raw, overrides, check=False))
+    run = resolve_config(load_config(raw, overrides, check=False)).run
     reference = GPT2Tokenizer(files.gpt2_vocab, files.gpt2_merges)
-    assert plan.model_dict["vocab_size"] == len(reference) == 512  # not GPT-2's 50257
+    assert run.derived.model["vocab_size"] == len(reference) == 512  # not GPT-2's 50257
     ours = load_tokenizer({"type": "GPT2BPETokenizer", "vocab_file": files.gpt2_vocab, "merge_file": files.gpt2_merges})
     text = "ranks trained and saved 12 shards"
     assert ours.encode(text) == reference.encode(text) and ours.eos_id == reference.eos_token_id
@@ -167,7 +163,7 @@ def test_neuron_only_keys_get_one_note_each_at_validate_time(files: Files, capsy
     """NxDT's hf_llama3_8B_config sets the Neuron compiler/runtime keys of NxDT's schema: `nxd train
     --validate` prints one note per key set (none for the ones left off: '0', false)."""
     from nxd.cli import main
-    from nxd_training.config.nxdt_keys import NEURON_ONLY_KEYS
+    from nxd_training.config.nxdt.history import NEURON_ONLY_KEYS
 
     raw = raw_config("hf_llama3_8B_config")
     assert main(["train", str(CONF / "hf_llama3_8B_config.yaml"), *files.path_overrides("hf_llama3_8B_config", raw),

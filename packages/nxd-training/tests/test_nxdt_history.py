@@ -76,7 +76,7 @@ def test_every_version_resolves_to_the_run_it_describes(path: Path, files: Files
     if unmet(name):  # a plugin this install lacks: test_nxdt_configs checks the refusal names it
         pytest.skip(f"needs {unmet(name)}")
     config = load_config(path, overrides)
-    r = config.resolved
+    r = config.run.derived
     # the model class NxDT would build (the 'mistral' spec's is Llama's, as NxDT's for Mistral's config.json)
     model_class = (nxd.get_model(r.architecture).extras or {})["model_class"].__name__
     got = {"workflow": r.workflow, "data_module": r.data_module, "world_size": r.world_size,
@@ -100,7 +100,7 @@ def test_mistral_config_json_window_is_honoured(files: Files) -> None:
     overrides = files.path_overrides("hf_mistral_7B_SFT_config", raw)
     for seq in (4096, 8192):
         config = load_config(path, [*overrides, f"data.seq_length={seq}"])
-        assert config.resolved.architecture == "mistral" and config.resolved.model["sliding_window"] == 4096
+        assert config.run.derived.architecture == "mistral" and config.run.derived.model["sliding_window"] == 4096
 
 
 def test_earlier_alignment_place_cannot_disagree_with_the_later_one(files: Files) -> None:
@@ -109,7 +109,7 @@ def test_earlier_alignment_place_cannot_disagree_with_the_later_one(files: Files
     overrides = files.path_overrides("hf_llama3_8B_DPO_config", raw)
     config = load_config(path, overrides)
     assert config.model_alignment_strategy.dpo["max_dpo_prompt_length"] == 2048
-    assert config.resolved.workflow == "dpo" and config.resolved.data_module == "preference"
+    assert config.run.derived.workflow == "dpo" and config.run.derived.data_module == "preference"
     with pytest.raises(ConfigError, match="data.alignment_strategy .* and model_alignment_strategy are both set"):
         load_config(path, [*overrides, "+model_alignment_strategy.sft.packing=true"])
     with pytest.raises(ConfigError, match=r"max_dpo_prompt_length=2048 \(NxD Training's earlier name of "

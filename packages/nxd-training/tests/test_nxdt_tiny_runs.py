@@ -88,7 +88,7 @@ def _train(config_path: str) -> dict[str, Any]:
         result = trainer.fit()
     finally:
         trainer.close()
-    return {"losses": result.losses, "final": result.final_step, "layout": (trainer.plan.resolution.tp, trainer.plan.resolution.pp), **facts}
+    return {"losses": result.losses, "final": result.final_step, "layout": (trainer.run.parallel.tp, trainer.run.parallel.pp), **facts}
 
 
 def shrink(raw: dict[str, Any], files: Files, corpus: dict[str, str], source: str) -> list[str]:
@@ -155,7 +155,7 @@ def test_config_trains_the_model_it_describes(case: str, source: str, files: Fil
     expected = expected_model(raw)
     got = results[0]
     assert {k: got[k] for k in expected} == expected, (case, got)
-    assert run.config.resolved.architecture == (raw["model"].get("architecture") or expected["family"].lower())
+    assert run.config.run.derived.architecture == (raw["model"].get("architecture") or expected["family"].lower())
     losses = got["losses"]
     assert sorted(losses) == list(range(1, STEPS + 1)) and got["final"] == STEPS, got
     assert all(math.isfinite(v) and v > 0 for v in losses.values()), losses
@@ -178,6 +178,6 @@ def test_cli_runs_megatron_gpt_through_torchrun(files: Files, corpus: dict[str, 
     from nxd_training.exp_manager import read_metrics
 
     run = tmp_path / "run"
-    assert load_resolved(run / "config.yaml").resolved.architecture == "gpt"
+    assert load_resolved(run / "config.yaml").run.derived.architecture == "gpt"
     losses = [r["loss"] for r in read_metrics(run) if r.get("split") == "train"]
     assert len(losses) == STEPS and all(math.isfinite(v) for v in losses)

@@ -55,11 +55,10 @@ def test_profile_compile_and_mfu(rank_pool, make_config, tmp_path: Path) -> None
     assert any("aten::mm" in str(e.get("name")) or "aten::addmm" in str(e.get("name")) for e in events)
     from nxd_models_llama.spec import SPEC
     from nxd_training import metrics
-    from nxd_training.config import load_config
-    from nxd_training.config.plan import make_plan
+    from nxd_training.config import load_config, model_config_of
 
-    plan = make_plan(load_config(profiled))
-    fpt = metrics.flops_per_token(SPEC, plan.model_config, plan.resolution.seq_length)
+    run = load_config(profiled).run
+    fpt = metrics.flops_per_token(SPEC, model_config_of(run, SPEC), run.derived.seq_length)
     for record in read_metrics(tmp_path / "compiled"):
         # mfu = tokens/s * flops per token (attention included) / (1 TFLOP/s * 2 ranks)
         assert record["mfu"] == pytest.approx(record["tokens_per_s"] * fpt / 2e12, rel=1e-9)

@@ -7,6 +7,7 @@ because the ranks parsed the written config.yaml again and every key spelled out
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import yaml
 
 from nxd import ConfigError
 from nxd.cli import main
-from nxd_training.config import dump_config, load_config, load_resolved, make_plan, parse_config, resolve_config
+from nxd_training.config import dump_config, load_config, load_resolved, model_spec_of, parse_config, resolve_config
 
 CONF = Path(__file__).parent / "data" / "nxdt_conf"
 NAMES = sorted(p.name[: -len(".yaml")] for p in CONF.glob("*.yaml"))
@@ -24,14 +25,15 @@ def test_a_written_config_resolves_to_the_same_run(make_config, tmp_path: Path) 
     """The sections of a written config, read again as a plain YAML, describe the same run: no key
     means something else because the file spells it out (Megatron keys and GPT defaults included)."""
     config = load_config(make_config(model={"architecture": None}, model_source="megatron"))
-    assert config.resolved.architecture == "gpt" and config.model.architecture == "gpt"
+    assert config.run.derived.architecture == "gpt" and config.model.architecture == "gpt"
     again = load_config(yaml.safe_load(dump_config(config)))
     # the same run; only the reason reads differently now (model.architecture names the choice)
-    assert again.resolved.model_dump(exclude={"architecture_reason"}) == \
-        config.resolved.model_dump(exclude={"architecture_reason"})
+    assert dataclasses.replace(again.run.derived, architecture_reason="") == \
+        dataclasses.replace(config.run.derived, architecture_reason="")
+    assert dataclasses.replace(again.run, derived=None) == dataclasses.replace(config.run, derived=None)
     # the sections alone (no `resolved`), as a user would copy them into a new YAML
     sections = {k: v for k, v in yaml.safe_load(dump_config(config)).items() if k != "resolved"}
-    assert resolve_config(parse_config(sections)).resolved.model == config.resolved.model
+    assert resolve_config(parse_config(sections)).run.derived.model == config.run.derived.model
 
 
 def test_ranks_deserialise_what_the_cli_resolved(make_config, tmp_path: Path) -> None:
@@ -39,10 +41,8 @@ def test_ranks_deserialise_what_the_cli_resolved(make_config, tmp_path: Path) ->
     path = tmp_path / "config.yaml"
     path.write_text(dump_config(config))
     read = load_resolved(path)
-    assert read == config.model_copy(update={"resolved": read.resolved})
-    assert read.resolved.model_dump(exclude={"sections_sha256"}) == config.resolved.model_dump(exclude={"sections_sha256"})
-    plan = make_plan(read)  # from the recorded resolution
-    assert plan.spec.name == "gpt" and plan.model_dict == config.resolved.model
+    assert read == config and read.run == config.run and read.run is not config.run
+    assert model_spec_of(read.run).name == "gpt" and read.run.derived.model == config.run.derived.model
     # an edited run config is refused on the ranks, never resolved again there
     edited = yaml.safe_load(path.read_text())
     edited["model"]["hidden_size"] = 64
@@ -64,12 +64,12 @@ def test_print_config_prints_the_resolved_config_and_exits(make_config, tmp_path
     assert main(["train", str(path), "exp_manager.name=pc", "--print-config"]) == 0
     out = capsys.readouterr()
     printed = yaml.safe_load(out.out)  # stdout is the YAML alone
-    assert printed["resolved"]["architecture"] == "gpt" and printed["model"]["architecture"] == "gpt"
+    assert printed["resolved"]["derived"]["architecture"] == "gpt" and printed["model"]["architecture"] == "gpt"
     assert "not training (--print-config)" in out.err
     assert not (Path(config["exp_manager"]["exp_dir"]) / "pc").exists()  # nothing started, nothing written
     # the printed file is a config nxd train reads back to the same resolution
     again = load_config(_write(tmp_path / "printed.yaml", printed))
-    assert again.resolved.model == printed["resolved"]["model"]
+    assert again.run.derived.model == printed["resolved"]["derived"]["model"]
 
 
 @pytest.mark.parametrize("name", NAMES)

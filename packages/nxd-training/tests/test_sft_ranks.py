@@ -42,7 +42,7 @@ def _train(config: dict[str, Any], log_dir: str) -> dict[str, Any]:
     clean = {**config, "data": {k: v for k, v in config["data"].items() if v is not None}}
     trainer = Trainer(load_config(clean), Path(log_dir))
     try:
-        module, info = trainer.plan.resolution.data_module, dict(getattr(trainer.data, "info", {}))
+        module, info = trainer.run.derived.data_module, dict(getattr(trainer.data, "info", {}))
         result = trainer.fit()
     finally:
         trainer.close()

@@ -2,7 +2,7 @@
 
 Every hook, transform, optimizer factory and rank receives a ``RunConfig``. It is built once per
 run, by one translator: ``nxd train`` translates the NxDT YAML (nxd-training's
-``nxd_training.config.translate``), NxD's ``neuronx_distributed_config`` translates its keyword
+``nxd_training.config.nxdt``), NxD's ``neuronx_distributed_config`` translates its keyword
 arguments (:mod:`nxd.config`, which wraps the result in NxD's dict, :class:`nxd.resolved.NxdConfig`).
 Each section checks its own values when it is made; what needs several sections is checked in
 :meth:`RunConfig.__post_init__`. A value has one name from here on (``optimizer.max_grad_norm``:
@@ -116,6 +116,35 @@ class ModelInitConfig:
             raise ConfigError(f"model_init.param_init_fn must be callable, got {self.param_init_fn!r}")
 
 
+@dataclass(frozen=True)
+class Derived:
+    """What ``nxd train`` derived from its YAML when it resolved the run, once (``None`` for a run
+    made through NxD's API): the model it builds, the batch numbers, the data module with the
+    section it takes, the workflow. Ranks read these; nothing here is derived again."""
+
+    #: the registered model (``nxd.get_model``) and which key chose it
+    architecture: str
+    architecture_reason: str
+    #: the model plugin's ``config_from_dict`` input
+    model: Mapping[str, Any]
+    world_size: int
+    dp: int
+    num_microbatches: int
+    seq_length: int
+    data_module: str
+    #: the ``data`` section as the data module takes it (``validate`` and the build get the same one)
+    data: Mapping[str, Any]
+    #: the registered workflow (``dpo``, ``orpo``), or None
+    workflow: str | None = None
+    #: how keys of earlier releases, and keys accepted without effect, were read
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "dp", "num_microbatches", "seq_length"):
+            _positive_int(f"derived.{name}", getattr(self, name))
+        object.__setattr__(self, "notes", tuple(self.notes))
+
+
 def _activation_checkpoint(value: Any) -> None:
     import torch
 
@@ -164,8 +193,14 @@ class RunConfig:
     model_transforms: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: "float32"/"bfloat16": the dtype the tensor-parallel layers sum partial results in; None: fp32
     reduce_dtype: str | None = None
+    #: what ``nxd train`` derived (model, batch numbers, data, workflow); None through NxD's API
+    derived: Derived | None = None
 
     def __post_init__(self) -> None:
+        d = self.derived
+        if d is not None and d.world_size != d.dp * self.parallel.tp * self.parallel.pp * self.parallel.cp:
+            raise ConfigError(f"derived.world_size={d.world_size} is not DP {d.dp} x TP {self.parallel.tp} x "
+                              f"PP {self.parallel.pp} x CP {self.parallel.cp}")
         zero1 = self.optimizer.zero_one_enabled
         if not self.data_parallel_strategy:
             strategy = FSDP_STRATEGY if self.fsdp_config is not None else default_data_parallel_strategy(zero1)
@@ -237,16 +272,25 @@ class RunConfig:
         return run_config_from_nxd(value or {})
 
     @classmethod
-    def for_context(cls, value: Any, context: Any) -> RunConfig:
-        """:meth:`of` ``value``; the parallel sizes a partial NxD dict leaves out read from ``context``
-        (the world the model is parallelised for, so transforms that apply by size see it)."""
+    def for_context(cls, value: Any, context: Any, model: Any = None) -> RunConfig:
+        """:meth:`of` ``value``, with what a partial NxD dict (or ``None``) leaves out taken from where
+        the model is parallelised: the parallel sizes from ``context`` (so transforms that apply by
+        size see them), ``sequence_parallel`` from ``model`` when it was built for a setting (its
+        norms and masks). The one place a value left unstated is filled; a full config (a
+        :class:`RunConfig`, NxD's resolved dict) states every field."""
         config = cls.of(value)
-        if context is None or isinstance(value, RunConfig) or getattr(value, "run", None) is not None:
+        if isinstance(value, RunConfig) or getattr(value, "run", None) is not None:
             return config
         from nxd.resolved import SIZE_KEYS
 
-        missing = {dim: context.dim(dim).size for dim, key in SIZE_KEYS.items() if key not in (value or {})}
-        return dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, **missing)) if missing else config
+        stated = value or {}
+        filled: dict[str, Any] = {}
+        if context is not None:
+            filled = {dim: context.dim(dim).size for dim, key in SIZE_KEYS.items() if key not in stated}
+        built_for = getattr(model, "sequence_parallel", None)
+        if isinstance(built_for, bool) and "sequence_parallel" not in stated:
+            filled["sequence_parallel"] = built_for
+        return dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, **filled)) if filled else config
 
     # ---- the JSON form a run folder holds
     def to_record(self) -> dict[str, Any]:
@@ -274,6 +318,7 @@ class RunConfig:
             "fsdp_config": self.fsdp_config,
             "model_transforms": {k: dict(v) for k, v in self.model_transforms.items()},
             "reduce_dtype": self.reduce_dtype,
+            "derived": {**dataclasses.asdict(self.derived), "notes": list(self.derived.notes)} if self.derived else None,
         }
 
     @classmethod
@@ -296,6 +341,7 @@ class RunConfig:
                        compile_config=record.get("compile_config"),
                        data_parallel_strategy=record["data_parallel_strategy"],
                        fsdp_config=record.get("fsdp_config"), model_transforms=dict(record.get("model_transforms") or {}),
-                       reduce_dtype=record.get("reduce_dtype"))
+                       reduce_dtype=record.get("reduce_dtype"),
+                       derived=Derived(**record["derived"]) if record.get("derived") else None)
         except (ConfigError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"{source}: the run's config is not one nxd wrote ({type(exc).__name__}: {exc})") from None

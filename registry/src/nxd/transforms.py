@@ -42,7 +42,6 @@ print it. Nothing else in nxd branches on a parallelism.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -291,23 +290,13 @@ def parallelize_model(model: Any, context: Any = None, config: Any = None) -> An
     layout applied: the applicable transforms of :data:`LAYOUT_SLOTS` (the TP/SP plan, expert
     parallelism, context parallelism, head padding, in the trainer's order). ``context``: the
     current parallel context when left out; ``config``: the NxD config (a partial dict is read with
-    its defaults, the parallel sizes it leaves out with ``context``'s: :meth:`nxd.run_config.RunConfig.for_context`)."""
+    its defaults, the parallel sizes it leaves out with ``context``'s, sequence parallelism with the
+    model's: :meth:`nxd.run_config.RunConfig.for_context`)."""
     from nxd.parallel import resolve_context
 
     context = resolve_context(context)
-    run = RunConfig.for_context(config, context)
-    built_for = getattr(model, "sequence_parallel", None)
-    if isinstance(built_for, bool) and _leaves_out(config, "sequence_parallel"):
-        # a config that says nothing of SP takes the model's: it was built for it (its norms and masks)
-        run = dataclasses.replace(run, parallel=dataclasses.replace(run.parallel, sequence_parallel=built_for))
+    run = RunConfig.for_context(config, context, model)  # what the config leaves out: the context's, the model's
     return apply_model_transforms(model, context, run, slots=LAYOUT_SLOTS)
-
-
-def _leaves_out(config: Any, key: str) -> bool:
-    """``config`` is None or a partial NxD dict without ``key`` (not a resolved RunConfig)."""
-    if config is None:
-        return True
-    return isinstance(config, dict) and getattr(config, "run", None) is None and key not in config
 
 
 def build_parallel_model(spec: Any, model_config: Any, nxd_config: Any = None, context: Any = None) -> Any:

@@ -33,7 +33,6 @@ already parallel (a model written with NxD's layers) are left as they are.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -470,13 +469,14 @@ def is_plain(model: nn.Module) -> bool:
     return plan_of(model) is not None and not any(isinstance(m, _PARALLEL_LAYERS) for m in model.modules())
 
 
-def _sequence_parallel(model: nn.Module, config: RunConfig, stated: bool) -> bool:
-    """Sequence parallelism is the model's when it was built for it (its norms and masks run on
-    sequence shards: nxd's families), else the config's; a config ``stated`` otherwise is refused."""
+def _sequence_parallel(model: nn.Module, config: RunConfig) -> bool:
+    """Sequence parallelism is the config's; a model built for another setting (its norms and masks
+    run on sequence shards: nxd's families) is refused. A config silent on SP took the model's
+    already (:meth:`nxd.run_config.RunConfig.for_context`)."""
     built_for = getattr(model, "sequence_parallel", None)
     if isinstance(model, PlacedByPlan) or not isinstance(built_for, bool):  # a plain family: the plan sets it
         return config.sequence_parallel
-    if stated and config.sequence_parallel != built_for:
+    if config.sequence_parallel != built_for:
         raise ConfigError(f"sequence_parallel={config.sequence_parallel}, but {type(model).__name__} was built with "
                           f"sequence_parallel={built_for}; build it with the config's value (ModelSpec.build reads it)")
     return built_for
@@ -488,7 +488,6 @@ def apply_parallel_plan(model: nn.Module, context: ParallelContext | None, confi
     plan = plan_of(model)
     if plan is None:
         return None
-    stated = not isinstance(config, Mapping) or "sequence_parallel" in config  # a partial NxD dict may leave it out
-    config = RunConfig.of(config)
-    return parallelize(model, plan, context, _sequence_parallel(model, config, stated),
+    config = RunConfig.for_context(config, context, model)  # a partial NxD dict silent on SP: the model's
+    return parallelize(model, plan, context, _sequence_parallel(model, config),
                        config.parallel_layers_reduce_dtype)

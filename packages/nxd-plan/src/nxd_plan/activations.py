@@ -189,11 +189,13 @@ def _measure(config: Any, run: Any, layout: Any, grads_exist: bool = True) -> Ac
     ``grads_exist``: gradients are allocated before the backward (they persist across steps or
     micro-batches); otherwise the backward allocates them and the high-water mark includes them."""
     profile = ActivationProfile()
-    with fake_rank(0, run.resolution.world_size):
+    with fake_rank(0, run.derived.world_size):
         model, context, _ = build_rank_model(config, run)
         # modules whose meta forward rests on an assumption say which (MoE: the routed rows)
         profile.notes += sorted({m.nxd_plan_note() for m in model.modules() if callable(getattr(m, "nxd_plan_note", None))})
-        layer_classes = tuple(run.spec.transformer_layer_classes)
+        from nxd_training.config.resolved import model_spec_of
+
+        layer_classes = tuple(model_spec_of(run).transformer_layer_classes)
         where: list[Any] = ["embed"]
         for name, module in model.named_modules():
             index = layer_index(name + ".x")

@@ -1,5 +1,5 @@
 """The run's layout as the plan needs it, read from the one resolved config ``nxd train`` uses
-(``nxd_training.config.ResolvedConfig``: its sections and its recorded resolution)."""
+(``nxd_training.config.TrainingConfig`` resolved: its sections and its RunConfig)."""
 
 from __future__ import annotations
 
@@ -88,26 +88,24 @@ def fsdp_enabled(config: Any) -> bool:
 
 
 def layout_of(config: Any, run: Any) -> Layout:
-    """The :class:`Layout` of a resolved config (``config``) and the run plan it recorded (``run``)."""
-    from nxd_training.config.features import recompute_classes
-
+    """The :class:`Layout` of a resolved config (``config``) and the RunConfig it carries (``run``)."""
     ds, p = config.distributed_strategy, config.precision
-    recompute = recompute_classes(config.model, run.spec)
+    recompute, d = run.activation_checkpoint_config, run.derived
     if recompute is not None and not isinstance(recompute, str):
         recompute = ",".join(sorted(c.__name__ for c in recompute))
     bf16 = p.type in BF16_PARAM_TYPES
     master = uses_master_weights(p) and ds.zero1
     grad_acc = p.fp32_grad_acc if p.fp32_grad_acc is not None else master
     return Layout(
-        world_size=run.resolution.world_size, tp=run.resolution.tp, pp=run.resolution.pp, vpp=ds.virtual_pipeline_model_parallel_size or 1,
-        cp=run.resolution.cp, ep=run.resolution.ep, dp=run.resolution.dp,
+        world_size=d.world_size, tp=run.parallel.tp, pp=run.parallel.pp, vpp=ds.virtual_pipeline_model_parallel_size or 1,
+        cp=run.parallel.cp, ep=run.parallel.ep, dp=d.dp,
         sequence_parallel=bool(ds.sequence_parallel), zero1=bool(ds.zero1), fsdp=fsdp_enabled(config),
         precision=p.type, param_bytes_per_element=2 if bf16 else 4, master_weights=bool(master),
         fp32_grad_acc=bool(grad_acc and bf16), optimizer=config.model.optim.name.lower(),
         momentum=float(config.model.optim.momentum or 0.0), recompute=recompute,
         micro_batch_size=config.data.micro_batch_size, global_batch_size=config.data.global_batch_size,
-        num_microbatches=run.resolution.num_microbatches, seq_length=run.resolution.seq_length,
-        schedule=pipeline_schedule(ds.pipeline_schedule, ds.virtual_pipeline_model_parallel_size or 1) if run.resolution.pp > 1
+        num_microbatches=d.num_microbatches, seq_length=d.seq_length,
+        schedule=pipeline_schedule(ds.pipeline_schedule, ds.virtual_pipeline_model_parallel_size or 1) if run.parallel.pp > 1
         else "none",
     )
 

@@ -82,31 +82,37 @@ class Plan:
 
 
 def resolve(source: Any, overrides: Sequence[str] = ()) -> Any:
-    """The one :class:`nxd_training.config.ResolvedConfig` of ``source`` (a YAML path, ``hub:`` name,
+    """The one resolved :class:`nxd_training.config.TrainingConfig` of ``source`` (a YAML path, ``hub:`` name,
     dict, or an already resolved config, which is used as it is): ``nxd train``'s own resolution
     (``resolve_config``), the data module's files excepted (they need not exist here). Overrides on a
     resolved config re-resolve its sections: a different config (the activation replica, a
     proposed layout)."""
-    from nxd_training.config import ResolvedConfig, load_config, resolve_config
+    from nxd_training.config import TrainingConfig, load_config, resolve_config
 
-    if isinstance(source, ResolvedConfig):
+    if isinstance(source, TrainingConfig) and source.resolved:
         if not overrides:
             return source
-        source = source.model_dump(mode="json", by_alias=True, exclude={"resolved"})
+        source = source.model_dump(mode="json", by_alias=True)
     return resolve_config(load_config(source, list(overrides), check=False), check_data=False)
 
 
 def load(source: Any, overrides: Sequence[str] = ()) -> tuple[Any, Any]:
-    """The resolved config (:func:`resolve`) and the ``nxd_training`` run plan it recorded
-    (``make_plan`` of a resolved config reads its resolution; nothing is derived again)."""
-    from nxd_training.config import make_plan
-
+    """The resolved config (:func:`resolve`) and the RunConfig it carries (nothing derived again)."""
     config = resolve(source, overrides)
-    return config, make_plan(config)
+    return config, config.run
+
+
+def _model_config(run: Any) -> tuple[Any, Any]:
+    """(the model spec, its config object) the RunConfig's resolution recorded."""
+    from nxd_training.config.resolved import model_config_of, model_spec_of
+
+    spec = model_spec_of(run)
+    return spec, model_config_of(run, spec)
 
 
 def _num_layers(run: Any) -> int:
-    return int(getattr(run.model_config, "num_hidden_layers", 0) or getattr(run.model_config, "num_layers", 0))
+    model_config = _model_config(run)[1]
+    return int(getattr(model_config, "num_hidden_layers", 0) or getattr(model_config, "num_layers", 0))
 
 
 def _representatives(layout: Layout) -> dict[tuple[int, int], int]:
@@ -292,7 +298,7 @@ def _timing(config: Any, run: Any, layout: Layout, dev: Device, comm: dict[str, 
     an upper bound)."""
     from nxd_training.metrics import flops_per_token
 
-    fpt = flops_per_token(run.spec, run.model_config, layout.seq_length) or 0.0
+    fpt = flops_per_token(*_model_config(run), layout.seq_length) or 0.0
     tokens = layout.global_batch_size * layout.seq_length
     flops = fpt * tokens
     recompute = 4 / 3 if layout.recompute == "full" else 1.0

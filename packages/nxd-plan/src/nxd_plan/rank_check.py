@@ -19,7 +19,7 @@ class RankBuildError(ConfigError):
     """Rank ``rank`` of the run cannot be built: the error its own build path raised at ``step``."""
 
     def __init__(self, rank: int, coords: dict[str, int], step: str, cause: BaseException, config: Any) -> None:
-        from nxd_training.config.nxd_keys import yaml_keys_named
+        from nxd_training.config.nxdt import yaml_keys_named
 
         where = ", ".join(f"{k} {v}" for k, v in coords.items() if k in ("tp", "pp", "cp", "dp", "ep"))
         text = str(cause) if isinstance(cause, ConfigError) else f"{type(cause).__name__}: {cause}"
@@ -35,6 +35,7 @@ def build_rank(config: Any, run: Any, rank: int) -> tuple[torch.nn.Module, Any, 
     from nxd_plan.fake_world import build_rank_model
     from nxd_plan.layout import layout_of
     from nxd_training import build
+    from nxd_training.config.resolved import model_spec_of
 
     step = "its model build (model section, parallel sizes, model transforms)"
     try:
@@ -43,7 +44,7 @@ def build_rank(config: Any, run: Any, rank: int) -> tuple[torch.nn.Module, Any, 
         if build.loads_pretrained_late(config):  # else read by the model build itself (QLoRA)
             step = f"its load of model.pretrained_checkpoint={folder} (names and shapes from the files' headers)"
             with headers_only():
-                build.load_pretrained(run, model, nxd_cfg.lora_config is not None, folder)
+                build.load_pretrained(model_spec_of(run), model, nxd_cfg.lora_config is not None, folder)
         optim = config.model.optim
         step = f"its optimizer (model.optim.name={optim.name}) and its data-parallel wrapping"
         optimizer = build.build_optimizer(optim, build.param_groups(model, config.model.do_layer_norm_weight_decay),

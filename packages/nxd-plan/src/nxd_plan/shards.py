@@ -167,12 +167,12 @@ def shard_of(model: torch.nn.Module, context: Any, rank: int) -> Shard:
 
 
 def build_shard(config: Any, run: Any, rank: int) -> Shard:
-    """Rank ``rank``'s shard as ``nxd train`` would build it (fake world of ``run.resolution.world_size``):
+    """Rank ``rank``'s shard as ``nxd train`` would build it (fake world of ``run.derived.world_size``):
     its model, then the rest of its build path (:func:`nxd_plan.rank_check.build_rank`); any
     failure is a :class:`nxd_plan.rank_check.RankBuildError` naming the rank."""
     from nxd.transforms import applicable_transforms
 
-    with fake_rank(rank, run.resolution.world_size):
+    with fake_rank(rank, run.derived.world_size):
         model, context, nxd_cfg = build_rank(config, run, rank)
         shard = shard_of(model, context, rank)
         shard.transforms = [t.name for t in applicable_transforms(context, nxd_cfg)]

@@ -9,20 +9,21 @@ from typing import Any
 import torch
 
 import nxd
-from nxd.run_config import RunConfig
-from nxd_training.config.plan import RunPlan, data_section, qlora_mode
-from nxd_training.config.schema import DataConfig, ModelAlignmentConfig, OptimConfig, PrecisionConfig, TrainingConfig
+from nxd.run_config import Derived, RunConfig
+from nxd_training.config.plan import qlora_mode
+from nxd_training.config.resolved import model_config_of
+from nxd_training.config.schema import DataConfig, OptimConfig, PrecisionConfig, TrainingConfig
 from nxd_training.lora_export import base_module
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import BF16_PARAM_TYPES
 from nxd_training.schedules import make_lr_fn, make_scheduler
 
 
-def model_config_for_rank(precision: PrecisionConfig, plan: RunPlan) -> Any:
-    """The plan's model config, with the parameter dtype the precision type asks for."""
+def model_config_for_rank(precision: PrecisionConfig, run: RunConfig, spec: Any) -> Any:
+    """The recorded model config, with the parameter dtype the precision type asks for."""
     if precision.type not in BF16_PARAM_TYPES:
-        return plan.model_config
-    return plan.spec.config_from_dict({**plan.model_dict, "dtype": "bfloat16"})
+        return model_config_of(run, spec)
+    return model_config_of(run, spec, dtype="bfloat16")
 
 
 def param_groups(model: torch.nn.Module, decay_norms_and_biases: bool) -> list[dict]:
@@ -58,13 +59,13 @@ def build_scheduler(optim: OptimConfig, max_steps: int, optimizer: Any) -> torch
     return make_scheduler(optimizer, lr_fn, optim.lr)
 
 
-def model_builder(config: TrainingConfig, plan: RunPlan, context: nxd.ParallelContext) -> Callable[..., Any]:
+def model_builder(config: TrainingConfig, spec: Any, context: nxd.ParallelContext) -> Callable[..., Any]:
     """The ``model_fn`` a rank gives ``initialize_parallel_model``: the model spec's build with the
     run's context. QLoRA (``peft.quantize_base``) quantises the base when the LoRA transform runs, so
     there the Hugging Face weights (``model.pretrained_checkpoint``) load into the plain model first,
     on every start, resumes included; on the meta device (the dry run before launch) only names and
     shapes are checked against the files' headers."""
-    build_fn = nxd.parallel.bind_context(plan.spec.build, context)
+    build_fn = nxd.parallel.bind_context(spec.build, context)
     if qlora_mode(config) is None:
         return build_fn
     folder = config.model.pretrained_checkpoint
@@ -75,7 +76,7 @@ def model_builder(config: TrainingConfig, plan: RunPlan, context: nxd.ParallelCo
         model = build_fn(*args, **kwargs)
         on_meta = any(p.is_meta for p in model.parameters())
         with headers_only() if on_meta else contextlib.nullcontext():
-            plan.spec.load_hf(model, folder)
+            spec.load_hf(model, folder)
         return model
 
     return build_and_load
@@ -87,20 +88,20 @@ def loads_pretrained_late(config: TrainingConfig) -> bool:
     return bool(config.model.pretrained_checkpoint) and qlora_mode(config) is None
 
 
-def load_pretrained(plan: RunPlan, model: torch.nn.Module, lora: bool, folder: str) -> None:
+def load_pretrained(spec: Any, model: torch.nn.Module, lora: bool, folder: str) -> None:
     """``model.pretrained_checkpoint``: the Hugging Face folder's weights into the base model (under
     the LoRA adapters, if any). Under ``nxd_core_parallel.hf_interop.headers_only()`` (the dry run
     before launch) only names and shapes are checked against the files' headers."""
-    plan.spec.load_hf(base_module(model) if lora else model, folder)
+    spec.load_hf(base_module(model) if lora else model, folder)
 
 
-def build_data(data: DataConfig, align: ModelAlignmentConfig | None, seed: int, plan: RunPlan,
-               context: nxd.ParallelContext) -> Any:
+def build_data(data: DataConfig, seed: int, derived: Derived, context: nxd.ParallelContext) -> Any:
     """The run's data module for this rank's data-parallel coordinates in ``context`` (a factory
-    naming a ``context`` parameter receives the whole context)."""
-    factory = nxd.get_data_module(plan.resolution.data_module)
+    naming a ``context`` parameter receives the whole context), given the data section resolution
+    recorded (the one its ``validate`` checked)."""
+    factory = nxd.get_data_module(derived.data_module)
     return nxd.parallel.call_with_context(
-        factory, data_section(data, align, plan.workflow, plan.resolution.seq_length), context=context,
-        seq_length=plan.resolution.seq_length, micro_batch_size=data.micro_batch_size, global_batch_size=data.global_batch_size,
+        factory, dict(derived.data), context=context,
+        seq_length=derived.seq_length, micro_batch_size=data.micro_batch_size, global_batch_size=data.global_batch_size,
         dp_rank=context.dp.rank, dp_size=context.dp.size, seed=seed,
     )

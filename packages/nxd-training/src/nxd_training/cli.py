@@ -36,14 +36,12 @@ def _require_rendezvous(tr: Any, launcher: Any) -> None:
 
 @dataclass
 class PreparedRun:
-    """What ``nxd train`` decided before starting anything: the one resolved config, its plan, the run directory."""
+    """What ``nxd train`` decided before starting anything: the one resolved config (``config.run``:
+    its RunConfig, translated once; each rank reads it from config.yaml), the run directory."""
 
-    config: Any  # nxd_training.config.ResolvedConfig
-    plan: Any  # nxd_training.config.RunPlan
+    config: Any  # nxd_training.config.TrainingConfig, resolved
     log_dir: Path
     cluster_note: str | None = None
-    #: the run's nxd.run_config.RunConfig, translated once with the resolution (each rank reads it from config.yaml)
-    run_config: Any = None
 
 
 def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
@@ -51,17 +49,16 @@ def prepare_run(source: str, overrides: list[str]) -> PreparedRun:
     checks: everything ``nxd train`` does before it launches (raises ConfigError)."""
     from nxd_training.cluster import apply_cluster
     from nxd_training.config.loader import load_config
-    from nxd_training.config.plan import plan_of, resolve_config
+    from nxd_training.config.plan import resolve_config
     from nxd_training.data_prep import prepare_data
     from nxd_training.exp_manager import resolve_log_dir
     from nxd_training.preflight import preflight
 
     sections, cluster_note = apply_cluster(prepare_data(load_config(source, overrides, check=False)))
     config = resolve_config(sections)  # the one resolution: validation, printing and every rank use it
-    plan = plan_of(config)
     log_dir = resolve_log_dir(config)
-    preflight(config, log_dir, plan)
-    return PreparedRun(config, plan, log_dir, cluster_note, plan.run)
+    preflight(config, log_dir)
+    return PreparedRun(config, log_dir, cluster_note)
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -82,9 +79,9 @@ def _run_train(args: argparse.Namespace) -> int:
     info = sys.stderr if args.print_config else sys.stdout
     if args.print_config:
         print(dump_config(config), end="")
-    r = config.resolved
+    r = config.run.derived
     print(f"nxd train: {config.name}: model {r.architecture!r} ({r.architecture_reason}), "
-          f"world size {r.world_size} = {layout(run.run_config, r.dp)}, "
+          f"world size {r.world_size} = {layout(config.run, r.dp)}, "
           f"{r.num_microbatches} micro-batch(es) per step, seq length {r.seq_length}, "
           f"data module {r.data_module!r}", file=info)
     for note in r.notes:
@@ -105,7 +102,9 @@ def _run_train(args: argparse.Namespace) -> int:
         print(f"nxd train: {DRY_RUN_SKIPPED}", file=info)
     if args.validate:
         print("nxd train: recipe (the model transforms, in slot order; each rank runs those marked runs):", file=info)
-        print("\n".join(format_recipe(recipe_for(None, run.run_config, run.plan.spec))), file=info)
+        from nxd_training.config.resolved import model_spec_of
+
+        print("\n".join(format_recipe(recipe_for(None, config.run, model_spec_of(config.run)))), file=info)
     if dry:
         print("config is valid" + ("; not training (--print-config)" if args.print_config else ""), file=info)
         return 0

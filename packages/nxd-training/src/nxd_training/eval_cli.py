@@ -69,7 +69,7 @@ def _run_eval(args: argparse.Namespace) -> int:
                 from nxd_training.config.schema import GenerationConfig
 
                 config = GenerationConfig(**{**base, "prompts": sample_prompts(trainer, args.samples)})
-                generate_samples(config, trainer.config.data, trainer.config.seed, trainer.model, trainer.plan.spec)
+                generate_samples(config, trainer.config.data, trainer.config.seed, trainer.model, trainer.spec)
     except (ConfigError, ComponentNotFound, NxdError, OSError) as exc:
         print(f"nxd eval: {exc}", file=sys.stderr)
         return 2
@@ -84,15 +84,15 @@ def _run_generate(args: argparse.Namespace) -> int:
     try:
         target = _target("generate", args)
         with loaded(target) as trainer:
-            if trainer.plan.spec.generate is None:
-                raise ConfigError(f"model {trainer.plan.spec.name!r} provides no generate (ModelSpec.generate)")
+            if trainer.spec.generate is None:
+                raise ConfigError(f"model {trainer.spec.name!r} provides no generate (ModelSpec.generate)")
             gen = trainer.config.generation
             base = gen.model_dump() if gen is not None else {}
             chosen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k}
             config = GenerationConfig(**{**base, "prompts": args.prompt, "do_sample": args.do_sample,
                                          **{k: v for k, v in chosen.items() if v is not None}})
             seed = trainer.config.seed if args.seed is None else args.seed
-            if not generate_samples(config, trainer.config.data, seed, trainer.model, trainer.plan.spec):
+            if not generate_samples(config, trainer.config.data, seed, trainer.model, trainer.spec):
                 raise ConfigError("no tokenizer recorded in the run config (data.tokenizer): nothing to decode with")
     except (ConfigError, ComponentNotFound, NxdError, OSError) as exc:
         print(f"nxd generate: {exc}", file=sys.stderr)

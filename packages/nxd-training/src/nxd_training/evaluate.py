@@ -92,7 +92,7 @@ def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def eval_config(target: EvalTarget, scratch: Path, overrides: Sequence[str] = ()) -> Any:
-    """The run's config for one process reading ``target``'s weights (a ResolvedConfig); ``overrides``
+    """The run's config for one process reading ``target``'s weights (resolved); ``overrides``
     (``trainer.limit_val_batches=10``, ``data.val_dir=...``) apply last."""
     from nxd_training.config.loader import load_config, read_yaml
     from nxd_training.config.resolved import RESOLVED_KEY

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from nxd.errors import ConfigError
 from nxd_training import rank_status
-from nxd_training.config.resolved import ResolvedConfig, dump_resolved, load_resolved
-from nxd_training.config.schema import LauncherConfig, TrainerConfig
+from nxd_training.config.resolved import dump_resolved, load_resolved
+from nxd_training.config.schema import LauncherConfig, TrainerConfig, TrainingConfig
 from nxd_training.failure import first_failure, heartbeat_line, rendezvous_failure
 from nxd_training.hang_watch import Hang, Watcher, kill_stopped
 from nxd_training.parent_death import die_with_parent
@@ -82,7 +82,7 @@ def torchrun_command(lc: LauncherConfig, tr: TrainerConfig, config_path: Path) -
     return cmd
 
 
-def write_run_config(config: ResolvedConfig, log_dir: Path) -> Path:
+def write_run_config(config: TrainingConfig, log_dir: Path) -> Path:
     log_dir.mkdir(parents=True, exist_ok=True)
     pinned = config.model_copy(deep=True)
     pinned.exp_manager.explicit_log_dir = str(log_dir.resolve())
@@ -93,7 +93,7 @@ def write_run_config(config: ResolvedConfig, log_dir: Path) -> Path:
     return path
 
 
-def launch(config: ResolvedConfig, log_dir: Path) -> int:
+def launch(config: TrainingConfig, log_dir: Path) -> int:
     """Run training; returns the exit code (torchrun's for multi-rank runs). The run directory is
     locked against a second live writer (on multi-node runs, by node 0 only: one shared directory).
     Ctrl-C ends it with one line (:mod:`nxd_training.interrupt`) and exit code 130."""
@@ -145,7 +145,7 @@ def launch(config: ResolvedConfig, log_dir: Path) -> int:
     return code
 
 
-def restart_note(config: ResolvedConfig, log_dir: Path) -> str | None:
+def restart_note(config: TrainingConfig, log_dir: Path) -> str | None:
     """A run starting over where complete checkpoints exist (a run's config.yaml run again without
     ``exp_manager.resume_if_exists``) says so, with the command that continues instead."""
     from nxd_training.interrupt import last_checkpoint, resume_command

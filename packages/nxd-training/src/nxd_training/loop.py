@@ -18,7 +18,8 @@ import nxd
 from nxd import ConfigError
 from nxd_ckpt.run_dir import MODEL_RECORD_KEY, checkpoint_has_adapters, model_record
 from nxd_training import build, lora_export, metrics, rank_status
-from nxd_training.config.plan import RunPlan, plan_of, resolve_config, tokenizer_path
+from nxd_training.config.plan import build_workflow, resolve_config, tokenizer_path
+from nxd_training.config.resolved import model_spec_of
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.exp_manager import (
     MetricsLogger,
@@ -87,21 +88,22 @@ class Trainer:
 
     def __init__(self, config: TrainingConfig, log_dir: Path | None = None) -> None:
         self.config = config = resolve_config(config)
-        self.plan: RunPlan = plan_of(config)  # from the resolution: nothing derived again
         #: the RunConfig every hook and transform gets: the one `nxd train` translated and validated, read back
-        self.run = run = self.plan.run
-        model_config = build.model_config_for_rank(config.precision, self.plan)
+        self.run = run = config.run
+        derived = run.derived  # the model, batch numbers, data section: recorded by the resolution, not derived again
+        self.spec = model_spec_of(run)
+        self.model_config = build.model_config_for_rank(config.precision, run, self.spec)
         self.backend = select_backend(config.trainer)
         seed_everything(config.seed)
         # distributed_strategy.collective_timeout bounds the default group's and every parallel group's collectives
         timeout = timedelta(seconds=config.distributed_strategy.collective_timeout)
-        self.owns_group = ensure_process_group(self.plan.resolution.world_size, self.backend, timeout)
+        self.owns_group = ensure_process_group(derived.world_size, self.backend, timeout)
         from nxd_core_parallel.context import start_parallel_context
 
         # the run's groups, with its timeout, before anything else builds them (neuronx_distributed_config
         # keeps a current context of the same sizes: groups start once)
         self.context = start_parallel_context(**run.sizes(), timeout=timeout)
-        build_fn = build.model_builder(config, self.plan, self.context)  # the model spec gets the context
+        build_fn = build.model_builder(config, self.spec, self.context)  # the model spec gets the context
         self.rank = dist.get_rank()
         self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
         self.ckpt_dir = checkpoint_dir(config.exp_manager, self.log_dir)
@@ -109,7 +111,7 @@ class Trainer:
 
         self.device = self.context.device
         model_parallel_manual_seed(config.seed, self.context)
-        self.model = nxd.initialize_parallel_model(run, build_fn, False, model_config, run)
+        self.model = nxd.initialize_parallel_model(run, build_fn, False, self.model_config, run)
         #: the step contract's ``autocast`` dtype (``precision.type: autocast`` or ``fp8``: bf16 forward passes)
         self.autocast = autocast_dtype(config.precision)
         lora = run.lora_config  # NxD's LoraConfig fields, translated once with the run config (None: no LoRA)
@@ -122,7 +124,7 @@ class Trainer:
         #: exp_manager.resume_from_checkpoint with model.weight_init_only: the checkpoint the weights came from
         self.weights_from: str | None = None
         #: what the checkpoints record of the model, so `nxd ckpt convert RUN_DIR` needs no arguments
-        self.model_record = model_record(self.plan.spec.name, self.plan.resolution.model, tokenizer_path(config.data),
+        self.model_record = model_record(self.spec.name, derived.model, tokenizer_path(config.data),
                                          lora)
         if self.lora and is_url(self.ckpt_dir):
             raise ConfigError(f"LoRA exports are written to a local directory, and checkpoint_callback_params.dirpath "
@@ -132,22 +134,22 @@ class Trainer:
         self.scheduler = build.build_scheduler(config.model.optim, config.trainer.max_steps, self.optimizer)
         self.dp_rank = self.context.dp.rank
         self.dp_group = self.context.dp.group
-        self.data = build.build_data(config.data, config.model_alignment_strategy, config.seed, self.plan, self.context)
+        self.data = build.build_data(config.data, config.seed, derived, self.context)
         #: model_alignment_strategy's workflow (dpo, orpo, ...): its loss replaces the model's
-        self.workflow = self.plan.workflow
+        self.workflow = build_workflow(config.model_alignment_strategy)[1]
         self.step_metrics: dict[str, float] = {}
         self.valid_metrics: dict[str, float] = {}
         self.step = 0
         self.logger = MetricsLogger(config.exp_manager, self.log_dir, enabled=self.rank == 0)
         self.peak = metrics.peak_tflops(self.backend, config.exp_manager.peak_tflops_per_device)
-        self.fpt = metrics.flops_per_token(self.plan.spec, self.plan.model_config, self.plan.resolution.seq_length)
-        self.tokens_per_step = config.data.global_batch_size * self.plan.resolution.seq_length
+        self.fpt = metrics.flops_per_token(self.spec, self.model_config, derived.seq_length)
+        self.tokens_per_step = config.data.global_batch_size * self.run.derived.seq_length
         self.profiler = StepProfiler(config.trainer.profile, self.log_dir, self.rank, self.device)
 
     # ------------------------------------------------------------------ resume
     def _data_states(self) -> list[Any]:
         """Every DP rank's data position (saved together: user_content is written once)."""
-        states: list[Any] = [None] * self.plan.resolution.dp
+        states: list[Any] = [None] * self.run.derived.dp
         dist.all_gather_object(states, self.data.state_dict(), group=self.dp_group)
         return states
 
@@ -189,7 +191,7 @@ class Trainer:
             # the base model (under LoRA adapters, if any) takes the folder's weights; the optimizer starts fresh.
             # QLoRA's base read them before it was quantised (build.model_builder)
             if build.loads_pretrained_late(self.config):
-                build.load_pretrained(self.plan, self.model, self.lora, pretrained)
+                build.load_pretrained(self.spec, self.model, self.lora, pretrained)
                 self._weights_changed()
             self.initialised_from = pretrained
             return None
@@ -209,7 +211,7 @@ class Trainer:
         self.step = int(content["step"])
         states = content.get("data")
         if states:
-            refusal = data_position_refusal(len(states), self.plan.resolution.dp, f"the checkpoint in {self.ckpt_dir}")
+            refusal = data_position_refusal(len(states), self.run.derived.dp, f"the checkpoint in {self.ckpt_dir}")
             if refusal:
                 raise ConfigError(refusal)
             self.data.load_state_dict(states[self.dp_rank])
@@ -245,9 +247,9 @@ class Trainer:
         terms) as means over the ``count`` micro-batches under METRIC_PREFIX + name."""
         names = sorted(sums)  # the same order on every rank
         stacked = torch.stack([loss.detach().float(), *(sums[n].detach().float() / count for n in names)])
-        if self.plan.resolution.dp > 1:
+        if self.run.derived.dp > 1:
             dist.all_reduce(stacked, group=self.dp_group)
-            stacked /= self.plan.resolution.dp
+            stacked /= self.run.derived.dp
         return dict(zip([LOSS_KEY, *(METRIC_PREFIX + n for n in names)], stacked.unbind()))
 
     def train_step(self, it: Iterator[dict[str, torch.Tensor]]) -> StepReadback:
@@ -257,7 +259,7 @@ class Trainer:
         self.model.train()
         sums: dict[str, torch.Tensor] = {}
         loss_fn = self._loss_fn(sums)
-        micro_batches = [self._model_inputs(next(it)) for _ in range(self.plan.resolution.num_microbatches)]
+        micro_batches = [self._model_inputs(next(it)) for _ in range(self.run.derived.num_microbatches)]
         total = self.model.run_train(*micro_batches, autocast=self.autocast, loss_fn=loss_fn, loss_terms=sums)
         numbers = self._dp_means(total, sums, len(micro_batches))
         self.optimizer.step()
@@ -276,7 +278,7 @@ class Trainer:
             if cap is not None and n >= cap:
                 break
             group.append(self._model_inputs(batch))
-            if len(group) == self.plan.resolution.num_microbatches:
+            if len(group) == self.run.derived.num_microbatches:
                 yield group
                 group = []
         if group:
@@ -293,7 +295,7 @@ class Trainer:
             cap = None if available is None else max(1, int(available * limit))
         else:
             # NxDT (Lightning) counts global batches: each is num_microbatches micro-batches per DP rank
-            cap = limit * self.plan.resolution.num_microbatches
+            cap = limit * self.run.derived.num_microbatches
         if cap == 0:
             return None
         self.model.eval()
@@ -456,7 +458,7 @@ class Trainer:
             from nxd_training.samples import generate_samples
 
             result.samples = generate_samples(self.config.generation, self.config.data, self.config.seed, self.model,
-                                              self.plan.spec)
+                                              self.spec)
         return result
 
     def _progress(self, total: int) -> Any:
@@ -504,7 +506,7 @@ class Trainer:
         record.update(self.step_metrics)
         if grad_norm is not None:
             record["grad_norm"] = grad_norm
-        value = metrics.mfu(tokens_per_s, self.fpt, self.peak, self.plan.resolution.world_size)
+        value = metrics.mfu(tokens_per_s, self.fpt, self.peak, self.run.derived.world_size)
         if value is not None:
             record["mfu"] = value
         self.logger.log(step, record)

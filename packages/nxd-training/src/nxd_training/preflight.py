@@ -17,7 +17,9 @@ import nxd
 from nxd.config import check_run_config
 from nxd.errors import ConfigError
 from nxd_training.config.features import builds_model_type
-from nxd_training.config.plan import MODEL_KEY_MAP, RunPlan, file_tokenizer, qlora_mode, tokenizer_path
+from nxd_training.config.nxdt import MODEL_KEY_MAP
+from nxd_training.config.plan import file_tokenizer, qlora_mode, tokenizer_path
+from nxd_training.config.resolved import model_spec_of
 from nxd_training.config.schema import (
     DataConfig,
     ExpManagerConfig,
@@ -33,7 +35,7 @@ _BYTES_PER_PARAM = 16
 PRETRAINED_KEY = "model.pretrained_checkpoint"
 
 
-def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> None:
+def preflight(config: TrainingConfig, log_dir: Path) -> None:
     """Raise :class:`ConfigError` naming the key and what would be valid for anything that cannot work.
     Last, every plugin's ``nxd_validate_config`` hook judges the run's RunConfig (once per run: ranks do not)."""
     _writable_dir(log_dir, "the run directory (exp_manager.exp_dir / explicit_log_dir)")
@@ -46,8 +48,10 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> None:
     parse_max_time(config.trainer.max_time)
     em = config.exp_manager
     _resume(em.resume_from_checkpoint)
-    check_pretrained(config.model, em.resume_from_checkpoint, plan, qlora_mode(config) is not None)
-    _resume_layout(config, log_dir, plan.resolution.dp)
+    run = config.run
+    check_pretrained(config.model, em.resume_from_checkpoint, model_spec_of(run), dict(run.derived.model),
+                     qlora_mode(config) is not None)
+    _resume_layout(config, log_dir, run.derived.dp)
     # the format is checked whenever it is used or written down (a wrong name is wrong with checkpointing off too)
     if em.create_checkpoint_callback or em.resume_from_checkpoint or "checkpoint_format" in em.model_fields_set:
         nxd.get_component("checkpoint_format", em.checkpoint_format,
@@ -57,8 +61,8 @@ def preflight(config: TrainingConfig, log_dir: Path, plan: RunPlan) -> None:
                           "saves them: set exp_manager.create_checkpoint_callback=false to save none, or save_top_k "
                           "to N >= 1 (the newest N) or -1 (all)")
     _tokenizer(config.data, config.generation)
-    _memory(config.model, config.trainer, plan.resolution.world_size)
-    check_run_config(plan.run)  # last: the plugins judge a config whose files and machine passed
+    _memory(config.model, config.trainer, run.derived.world_size)
+    check_run_config(run)  # last: the plugins judge a config whose files and machine passed
 
 
 def _writable_dir(path: Path, what: str) -> None:
@@ -198,7 +202,7 @@ def looks_like_nxd_checkpoint(path: Path) -> bool:
     return any((path / name).exists() for name in ("done", "checkpoint", "model", "checkpoints", "metadata.json"))
 
 
-def check_pretrained(model: ModelConfig, resume_from_checkpoint: str | None, plan: RunPlan,
+def check_pretrained(model: ModelConfig, resume_from_checkpoint: str | None, spec: Any, model_dict: dict[str, Any],
                      quantized_base: bool = False) -> None:
     """``model.pretrained_checkpoint``: refuse, naming the field, a Hugging Face folder the run could
     not start from (checked before launch: the folder, its weights, its ``config.json`` against the
@@ -224,16 +228,16 @@ def check_pretrained(model: ModelConfig, resume_from_checkpoint: str | None, pla
         found = "pytorch_model.bin only; save it as safetensors (model.save_pretrained(dir, safe_serialization=True))" \
             if any(path.glob("pytorch_model*.bin")) else "no config.json and *.safetensors"
         raise ConfigError(f"{PRETRAINED_KEY}: {path} holds {found}")
-    if getattr(plan.spec, "load_hf", None) is None:
-        raise ConfigError(f"{PRETRAINED_KEY}: model.architecture={plan.spec.name!r} cannot load Hugging Face weights (its "
+    if getattr(spec, "load_hf", None) is None:
+        raise ConfigError(f"{PRETRAINED_KEY}: model.architecture={spec.name!r} cannot load Hugging Face weights (its "
                           "ModelSpec has no load_hf)")
     hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
     model_type = hf.get("model_type")
-    types = tuple(getattr(plan.spec, "hf_model_types", ()) or ()) or (plan.spec.name,)
-    if model_type and not builds_model_type(plan.spec, model_type):
+    types = tuple(getattr(spec, "hf_model_types", ()) or ()) or (spec.name,)
+    if model_type and not builds_model_type(spec, model_type):
         raise ConfigError(f"{PRETRAINED_KEY}: {path}/config.json has model_type {model_type!r}, which model.architecture="
-                          f"{plan.spec.name!r} does not build (it builds {', '.join(types)})")
-    _same_shape(model, plan.model_dict, hf, path)
+                          f"{spec.name!r} does not build (it builds {', '.join(types)})")
+    _same_shape(model, model_dict, hf, path)
 
 
 def _same_shape(model: ModelConfig, ours: dict[str, Any], hf: dict[str, Any], path: Path) -> None:

@@ -220,36 +220,6 @@ def check_features(config: TrainingConfig, spec: Any, hf: dict[str, Any] | None,
     return covered
 
 
-#: NxDT 2.20's ``model.activations_checkpoint_recompute_mlp`` (config/nxdt_keys.py): NxDT's MLP class names that ``activations_checkpoint_recompute_mlp`` recomputed (its HF Llama and Mixtral)
-_NXDT_MLP_NAMES = ("LlamaMLP", "MoE")
-#: NxDT recomputed the MLP only from this sequence length on (its llama_model.py / mixtral_model.py)
-RECOMPUTE_MLP_MIN_SEQ = 8192
-
-
-def recompute_names(m: ModelConfig, spec: Any) -> list[str] | None:
-    """``model.activations_checkpoint_recompute``, or the list NxDT's older
-    ``activations_checkpoint_recompute_mlp`` meant for this model."""
-    if m.activations_checkpoint_recompute_mlp is None:
-        return m.activations_checkpoint_recompute
-    if m.activations_checkpoint_recompute:
-        raise ConfigError("model.activations_checkpoint_recompute_mlp (NxD Training 2.20) and its replacement "
-                          "model.activations_checkpoint_recompute are both set; keep activations_checkpoint_recompute")
-    if not m.activations_checkpoint_recompute_mlp or m.activations_checkpoint_granularity != "selective":
-        return None
-    seq = m.encoder_seq_length or 0
-    if seq < RECOMPUTE_MLP_MIN_SEQ:
-        return ["CoreAttention"]
-    known = dict(getattr(spec, "recompute_modules", {}) or {})
-    mlp = [name for name in _NXDT_MLP_NAMES if name in known]
-    if not mlp:
-        raise ConfigError(
-            f"model.activations_checkpoint_recompute_mlp=true (NxD Training 2.20) recomputes the MLP "
-            f"({' / '.join(_NXDT_MLP_NAMES)}) at encoder_seq_length={seq} >= {RECOMPUTE_MLP_MIN_SEQ}, and the "
-            f"{spec.name!r} model has no such module to recompute; use the newer key "
-            f"model.activations_checkpoint_recompute with names it can recompute: {', '.join(sorted(known)) or 'none'}")
-    return ["CoreAttention", mlp[0]]
-
-
 def recompute_table(spec: Any) -> dict[str, type]:
     """Every module class the model ``spec`` can recompute, by class name (how a written run config
     names them: a rank looks them up here, never imports a name from a file)."""
@@ -268,6 +238,8 @@ def recompute_classes(m: ModelConfig, spec: Any) -> list[type] | str | None:
     table = dict(getattr(spec, "recompute_modules", {}) or {})
     for cls in (*getattr(spec, "core_attention_classes", ()), *getattr(spec, "transformer_layer_classes", ())):
         table.setdefault(cls.__name__, (cls,))
+    from nxd_training.config.nxdt.history import recompute_names
+
     names = recompute_names(m, spec)  # NxDT 2.20's activations_checkpoint_recompute_mlp included
     if not names:
         classes = tuple(getattr(spec, "core_attention_classes", ()) or ())

@@ -22,9 +22,9 @@ from pydantic import ValidationError
 
 from nxd import ConfigError
 from nxd_training.config.errors import config_error, suggest
-from nxd_training.config.nxdt_keys import lift_alignment
+from nxd_training.config.nxdt.history import lift_alignment
 from nxd_training.config.overrides import parse_override
-from nxd_training.config.resolved import RESOLVED_KEY, ResolvedConfig, dump_resolved
+from nxd_training.config.resolved import RESOLVED_KEY, dump_resolved
 from nxd_training.config.schema import TrainingConfig
 
 HUB_PREFIX = "hub:"
@@ -187,7 +187,7 @@ def load_config(source: str | Path | dict[str, Any], overrides: Sequence[str] = 
                 check: bool = True) -> TrainingConfig:
     """Load and validate the whole config: schema, cross-field rules, and every plugin it needs
     (model, data module, pipeline, ZeRO-1, LoRA) — all before any process starts. With ``check``
-    (the default) the result is the :class:`ResolvedConfig` (resolved once, here); without it, the
+    (the default) the result is resolved (once, here: it carries its RunConfig); without it, the
     schema-checked sections only (``nxd train`` resolves them after data preparation)."""
     if isinstance(source, dict):
         raw, name = source, "config"
@@ -202,9 +202,9 @@ def load_config(source: str | Path | dict[str, Any], overrides: Sequence[str] = 
 
 
 def dump_config(config: TrainingConfig) -> str:
-    """The config as YAML: a :class:`ResolvedConfig` with its ``resolved`` section (what every run
+    """The config as YAML: a resolved config with its ``resolved`` section (what every run
     directory holds and every rank reads), else the sections alone."""
-    if isinstance(config, ResolvedConfig):
+    if config.resolved:
         return dump_resolved(config)
     data = config.model_dump(mode="json", by_alias=True, exclude_none=False)
     return yaml.safe_dump(data, sort_keys=False)

@@ -1,8 +1,8 @@
 """Cross-field rules and derived values: everything checked before a rank starts.
 
-``make_plan(config)`` either returns a :class:`RunPlan` (world size, DP size, gradient
-accumulation, model config, the plugins the run needs) or raises one :class:`nxd.ConfigError`
-naming the keys involved.
+``resolve_config(config)`` either returns the config carrying its one :class:`nxd.run_config.RunConfig`
+(``run.derived``: world size, DP size, gradient accumulation, the model config, the data section;
+each computed once here) or raises one :class:`nxd.ConfigError` naming the keys involved.
 
 Workflows: a key under ``model_alignment_strategy`` other than ``sft`` and ``peft`` names a workflow that a
 plugin registers through ``nxd_register_workflows`` (nxd-alignment provides ``dpo`` and ``orpo``).
@@ -12,7 +12,6 @@ micro-batch; plain pretraining and SFT need no workflow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,10 @@ import nxd
 from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
 from nxd.paths import check_name, name_problem
-from nxd.run_config import pipeline_schedule
+from nxd.run_config import Derived, pipeline_schedule
 from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
-from nxd_training.config import peft
 from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
-from nxd_training.config.nxdt_keys import key_notes, newer_keys
-from nxd_training.config.resolved import Resolution, ResolvedConfig
+from nxd_training.config.nxdt import MODEL_KEY_MAP, key_notes, lora_config, newer_keys, run_config
 from nxd_training.config.schema import (
     DataConfig,
     DistributedStrategyConfig,
@@ -38,28 +35,9 @@ from nxd_training.config.schema import (
     TrainerConfig,
     TrainingConfig,
 )
-from nxd_training.config.translate import run_config, run_config_of
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
 from nxd_training.schedules import SCHEDULES, schedule_names
-
-#: NxDT key in ``model`` -> Hugging Face ``config.json`` key (what model plugins accept)
-MODEL_KEY_MAP: dict[str, str] = {
-    "num_layers": "num_hidden_layers",
-    "hidden_size": "hidden_size",
-    "ffn_hidden_size": "intermediate_size",
-    "num_attention_heads": "num_attention_heads",
-    "num_kv_heads": "num_key_value_heads",
-    "kv_channels": "head_dim",
-    "vocab_size": "vocab_size",
-    "rope_theta": "rope_theta",
-    "max_position_embeddings": "max_position_embeddings",
-    "layernorm_epsilon": "rms_norm_eps",
-    "share_embeddings_and_output_weights": "tie_word_embeddings",
-    "init_method_std": "initializer_range",
-}
-
-
 
 #: keys of model_alignment_strategy the trainer handles itself
 BUILTIN_KEYS = ("sft", "peft")
@@ -89,27 +67,6 @@ def build_workflow(align: ModelAlignmentConfig | None) -> tuple[str | None, Any]
         raise
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"{key}: the {name} workflow rejected its options: {exc}") from None
-
-
-@dataclass
-class RunPlan:
-    """The :class:`Resolution` of a run with the live objects it names (the model plugin's spec and
-    config object, the workflow). Every number comes from the resolution: nothing here is derived a
-    second time, so the sizes ``--validate`` prints and the sizes a rank builds with are one record.
-    Callers read the sizes from ``plan.resolution`` (typed fields; nothing is forwarded)."""
-
-    resolution: Resolution
-    model_config: Any
-    spec: Any
-    #: the nxd.specs.Workflow of model_alignment_strategy.<name> (dpo, orpo, ...), or None
-    workflow: Any = None
-    #: the core's typed run config (nxd.run_config.RunConfig) the resolution recorded
-    run: Any = None
-
-    @property
-    def model_dict(self) -> dict[str, Any]:
-        """The model config as the model plugin's ``config_from_dict`` takes it (a copy)."""
-        return dict(self.resolution.model)
 
 
 def _sizes(ds: DistributedStrategyConfig, tr: TrainerConfig, data: DataConfig,
@@ -209,8 +166,9 @@ def _require_model_source(m: ModelConfig, spec: Any, hf: dict[str, Any] | None) 
         f"{', '.join('model.' + k for k in SIZE_KEYS)}")
 
 
-def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str, list[str]]:
-    """(spec, model dict, model config, why this model, notes on config.json keys it does not take)."""
+def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str, list[str], Any]:
+    """(spec, model dict, model config, why this model, notes on config.json keys it does not take,
+    the activation-checkpoint classes)."""
     hf = hf_config_file(config.model)
     spec, reason = model_spec(config.model, config.model_source, config.name, hf)
     _require_model_source(config.model, spec, hf)
@@ -218,7 +176,7 @@ def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str, list[
         _yaml_agrees_with_hf(config.model, hf)
     # the training sequence (checked with the batch sizes later: the model is refused first)
     covered = check_features(config, spec, hf, config.data.seq_length or config.model.encoder_seq_length)
-    recompute_classes(config.model, spec)
+    recompute = recompute_classes(config.model, spec)
     as_dict = model_dict(config.model, config.data, spec, hf, covered)
     try:
         model_config = spec.config_from_dict(dict(as_dict))
@@ -226,7 +184,7 @@ def _model(config: TrainingConfig) -> tuple[Any, dict[str, Any], Any, str, list[
         raise ConfigError(f"model: {exc}") from None
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"model: the {spec.name} plugin rejected the model config: {exc}") from None
-    return spec, as_dict, model_config, reason, list(covered.values())
+    return spec, as_dict, model_config, reason, list(covered.values()), recompute
 
 
 def _yaml_agrees_with_hf(m: ModelConfig, hf: dict[str, Any]) -> None:
@@ -476,8 +434,10 @@ def _precision(p: PrecisionConfig, ds: DistributedStrategyConfig) -> None:
 
 
 def _plugins(ds: DistributedStrategyConfig, align: ModelAlignmentConfig | None, em: ExpManagerConfig,
-             pp: int, dp: int) -> None:
-    """The plugins the sections need are installed; the data-parallel strategy's sizes fit ``dp``."""
+             pp: int, dp: int, spec: Any) -> Any:
+    """The plugins the sections need are installed; the data-parallel strategy's sizes fit ``dp``.
+    Returns the ``peft`` section's LoraConfig (its targets defaulting to the model's), or None."""
+    lora = None
     if pp > 1:
         schedule = pipeline_schedule(ds.pipeline_schedule, ds.virtual_pipeline_model_parallel_size or 1)
         _need("pipeline_schedule", schedule, "distributed_strategy.pipeline_model_parallel_size", "nxd-pipeline")
@@ -499,9 +459,11 @@ def _plugins(ds: DistributedStrategyConfig, align: ModelAlignmentConfig | None, 
                 raise ConfigError(f"model_alignment_strategy.peft: LoRA does not support pipeline parallelism "
                                   f"(pipeline_model_parallel_size={pp}); use tensor/data parallelism with LoRA")
             _need("adapter", "lora", "model_alignment_strategy.peft", "nxd-lora")
-            peft.lora_config(align.peft, [])  # its keys checked now, before the QLoRA rules (translated later)
+            # its keys checked now, before the QLoRA rules: the one LoraConfig of the run
+            lora = lora_config(align.peft, list(getattr(spec, "lora_target_modules", ()) or ()))
     if em.create_checkpoint_callback or em.resume_if_exists:
         _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")
+    return lora
 
 
 def qlora_mode(config: TrainingConfig) -> str | None:
@@ -528,53 +490,32 @@ def _qlora(config: TrainingConfig) -> None:
                           "export that checkpoint to Hugging Face (nxd ckpt convert) and name it there")
 
 
-def make_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
-    """The run's plan, rebuilt from the resolution alone (the registered model, its config from the
-    recorded dict, the workflow by name, the RunConfig as recorded). A plain :class:`TrainingConfig`
-    is resolved first (:func:`resolve_config`: every rule checked; ``check_data=False`` skips the data module's own checks: its files need not exist, as for ``nxd
-    plan`` sizing a run on a machine that does not hold its data)."""
-    return plan_of(resolve_config(config, check_data))
-
-
-def resolve_config(config: TrainingConfig, check_data: bool = True) -> ResolvedConfig:
+def resolve_config(config: TrainingConfig, check_data: bool = True) -> TrainingConfig:
     """Resolve ``config`` once: every rule checked, every choice recorded (``model.architecture``
-    set to the model the run builds). A resolved config is returned as it is. ``check_data=False``
-    skips the data module's own checks (its files need not exist: ``nxd plan`` sizes a run on a
-    machine that does not hold its data)."""
-    if isinstance(config, ResolvedConfig):
+    set to the model the run builds), the result carrying its :class:`nxd.run_config.RunConfig`
+    (``config.run``). A resolved config is returned as it is. ``check_data=False`` skips the data
+    module's own checks (its files need not exist: ``nxd plan`` sizes a run on a machine that does
+    not hold its data)."""
+    if config.resolved:
         return config
-    plan = derive_plan(config, check_data)
+    spec, derived, recompute, lora = derive(config, check_data)
     sections = config.model_dump(by_alias=True)
-    sections["model"]["architecture"] = plan.spec.name
-    newer_keys(sections, config.model, plan.spec)  # keys of earlier NxDT releases written under their newer names
-    resolved = ResolvedConfig.model_validate({**sections, "resolved": plan.resolution})
-    run = run_config(resolved, plan.spec, plan.resolution)  # the one translation into the core's RunConfig
-    return resolved.model_copy(update={"resolved": plan.resolution.model_copy(update={"run": run.to_record()})})
+    sections["model"]["architecture"] = spec.name
+    newer_keys(sections, config.model, spec)  # keys of earlier NxDT releases written under their newer names
+    resolved = TrainingConfig.model_validate(sections)
+    return resolved.with_run(run_config(resolved, derived, recompute, lora))  # the one translation
 
 
-def plan_of(config: ResolvedConfig) -> RunPlan:
-    """The plan a resolved config recorded (what ranks use: no resolution happens here)."""
-    r = config.resolved
-    try:
-        spec = nxd.get_component("model", r.architecture, need=r.architecture_reason)
-    except ComponentNotFound as exc:
-        raise ConfigError(str(exc)) from None
-    if r.run is None:
-        raise ConfigError("config.yaml: its 'resolved' section has no 'run' (written by an older nxd); "
-                          "run `nxd train` on the run's YAML to resolve it again")
-    return RunPlan(r, spec.config_from_dict(dict(r.model)), spec, build_workflow(config.model_alignment_strategy)[1],
-                   run_config_of(config, spec))
-
-
-def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
-    """Check every cross-field rule and the plugins the run needs; return the derived values.
+def derive(config: TrainingConfig, check_data: bool = True) -> tuple[Any, Derived, Any, Any]:
+    """Check every cross-field rule and the plugins the run needs; return (the model spec, the
+    derived values, the activation-checkpoint classes, the LoraConfig or None), each computed once.
     The model comes first: a config for a model nxd cannot build is refused for that reason."""
-    spec, as_dict, model_config, reason, covered_notes = _model(config)
+    spec, as_dict, model_config, reason, covered_notes, recompute = _model(config)
     ds, align = config.distributed_strategy, config.model_alignment_strategy
     world, tp, pp, dp, num_mb, seq = _sizes(ds, config.trainer, config.data, config.model)
     _training(config.trainer, config.model.optim, config.exp_manager, config.name)
     _precision(config.precision, ds)
-    _plugins(ds, align, config.exp_manager, pp, dp)
+    lora = _plugins(ds, align, config.exp_manager, pp, dp, spec)
     _qlora(config)
     _layout_fits_model(ds, spec, model_config, seq, tp, pp)
     workflow_key, workflow = build_workflow(align)
@@ -588,14 +529,14 @@ def derive_plan(config: TrainingConfig, check_data: bool = True) -> RunPlan:
                           f"(context_parallel_size={cp}): its loss reads whole sequences (pairs of responses), "
                           "which CP splits over ranks; use context_parallel_size=1")
     data_module = default_data_module(config.data, align, config.model_source, workflow)
+    section = data_section(config.data, align, workflow, seq)  # what the data module validates and every rank builds
     if check_data:
-        _data(data_module, data_section(config.data, align, workflow, seq))
+        _data(data_module, section)
     needs = getattr(workflow, "data_module", None)
     if needs and data_module != needs:
         raise ConfigError(f"model_alignment_strategy.{workflow_key} trains on the {needs!r} data module, but "
                           f"data.module={data_module!r}; remove data.module or set it to {needs!r}")
-    resolution = Resolution(
-        architecture=spec.name, architecture_reason=reason, model=as_dict, world_size=world, tp=tp, pp=pp, dp=dp,
-        cp=cp, ep=ds.expert_model_parallel_size, num_microbatches=num_mb, seq_length=seq, data_module=data_module,
-        workflow=workflow_key, notes=key_notes(config, spec) + covered_notes)
-    return RunPlan(resolution, model_config, spec, workflow)
+    derived = Derived(architecture=spec.name, architecture_reason=reason, model=as_dict, world_size=world, dp=dp,
+                      num_microbatches=num_mb, seq_length=seq, data_module=data_module, data=section,
+                      workflow=workflow_key, notes=tuple(key_notes(config, spec) + covered_notes))
+    return spec, derived, recompute, lora

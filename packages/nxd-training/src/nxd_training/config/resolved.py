@@ -1,12 +1,12 @@
-"""The one resolved config of a run.
+"""A resolved run on disk, and the live objects its RunConfig names.
 
-``nxd train`` resolves the YAML (+ overrides) exactly once into a :class:`ResolvedConfig`: the
-config's sections with every choice made explicit (``model.architecture`` names the model the run
-builds) plus :class:`Resolution`, what was derived from them and from the files they name (the
-model config handed to the model plugin, the parallel layout, the data module, the workflow).
-``--validate`` and ``--print-config`` show that object; the launcher writes it once to
-``<run>/config.yaml``; every rank reads that file back with :func:`load_resolved`, which
-deserialises and never resolves again, so validation and the ranks cannot disagree.
+``nxd train`` resolves the YAML (+ overrides) exactly once (``resolve_config``) into the sections
+(every choice explicit: ``model.architecture`` names the model the run builds) carrying the run's
+:class:`nxd.run_config.RunConfig` (``config.run``; ``run.derived``: the model config, the batch
+numbers, the data section, the workflow). ``--validate`` and ``--print-config`` show it; the
+launcher writes it once to ``<run>/config.yaml`` (the sections, then the RunConfig's record under
+``resolved``); every rank reads that file back with :func:`load_resolved`, which deserialises and
+never resolves again, so validation and the ranks cannot disagree.
 """
 
 from __future__ import annotations
@@ -14,81 +14,75 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from nxd import ConfigError
+import nxd
+from nxd import ComponentNotFound, ConfigError
+from nxd.run_config import RunConfig
 from nxd_training.config.schema import TrainingConfig
 
-#: the top-level key of a written config that holds the resolution
+#: the top-level key of a written config that holds the RunConfig's record
 RESOLVED_KEY = "resolved"
-
-
-class Resolution(BaseModel):
-    """What ``nxd train`` derived from the sections (nothing here is re-derived on a rank)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
-
-    architecture: str = Field(description="the registered model (nxd.get_model) this run builds")
-    architecture_reason: str = Field(description="which key chose it (model.architecture, model_source, ...)")
-    model: dict[str, Any] = Field(description="the model plugin's config_from_dict input: Hugging Face keys, the "
-                                              "model_config file, the tokenizer's vocabulary, the feature keys set")
-    world_size: int
-    tp: int
-    pp: int
-    dp: int
-    cp: int
-    ep: int
-    num_microbatches: int
-    seq_length: int
-    data_module: str
-    workflow: Union[str, None] = Field(None, description="model_alignment_strategy's workflow (dpo, orpo), or null")
-    #: the core's RunConfig (nxd.run_config.RunConfig.to_record): what every rank builds and trains with
-    run: Union[dict[str, Any], None] = None
-    #: how keys of earlier NxDT releases, and keys accepted without effect here, were read
-    notes: list[str] = Field(default_factory=list)
-    #: sha256 of the sections as written; a rank refuses a file whose sections were edited afterwards
-    sections_sha256: Union[str, None] = None
-
-
-class ResolvedConfig(TrainingConfig):
-    """A :class:`TrainingConfig` resolved once, carrying its :class:`Resolution`. Built by
-    :func:`nxd_training.config.resolve_config`; read back on ranks by :func:`load_resolved`."""
-
-    resolved: Resolution
+#: the key of that record holding the digest of the sections it was resolved from
+DIGEST_KEY = "sections_sha256"
 
 
 def sections_digest(sections: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(sections, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def dump_resolved(config: ResolvedConfig) -> str:
+def dump_resolved(config: TrainingConfig) -> str:
     """The resolved config as YAML: the sections (every key, nulls included), then ``resolved``."""
     data = config.model_dump(mode="json", by_alias=True, exclude_none=False)
-    resolution = data.pop(RESOLVED_KEY)
-    resolution["sections_sha256"] = sections_digest(data)
-    return yaml.safe_dump({**data, RESOLVED_KEY: resolution}, sort_keys=False)
+    record = {**config.run.to_record(), DIGEST_KEY: sections_digest(data)}
+    return yaml.safe_dump({**data, RESOLVED_KEY: record}, sort_keys=False)
 
 
-def resolved_from_mapping(raw: dict[str, Any], source: str) -> ResolvedConfig:
+def model_spec_of(run: RunConfig) -> Any:
+    """The registered model (``nxd.specs.ModelSpec``) the resolution chose."""
+    try:
+        return nxd.get_component("model", run.derived.architecture, need=run.derived.architecture_reason)
+    except ComponentNotFound as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def model_config_of(run: RunConfig, spec: Any, **changes: Any) -> Any:
+    """The model plugin's config object from the recorded model dict (``changes`` applied)."""
+    return spec.config_from_dict({**run.derived.model, **changes})
+
+
+def resolved_from_mapping(raw: dict[str, Any], source: str) -> TrainingConfig:
     """Deserialise a written resolved config (no resolution): the sections must be exactly the ones
     the resolution was made from."""
     from nxd_training.config.errors import config_error
+    from nxd_training.config.features import recompute_table
 
     sections = {k: v for k, v in raw.items() if k != RESOLVED_KEY}
-    recorded = (raw.get(RESOLVED_KEY) or {}).get("sections_sha256") if isinstance(raw.get(RESOLVED_KEY), dict) else None
+    record = raw.get(RESOLVED_KEY)
+    if not isinstance(record, dict) or not isinstance(record.get("derived"), dict):
+        raise ConfigError(f"{source}: its '{RESOLVED_KEY}' section is not a run config nxd train wrote (written by an "
+                          "older nxd?); run `nxd train` on the run's YAML to resolve it again")
+    recorded = record.get(DIGEST_KEY)
     if recorded is not None and recorded != sections_digest(sections):
         raise ConfigError(f"{source}: its sections were edited after `nxd train` resolved them (the '{RESOLVED_KEY}' "
                           "section no longer describes them); run `nxd train` on the edited file to resolve it again")
     try:
-        return ResolvedConfig.model_validate(raw)
+        config = TrainingConfig.model_validate(sections)
     except ValidationError as exc:
-        raise config_error(ResolvedConfig, exc, source) from None
+        raise config_error(TrainingConfig, exc, source) from None
+    arch = record["derived"].get("architecture")
+    try:
+        spec = nxd.get_component("model", arch, need=f"{source}: {RESOLVED_KEY}.derived.architecture")
+    except ComponentNotFound as exc:
+        raise ConfigError(str(exc)) from None
+    # activation-checkpoint classes by name, looked up among the model's own (nothing imported from a file)
+    return config.with_run(RunConfig.from_record(record, recompute_table(spec), f"{source}: {RESOLVED_KEY}"))
 
 
-def load_resolved(path: str | Path) -> ResolvedConfig:
+def load_resolved(path: str | Path) -> TrainingConfig:
     """Read a run's ``config.yaml`` as written by ``nxd train`` (what every rank does)."""
     path = Path(path)
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from nxd_training.precision import PRECISION_TYPES
 
@@ -295,7 +295,7 @@ class SFTConfig(Section):
 
 class ModelAlignmentConfig(Section):
     sft: Union[SFTConfig, None] = None
-    #: NxD's LoraConfig fields with NxDT's defaults (nxd_training.config.peft; docs/config.md)
+    #: NxD's LoraConfig fields with NxDT's defaults (nxd_training.config.nxdt.peft; docs/config.md)
     peft: Union[dict[str, Any], None] = None
     dpo: Union[dict[str, Any], None] = None
     orpo: Union[dict[str, Any], None] = None
@@ -333,6 +333,12 @@ class GenerationConfig(Section):
 
 
 class TrainingConfig(Section):
+    """The NxDT YAML as the user writes it. Once ``nxd train`` has resolved it
+    (:func:`nxd_training.config.resolve_config`), it carries the run's one
+    :class:`nxd.run_config.RunConfig` (:attr:`run`): what every step after resolution reads."""
+
+    #: the RunConfig resolution made (or a rank read back from config.yaml); None: not resolved
+    _run: Any = PrivateAttr(None)
     name: str = "nxd_run"
     model_source: Literal["hf", "megatron"] = "hf"
     seed: int = Field(1234, ge=0)
@@ -353,3 +359,24 @@ class TrainingConfig(Section):
     bucket_size_collectives: Union[int, None] = Field(None, ge=1)
     neuron_rt_exec_timeout: Union[int, None] = Field(None, ge=1)
     neuron_experimental_compress_rg: bool = False
+
+    @property
+    def resolved(self) -> bool:
+        """Resolved once by ``nxd train`` (or read back from a run's config.yaml): :attr:`run` is set."""
+        return self._run is not None
+
+    @property
+    def run(self) -> Any:
+        """The run's :class:`nxd.run_config.RunConfig` (``run.derived``: the model, the batch numbers,
+        the data section, the workflow); a config not resolved yet has none."""
+        if self._run is None:
+            from nxd import ConfigError
+
+            raise ConfigError("this config is not resolved: nxd_training.config.resolve_config(config) resolves it")
+        return self._run
+
+    def with_run(self, run: Any) -> TrainingConfig:
+        """A copy carrying ``run`` (what resolution and ``load_resolved`` make)."""
+        copy = self.model_copy()
+        copy._run = run
+        return copy

@@ -1,8 +1,8 @@
 """NxDT's YAML sections -> the core's typed :class:`nxd.run_config.RunConfig`: the one translator.
 
 Called once per run, when the config is resolved (``resolve_config``); the result is written to
-the run folder with the resolution (``resolved.run`` in ``<run>/config.yaml``) and every rank reads
-it back (:func:`run_config_of`): no rank translates or validates it again. NxDT's names stop here:
+the run folder (``resolved`` in ``<run>/config.yaml``) and every rank reads it back
+(``load_resolved``): no rank translates or validates it again. NxDT's names stop here:
 ``trainer.gradient_clip_val`` (0 or null: no clipping) is ``optimizer.max_grad_norm`` (None: no
 clipping) downstream, ``distributed_strategy.*_model_parallel_size`` are ``parallel.tp/pp/ep``, ...
 """
@@ -12,11 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from nxd import ConfigError
-from nxd.run_config import DEFAULT_COMPILE_CONFIG, ModelInitConfig, OptimizerConfig, Parallelism, RunConfig
-from nxd_training.config import peft
-from nxd_training.config.features import recompute_classes, recompute_table
+from nxd.run_config import DEFAULT_COMPILE_CONFIG, Derived, ModelInitConfig, OptimizerConfig, Parallelism, RunConfig
 from nxd_training.config.schema import CheckpointCallbackParams, PrecisionConfig, TrainingConfig
-from nxd_training.lora_export import lora_enabled
 from nxd_training.precision import (
     STOCHASTIC_ROUNDING_TYPES,
     model_transforms,
@@ -48,29 +45,29 @@ def _compile(value: bool | dict[str, Any]) -> dict[str, Any] | None:
     return {**DEFAULT_COMPILE_CONFIG, **options}
 
 
-def run_config(config: TrainingConfig, spec: Any, r: Any) -> RunConfig:
-    """The run's :class:`RunConfig` from its sections, the model ``spec`` and the resolution ``r``'s sizes."""
+def run_config(config: TrainingConfig, derived: Derived, activation_checkpoint: Any, lora: Any) -> RunConfig:
+    """The run's :class:`RunConfig` from its sections and what resolution derived (the numbers, the
+    activation-checkpoint classes, the ``peft`` section's LoraConfig), each computed once."""
     ds, tr = config.distributed_strategy, config.trainer
     pipeline: dict[str, Any] = {}
-    if r.pp > 1:
-        pipeline = {"num_microbatches": r.num_microbatches}
+    if ds.pipeline_model_parallel_size > 1:
+        pipeline = {"num_microbatches": derived.num_microbatches}
         if ds.pipeline_schedule:  # unset: the default schedule (nxd.run_config.pipeline_schedule)
             pipeline["schedule"] = ds.pipeline_schedule
         if (ds.virtual_pipeline_model_parallel_size or 1) > 1:
             pipeline["virtual_pipeline_size"] = ds.virtual_pipeline_model_parallel_size
         if config.model.pipeline_cuts:
             pipeline["pipeline_cuts"] = list(config.model.pipeline_cuts)
-    align = config.model_alignment_strategy
-    lora = (peft.lora_config(align.peft, list(getattr(spec, "lora_target_modules", ()) or ()))
-            if lora_enabled(align) else None)
     reduce = parallel_layers_reduce_dtype(config.precision)
     return RunConfig(
-        parallel=Parallelism(tp=r.tp, pp=r.pp, cp=r.cp, ep=r.ep, sequence_parallel=ds.sequence_parallel),
+        parallel=Parallelism(tp=ds.tensor_model_parallel_size, pp=ds.pipeline_model_parallel_size,
+                             cp=ds.context_parallel_size, ep=ds.expert_model_parallel_size,
+                             sequence_parallel=ds.sequence_parallel),
         optimizer=OptimizerConfig(zero_one_enabled=ds.zero1, max_grad_norm=float(tr.gradient_clip_val or 0) or None),
         model_init=ModelInitConfig(sequential_move_factor=tr.sequential_move_factor,
                                    meta_device_init=config.model.meta_device_init),
         pipeline_config=pipeline,
-        activation_checkpoint_config=recompute_classes(config.model, spec),
+        activation_checkpoint_config=activation_checkpoint,
         lora_config=lora.to_dict() if lora is not None else None,
         mixed_precision_config=(mixed_precision_config(config.precision, config.exp_manager.checkpoint_callback_params)
                                 if ds.zero1 else None),
@@ -78,10 +75,5 @@ def run_config(config: TrainingConfig, spec: Any, r: Any) -> RunConfig:
         fsdp_config=(ds.fsdp if isinstance(ds.fsdp, dict) else {}) if ds.fsdp else None,
         model_transforms=model_transforms(config.precision, tr) or {},
         reduce_dtype=str(reduce).removeprefix("torch."),
+        derived=derived,
     )
-
-
-def run_config_of(config: Any, spec: Any) -> RunConfig:
-    """The :class:`RunConfig` a resolved config recorded (what ranks use: nothing translated or
-    checked again); activation-checkpoint classes are looked up among ``spec``'s own."""
-    return RunConfig.from_record(config.resolved.run, recompute_table(spec), "config.yaml: resolved.run")

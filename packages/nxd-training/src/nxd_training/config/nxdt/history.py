@@ -1,4 +1,4 @@
-"""NxD Training keys that nxd reads with a note in the resolved config (``resolved.notes``, which
+"""NxD Training keys that nxd reads with a note in the resolved config (``resolved.derived.notes``, which
 ``nxd train`` prints): keys of earlier releases, Neuron-only keys, keys accepted without effect.
 
 Keys of earlier NxD Training releases that later releases renamed or replaced are read with the
@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from nxd import ConfigError
 from nxd_training.config.errors import config_error
-from nxd_training.config.features import RECOMPUTE_MLP_MIN_SEQ, recompute_names, value_at
+from nxd_training.config.features import value_at
 from nxd_training.config.schema import DataConfig, ModelAlignmentConfig, ModelConfig, TrainingConfig
 
 #: key -> what it sets on Neuron
@@ -62,6 +62,36 @@ NO_EFFECT_KEYS: dict[str, str] = {
                              "training dtype",
     "trainer.num_sanity_val_steps": "NxD Training (Lightning) runs validation steps before training; nxd does not",
 }
+
+
+#: NxDT 2.20's ``model.activations_checkpoint_recompute_mlp`` : NxDT's MLP class names that ``activations_checkpoint_recompute_mlp`` recomputed (its HF Llama and Mixtral)
+_NXDT_MLP_NAMES = ("LlamaMLP", "MoE")
+#: NxDT recomputed the MLP only from this sequence length on (its llama_model.py / mixtral_model.py)
+RECOMPUTE_MLP_MIN_SEQ = 8192
+
+
+def recompute_names(m: ModelConfig, spec: Any) -> list[str] | None:
+    """``model.activations_checkpoint_recompute``, or the list NxDT's older
+    ``activations_checkpoint_recompute_mlp`` meant for this model."""
+    if m.activations_checkpoint_recompute_mlp is None:
+        return m.activations_checkpoint_recompute
+    if m.activations_checkpoint_recompute:
+        raise ConfigError("model.activations_checkpoint_recompute_mlp (NxD Training 2.20) and its replacement "
+                          "model.activations_checkpoint_recompute are both set; keep activations_checkpoint_recompute")
+    if not m.activations_checkpoint_recompute_mlp or m.activations_checkpoint_granularity != "selective":
+        return None
+    seq = m.encoder_seq_length or 0
+    if seq < RECOMPUTE_MLP_MIN_SEQ:
+        return ["CoreAttention"]
+    known = dict(getattr(spec, "recompute_modules", {}) or {})
+    mlp = [name for name in _NXDT_MLP_NAMES if name in known]
+    if not mlp:
+        raise ConfigError(
+            f"model.activations_checkpoint_recompute_mlp=true (NxD Training 2.20) recomputes the MLP "
+            f"({' / '.join(_NXDT_MLP_NAMES)}) at encoder_seq_length={seq} >= {RECOMPUTE_MLP_MIN_SEQ}, and the "
+            f"{spec.name!r} model has no such module to recompute; use the newer key "
+            f"model.activations_checkpoint_recompute with names it can recompute: {', '.join(sorted(known)) or 'none'}")
+    return ["CoreAttention", mlp[0]]
 
 
 def earlier_alignment(data: DataConfig) -> Any:

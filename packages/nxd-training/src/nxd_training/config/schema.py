@@ -49,7 +49,7 @@ class TrainerConfig(Section):
     limit_test_batches: Union[int, float] = Field(0.0, ge=0)
     gradient_clip_val: Union[float, None] = Field(1.0, ge=0, description="0 or null disables clipping")
     lnc: Union[int, None] = Field(None, ge=1, le=2)
-    vnc: Union[int, None] = Field(None, ge=1, le=2, description="NxDT's earlier name of lnc (config/nxdt_keys.py)")
+    vnc: Union[int, None] = Field(None, ge=1, le=2, description="NxDT's earlier name of lnc (config/nxdt/history.py)")
     sequential_move_factor: int = Field(11, ge=1, le=32)
     enable_progress_bar: bool = True
     compile: Union[bool, dict[str, Any]] = Field(
@@ -235,7 +235,7 @@ class ModelConfig(Section):
     activations_checkpoint_granularity: Union[Literal["selective", "full", "op"], None] = None  # op: nxd addition
     activations_checkpoint_recompute: Union[list[str], None] = None
     activations_checkpoint_recompute_mlp: Union[bool, None] = Field(
-        None, description="NxDT 2.20's key, replaced by activations_checkpoint_recompute (config/nxdt_keys.py)")
+        None, description="NxDT 2.20's key, replaced by activations_checkpoint_recompute (config/nxdt/history.py)")
     fusions: FusionsConfig = Field(default_factory=FusionsConfig)
     fused_kernels: Union[list[str], None] = Field(
         None, description="nxd addition: ops run by fused GPU kernels (Liger-Kernel, CUDA): rms_norm, swiglu, rope, "

@@ -123,7 +123,7 @@ def dcp_checksum_cost(root: str, mb: int, repeats: int) -> list[tuple[str, list[
     it is read, ``.metadata`` through the safe unpickler). Rounds alternate which goes first."""
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-    from nxd_fsdp.dcp_integrity import DigestingWriter, SafeReader, record_manifest, verify_dcp
+    from nxd_core_parallel.dcp_integrity import DigestingWriter, SafeReader, record_manifest, verify_dcp
 
     state = {"model": make_state(mb)}
     target = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()}}
@@ -136,7 +136,7 @@ def dcp_checksum_cost(root: str, mb: int, repeats: int) -> list[tuple[str, list[
         def run() -> None:
             writer = DigestingWriter(os.path.join(root, "dcp_checked"))
             dcp.save(state, storage_writer=writer)
-            record_manifest(os.path.join(root, "dcp_checked"), writer)
+            record_manifest(os.path.join(root, "dcp_checked"), writer, "nxd_fsdp.save_dcp")
         return timed_once(run)
 
     def load_plain() -> float:
@@ -147,7 +147,7 @@ def dcp_checksum_cost(root: str, mb: int, repeats: int) -> list[tuple[str, list[
 
     writer = DigestingWriter(folder)
     dcp.save(state, storage_writer=writer)
-    record_manifest(folder, writer)
+    record_manifest(folder, writer, "nxd_fsdp.save_dcp")
     pairs = {"DCP save": (save_plain, save_checked), "DCP load": (load_plain, load_checked)}
     for plain, checked in pairs.values():  # warm-up
         plain(), checked()

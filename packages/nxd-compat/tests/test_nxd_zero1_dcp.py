@@ -98,6 +98,7 @@ def test_nxd_zero1_dcp_checkpoint_loads(rank_pool, tmp_path):
     model_state, shards = _nxd_shards(dp=2)
     files = rank_pool(2).run(nxd_dcp_save_body, str(tmp_path), model_state, shards)[0]
     assert ".metadata" in files and any(f.endswith(".distcp") for f in files), files
+    assert "nxd_checksums.json" in files, files  # NxD's writer, through nxd's DCP integrity
     out = rank_pool(2).run(nxd_dcp_load_body, str(tmp_path))
     for r, got in enumerate(out):
         assert "keyed by parameter name: pass the model too" in got["refusal"], got["refusal"]
@@ -106,6 +107,71 @@ def test_nxd_zero1_dcp_checkpoint_loads(rank_pool, tmp_path):
             for k in KEYS:
                 assert torch.equal(got["xla"]["base_state"][i][k], want[k]), (r, i, k)
             assert float(got["xla"]["base_state"][i]["step"]) == float(want["step"])
+    # NxD's own reader of that folder: verified as it reads, a flipped byte named, no manifest noted
+    back = rank_pool(2).run(nxd_dcp_verified_load_body, str(tmp_path), shards)
+    for r, got in enumerate(back):
+        state, notes = got["intact"]
+        assert isinstance(state, dict) and not notes, (state, notes)
+        for i, want in shards[r]["base_state"].items():
+            assert all(torch.equal(state["base_state"][i][k], want[k]) for k in KEYS), (r, i)
+        error, _ = got["flipped"]
+        assert f"{got['shard']}: content checksum mismatch" in error and "weights_only" not in error, error
+        state, notes = got["unverified"]
+        assert isinstance(state, dict), state
+        assert len(notes) == (r == 0) and all("no nxd_checksums.json" in n and "unverified" in n for n in notes), notes
+
+
+class _Captures:  # stands in for NxD's ZeRO-1 optimizer: load_optim_state_dict hands it the state it read
+    def load_state_dict(self, state: dict) -> None:
+        self.state = state
+
+
+def nxd_dcp_verified_load_body(root: str, shards: list[dict]) -> dict:
+    """NxD's own ``load_optim_state_dict`` of the folder NxD's ``save_optim_state_dict`` wrote: intact,
+    with one flipped byte in a ``.distcp``, and (byte restored) without nxd's manifest."""
+    import shutil
+    import warnings
+
+    import torch.distributed as dist
+
+    from neuronx_distributed.optimizer import zero_dcp_utils
+    from neuronx_distributed.parallel_layers import parallel_state
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    rank, path = dist.get_rank(), os.path.join(root, "tag", "optim")
+    model = _model(0)
+    aux = {"optim_pid_to_params": dict(enumerate(model.parameters())), "shape_info": shards[rank]["shape_info"],
+           "optim_pid_to_pnames": {i: n for i, (n, _) in enumerate(model.named_parameters())}}
+
+    def load() -> tuple[dict | str, list[str]]:
+        opt = _Captures()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            try:
+                zero_dcp_utils.load_optim_state_dict(path, opt, aux)
+                got: dict | str = opt.state
+            except Exception as exc:  # noqa: BLE001 - the test reads the message
+                got = f"{type(exc).__name__}: {exc}"
+        dist.barrier()
+        return got, [str(w.message) for w in seen if "unverified" in str(w.message)]
+
+    out = {"intact": load()}
+    shard = os.path.join(path, sorted(f for f in os.listdir(path) if f.endswith(".distcp"))[0])
+    if rank == 0:
+        shutil.copy(shard, root + "/good")
+        with open(shard, "r+b") as f:  # one byte in the middle of the file (a tensor's bytes)
+            f.seek(os.path.getsize(shard) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x10]))
+    dist.barrier()
+    out["flipped"], out["shard"] = load(), shard
+    if rank == 0:
+        os.replace(root + "/good", shard)
+        os.rename(os.path.join(path, "nxd_checksums.json"), root + "/manifest")
+    dist.barrier()
+    out["unverified"] = load()
+    return out
 
 
 def _zero1_model(tp: int, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -142,7 +142,7 @@ def test_a_foreign_dcp_folder_loads_unverified_and_damage_is_named(rank_pool, tm
 
 @pytest.mark.parametrize("payload", [b"cos\nsystem\n(S'echo pwned'\ntR."])
 def test_dcp_metadata_is_not_unpickled_blindly(tmp_path: Path, payload: bytes) -> None:
-    from nxd_fsdp.dcp_integrity import DcpCheckpointError, read_metadata
+    from nxd_core_parallel.dcp_integrity import DcpCheckpointError, read_metadata
 
     (tmp_path / ".metadata").write_bytes(payload)
     with pytest.raises(DcpCheckpointError, match=r"\.metadata: not a DCP metadata file .*os\.system"):
@@ -156,9 +156,9 @@ def test_dcp_files_are_hashed_in_the_one_read_that_loads_them(tmp_path: Path, mo
     the file."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    import nxd_fsdp.dcp_verified_read as verified
+    import nxd_core_parallel.dcp_verified_read as verified
+    from nxd_core_parallel.dcp_integrity import DigestingWriter, SafeReader, record_manifest, verify_dcp
     from nxd_core_parallel.file_checksums import ChecksumError, file_digest
-    from nxd_fsdp.dcp_integrity import DigestingWriter, SafeReader, record_manifest, verify_dcp
 
     state = {f"w{i}": torch.randn(300_000 + i) for i in range(3)}  # > 1 MiB each: hashed while synced
     state["small"] = torch.arange(7.0)
@@ -167,7 +167,7 @@ def test_dcp_files_are_hashed_in_the_one_read_that_loads_them(tmp_path: Path, mo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DCP's "no process group: one process" note
         dcp.save(state, storage_writer=writer)
-    record_manifest(folder, writer)
+    record_manifest(folder, writer, "nxd_fsdp.save_dcp")
     files = verify_dcp(folder)
     assert all(file_digest(os.path.join(folder, n)) == d for n, d in files.items())  # the streamed digests
 
@@ -193,7 +193,7 @@ def test_a_damaged_metadata_is_one_line_naming_it(tmp_path: Path, caplog) -> Non
     """In process: ``load_dcp`` of a folder whose ``.metadata`` is damaged raises nxd's one error naming
     the file; torch's "Global/Rank local metadata is not found" warnings and their tracebacks (logged on
     the root logger before DCP's own error: printed to stderr outside pytest) are not logged."""
-    from nxd_fsdp.dcp_integrity import DcpCheckpointError, DigestingWriter, record_manifest
+    from nxd_core_parallel.dcp_integrity import DcpCheckpointError, DigestingWriter, record_manifest
 
     model = torch.nn.Linear(3, 2)
     folder = str(tmp_path / "dcp")
@@ -201,7 +201,7 @@ def test_a_damaged_metadata_is_one_line_naming_it(tmp_path: Path, caplog) -> Non
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(model.state_dict(), storage_writer=writer)
-    record_manifest(folder, writer)
+    record_manifest(folder, writer, "nxd_fsdp.save_dcp")
     (Path(folder) / ".metadata").write_bytes(b"\x80\x04garbage")
     caplog.set_level("DEBUG")
     with pytest.raises(DcpCheckpointError, match=rf"{Path(folder) / '.metadata'}: content checksum mismatch"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from nxd_ckpt.errors import CorruptCheckpointError
-from nxd_core_parallel.file_checksums import ALGORITHM, digest_of
+from nxd_core_parallel.file_checksums import ALGORITHM, check_digest, digest_of
 from nxd_core_parallel.hashing_writer import LARGE_WRITE, HashingWriter, stable_regions
 
 __all__ = ["ALGORITHM", "LARGE_WRITE", "HashingWriter", "digest_of", "stable_regions", "verify"]
@@ -23,16 +23,4 @@ __all__ = ["ALGORITHM", "LARGE_WRITE", "HashingWriter", "digest_of", "stable_reg
 def verify(data: bytes, recorded: dict[str, Any], where: str, others: dict[str, dict] | None = None) -> None:
     """Raise :class:`CorruptCheckpointError` naming ``where`` unless ``data`` matches ``recorded``;
     ``others`` (path -> recorded digest) lets the message say which file the bytes really are."""
-    actual = digest_of(data)
-    if actual == {k: recorded.get(k) for k in actual}:
-        return
-    hint = ""
-    swapped = [p for p, d in (others or {}).items() if d == actual]
-    if swapped:
-        hint = f"; its content is that of {swapped[0]} (files swapped or copied over each other?)"
-    elif actual["bytes"] != recorded.get("bytes"):
-        hint = f"; it has {actual['bytes']} bytes, {recorded.get('bytes')} were written (truncated or replaced?)"
-    raise CorruptCheckpointError(
-        f"{where}: content checksum mismatch ({ALGORITHM} {actual[ALGORITHM]}, recorded at save "
-        f"{recorded.get(ALGORITHM)}): the file was corrupted or altered after it was saved{hint}"
-    )
+    check_digest(digest_of(data), recorded, where, "nxd saved it", others, error=CorruptCheckpointError)

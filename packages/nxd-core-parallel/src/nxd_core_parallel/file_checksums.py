@@ -62,10 +62,11 @@ def file_digest(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def check_digest(actual: dict[str, Any], recorded: dict[str, Any], where: str, what: str = "",
-                 others: dict[str, dict] | None = None, outcome: str = "nothing was loaded from it") -> None:
-    """Raise :class:`ChecksumError` naming ``where`` unless ``actual`` is ``recorded``; ``others``
-    (name -> recorded digest) lets the message say which file the bytes really are; ``outcome``: what
-    became of the load."""
+                 others: dict[str, dict] | None = None, outcome: str = "nothing was loaded from it",
+                 error: type[Exception] = ChecksumError) -> None:
+    """Raise ``error`` (:class:`ChecksumError`, or the caller's own kind) naming ``where`` unless
+    ``actual`` is ``recorded``; ``others`` (name -> recorded digest) lets the message say which file
+    the bytes really are; ``outcome``: what became of the load. The one wording of a failed check."""
     if actual == {k: recorded.get(k) for k in actual}:
         return
     swapped = [p for p, d in (others or {}).items() if d == actual]
@@ -75,7 +76,7 @@ def check_digest(actual: dict[str, Any], recorded: dict[str, Any], where: str, w
         hint = f"; it has {actual['bytes']} bytes, {recorded.get('bytes')} were written (truncated or replaced?)"
     else:
         hint = ""
-    raise ChecksumError(f"{where}: content checksum mismatch ({ALGORITHM} {actual[ALGORITHM]}, recorded when "
+    raise error(f"{where}: content checksum mismatch ({ALGORITHM} {actual[ALGORITHM]}, recorded when "
                         f"{what or 'nxd wrote it'} {recorded.get(ALGORITHM)}): the file was corrupted or altered "
                         f"after it was written{hint}; {outcome}. Restore or rewrite that file")
 

@@ -24,7 +24,7 @@ import torch
 
 from nxd_core_parallel.file_checksums import ALGORITHM, crc32
 
-__all__ = ["LARGE_WRITE", "HashingWriter", "StableMemory", "hash_pool", "stable_regions"]
+__all__ = ["LARGE_WRITE", "HashingWriter", "StableMemory", "WriteOnlyFile", "hash_pool", "stable_regions"]
 
 #: a write of memory that may not hold still is copied below this size, hashed at once above it
 LARGE_WRITE = 1 << 20
@@ -100,7 +100,21 @@ class StableMemory:
             self._held.clear()
 
 
-class HashingWriter:
+class WriteOnlyFile:
+    """What a forward-only binary file answers to the libraries writing through it (torch.save, DCP):
+    writable, neither seekable nor readable. The base of nxd's hashing file wrappers."""
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readable(self) -> bool:
+        return False
+
+
+class HashingWriter(WriteOnlyFile):
     """A write-only binary file that forwards every byte to ``f`` and hashes and counts it.
 
     ``stable``: memory that holds still until :meth:`digest` (:class:`StableMemory`, or regions from
@@ -161,15 +175,6 @@ class HashingWriter:
 
     def tell(self) -> int:
         return self.nbytes
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def readable(self) -> bool:
-        return False
 
     def digest(self) -> dict[str, Any]:
         """The checksum of everything written."""

@@ -9,7 +9,7 @@ renames model keys on the way out (``load_dcp`` takes the inverse), for another 
 The save goes to ``<path>.partial`` and is renamed to ``path`` by rank 0 after every rank
 finished (DCP writes ``.metadata`` last), so ``path`` exists only complete. Every file's CRC-32,
 computed while it is written, goes into ``nxd_checksums.json``; a load checks them before DCP
-reads a byte (``nxd_fsdp.dcp_integrity``). Model state is DCP's
+reads a byte (``nxd_core_parallel.dcp_integrity``). Model state is DCP's
 global view only where the parameters are FSDP's DTensors over the whole model: tensor and
 pipeline parallelism (whose parameters are TP-local plain tensors) are refused."""
 
@@ -31,8 +31,15 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from nxd import ParallelContext
+from nxd_core_parallel.dcp_integrity import (
+    DigestingWriter,
+    SafeReader,
+    load_error,
+    record_manifest,
+    save_error,
+    verify_dcp,
+)
 from nxd_core_parallel.dcp_metadata import quiet_metadata_fallback
-from nxd_fsdp.dcp_integrity import DigestingWriter, SafeReader, load_error, record_manifest, save_error, verify_dcp
 from nxd_fsdp.shard import sharded_state_dict
 
 OPTIMIZER_KEY = "optimizer"
@@ -75,7 +82,7 @@ def save_dcp(path: str, model: Any, optimizer: Any = None, *, context: ParallelC
         dcp.save(_state(_module(model), optimizer, key_map), storage_writer=writer)
     except (CheckpointException, OSError) as exc:
         raise save_error(path, exc) from None
-    record_manifest(partial, writer)
+    record_manifest(partial, writer, "nxd_fsdp.save_dcp")
     if dist.get_rank() == 0:
         os.replace(partial, path)
     dist.barrier()

@@ -2,8 +2,14 @@
 # Vendored from aws-neuron/neuronx-distributed (Apache-2.0),
 # src/neuronx_distributed/optimizer/zero_dcp_utils.py at commit fbac349 (Release 2.29): NxD's ZeRO-1
 # optimizer state written/read with torch.distributed.checkpoint (save_checkpoint(async_save=True,
-# use_zero1_dcp=True) writes <tag>/optim/ with it). One change: torch-xla's xla_model is
-# nxd-core-parallel's (the torch_xla stand-in's), so it imports without torch-xla.
+# use_zero1_dcp=True) writes <tag>/optim/ with it). Changes (each marked "nxd:"): torch-xla's xla_model is
+# nxd-core-parallel's (the torch_xla stand-in's), so it imports without torch-xla; the folder is
+# written and read through nxd's DCP integrity (nxd_core_parallel.dcp_integrity): every file's CRC-32
+# goes into nxd_checksums.json as it is written, a load checks each file as it reads it and names a
+# damaged one, .metadata is unpickled with DCP's classes only, and a folder without the manifest
+# (written by NxD itself) loads with a one-line "unverified" note; load_optim_state_dict's shard shape
+# of a parameter of 2+ dims (NxD's tuple(x, *rest) raised TypeError) and _unwrap_optim_state_dict's
+# shapes (NxD's lookup of the flattened "shape_info" raised KeyError): NxD's loader failed on both.
 import copy
 import functools
 import itertools
@@ -38,6 +44,7 @@ from torch.distributed._shard.sharded_tensor import (
     TensorProperties,
 )
 from nxd_core_parallel import xla_model as xm
+from nxd_core_parallel.dcp_integrity import DigestingWriter, SafeReader, load_error, record_manifest, verify_dcp
 
 from neuronx_distributed.parallel_layers.parallel_state import (
     get_data_parallel_replica_groups,
@@ -219,7 +226,9 @@ def _unwrap_optim_state_dict(
 
     # flatten state dict
     state_dict, mappings = flatten_state_dict(state_dict)
-    shape_info = state_dict["shape_info"]
+    # nxd: NxD read state_dict["shape_info"], a KeyError: flattening splits the {pid: Size} dict into
+    # "shape_info.<pid>" entries; the same shapes are the caller's aux_infos["shape_info"]
+    shape_info = aux_infos["shape_info"]
     for k, v in state_dict.items():
         if isinstance(v, torch.Tensor):
             # sharded tensor to tensor
@@ -281,7 +290,7 @@ def _prepare_optim_state_dict(
                 pid = pnames_to_optim_pids[pname]
                 param_shape = shape_info[pid]
                 dp_size = get_data_parallel_size()
-                shard_shape = tuple(
+                shard_shape = (  # nxd: NxD's tuple(x, *rest) raised TypeError for every parameter of 2+ dims
                     (param_shape[0] + dp_size - 1) // dp_size,
                     *param_shape[1:],
                 )
@@ -410,7 +419,7 @@ def save_optim_state_dict(
     """
     wrapped_state_dict = _wrap_optim_state_dict(state_dict, aux_infos, dedup=dedup)
 
-    storage_writer = dist_cp.FileSystemWriter(path)
+    storage_writer = DigestingWriter(path)  # nxd: was dist_cp.FileSystemWriter; records every file's CRC-32
     is_coordinator = dist.get_rank() == 0
     planner = DefaultSavePlanner()
 
@@ -470,6 +479,8 @@ def save_optim_state_dict(
 
         storage_writer.finish(metadata=global_metatadata, results=all_write_results)
 
+    # nxd: every rank's file checksums into <path>/nxd_checksums.json (collective, like the save)
+    record_manifest(path, storage_writer, "neuronx_distributed.optimizer.zero_dcp_utils.save_optim_state_dict")
     return global_metatadata
 
 
@@ -495,7 +506,8 @@ def load_optim_state_dict(
     Returns:
         None.
     """
-    storage_reader = dist_cp.FileSystemReader(path)
+    # nxd: was dist_cp.FileSystemReader(path): nxd's checksums (None: no manifest, noted once as unverified)
+    storage_reader = SafeReader(path, verify_dcp(path))
     is_coordinator = dist.get_rank() == 0
     planner = DefaultLoadPlanner()
 
@@ -516,8 +528,11 @@ def load_optim_state_dict(
     central_plan = all_local_plans[dist.get_rank()]
 
     final_local_plan = planner.finish_plan(central_plan)
-    all_reads = storage_reader.read_data(final_local_plan, planner)
-    all_reads.wait()
+    try:  # nxd: each file is checked as it is read; an error names the file, never torch's advice
+        all_reads = storage_reader.read_data(final_local_plan, planner)
+        all_reads.wait()
+    except (AssertionError, OSError, RuntimeError, ValueError) as exc:
+        raise load_error(path, exc) from None
     xm.rendezvous("neuronx_distributed.optimizer.zero_dcp_utils.load_optim_state_dict")
 
     state_dict = _unwrap_optim_state_dict(wrapped_state_dict, aux_infos)

@@ -1,10 +1,12 @@
 """Integrity of torch.distributed.checkpoint (DCP) folders: nxd's checksums, and errors that name files.
+Used by nxd-fsdp's ``save_dcp``/``load_dcp`` and nxd-compat's NxD ZeRO-1 DCP writer/reader
+(``neuronx_distributed.optimizer.zero_dcp_utils``).
 
 ``save_dcp`` writes every file through nxd's one hashing writer (``nxd_core_parallel.hashing_writer``:
 CRC-32, no second read; the tensors' bytes are hashed while the file is synced), and rank 0 records
 all ranks' digests in ``nxd_checksums.json`` before the folder is renamed into place (DCP's readers
 ignore the file). ``load_dcp`` has each rank hash every file it reads as it reads it (one pass,
-``nxd_fsdp.dcp_verified_read``) and raise, naming the file, before the load returns: a damaged
+``nxd_core_parallel.dcp_verified_read``: :class:`SafeReader`) and raise, naming the file, before the load returns: a damaged
 file's bytes may reach the model's parameters, but the load never completes with them. Files no rank
 reads are not read at all. A folder without the manifest (torchtitan's, torch's own) is loaded with
 a one-line note that it is unverified, each file checked to hold the bytes its ``.metadata`` places
@@ -39,6 +41,7 @@ from torch.futures import Future
 from nxd.errors import NxdError
 from nxd.paths import check_relative, resolve_inside
 from nxd_core_parallel.dcp_metadata import DcpMetadataError, load_dcp_metadata
+from nxd_core_parallel.dcp_verified_read import VerifyingFile
 from nxd_core_parallel.file_checksums import (
     MANIFEST,
     check_digest,
@@ -46,11 +49,9 @@ from nxd_core_parallel.file_checksums import (
     read_manifest,
     write_manifest,
 )
-from nxd_core_parallel.hashing_writer import HashingWriter, StableMemory
-from nxd_fsdp.dcp_verified_read import VerifyingFile
+from nxd_core_parallel.hashing_writer import HashingWriter, StableMemory, WriteOnlyFile
 
 DCP_METADATA = ".metadata"
-WRITER = "nxd_fsdp.save_dcp"
 
 
 class DcpCheckpointError(NxdError, RuntimeError):
@@ -58,7 +59,7 @@ class DcpCheckpointError(NxdError, RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------- save
-class _DigestingStream:
+class _DigestingStream(WriteOnlyFile):
     """A file DCP writes, through nxd's one hashing writer (``nxd_core_parallel.hashing_writer``); an
     OSError names the file. The tensors' bytes are hashed while DCP syncs the file: DCP asks for
     ``fileno()`` to fsync right after its last write, which is when the hashing starts."""
@@ -83,15 +84,6 @@ class _DigestingStream:
     def fileno(self) -> int:
         self._out.hash_in_background()  # DCP's fsync follows: hash meanwhile
         return self._raw.fileno()
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def readable(self) -> bool:
-        return False
 
     @property
     def closed(self) -> bool:
@@ -174,9 +166,9 @@ def save_error(path: str, exc: BaseException) -> DcpCheckpointError:
                               f"partial files are in {path}.partial: remove them); free space or save elsewhere")
 
 
-def record_manifest(partial: str, writer: DigestingWriter) -> None:
-    """Gather every rank's digests; rank 0 writes them into ``partial``. Collective; raises on every rank
-    if rank 0 could not write the manifest."""
+def record_manifest(partial: str, writer: DigestingWriter, by: str) -> None:
+    """Gather every rank's digests; rank 0 writes them into ``partial`` (``by``: the writer's name, as the
+    manifest records it). Collective; raises on every rank if rank 0 could not write the manifest."""
     gathered: list[Any] = [None] * dist.get_world_size() if dist.is_initialized() else [None]
     if dist.is_initialized():
         dist.all_gather_object(gathered, writer.fs.digests)
@@ -186,7 +178,7 @@ def record_manifest(partial: str, writer: DigestingWriter) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         merged = {name: d for digests in gathered for name, d in digests.items()}
         try:
-            write_manifest(partial, merged, WRITER)
+            write_manifest(partial, merged, by)
         except OSError as exc:
             full = exc.errno == errno.ENOSPC
             failure[0] = (f"writing {os.path.join(partial, MANIFEST)} failed: "
@@ -214,7 +206,7 @@ def read_metadata(path: str, files: dict[str, dict] | None = None) -> Any:
 
 class SafeReader(FileSystemReader):
     """DCP's file reader that checks each file this rank reads as it reads it (one pass,
-    :class:`~nxd_fsdp.dcp_verified_read.VerifyingFile`): against nxd's manifest (``files``) when the
+    :class:`~nxd_core_parallel.dcp_verified_read.VerifyingFile`): against nxd's manifest (``files``) when the
     folder has one, else only that it holds the bytes ``.metadata`` places in it. A file that fails
     its check raises before the load returns, naming the file. ``.metadata`` goes through
     :func:`read_metadata` (checked, safe unpickler). The read loop is DCP's own (torch 2.13's
@@ -251,20 +243,15 @@ class SafeReader(FileSystemReader):
                                                        self._slice_file(stream, info))
         if req.type == LoadItemType.BYTE_IO:
             planner.load_bytes(req, io.BytesIO(source.read(-1)))
-            stream.settle(None)
             return
         seekable = source if source.seekable() else io.BytesIO(source.read(-1))
-        loaded = torch.load(seekable, map_location="cpu", weights_only=True)
-        stream.settle(loaded)  # hashed on the helper thread while it is copied into the model
-        try:
-            tensor = narrow_tensor_by_index(loaded, req.storage_offsets, req.lengths)
-            target = planner.resolve_tensor(req).detach()
-            if target.size() != tensor.size():
-                raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
-            target.copy_(tensor)
-            planner.commit_tensor(req, target)
-        finally:
-            stream.wait()  # before ``loaded``, whose memory is being hashed, is dropped
+        loaded = torch.load(seekable, map_location="cpu", weights_only=True)  # its bytes hashed as they are read
+        tensor = narrow_tensor_by_index(loaded, req.storage_offsets, req.lengths)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != tensor.size():
+            raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+        target.copy_(tensor)
+        planner.commit_tensor(req, target)
 
     def read_data(self, plan: Any, planner: Any) -> Any:
         per_file: dict[str, list[tuple[int, Any]]] = {}

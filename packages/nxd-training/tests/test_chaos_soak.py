@@ -21,6 +21,9 @@ HARNESS = Path(__file__).resolve().parents[3] / "benchmarks" / "chaos_soak.py"
 N = int(os.environ.get("NXD_CHAOS_N", "3"))
 STRATEGIES = {"tp2": {"tensor_model_parallel_size": 2},
               "fsdp": {"tensor_model_parallel_size": 1, "fsdp": {"reshard_after_forward": True}}}
+# steps per interruption: an FSDP soak's kills land ~14 logged steps apart (the steps run during the kill
+# window and the kill itself), so 8 x (N + 1) steps ran out at 18 of 30 kills
+STEPS_PER_KILL = {"tp2": 8, "fsdp": 16}
 
 
 @pytest.mark.slow
@@ -43,7 +46,7 @@ def test_chaos_soak(make_config, tmp_path: Path, strategy: str) -> None:
     work.mkdir(parents=True, exist_ok=True)
     path = work / "cfg.yaml"
     path.write_text(yaml.safe_dump(make_config(
-        trainer={"max_steps": 8 * (n + 1)}, distributed_strategy=STRATEGIES[strategy],
+        trainer={"max_steps": STEPS_PER_KILL[strategy] * (n + 1)}, distributed_strategy=STRATEGIES[strategy],
         exp_manager={"checkpoint_callback_params": {"every_n_train_steps": 2, "save_top_k": 2}})))
     result = soak.run_soak(path, work, n, seed)
     print(f"\nchaos soak ({strategy}): seed {seed}, {len(result.interruptions)} interruptions, kinds {dict(result.kinds)}, "

@@ -116,8 +116,9 @@ def throughput(root: str, mb: int, repeats: int) -> list[tuple[str, list[float],
     return [(name, [nbytes / t / 2**20 for t in ts], [r / t for r, t in zip(raw, ts)]) for name, ts in times.items()]
 
 
-def dcp_checksum_cost(root: str, mb: int, repeats: int) -> list[tuple[str, list[float]]]:
-    """(operation, time with nxd's checksums ÷ time without, per round) for a DCP save and load of
+def dcp_checksum_cost(root: str, mb: int, repeats: int) -> list[tuple[str, list[float], list[float]]]:
+    """(operation, time without nxd's checksums ÷ time with, per round; the same of the process's CPU
+    time, helper threads included: what the checks cost where no core is free) for a DCP save and load of
     the same state: plain DCP (``FileSystemWriter``/``Reader``) against the writer and checks that
     ``nxd_fsdp.save_dcp`` / ``load_dcp`` add (hash while writing and syncing + manifest; hash each file as
     it is read, ``.metadata`` through the safe unpickler). Rounds alternate which goes first."""
@@ -152,16 +153,24 @@ def dcp_checksum_cost(root: str, mb: int, repeats: int) -> list[tuple[str, list[
     for plain, checked in pairs.values():  # warm-up
         plain(), checked()
     ratios: dict[str, list[float]] = {name: [] for name in pairs}
+    cpu_ratios: dict[str, list[float]] = {name: [] for name in pairs}
+
+    def cpu_and_wall(fn) -> tuple[float, float]:
+        c0 = time.process_time()
+        wall = fn()
+        return time.process_time() - c0, wall
+
     for r in range(repeats):
         for name, (plain, checked) in pairs.items():
             first, second = (plain, checked) if r % 2 == 0 else (checked, plain)
-            t1, t2 = first(), second()
+            t1, t2 = cpu_and_wall(first), cpu_and_wall(second)
             t_plain, t_checked = (t1, t2) if r % 2 == 0 else (t2, t1)
-            ratios[name].append(t_plain / t_checked)  # throughput ratio: with checksums ÷ without
+            ratios[name].append(t_plain[1] / t_checked[1])  # throughput ratio: with checksums ÷ without
+            cpu_ratios[name].append(t_plain[0] / t_checked[0])
             for d in ("dcp_plain", "dcp_checked"):
                 shutil.rmtree(os.path.join(root, d), ignore_errors=True)
     shutil.rmtree(folder, ignore_errors=True)
-    return list(ratios.items())
+    return [(name, ratios[name], cpu_ratios[name]) for name in pairs]
 
 
 def load_average() -> str:
@@ -264,11 +273,13 @@ def main() -> None:
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         for mb in args.mb:
+            before = load_average()
             rows = dcp_checksum_cost(root, mb, args.repeats)
             print(f"\nDCP with nxd's checksums, {mb} MiB: throughput with ÷ without, median of {args.repeats} "
-                  f"rounds (min-max); {load_average()}")
-            for name, ratios in rows:
-                print(f"{name:38s} {statistics.median(ratios):6.2f} {min(ratios):5.2f}-{max(ratios):<5.2f}")
+                  f"rounds (min-max), wall and CPU time; {before} before, {load_average()} after")
+            for name, ratios, cpu in rows:
+                print(f"{name:38s} {statistics.median(ratios):6.2f} {min(ratios):5.2f}-{max(ratios):<5.2f}   CPU time "
+                      f"{statistics.median(cpu):5.2f} {min(cpu):5.2f}-{max(cpu):<5.2f}")
         if args.dcp_only:
             return
         for mb in args.mb:

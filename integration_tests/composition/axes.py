@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 AXES: dict[str, list[str]] = {
-    "family": ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "mixtral", "gpt"],
+    "family": ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "mixtral", "gpt", "transformers"],
     "workflow": ["pretrain", "sft", "dpo", "orpo"],
     "data_parallel": ["ddp", "zero1", "fsdp", "hsdp"],
     "tensor_parallel": ["tp1", "tp2+sp"],

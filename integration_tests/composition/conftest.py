@@ -1,6 +1,6 @@
 """Inputs every cell of the composition matrix shares, made once: the embedded corpus and its
 tokenizer, an SFT JSONL file (the preference set, ``pairs_file``, is nxd-testing's fixture), and per family a tiny Hugging Face folder (transformers
-writes it) and the same weights as an nxd checkpoint (``nxd ckpt convert --from hf --to nxd``)."""
+writes it; the ``transformers`` family's is OLMo 2, a model_type no nxd family lists) and the same weights as an nxd checkpoint (``nxd ckpt convert --from hf --to nxd``)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,8 @@ def _hf_config(family: str):
         return tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                 intermediate_size=64, max_position_embeddings=64, rotary_pct=1.0,
                                 tie_word_embeddings=False)
+    if family == "transformers":  # nxd-models-transformers: an OLMo 2 folder, built as transformers' own class
+        return tf.Olmo2Config(**COMMON, intermediate_size=64, num_key_value_heads=2)
     raise KeyError(family)
 
 

@@ -1,8 +1,12 @@
-"""LoRA + FSDP (frozen base sharded, adapters trained) and bf16 mixed precision with fp32 reduction,
-each on 2 gloo ranks against its single-process oracle."""
+"""LoRA + FSDP (frozen base sharded, adapters trained), QLoRA + FSDP (the NF4 base, torchao's
+``NF4Tensor``, sharded by ``fully_shard`` with its scales) and bf16 mixed precision with fp32
+reduction, each on 2 gloo ranks against its single-process oracle (losses and trained state within
+1e-5; the one-process QLoRA equals a dequantised reference: nxd-lora's tests/test_qlora.py).
+Checkpoint state leaves the NF4 base out on both sides."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from fsdp_models import LR, MAX_NORM, batch, build, full_params, params_rel
@@ -11,16 +15,28 @@ from torch.distributed.tensor import DTensor
 import nxd
 import nxd_fsdp
 from nxd_testing.reference import max_rel, train_reference
+from nxd_testing.tiny_tp_lm import TinyDims, TinyLM
 
 STEPS = 5
 LORA = dict(enable_lora=True, lora_rank=2, lora_alpha=4.0, target_modules=["qkv", "o_proj", "up", "down"],
             init_lora_weights="gaussian")
+#: QLoRA: every base weight a whole number of NF4 scaler blocks (64 x 256 elements) per FSDP shard at DP=2
+QLORA_DIMS = TinyDims(vocab=32, hidden=256, heads=4, kv_heads=1, ffn=256, bias=True)
+#: the NF4 weights' names (the frozen base checkpoints leave out)
+NF4_WEIGHTS = ("qkv.weight_qkv", "o_proj.weight", "up.weight", "down.weight")
 
 
-def lora_model():
+def base_model(quantize: str | None) -> torch.nn.Module:
+    if quantize is None:
+        return build()
+    torch.manual_seed(1234)
+    return TinyLM(QLORA_DIMS, False)
+
+
+def lora_model(quantize: str | None = None):
     from nxd_lora import LoraConfig, LoRAModel
 
-    return LoRAModel(build(), LoraConfig(**LORA))
+    return LoRAModel(base_model(quantize), LoraConfig(**LORA, quantize_base=quantize))
 
 
 def rows(ctx, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,7 +45,7 @@ def rows(ctx, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids[ctx.dp.rank * per:(ctx.dp.rank + 1) * per], labels[ctx.dp.rank * per:(ctx.dp.rank + 1) * per]
 
 
-def run(model_fn, fsdp) -> tuple[list[float], dict | None, dict]:
+def run(model_fn, fsdp, steps: int = STEPS) -> tuple[list[float], dict | None, dict]:
     cfg = nxd.neuronx_distributed_config(optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM},
                                          fsdp_config=fsdp)
     ctx = nxd.get_parallel_context()
@@ -37,38 +53,53 @@ def run(model_fn, fsdp) -> tuple[list[float], dict | None, dict]:
     kinds = {"frozen DTensor": sum(isinstance(p, DTensor) and not p.requires_grad for p in model.parameters()),
              "trainable DTensor": sum(isinstance(p, DTensor) and p.requires_grad for p in model.parameters()),
              "plain": sum(not isinstance(p, DTensor) for p in model.parameters())}
-    opt = nxd_fsdp.make_optimizer(cfg, torch.optim.AdamW, model.parameters(), context=ctx, lr=LR)
+    opt = nxd_fsdp.make_optimizer(cfg, torch.optim.AdamW, [p for p in model.parameters() if p.requires_grad],
+                                  context=ctx, lr=LR)
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         loss = model.run_train(*rows(ctx, step)).float().clone()
         opt.step()
         opt.zero_grad()
         dist.all_reduce(loss)
         losses.append(float(loss) / ctx.dp.size)
+    if any(getattr(m, "_nf4_keys", None) for m in model.modules()):
+        from nxd_lora.quantize import is_nf4
+
+        nf4 = [p for p in model.parameters() if is_nf4(p)]
+        kinds["nf4 halves"] = sum(isinstance(p, DTensor) and p.to_local().numel() * 2 == p.numel() for p in nf4)
+        kinds["nf4 trainable"] = sum(p.requires_grad for p in nf4)
     params = full_params(model)
     return losses, params if ctx.rank == 0 else None, kinds
 
 
-def lora_body():
-    return run(lora_model, True)
+def lora_body(quantize: str | None, steps: int):
+    return run(lambda: lora_model(quantize), True, steps)
 
 
-def test_lora_fsdp_dp2_matches_one_process(rank_pool):
-    model = lora_model()
-    data = [batch(s) for s in range(STEPS)]
-    ref = train_reference(model, torch.optim.AdamW(model.parameters(), lr=LR), data, max_norm=MAX_NORM)
+@pytest.mark.parametrize("quantize", [None, "nf4"], ids=["lora", "qlora"])
+def test_lora_fsdp_dp2_matches_one_process(rank_pool, quantize):
+    if quantize:
+        pytest.importorskip("torchao.quantization.quantize_.workflows.nf4.nf4_tensor")
+    steps = STEPS if quantize is None else 3  # NF4's per-call dequantisation makes QLoRA's steps dearer
+    model = lora_model(quantize)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    ref = train_reference(model, torch.optim.AdamW(trainable, lr=LR), [batch(s) for s in range(steps)],
+                          max_norm=MAX_NORM)
     ref_params = {k: v.detach() for k, v in model.state_dict().items()}
-    results = rank_pool(2).run(lora_body)
-    losses, params, kinds = results[0]
-    assert kinds["plain"] == 0 and kinds["frozen DTensor"] > 0 and kinds["trainable DTensor"] > 0, kinds
+    losses, params, kinds = rank_pool(2).run(lora_body, quantize, steps)[0]
+    assert kinds["frozen DTensor"] > 0 and kinds["trainable DTensor"] > 0 and kinds["plain"] == 0, kinds
+    if quantize:
+        # 2 blocks x 4 NF4 weights, each cut in half with its scales; the NF4 base is in no state dict
+        assert (kinds["nf4 halves"], kinds["nf4 trainable"]) == (8, 0), kinds
+        assert not any(k.endswith(NF4_WEIGHTS) for k in params) and not any(k.endswith(NF4_WEIGHTS) for k in ref_params)
     worst = max(max_rel(losses, ref.losses), params_rel(params, ref_params))
-    print(f"LoRA + FSDP DP=2: max rel diff (losses, params after {STEPS} steps) {worst:.2e}")
+    print(f"{'QLoRA' if quantize else 'LoRA'} + FSDP DP=2: max rel diff (losses, params after {steps} steps) {worst:.2e}")
     assert worst < 1e-5
-    base = {k: v for k, v in build().state_dict().items()}
+    base = base_model(quantize).state_dict()
     for name, value in params.items():  # the frozen base did not move, the adapters did
         if name.startswith("module."):
             assert torch.equal(value, base[name.removeprefix("module.")]), name
-    init = lora_model().state_dict()
+    init = lora_model(quantize).state_dict()
     assert any(not torch.equal(v, init[k]) for k, v in params.items() if "lora" in k)
 
 

@@ -1,7 +1,7 @@
 """QLoRA through ``nxd train`` on FSDP=2 gloo ranks, one journey: Hugging Face weights -> NF4 base
 (quantised as the model is built, sharded by FSDP with its scales) + fp32 adapters -> checkpoints
 without the frozen base -> resume from the first checkpoint (the base quantised again from the HF
-folder) -> ``nxd ckpt convert --lora adapter`` -> PEFT on the dequantised base. Oracles: the resumed
+folder) -> ``nxd eval`` of the last checkpoint -> ``nxd ckpt convert --lora adapter`` -> PEFT on the dequantised base. Oracles: the resumed
 steps' loss and gradient norm equal the first run's bit for bit; PEFT's logits equal nxd's (the
 checkpoint rebuilt in one process) within 1e-5. FSDP's numerics against one process are
 nxd-fsdp's tests/test_qlora_fsdp.py; the NF4 forward against a dequantised reference nxd-lora's."""
@@ -9,6 +9,7 @@ nxd-fsdp's tests/test_qlora_fsdp.py; the NF4 forward against a dequantised refer
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,17 @@ def test_qlora_fsdp_train_checkpoint_resume_export_peft(hf_base: Path, make_conf
     again = _train_records(resumed)
     assert sorted(again) == [3, 4] and all(again[s] == first[s] for s in again), (first, again)
 
-    # 3. the adapter leaves in PEFT's format (the base is the HF folder: merging is refused)
+    # 3. nxd eval of the checkpoint in one process: its adapters and other tensors, the NF4 base quantised
+    # from the run's HF folder again (the checkpoint has none)
+    capsys.readouterr()
+    assert main(["eval", str(run), "trainer.limit_val_batches=1"]) == 0
+    said = capsys.readouterr().out
+    assert f"weights from checkpoint {ckpts / tags[4]} (step 4, written at TP 1 x PP 1 x DP 2, LoRA adapters included)" \
+        in said, said
+    val_loss = float(said.split("validation loss ")[1].split()[0])
+    assert math.isfinite(val_loss), said
+
+    # 4. the adapter leaves in PEFT's format (the base is the HF folder: merging is refused)
     out = tmp_path / "export"
     assert main(["ckpt", "convert", "--from", "nxd", "--to", "hf", str(run), "--lora", "adapter",
                  "--output", str(out)]) == 0
@@ -114,7 +125,7 @@ def test_qlora_fsdp_train_checkpoint_resume_export_peft(hf_base: Path, make_conf
     said = capsys.readouterr()
     assert "quantize_base='nf4'" in said.out + said.err, said
 
-    # 4. PEFT loads the adapter onto the dequantised NF4 base: nxd's logits
+    # 5. PEFT loads the adapter onto the dequantised NF4 base: nxd's logits
     ours = _nxd_logits_and_dequantised_base(hf_base, ckpts, tags[4], tmp_path / "dequantised")
     peft = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(str(tmp_path / "dequantised"),
                                                                       dtype=torch.float32), str(out / "lora_adapter"))

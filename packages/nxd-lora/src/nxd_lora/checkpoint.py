@@ -116,7 +116,8 @@ def saved_config(lora_config: LoraConfig) -> tuple[LoraConfig, Path]:
     saved = read_peft_config(adapter_dir)
     keep = {k: getattr(lora_config, k) for k in ("lora_dropout", "save_lora_base", "merge_lora",
                                                   "save_lora_config_adapter", "lora_save_dir", "lora_load_tag",
-                                                  "lora_verbose", "merge_sharded_lora")}
+                                                  "lora_verbose", "merge_sharded_lora",
+                                                  "quantize_base")}  # a PEFT adapter does not say how the base is stored
     return LoraConfig.from_dict({**saved.to_dict(), **keep, "load_lora_from_ckpt": True}), adapter_dir
 
 

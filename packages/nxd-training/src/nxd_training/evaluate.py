@@ -2,7 +2,8 @@
 
 The checkpoint is the weights' only source. The run's ``config.yaml`` gives the data, tokenizer,
 adapters and precision; the checkpoint's model record gives the model (its name and config), so
-``model.pretrained_checkpoint`` (the Hugging Face folder the run started from) is never read. It
+``model.pretrained_checkpoint`` (the Hugging Face folder the run started from) is never read, except by
+QLoRA, whose checkpoints leave the frozen NF4 base out: it is quantised from that folder again. It
 runs in one process at TP = PP = CP = EP = DP = 1 whatever layout wrote the checkpoint (TP/PP/DP/EP,
 ZeRO-1, FSDP): nxd-ckpt reshards on load, and only weights load (no optimizer, no data position).
 The eval builds through the trainer itself (:class:`nxd_training.loop.Trainer`): the same model,
@@ -114,6 +115,10 @@ def eval_config(target: EvalTarget, scratch: Path, overrides: Sequence[str] = ()
     elif (raw.get("model") or {}).get("pretrained_checkpoint"):
         # no record (not written by nxd train): the folder's config.json still describes the model
         settings["model.model_config"] = raw["model"]["pretrained_checkpoint"]
+    peft = (raw.get("model_alignment_strategy") or {}).get("peft") or {}
+    if peft.get("quantize_base"):
+        # QLoRA: its checkpoints leave the frozen NF4 base out; it is quantised from the run's folder again
+        settings["model.pretrained_checkpoint"] = (raw.get("model") or {}).get("pretrained_checkpoint")
     for key, value in settings.items():
         _set(raw, key, value)
     return load_config(raw, list(overrides))

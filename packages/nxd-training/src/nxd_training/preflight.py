@@ -51,6 +51,7 @@ def preflight(config: TrainingConfig, log_dir: Path) -> None:
     run = config.run
     check_pretrained(config.model, em.resume_from_checkpoint, model_spec_of(run), dict(run.derived.model),
                      qlora_mode(config) is not None)
+    _qlora_weights_from(config)
     _resume_layout(config, log_dir, run.derived.dp)
     # the format is checked whenever it is used or written down (a wrong name is wrong with checkpointing off too)
     if em.create_checkpoint_callback or em.resume_from_checkpoint or "checkpoint_format" in em.model_fields_set:
@@ -112,6 +113,27 @@ def _resume(source: str | None) -> None:
     if looks_like_hf_folder(path):
         raise ConfigError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model folder, not an nxd "
                           f"checkpoint; to start a run from its weights use model.pretrained_checkpoint={path}")
+
+
+def _qlora_weights_from(config: TrainingConfig) -> None:
+    """QLoRA with ``model.weight_init_only`` from a checkpoint (``nxd eval`` of a QLoRA run, or a new
+    run from one's adapters): the checkpoint must be a QLoRA run's of the same base format, which
+    holds the adapters and every other tensor but not the NF4 base (quantised again from
+    ``model.pretrained_checkpoint``). Another checkpoint's base weights would not be the NF4 base."""
+    mode, em = qlora_mode(config), config.exp_manager
+    if mode is None or not (em.resume_from_checkpoint and config.model.weight_init_only) or "://" in em.resume_from_checkpoint:
+        return
+    from nxd_ckpt.run_dir import checkpoint_record
+    from nxd_training.exp_manager import split_checkpoint_path
+
+    parent, tag = split_checkpoint_path(em.resume_from_checkpoint)
+    lora = checkpoint_record(parent, tag).get("lora") or {}
+    if lora.get("quantize_base") != mode:
+        raise ConfigError(f"model_alignment_strategy.peft.quantize_base={mode!r} with exp_manager.resume_from_checkpoint="
+                          f"{em.resume_from_checkpoint} and model.weight_init_only: that checkpoint is not a QLoRA "
+                          f"({mode}) run's (its record's quantize_base: {lora.get('quantize_base')!r}); the NF4 base is "
+                          "quantised from model.pretrained_checkpoint, not from another checkpoint's weights: export "
+                          "that checkpoint to Hugging Face (nxd ckpt convert) and name it there")
 
 
 def _resume_layout(config: TrainingConfig, log_dir: Path, dp: int) -> None:

@@ -484,10 +484,8 @@ def _qlora(config: TrainingConfig) -> None:
         raise ConfigError(f"{key} needs model.pretrained_checkpoint (a Hugging Face folder): QLoRA fine-tunes a "
                           "pretrained base, quantised from those weights at every start; checkpoints hold the "
                           "adapters and the other tensors, not the frozen NF4 base")
-    if config.exp_manager.resume_from_checkpoint and config.model.weight_init_only:
-        raise ConfigError(f"{key} with exp_manager.resume_from_checkpoint and model.weight_init_only: the NF4 base "
-                          "is quantised from model.pretrained_checkpoint, not from another checkpoint's weights; "
-                          "export that checkpoint to Hugging Face (nxd ckpt convert) and name it there")
+    # model.weight_init_only from a checkpoint: allowed from a QLoRA run's own checkpoint (adapters and the
+    # other tensors; the NF4 base is not in it), which preflight checks against the checkpoint's record
 
 
 def resolve_config(config: TrainingConfig, check_data: bool = True) -> TrainingConfig:

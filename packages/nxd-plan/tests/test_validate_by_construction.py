@@ -37,11 +37,13 @@ def _hf_folder(config_path: str, out: Path, shrink: str | None = None) -> Path:
     tensor one column short (config.json still agrees: only the tensor header shows it)."""
     from nxd_models_llama.hf_mapping import hf_shapes
     from nxd_plan.planner import load
+    from nxd_training.config.resolved import model_config_of, model_spec_of
 
     _, run = load(config_path)
+    model_config = model_config_of(run, model_spec_of(run))
     out.mkdir(parents=True)
-    (out / "config.json").write_text(json.dumps(run.model_config.to_hf_dict()))
-    shapes = {k: (*v[:-1], v[-1] - (k == shrink)) for k, v in hf_shapes(run.model_config).items()}
+    (out / "config.json").write_text(json.dumps(model_config.to_hf_dict()))
+    shapes = {k: (*v[:-1], v[-1] - (k == shrink)) for k, v in hf_shapes(model_config).items()}
     save_file({k: torch.zeros(v) for k, v in shapes.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

@@ -3,8 +3,10 @@
 check: meta model, TP plan, HF load from the headers), refused before launch where it cannot run,
 trained 2 steps with a checkpoint per step, resumed from step 1 to the same step-2 weights bit for
 bit, converted with ``nxd ckpt convert --to hf``, and transformers' logits on the export equal nxd's.
-The run itself is one process (one device: in-process, no torchrun); the 2-rank layouts are
-test_parity.py's, on the rank pool."""
+The run itself is one process (one device: in-process, no torchrun). The same journey for the families
+whose journey differs (Gemma 3: tied, scaled embedding and sliding layers; GPT-OSS: MoE with its router
+loss, no TP plan) runs at FSDP=2 on the rank pool: the ranks do what ``nxd train``'s workers do
+(``prepare_run`` + ``write_run_config``, then ``Trainer(config).fit()``), with no launch per family."""
 
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def small_corpus(out: Path) -> dict[str, str]:
 def setup(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("cli")
     corpus = small_corpus(root / "corpus")
-    folders = {t: save_family(t, root / t, vocab_size=VOCAB, max_position_embeddings=64) for t in ("olmo2", "gpt_oss")}
+    folders = {t: save_family(t, root / t, vocab_size=VOCAB, max_position_embeddings=64) for t in ("olmo2", "gpt_oss", "gemma3_text")}
     config = {
         "name": "tiny", "seed": 7,
         "trainer": {"devices": 1, "max_steps": 2, "log_every_n_steps": 1, "val_check_interval": 0,
@@ -84,9 +86,6 @@ def test_validated_by_the_ranks_build_and_refused_before_launch(setup, capsys) -
 
 @pytest.mark.launch
 def test_hf_folder_trains_resumes_bitwise_and_exports_to_transformers(setup, capsys) -> None:
-    from transformers import AutoModelForCausalLM
-
-    import nxd
     from nxd_ckpt.consolidate import full_model_state
 
     root, cfg = setup["root"], str(setup["cfg"])
@@ -100,14 +99,64 @@ def test_hf_folder_trains_resumes_bitwise_and_exports_to_transformers(setup, cap
     first, again = full_model_state(str(ckpts), step2), full_model_state(str(root / "resumed" / "checkpoints"), step2)
     assert sorted(first) == sorted(again) and [k for k in first if not torch.equal(first[k], again[k])] == []
 
-    out = root / "hf_export"
-    assert main(["ckpt", "convert", "--from", "nxd", "--to", "hf", str(root / "run"), "--output", str(out)]) == 0
+    assert_export_equals_nxd(root / "run", first, root / "hf_export", "Olmo2ForCausalLM")
+
+
+def assert_export_equals_nxd(run: Path, state: dict[str, torch.Tensor], out: Path, hf_class: str) -> None:
+    """``nxd ckpt convert --to hf`` of ``run``; transformers on the export and nxd's model holding
+    ``state`` give the same logits exactly."""
+    from transformers import AutoModelForCausalLM
+
+    import nxd
+
+    assert main(["ckpt", "convert", "--from", "nxd", "--to", "hf", str(run), "--output", str(out)]) == 0
     spec = nxd.get_model("transformers")
     model = spec.build(json.loads((out / "config.json").read_text()))
-    model.load_state_dict(first, strict=True)  # nxd's model with the run's step-2 weights
+    model.load_state_dict(state, strict=True)  # nxd's model with the run's last weights
     ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))
     exported = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
-    assert type(exported).__name__ == "Olmo2ForCausalLM"
+    assert type(exported).__name__ == hf_class
     diff = float((exported(ids).logits - model(ids).logits).abs().max())
-    print(f"\ntransformers on the export vs nxd: max abs logits diff {diff:.2e}")
+    print(f"\n{hf_class}: transformers on the export vs nxd: max abs logits diff {diff:.2e}")
     assert diff == 0.0
+
+
+def trainer_fit(config_path: str) -> dict:
+    """One rank: what ``python -m nxd_training.worker <run>/config.yaml`` does."""
+    from nxd_training.config import load_resolved
+    from nxd_training.loop import Trainer
+
+    trainer = Trainer(load_resolved(config_path))
+    try:
+        return {"losses": trainer.fit().losses}
+    finally:
+        trainer.close()
+
+
+def fit_on_pool(pool, cfg: str, overrides: list[str]) -> dict[int, float]:
+    """``nxd train CFG OVERRIDES`` with the launch replaced by the pool's ranks: the step losses."""
+    from nxd_training.cli import prepare_run
+    from nxd_training.launcher import write_run_config
+
+    run = prepare_run(cfg, overrides)
+    return pool.run(trainer_fit, str(write_run_config(run.config, run.log_dir)), timeout=300)[0]["losses"]
+
+
+@pytest.mark.parametrize("family,hf_class", [("gemma3_text", "Gemma3ForCausalLM"), ("gpt_oss", "GptOssForCausalLM")])
+def test_family_fsdp2_trains_resumes_bitwise_and_exports(setup, rank_pool, tmp_path, family, hf_class) -> None:
+    from nxd_ckpt.consolidate import full_model_state
+
+    cfg = str(setup["cfg"])
+    layout = ["trainer.devices=2", "distributed_strategy.fsdp=true", "data.global_batch_size=4"]
+    run, resumed = tmp_path / "run", tmp_path / "resumed"
+    first = fit_on_pool(rank_pool(2), cfg, [*layout, f"model.pretrained_checkpoint={setup[family]}",
+                                            f"exp_manager.explicit_log_dir={run}"])
+    ckpts = run / "checkpoints"
+    step1, step2 = (next(ckpts.glob(f"tiny--step={s}-*")).name for s in (1, 2))
+    again = fit_on_pool(rank_pool(2), cfg, [*layout, "model.pretrained_checkpoint=null", f"model.model_config={setup[family] / 'config.json'}",
+                                            f"exp_manager.explicit_log_dir={resumed}",
+                                            f"exp_manager.resume_from_checkpoint={ckpts / step1}"])
+    assert sorted(first) == [1, 2] and again == {2: first[2]}, (first, again)
+    state, resumed_state = full_model_state(str(ckpts), step2), full_model_state(str(resumed / "checkpoints"), step2)
+    assert sorted(state) == sorted(resumed_state) and [k for k in state if not torch.equal(state[k], resumed_state[k])] == []
+    assert_export_equals_nxd(run, state, tmp_path / "hf_export", hf_class)

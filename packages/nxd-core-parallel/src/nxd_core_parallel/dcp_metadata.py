@@ -1,5 +1,6 @@
 """DCP's ``.metadata`` read without running code: the one restricted unpickler of nxd's DCP readers
-(nxd-ckpt's one-process folders and NxD-written optimizer state, nxd-fsdp's ``load_dcp``).
+(nxd-ckpt's one-process folders and NxD-written optimizer state, nxd-fsdp's ``load_dcp``), also used
+for the per-rank ``write_results.tmp.<rank>`` files NxD's ZeRO-1 DCP save passes to rank 0.
 
 ``.metadata`` is a plain pickle (``pickle.dump`` of DCP's ``Metadata``), not a ``torch.save`` zip,
 so ``torch.load(weights_only=True)`` cannot read it; torch's own reader unpickles anything, code
@@ -22,11 +23,12 @@ import torch
 
 from nxd.errors import NxdError
 
-__all__ = ["DcpMetadataError", "load_dcp_metadata", "quiet_metadata_fallback"]
+__all__ = ["DcpMetadataError", "load_dcp_metadata", "load_dcp_write_results", "quiet_metadata_fallback"]
 
 #: modules whose classes (types only: no function of the file's choosing) a DCP ``.metadata`` may name
 _METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                     "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
+                     "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension",
+                     "torch.distributed.checkpoint.storage")
 _BUILTINS = {"set", "frozenset", "dict", "list", "tuple", "slice", "bytes", "bytearray", "int", "float", "str", "bool",
              "complex"}
 _PATHS = {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}  # the checkpoint id DCP records
@@ -73,6 +75,22 @@ def load_dcp_metadata(data: bytes, where: str) -> Any:
         raise DcpMetadataError(f"{where}: not a DCP metadata file (it holds {type(meta).__name__}); the checkpoint "
                                "is damaged: restore that file or the folder")
     return meta
+
+
+def load_dcp_write_results(data: bytes, where: str) -> list[Any]:
+    """One rank's list of DCP ``WriteResult`` from the bytes of the file ``where`` (NxD's ZeRO-1 DCP
+    save pickles them for rank 0); :class:`DcpMetadataError` naming it for anything else."""
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    try:
+        results = _MetadataUnpickler(io.BytesIO(data), where).load()
+    except Exception as exc:  # noqa: BLE001 - any failure of a damaged file: named, never torch's advice
+        raise DcpMetadataError(f"{where}: not a DCP write-results file ({type(exc).__name__}: {exc}); the save "
+                               "was interrupted or the folder damaged: save again") from None
+    if not isinstance(results, list) or not all(isinstance(r, WriteResult) for r in results):
+        raise DcpMetadataError(f"{where}: not a DCP write-results file (it holds {type(results).__name__}); "
+                               "the folder is damaged: save again")
+    return results
 
 
 #: what DCP's loader logs (on the root logger, with a traceback each) when ``.metadata`` cannot be read

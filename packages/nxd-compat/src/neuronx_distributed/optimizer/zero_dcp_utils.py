@@ -7,7 +7,8 @@
 # written and read through nxd's DCP integrity (nxd_core_parallel.dcp_integrity): every file's CRC-32
 # goes into nxd_checksums.json as it is written, a load checks each file as it reads it and names a
 # damaged one, .metadata is unpickled with DCP's classes only, and a folder without the manifest
-# (written by NxD itself) loads with a one-line "unverified" note; load_optim_state_dict's shard shape
+# (written by NxD itself) loads with a one-line "unverified" note; the per-rank write_results.tmp.<rank>
+# files rank 0 reads back are unpickled with DCP's classes only too; load_optim_state_dict's shard shape
 # of a parameter of 2+ dims (NxD's tuple(x, *rest) raised TypeError) and _unwrap_optim_state_dict's
 # shapes (NxD's lookup of the flattened "shape_info" raised KeyError): NxD's loader failed on both.
 import copy
@@ -45,6 +46,7 @@ from torch.distributed._shard.sharded_tensor import (
 )
 from nxd_core_parallel import xla_model as xm
 from nxd_core_parallel.dcp_integrity import DigestingWriter, SafeReader, load_error, record_manifest, verify_dcp
+from nxd_core_parallel.dcp_metadata import load_dcp_write_results
 
 from neuronx_distributed.parallel_layers.parallel_state import (
     get_data_parallel_replica_groups,
@@ -473,8 +475,8 @@ def save_optim_state_dict(
         all_write_results = []
         for global_rank in range(dist.get_world_size()):
             tmp_path = os.path.join(path, "write_results.tmp.{}".format(global_rank))
-            with open(tmp_path, "rb") as f:
-                all_write_results.append(pickle.load(f))
+            with open(tmp_path, "rb") as f:  # nxd: read with DCP's classes only, not pickle.load
+                all_write_results.append(load_dcp_write_results(f.read(), tmp_path))
             os.remove(tmp_path)
 
         storage_writer.finish(metadata=global_metatadata, results=all_write_results)

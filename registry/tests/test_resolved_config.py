@@ -48,12 +48,18 @@ def test_nxd_dict_is_an_adapter_over_one_typed_run_config():
 
 def test_what_a_config_leaves_out_is_filled_in_one_place():
     """``RunConfig.for_context``: a config silent on sequence parallelism takes the model's own
-    setting (it was built for it); a stated one, or a full RunConfig, keeps its own."""
+    setting (its constructor built it for one); a stated one, or a full RunConfig, keeps its own. A class
+    default (a plain family's ``PlacedByPlan``, placed later by its plan) is no setting of the model's."""
 
     class BuiltForSP:
-        sequence_parallel = True
+        def __init__(self) -> None:
+            self.sequence_parallel = True
+
+    class PlacedLater:
+        sequence_parallel = True  # a class default: the plan sets the instance's
 
     model = BuiltForSP()
+    assert RunConfig.for_context(None, None, PlacedLater()).sequence_parallel is False
     assert RunConfig.for_context(None, None, model).sequence_parallel is True
     assert RunConfig.for_context({"tensor_parallel_size": 1}, None, model).sequence_parallel is True
     assert RunConfig.for_context({"sequence_parallel": False}, None, model).sequence_parallel is False

@@ -52,6 +52,15 @@ def pipeline_schedule(name: str | None, virtual_pipeline_size: int = 1) -> str:
     return DEFAULT_VIRTUAL_PIPELINE_SCHEDULE if virtual_pipeline_size > 1 else DEFAULT_PIPELINE_SCHEDULE
 
 
+def sequence_parallel_built_for(model: Any) -> bool | None:
+    """The sequence-parallel setting ``model`` was built for: a bool its constructor set on the
+    instance (its norms and masks run on sequence shards), else ``None``. A class default is no
+    such statement: a plain family's modules (``PlacedByPlan``) run on whole sequences until the
+    ``parallel_plan`` transform places them with the config's setting, the one decision."""
+    value = vars(model).get("sequence_parallel") if hasattr(model, "__dict__") else None
+    return value if isinstance(value, bool) else None
+
+
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -275,8 +284,8 @@ class RunConfig:
     def for_context(cls, value: Any, context: Any, model: Any = None) -> RunConfig:
         """:meth:`of` ``value``, with what a partial NxD dict (or ``None``) leaves out taken from where
         the model is parallelised: the parallel sizes from ``context`` (so transforms that apply by
-        size see them), ``sequence_parallel`` from ``model`` when it was built for a setting (its
-        norms and masks). The one place a value left unstated is filled; a full config (a
+        size see them), ``sequence_parallel`` from ``model`` when its constructor built it for a setting
+        (:func:`sequence_parallel_built_for`; a plain family states none: its plan places it). The one place a value left unstated is filled; a full config (a
         :class:`RunConfig`, NxD's resolved dict) states every field."""
         config = cls.of(value)
         if isinstance(value, RunConfig) or getattr(value, "run", None) is not None:
@@ -287,8 +296,8 @@ class RunConfig:
         filled: dict[str, Any] = {}
         if context is not None:
             filled = {dim: context.dim(dim).size for dim, key in SIZE_KEYS.items() if key not in stated}
-        built_for = getattr(model, "sequence_parallel", None)
-        if isinstance(built_for, bool) and "sequence_parallel" not in stated:
+        built_for = sequence_parallel_built_for(model)
+        if built_for is not None and "sequence_parallel" not in stated:
             filled["sequence_parallel"] = built_for
         return dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, **filled)) if filled else config
 

@@ -41,7 +41,7 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
-from nxd.run_config import RunConfig
+from nxd.run_config import RunConfig, sequence_parallel_built_for
 from nxd.specs import ParallelPlan
 from nxd_core_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
 from nxd_core_parallel.modules.kv_heads import HeadPadding, head_padding_for, kv_size_multiplier_for
@@ -470,16 +470,14 @@ def is_plain(model: nn.Module) -> bool:
 
 
 def _sequence_parallel(model: nn.Module, config: RunConfig) -> bool:
-    """Sequence parallelism is the config's; a model built for another setting (its norms and masks
-    run on sequence shards: nxd's families) is refused. A config silent on SP took the model's
-    already (:meth:`nxd.run_config.RunConfig.for_context`)."""
-    built_for = getattr(model, "sequence_parallel", None)
-    if isinstance(model, PlacedByPlan) or not isinstance(built_for, bool):  # a plain family: the plan sets it
-        return config.sequence_parallel
-    if config.sequence_parallel != built_for:
+    """Sequence parallelism is the config's; a model whose constructor built it for another setting
+    (:func:`nxd.run_config.sequence_parallel_built_for`) is refused. A config silent on SP took the
+    model's already (:meth:`nxd.run_config.RunConfig.for_context`); a plain family states none."""
+    built_for = sequence_parallel_built_for(model)
+    if built_for is not None and config.sequence_parallel != built_for:
         raise ConfigError(f"sequence_parallel={config.sequence_parallel}, but {type(model).__name__} was built with "
                           f"sequence_parallel={built_for}; build it with the config's value (ModelSpec.build reads it)")
-    return built_for
+    return config.sequence_parallel
 
 
 def apply_parallel_plan(model: nn.Module, context: ParallelContext | None, config: Any) -> nn.Module | None:

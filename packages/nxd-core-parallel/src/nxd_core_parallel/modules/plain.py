@@ -30,7 +30,9 @@ class PlacedByPlan:
 
     #: the context the plan parallelised the model over (``None``: one process, whole tensors)
     parallel_context: ParallelContext | None = None
-    #: activations run on sequence shards (set by the plan with the run's ``sequence_parallel``)
+    #: activations run on sequence shards: set on the instance by the plan, with the run's
+    #: ``sequence_parallel``; the class default (whole sequences) states no setting the model was
+    #: built for (:func:`nxd.run_config.sequence_parallel_built_for`), so the config decides alone
     sequence_parallel: bool = False
 
 

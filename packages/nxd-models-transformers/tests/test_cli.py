@@ -3,10 +3,11 @@
 check: meta model, TP plan, HF load from the headers), refused before launch where it cannot run,
 trained 2 steps with a checkpoint per step, resumed from step 1 to the same step-2 weights bit for
 bit, converted with ``nxd ckpt convert --to hf``, and transformers' logits on the export equal nxd's.
-The run itself is one process (one device: in-process, no torchrun). The same journey for the families
-whose journey differs (Gemma 3: tied, scaled embedding and sliding layers; GPT-OSS: MoE with its router
-loss, no TP plan) runs at FSDP=2 on the rank pool: the ranks do what ``nxd train``'s workers do
-(``prepare_run`` + ``write_run_config``, then ``Trainer(config).fit()``), with no launch per family."""
+The run itself is one process (one device: in-process, no torchrun). The same journey for every other
+family (Gemma 3: tied, scaled embedding and sliding layers; Phi-3: fused projections; Granite:
+multipliers; StarCoder 2: biases, tied head; GPT-OSS: MoE with its router loss, no TP plan) runs at
+FSDP=2 on the rank pool: the ranks do what ``nxd train``'s workers do (``prepare_run`` +
+``write_run_config``, then ``Trainer(config).fit()``), with no launch per family."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from families import save_family
+from families import FAMILIES, save_family
 
 from nxd.cli import main
 
@@ -44,7 +45,7 @@ def small_corpus(out: Path) -> dict[str, str]:
 def setup(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("cli")
     corpus = small_corpus(root / "corpus")
-    folders = {t: save_family(t, root / t, vocab_size=VOCAB, max_position_embeddings=64) for t in ("olmo2", "gpt_oss", "gemma3_text")}
+    folders = {t: save_family(t, root / t, vocab_size=VOCAB, max_position_embeddings=64) for t in FAMILIES}
     config = {
         "name": "tiny", "seed": 7,
         "trainer": {"devices": 1, "max_steps": 2, "log_every_n_steps": 1, "val_check_interval": 0,
@@ -142,7 +143,12 @@ def fit_on_pool(pool, cfg: str, overrides: list[str]) -> dict[int, float]:
     return pool.run(trainer_fit, str(write_run_config(run.config, run.log_dir)), timeout=300)[0]["losses"]
 
 
-@pytest.mark.parametrize("family,hf_class", [("gemma3_text", "Gemma3ForCausalLM"), ("gpt_oss", "GptOssForCausalLM")])
+#: every family but OLMo 2 (whose journey is the one-process ``nxd train`` above) -> its transformers class
+JOURNEY_CLASSES = {"gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
+                   "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+
+
+@pytest.mark.parametrize("family,hf_class", list(JOURNEY_CLASSES.items()))
 def test_family_fsdp2_trains_resumes_bitwise_and_exports(setup, rank_pool, tmp_path, family, hf_class) -> None:
     from nxd_ckpt.consolidate import full_model_state
 

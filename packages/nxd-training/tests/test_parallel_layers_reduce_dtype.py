@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nxd_training.config.nxdt.precision import parallel_layers_reduce_dtype
 from nxd_training.config.schema import PrecisionConfig
-from nxd_training.precision import parallel_layers_reduce_dtype
 
 
 @pytest.mark.parametrize(("ptype", "key", "expected"), [

@@ -10,7 +10,7 @@ import torch
 
 from nxd.parallel import rank_layout
 from nxd.resolved import pipeline_schedule
-from nxd_training.precision import BF16_PARAM_TYPES, uses_master_weights
+from nxd_training.config.nxdt.precision import BF16_PARAM_TYPES, uses_master_weights
 
 #: optimizer name -> fp32-or-param-dtype state tensors per parameter element (torch's optimizers)
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "adamw_fp32optstate": 2, "adamax": 2, "adadelta": 2, "rmsprop": 1,

@@ -10,12 +10,12 @@ import torch
 
 import nxd
 from nxd.run_config import Derived, RunConfig
+from nxd_training.config.nxdt.precision import BF16_PARAM_TYPES
 from nxd_training.config.plan import qlora_mode
 from nxd_training.config.resolved import model_config_of
 from nxd_training.config.schema import DataConfig, OptimConfig, PrecisionConfig, TrainingConfig
 from nxd_training.lora_export import base_module
 from nxd_training.optimizers import OPTIMIZERS
-from nxd_training.precision import BF16_PARAM_TYPES
 from nxd_training.schedules import make_lr_fn, make_scheduler
 
 

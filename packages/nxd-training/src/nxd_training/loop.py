@@ -18,6 +18,7 @@ import nxd
 from nxd import ConfigError
 from nxd_ckpt.run_dir import MODEL_RECORD_KEY, checkpoint_has_adapters, model_record
 from nxd_training import build, lora_export, metrics, rank_status
+from nxd_training.config.nxdt.precision import autocast_dtype
 from nxd_training.config.plan import build_workflow, resolve_config, tokenizer_path
 from nxd_training.config.resolved import model_spec_of
 from nxd_training.config.schema import TrainingConfig
@@ -32,7 +33,6 @@ from nxd_training.exp_manager import (
     split_checkpoint_path,
 )
 from nxd_training.hang import COLLECTIVE_ATTR, locate_collective
-from nxd_training.precision import autocast_dtype
 from nxd_training.profiling import StepProfiler
 from nxd_training.readback import StepReadback
 from nxd_training.resume_rules import data_position_refusal

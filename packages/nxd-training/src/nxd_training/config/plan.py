@@ -23,6 +23,7 @@ from nxd.run_config import Derived, pipeline_schedule
 from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
 from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
 from nxd_training.config.nxdt import MODEL_KEY_MAP, key_notes, lora_config, newer_keys, run_config
+from nxd_training.config.nxdt.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
 from nxd_training.config.schema import (
     DataConfig,
     DistributedStrategyConfig,
@@ -36,7 +37,6 @@ from nxd_training.config.schema import (
     TrainingConfig,
 )
 from nxd_training.optimizers import OPTIMIZERS
-from nxd_training.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
 from nxd_training.schedules import SCHEDULES, schedule_names
 
 #: keys of model_alignment_strategy the trainer handles itself

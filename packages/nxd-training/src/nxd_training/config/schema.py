@@ -13,7 +13,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from nxd_training.precision import PRECISION_TYPES
+from nxd_training.config.nxdt.precision import PRECISION_TYPES
 
 
 class Section(BaseModel):

@@ -6,7 +6,8 @@ into the core's :class:`nxd.run_config.RunConfig`, which everything after resolu
 - ``translate``: the sections -> RunConfig (``trainer.gradient_clip_val`` -> ``optimizer.max_grad_norm``, ...);
 - ``keys``: NxDT's ``model`` keys as Hugging Face keys, and the YAML key behind each NxD name;
 - ``peft``: ``model_alignment_strategy.peft`` -> nxd-lora's ``LoraConfig`` with NxDT's defaults;
-- ``history``: keys of earlier NxDT releases, Neuron-only keys, keys accepted without effect.
+- ``history``: keys of earlier NxDT releases, Neuron-only keys, keys accepted without effect;
+- ``precision``: ``precision.type``'s names and what each one means (autocast, bf16 parameters, master weights).
 """
 
 from nxd_training.config.nxdt.history import key_notes, lift_alignment, newer_keys

@@ -13,13 +13,13 @@ from typing import Any
 
 from nxd import ConfigError
 from nxd.run_config import DEFAULT_COMPILE_CONFIG, Derived, ModelInitConfig, OptimizerConfig, Parallelism, RunConfig
-from nxd_training.config.schema import CheckpointCallbackParams, PrecisionConfig, TrainingConfig
-from nxd_training.precision import (
+from nxd_training.config.nxdt.precision import (
     STOCHASTIC_ROUNDING_TYPES,
     model_transforms,
     parallel_layers_reduce_dtype,
     uses_master_weights,
 )
+from nxd_training.config.schema import CheckpointCallbackParams, PrecisionConfig, TrainingConfig
 
 
 def mixed_precision_config(p: PrecisionConfig, ckpt: CheckpointCallbackParams) -> dict[str, Any]:

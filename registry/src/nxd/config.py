@@ -176,11 +176,6 @@ def neuronx_distributed_config(
     return config
 
 
-def check_run_config(config: RunConfig) -> None:
-    """What the sections cannot check alone: every plugin the config needs is installed, and each
-    plugin's ``nxd_validate_config`` accepts it. Called once per run, before anything runs."""
-    _require_plugins(config)
-    state().call_each("nxd_validate_config", optional=True, nxd_config=config)  # a crashing validator is named, skipped
 def _fsdp_config(value: Any) -> dict | None:
     """``fsdp_config``: None/False (off), True (the plugin's defaults: ``{}``) or a dict of settings."""
     if value is None or value is False:
@@ -207,7 +202,9 @@ def _model_transforms(value: Any) -> dict[str, dict]:
     return out
 
 
-def _require_plugins(config: RunConfig) -> None:
+def check_run_config(config: RunConfig) -> None:
+    """What the sections cannot check alone: every plugin the config needs is installed, and each
+    plugin's ``nxd_validate_config`` accepts it. Called once per run, before anything runs."""
     for name in config.model_transforms:
         get_component("model_transform", name, need=f"model_transforms[{name!r}]")
     pp = config.pipeline_parallel_size
@@ -221,6 +218,7 @@ def _require_plugins(config: RunConfig) -> None:
     lora = config.lora_config
     if lora is not None and getattr(lora, "enable_lora", True):
         get_component("adapter", "lora", need="lora_config")
+    state().call_each("nxd_validate_config", optional=True, nxd_config=config)  # a crashing validator is named, skipped
 
 
 def initialize_parallel(config: RunConfig) -> ParallelContext:

@@ -30,6 +30,8 @@ def nxd_register_adapters(registry: Any) -> None:
 
 @nxd.hookimpl
 def nxd_validate_config(nxd_config: RunConfig) -> None:
+    if nxd_config.lora_config is None:
+        return  # LoRA is off
     from nxd_lora.checkpoint import check_lora_config
 
     config = check_lora_config(nxd_config.lora_config)

@@ -22,6 +22,8 @@ def nxd_register_pipeline_schedules(registry: Any) -> None:
 @nxd.hookimpl
 def nxd_validate_config(nxd_config: RunConfig) -> None:
     pp = nxd_config.pipeline_parallel_size
+    if pp == 1 and not nxd_config.pipeline_config:
+        return  # no pipeline and no options: nothing of this plugin's to judge
     cfg = parse_pipeline_config(nxd_config.pipeline_config, pp)
     if pp > 1:
         schedule = nxd.get_component("pipeline_schedule", cfg.schedule, need=f"pipeline_config.schedule={cfg.schedule!r}")

@@ -434,9 +434,10 @@ def _precision(p: PrecisionConfig, ds: DistributedStrategyConfig) -> None:
 
 
 def _plugins(ds: DistributedStrategyConfig, align: ModelAlignmentConfig | None, em: ExpManagerConfig,
-             pp: int, dp: int, spec: Any) -> Any:
+             pp: int, dp: int, spec: Any, pretrained: str | None) -> Any:
     """The plugins the sections need are installed; the data-parallel strategy's sizes fit ``dp``.
-    Returns the ``peft`` section's LoraConfig (its targets defaulting to the model's), or None."""
+    Returns the ``peft`` section's LoraConfig (its targets defaulting to the model's; QLoRA's needs
+    the ``pretrained`` Hugging Face folder it quantises its base from), or None."""
     lora = None
     if pp > 1:
         schedule = pipeline_schedule(ds.pipeline_schedule, ds.virtual_pipeline_model_parallel_size or 1)
@@ -461,6 +462,14 @@ def _plugins(ds: DistributedStrategyConfig, align: ModelAlignmentConfig | None, 
             _need("adapter", "lora", "model_alignment_strategy.peft", "nxd-lora")
             # its keys checked now, before the QLoRA rules: the one LoraConfig of the run
             lora = lora_config(align.peft, list(getattr(spec, "lora_target_modules", ()) or ()))
+            if lora.quantize_base is not None and not pretrained:
+                # QLoRA quantises its base from the Hugging Face weights at every start (resumes too): checkpoints
+                # leave the frozen NF4 base out. The layouts NF4 cannot take are nxd-lora's (nxd_validate_config);
+                # weight_init_only from a QLoRA run's own checkpoint is preflight's (against its record)
+                raise ConfigError(f"model_alignment_strategy.peft.quantize_base={lora.quantize_base!r} needs "
+                                  "model.pretrained_checkpoint (a Hugging Face folder): QLoRA fine-tunes a pretrained "
+                                  "base, quantised from those weights at every start; checkpoints hold the adapters "
+                                  "and the other tensors, not the frozen NF4 base")
     if em.create_checkpoint_callback or em.resume_if_exists:
         _need("checkpointer", "default", "exp_manager.create_checkpoint_callback", "nxd-ckpt")
     return lora
@@ -470,22 +479,6 @@ def qlora_mode(config: TrainingConfig) -> str | None:
     """``model_alignment_strategy.peft.quantize_base`` (QLoRA's base format), or ``None``."""
     align = config.model_alignment_strategy
     return (align.peft or {}).get("quantize_base") if align is not None and align.peft is not None else None
-
-
-def _qlora(config: TrainingConfig) -> None:
-    """QLoRA through the trainer: its base is quantised from the Hugging Face weights as the model is
-    built, and checkpoints leave the frozen NF4 base out (every start, resumes included, reads it
-    again). The layouts NF4 cannot take are refused by nxd-lora (``nxd_validate_config``)."""
-    mode = qlora_mode(config)
-    if mode is None:
-        return
-    key = f"model_alignment_strategy.peft.quantize_base={mode!r}"
-    if not config.model.pretrained_checkpoint:
-        raise ConfigError(f"{key} needs model.pretrained_checkpoint (a Hugging Face folder): QLoRA fine-tunes a "
-                          "pretrained base, quantised from those weights at every start; checkpoints hold the "
-                          "adapters and the other tensors, not the frozen NF4 base")
-    # model.weight_init_only from a checkpoint: allowed from a QLoRA run's own checkpoint (adapters and the
-    # other tensors; the NF4 base is not in it), which preflight checks against the checkpoint's record
 
 
 def resolve_config(config: TrainingConfig, check_data: bool = True) -> TrainingConfig:
@@ -513,8 +506,7 @@ def derive(config: TrainingConfig, check_data: bool = True) -> tuple[Any, Derive
     world, tp, pp, dp, num_mb, seq = _sizes(ds, config.trainer, config.data, config.model)
     _training(config.trainer, config.model.optim, config.exp_manager, config.name)
     _precision(config.precision, ds)
-    lora = _plugins(ds, align, config.exp_manager, pp, dp, spec)
-    _qlora(config)
+    lora = _plugins(ds, align, config.exp_manager, pp, dp, spec, config.model.pretrained_checkpoint)
     _layout_fits_model(ds, spec, model_config, seq, tp, pp)
     workflow_key, workflow = build_workflow(align)
     if workflow is not None and pp > 1 and not getattr(workflow, "supports_pipeline", False):

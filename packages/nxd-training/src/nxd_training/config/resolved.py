@@ -54,14 +54,26 @@ def model_config_of(run: RunConfig, spec: Any, **changes: Any) -> Any:
     return spec.config_from_dict({**run.derived.model, **changes})
 
 
-def resolved_from_mapping(raw: dict[str, Any], source: str) -> TrainingConfig:
-    """Deserialise a written resolved config (no resolution): the sections must be exactly the ones
-    the resolution was made from."""
+def load_resolved(path: str | Path) -> TrainingConfig:
+    """Read a run's ``config.yaml`` as written by ``nxd train`` (what every rank does): deserialised, never
+    resolved again; its sections must be exactly the ones the resolution was made from."""
     from nxd_training.config.errors import config_error
     from nxd_training.config.features import recompute_table
 
+    path = Path(path)
+    try:
+        # libyaml's safe loader when PyYAML has it: the pure-Python one takes ~0.3 s per rank here
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file (a run directory's config.yaml, written by `nxd train`)") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(raw, dict) or RESOLVED_KEY not in raw:
+        raise ConfigError(f"{path}: not a resolved config (no '{RESOLVED_KEY}' section); ranks read the config.yaml "
+                          "that `nxd train` writes into the run directory, never a hand-written YAML")
+    source = str(path)
     sections = {k: v for k, v in raw.items() if k != RESOLVED_KEY}
-    record = raw.get(RESOLVED_KEY)
+    record = raw[RESOLVED_KEY]
     if not isinstance(record, dict) or not isinstance(record.get("derived"), dict):
         raise ConfigError(f"{source}: its '{RESOLVED_KEY}' section is not a run config nxd train wrote (written by an "
                           "older nxd?); run `nxd train` on the run's YAML to resolve it again")
@@ -80,19 +92,3 @@ def resolved_from_mapping(raw: dict[str, Any], source: str) -> TrainingConfig:
         raise ConfigError(str(exc)) from None
     # activation-checkpoint classes by name, looked up among the model's own (nothing imported from a file)
     return config.with_run(RunConfig.from_record(record, recompute_table(spec), f"{source}: {RESOLVED_KEY}"))
-
-
-def load_resolved(path: str | Path) -> TrainingConfig:
-    """Read a run's ``config.yaml`` as written by ``nxd train`` (what every rank does)."""
-    path = Path(path)
-    try:
-        # libyaml's safe loader when PyYAML has it: the pure-Python one takes ~0.3 s per rank here
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file (a run directory's config.yaml, written by `nxd train`)") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
-    if not isinstance(raw, dict) or RESOLVED_KEY not in raw:
-        raise ConfigError(f"{path}: not a resolved config (no '{RESOLVED_KEY}' section); ranks read the config.yaml "
-                          "that `nxd train` writes into the run directory, never a hand-written YAML")
-    return resolved_from_mapping(raw, str(path))

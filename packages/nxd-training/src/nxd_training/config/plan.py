@@ -12,6 +12,7 @@ micro-batch; plain pretraining and SFT need no workflow.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from nxd.paths import check_name, name_problem
 from nxd.run_config import Derived, pipeline_schedule
 from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
 from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
-from nxd_training.config.nxdt import MODEL_KEY_MAP, key_notes, lora_config, newer_keys, run_config
+from nxd_training.config.nxdt import MODEL_KEY_MAP, key_notes, lora_config, run_config
 from nxd_training.config.nxdt.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
 from nxd_training.config.schema import (
     DataConfig,
@@ -492,7 +493,8 @@ def resolve_config(config: TrainingConfig, check_data: bool = True) -> TrainingC
     spec, derived, recompute, lora = derive(config, check_data)
     sections = config.model_dump(by_alias=True)
     sections["model"]["architecture"] = spec.name
-    newer_keys(sections, config.model, spec)  # keys of earlier NxDT releases written under their newer names
+    notes = key_notes(config, spec, sections)  # keys of earlier NxDT releases written under their newer names
+    derived = dataclasses.replace(derived, notes=(*notes, *derived.notes))
     resolved = TrainingConfig.model_validate(sections)
     return resolved.with_run(run_config(resolved, derived, recompute, lora))  # the one translation
 
@@ -528,5 +530,5 @@ def derive(config: TrainingConfig, check_data: bool = True) -> tuple[Any, Derive
                           f"data.module={data_module!r}; remove data.module or set it to {needs!r}")
     derived = Derived(architecture=spec.name, architecture_reason=reason, model=as_dict, world_size=world, dp=dp,
                       num_microbatches=num_mb, seq_length=seq, data_module=data_module, data=section,
-                      workflow=workflow_key, notes=tuple(key_notes(config, spec) + covered_notes))
+                      workflow=workflow_key, notes=tuple(covered_notes))
     return spec, derived, recompute, lora

@@ -10,10 +10,10 @@ into the core's :class:`nxd.run_config.RunConfig`, which everything after resolu
 - ``precision``: ``precision.type``'s names and what each one means (autocast, bf16 parameters, master weights).
 """
 
-from nxd_training.config.nxdt.history import key_notes, lift_alignment, newer_keys
+from nxd_training.config.nxdt.history import key_notes, lift_alignment
 from nxd_training.config.nxdt.keys import MODEL_KEY_MAP, YAML_KEYS, yaml_keys_named
 from nxd_training.config.nxdt.peft import lora_config
 from nxd_training.config.nxdt.translate import run_config
 
-__all__ = ["MODEL_KEY_MAP", "YAML_KEYS", "key_notes", "lift_alignment", "lora_config", "newer_keys", "run_config",
+__all__ = ["MODEL_KEY_MAP", "YAML_KEYS", "key_notes", "lift_alignment", "lora_config", "run_config",
            "yaml_keys_named"]

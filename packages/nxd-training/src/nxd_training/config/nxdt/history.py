@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from nxd import ConfigError
 from nxd_training.config.errors import config_error
 from nxd_training.config.features import value_at
-from nxd_training.config.schema import DataConfig, ModelAlignmentConfig, ModelConfig, TrainingConfig
+from nxd_training.config.schema import ModelAlignmentConfig, ModelConfig, TrainingConfig
 
 #: key -> what it sets on Neuron
 NEURON_ONLY_KEYS: dict[str, str] = {
@@ -94,17 +94,12 @@ def recompute_names(m: ModelConfig, spec: Any) -> list[str] | None:
     return ["CoreAttention", mlp[0]]
 
 
-def earlier_alignment(data: DataConfig) -> Any:
-    """``data.alignment_strategy`` as NxDT's Oct-Dec 2024 configs wrote it, or None."""
-    return (data.model_extra or {}).get("alignment_strategy")
-
-
 def lift_alignment(config: TrainingConfig) -> TrainingConfig:
     """Read ``data.alignment_strategy`` as ``model_alignment_strategy`` (in place): every later
     step (workflow, data module, LoRA) then sees the section where NxDT's later releases put it.
-    The earlier key stays in ``data`` until :func:`newer_keys` writes the config out, so the
+    The earlier key stays in ``data`` until :func:`key_notes` rewrites the dumped config, so the
     resolved notes can say how it was read."""
-    earlier = earlier_alignment(config.data)
+    earlier = (config.data.model_extra or {}).get("alignment_strategy")
     if earlier is None:
         return config
     if config.model_alignment_strategy is not None:
@@ -117,10 +112,11 @@ def lift_alignment(config: TrainingConfig) -> TrainingConfig:
     return config
 
 
-def key_notes(config: TrainingConfig, spec: Any) -> list[str]:
-    """Refuse conflicting old/new keys; return one note per older key saying how it was read, then
-    one per Neuron-only key set (a value other than null, false or 0), then one per NO_EFFECT_KEYS
-    key set."""
+def key_notes(config: TrainingConfig, spec: Any, sections: dict[str, Any]) -> list[str]:
+    """Each older key once: refuse it beside a newer key that disagrees, rewrite it in ``sections``
+    (the dumped config, in place) under its newer key, so the resolved config says what the run does
+    in today's terms, and note how it was read. Then one note per Neuron-only key set (a value other
+    than null, false or 0), then one per NO_EFFECT_KEYS key set."""
     notes = []
     m, tr = config.model, config.trainer
     if m.activations_checkpoint_recompute_mlp is not None:
@@ -129,13 +125,15 @@ def key_notes(config: TrainingConfig, spec: Any) -> list[str]:
                      "(NxD Training 2.20) read as its newer key model.activations_checkpoint_recompute="
                      f"{names if names is not None else 'null'} (NxDT recomputed the MLP from "
                      f"encoder_seq_length {RECOMPUTE_MLP_MIN_SEQ} on, with granularity selective)")
+        sections["model"].update(activations_checkpoint_recompute=names, activations_checkpoint_recompute_mlp=None)
     if tr.vnc is not None:
         if tr.lnc is not None and tr.lnc != tr.vnc:
             raise ConfigError(f"trainer.vnc={tr.vnc} and trainer.lnc={tr.lnc} disagree: vnc is NxD Training's earlier "
                               "name of lnc (the logical NeuronCore size); keep trainer.lnc")
         notes.append(f"trainer.vnc={tr.vnc} (NxD Training's earlier name) read as trainer.lnc={tr.vnc}: the logical "
                      "NeuronCore size, a Neuron-only setting with no effect on cpu/cuda")
-    earlier = earlier_alignment(config.data)
+        sections["trainer"].update(lnc=tr.vnc, vnc=None)
+    earlier = sections["data"].pop("alignment_strategy", None)  # lifted into model_alignment_strategy (lift_alignment)
     if earlier is not None:
         notes.append(f"data.alignment_strategy ({', '.join(sorted(earlier))}; NxD Training's configs of "
                      "Oct-Dec 2024) read as its later place model_alignment_strategy, with the same keys")
@@ -146,15 +144,3 @@ def key_notes(config: TrainingConfig, spec: Any) -> list[str]:
         if str(value).strip().lower() not in ("none", "false", "0", ""):  # NxDT writes some flags as '0'/'1'
             notes.append(f"{key}={value!r}: {what}, so it has no effect on this run")
     return notes
-
-
-def newer_keys(sections: dict[str, Any], model: ModelConfig, spec: Any) -> None:
-    """Rewrite the older keys in ``sections`` (a dumped config) as their newer keys, in place, so
-    the resolved config says what the run does in today's terms."""
-    tr, m = sections["trainer"], sections["model"]
-    sections["data"].pop("alignment_strategy", None)  # lifted into model_alignment_strategy (lift_alignment)
-    if tr.get("vnc") is not None:
-        tr["lnc"], tr["vnc"] = tr["vnc"], None
-    if m.get("activations_checkpoint_recompute_mlp") is not None:
-        m["activations_checkpoint_recompute"] = recompute_names(model, spec)
-        m["activations_checkpoint_recompute_mlp"] = None

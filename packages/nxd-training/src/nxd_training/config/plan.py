@@ -24,7 +24,7 @@ from nxd.run_config import Derived, pipeline_schedule
 from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
 from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
 from nxd_training.config.nxdt import MODEL_KEY_MAP, key_notes, lora_config, run_config
-from nxd_training.config.nxdt.precision import FP8_DISTRIBUTION, FP8_TRANSFORM, uses_master_weights
+from nxd_training.config.nxdt.precision import check_precision
 from nxd_training.config.schema import (
     DataConfig,
     DistributedStrategyConfig,
@@ -32,7 +32,6 @@ from nxd_training.config.schema import (
     ModelAlignmentConfig,
     ModelConfig,
     OptimConfig,
-    PrecisionConfig,
     TokenizerConfig,
     TrainerConfig,
     TrainingConfig,
@@ -415,25 +414,6 @@ def _run_paths(em: ExpManagerConfig, run_name: str) -> None:
                           f"{problem}; a tag is one folder name inside the checkpoint folder")
 
 
-def _precision(p: PrecisionConfig, ds: DistributedStrategyConfig) -> None:
-    if p.fp8 is not None and p.type != "fp8":
-        raise ConfigError(f"precision.fp8 holds FP8 options, and precision.type={p.type}: set precision.type=fp8 "
-                          "to train with FP8, or remove precision.fp8")
-    if p.type == "fp8":
-        _need("model_transform", FP8_TRANSFORM, "precision.type=fp8", FP8_DISTRIBUTION)
-    if uses_master_weights(p) and ds.fsdp:
-        raise ConfigError(
-            f"precision.type={p.type} keeps fp32 master weights in the ZeRO-1 optimizer; with distributed_strategy.fsdp "
-            "the sharded parameters are the fp32 master: use precision.type fp32 and distributed_strategy.fsdp."
-            "mixed_precision {param_dtype: bf16, reduce_dtype: fp32}"
-        )
-    if uses_master_weights(p) and not ds.zero1:
-        raise ConfigError(
-            f"precision.type={p.type} keeps fp32 master weights, which live in the ZeRO-1 optimizer: set "
-            "distributed_strategy.zero1=true (or use precision.type fp32/autocast/bf16SR)"
-        )
-
-
 def _plugins(ds: DistributedStrategyConfig, align: ModelAlignmentConfig | None, em: ExpManagerConfig,
              pp: int, dp: int, spec: Any, pretrained: str | None) -> Any:
     """The plugins the sections need are installed; the data-parallel strategy's sizes fit ``dp``.
@@ -507,7 +487,9 @@ def derive(config: TrainingConfig, check_data: bool = True) -> tuple[Any, Derive
     ds, align = config.distributed_strategy, config.model_alignment_strategy
     world, tp, pp, dp, num_mb, seq = _sizes(ds, config.trainer, config.data, config.model)
     _training(config.trainer, config.model.optim, config.exp_manager, config.name)
-    _precision(config.precision, ds)
+    needed = check_precision(config.precision, ds)
+    if needed is not None:
+        _need(*needed)
     lora = _plugins(ds, align, config.exp_manager, pp, dp, spec, config.model.pretrained_checkpoint)
     _layout_fits_model(ds, spec, model_config, seq, tp, pp)
     workflow_key, workflow = build_workflow(align)

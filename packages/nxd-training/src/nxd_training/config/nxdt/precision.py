@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from nxd.dtypes import DTYPE_NAMES
+from nxd.errors import ConfigError
 
 #: every ``precision.type`` nxd accepts (NxDT's names)
 PRECISION_TYPES = ("fp32", "autocast", "bf16SR", "mixed_precision", "mixed_precisionSR", "mixed_precision_SR", "manual",
@@ -27,6 +28,27 @@ def uses_master_weights(precision: Any) -> bool:
     if precision.master_weights is not None:
         return bool(precision.master_weights)
     return precision.type.startswith("mixed_precision")
+
+
+def check_precision(p: Any, ds: Any) -> tuple[str, str, str, str] | None:
+    """The ``precision`` section against ``distributed_strategy`` (``ds``): FP8 options need the FP8 type,
+    master weights live in the ZeRO-1 optimizer (not FSDP's). Returns what the type needs installed, as
+    ``(component kind, name, the key asking, the distribution)``, or None."""
+    if p.fp8 is not None and p.type != "fp8":
+        raise ConfigError(f"precision.fp8 holds FP8 options, and precision.type={p.type}: set precision.type=fp8 "
+                          "to train with FP8, or remove precision.fp8")
+    if uses_master_weights(p) and ds.fsdp:
+        raise ConfigError(
+            f"precision.type={p.type} keeps fp32 master weights in the ZeRO-1 optimizer; with distributed_strategy.fsdp "
+            "the sharded parameters are the fp32 master: use precision.type fp32 and distributed_strategy.fsdp."
+            "mixed_precision {param_dtype: bf16, reduce_dtype: fp32}"
+        )
+    if uses_master_weights(p) and not ds.zero1:
+        raise ConfigError(
+            f"precision.type={p.type} keeps fp32 master weights, which live in the ZeRO-1 optimizer: set "
+            "distributed_strategy.zero1=true (or use precision.type fp32/autocast/bf16SR)"
+        )
+    return ("model_transform", FP8_TRANSFORM, "precision.type=fp8", FP8_DISTRIBUTION) if p.type == "fp8" else None
 
 
 def autocast_dtype(precision: Any) -> torch.dtype | None:

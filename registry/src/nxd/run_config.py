@@ -202,6 +202,10 @@ class RunConfig:
     model_transforms: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: "float32"/"bfloat16": the dtype the tensor-parallel layers sum partial results in; None: fp32
     reduce_dtype: str | None = None
+    #: "bfloat16": the model's parameters are built in it; None: the model config's own dtype (fp32)
+    param_dtype: str | None = None
+    #: "bfloat16": forward passes run under ``torch.autocast`` in it; None: no autocast
+    autocast_dtype: str | None = None
     #: what ``nxd train`` derived (model, batch numbers, data, workflow); None through NxD's API
     derived: Derived | None = None
 
@@ -233,8 +237,10 @@ class RunConfig:
                                       "(NxD keeps fp32 master weights and gradient accumulation in the ZeRO-1 optimizer)")
         _activation_checkpoint(self.activation_checkpoint_config)
         _compile(self.compile_config)
-        if self.reduce_dtype not in (None, "float32", "bfloat16"):
-            raise ConfigError(f"parallel_layers_reduce_dtype must be float32 or bfloat16, got {self.reduce_dtype!r}")
+        for name in ("reduce_dtype", "param_dtype", "autocast_dtype"):
+            if getattr(self, name) not in (None, "float32", "bfloat16"):
+                what = "parallel_layers_reduce_dtype" if name == "reduce_dtype" else name
+                raise ConfigError(f"{what} must be float32 or bfloat16, got {getattr(self, name)!r}")
 
     # ---- NxD's names for the same values (what plugins written against NxD's config read)
     tensor_parallel_size = property(lambda self: self.parallel.tp)
@@ -327,6 +333,8 @@ class RunConfig:
             "fsdp_config": self.fsdp_config,
             "model_transforms": {k: dict(v) for k, v in self.model_transforms.items()},
             "reduce_dtype": self.reduce_dtype,
+            "param_dtype": self.param_dtype,
+            "autocast_dtype": self.autocast_dtype,
             "derived": {**dataclasses.asdict(self.derived), "notes": list(self.derived.notes)} if self.derived else None,
         }
 
@@ -350,7 +358,8 @@ class RunConfig:
                        compile_config=record.get("compile_config"),
                        data_parallel_strategy=record["data_parallel_strategy"],
                        fsdp_config=record.get("fsdp_config"), model_transforms=dict(record.get("model_transforms") or {}),
-                       reduce_dtype=record.get("reduce_dtype"),
+                       reduce_dtype=record.get("reduce_dtype"), param_dtype=record.get("param_dtype"),
+                       autocast_dtype=record.get("autocast_dtype"),
                        derived=Derived(**record["derived"]) if record.get("derived") else None)
         except (ConfigError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"{source}: the run's config is not one nxd wrote ({type(exc).__name__}: {exc})") from None

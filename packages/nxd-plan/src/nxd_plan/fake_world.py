@@ -65,7 +65,7 @@ def build_rank_model(config: Any, run: Any) -> tuple[torch.nn.Module, nxd.Parall
     nxd_cfg, spec = run, model_spec_of(run)  # as nxd train: the one RunConfig the resolution recorded, then its groups
     context = start_parallel_context(**nxd_cfg.sizes(),
                                      timeout=timedelta(seconds=config.distributed_strategy.collective_timeout))
-    model_config = build.model_config_for_rank(config.precision, run, spec)
+    model_config = build.model_config_for_rank(run, spec)
     build_fn = build.model_builder(config, spec, context)
     later = _mesh_transforms(context, nxd_cfg)
     # built first with no data-parallel strategy (a name none registers), then that strategy runs

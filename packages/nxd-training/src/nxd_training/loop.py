@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 import nxd
 from nxd import ConfigError
+from nxd.dtypes import torch_dtype
 from nxd_ckpt.run_dir import MODEL_RECORD_KEY, checkpoint_has_adapters, model_record
 from nxd_training import build, lora_export, metrics, rank_status
-from nxd_training.config.nxdt.precision import autocast_dtype
 from nxd_training.config.plan import build_workflow, resolve_config, tokenizer_path
 from nxd_training.config.resolved import model_spec_of
 from nxd_training.config.schema import TrainingConfig
@@ -92,7 +92,7 @@ class Trainer:
         self.run = run = config.run
         derived = run.derived  # the model, batch numbers, data section: recorded by the resolution, not derived again
         self.spec = model_spec_of(run)
-        self.model_config = build.model_config_for_rank(config.precision, run, self.spec)
+        self.model_config = build.model_config_for_rank(run, self.spec)
         self.backend = select_backend(config.trainer)
         seed_everything(config.seed)
         # distributed_strategy.collective_timeout bounds the default group's and every parallel group's collectives
@@ -113,7 +113,7 @@ class Trainer:
         model_parallel_manual_seed(config.seed, self.context)
         self.model = nxd.initialize_parallel_model(run, build_fn, False, self.model_config, run)
         #: the step contract's ``autocast`` dtype (``precision.type: autocast`` or ``fp8``: bf16 forward passes)
-        self.autocast = autocast_dtype(config.precision)
+        self.autocast = torch_dtype(run.autocast_dtype)
         lora = run.lora_config  # NxD's LoraConfig fields, translated once with the run config (None: no LoRA)
         self.lora = lora is not None
         self.trainable = lora_export.trainable_counts(self.model)

@@ -51,11 +51,6 @@ def check_precision(p: Any, ds: Any) -> tuple[str, str, str, str] | None:
     return ("model_transform", FP8_TRANSFORM, "precision.type=fp8", FP8_DISTRIBUTION) if p.type == "fp8" else None
 
 
-def autocast_dtype(precision: Any) -> torch.dtype | None:
-    """The ``torch.autocast`` dtype of the forward passes (``autocast``, ``fp8``: bf16), else ``None``."""
-    return torch.bfloat16 if precision.type in AUTOCAST_TYPES else None
-
-
 def model_transforms(precision: Any, trainer: Any) -> dict[str, dict] | None:
     """The model transforms the precision type turns on (``fp8``: nxd-fp8's, with ``precision.fp8``'s
     options and the device the ranks train on (``trainer.accelerator``), so a device without FP8

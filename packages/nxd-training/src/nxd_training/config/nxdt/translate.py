@@ -14,6 +14,8 @@ from typing import Any
 from nxd import ConfigError
 from nxd.run_config import DEFAULT_COMPILE_CONFIG, Derived, ModelInitConfig, OptimizerConfig, Parallelism, RunConfig
 from nxd_training.config.nxdt.precision import (
+    AUTOCAST_TYPES,
+    BF16_PARAM_TYPES,
     STOCHASTIC_ROUNDING_TYPES,
     model_transforms,
     parallel_layers_reduce_dtype,
@@ -75,5 +77,7 @@ def run_config(config: TrainingConfig, derived: Derived, activation_checkpoint: 
         fsdp_config=(ds.fsdp if isinstance(ds.fsdp, dict) else {}) if ds.fsdp else None,
         model_transforms=model_transforms(config.precision, tr) or {},
         reduce_dtype=str(reduce).removeprefix("torch."),
+        param_dtype="bfloat16" if config.precision.type in BF16_PARAM_TYPES else None,
+        autocast_dtype="bfloat16" if config.precision.type in AUTOCAST_TYPES else None,
         derived=derived,
     )

@@ -178,7 +178,8 @@ def xla(session: nox.Session) -> None:
     """Optional: nxd-core-parallel's xla backend, single process on the XLA CPU device. Installs
     torch-xla (several GB) in its own venv; not part of the default test command."""
     # One resolve, so the packages' unpinned "torch" requirement keeps torch-xla's torch.
-    session.install(XLA_TORCH, XLA_TORCH_XLA, str(PACKAGES["nxd"]), str(PACKAGES["nxd-core-parallel"]))
+    session.install(XLA_TORCH, XLA_TORCH_XLA, str(PACKAGES["nxd"]), str(PACKAGES["nxd-core-parallel"]),
+                    str(PACKAGES["nxd-tensor-parallel"]))
     session.run("python", str(PACKAGES["nxd-core-parallel"] / "xla" / "xla_smoke.py"),
                 env={"PJRT_DEVICE": "CPU", "NXD_BACKEND": "xla"})
 

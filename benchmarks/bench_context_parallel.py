@@ -26,8 +26,8 @@ CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_
 def body(seq: int, steps: int) -> dict[str, float]:
     import torch.distributed as dist
 
+    from nxd_context_parallel import get_batch_on_this_context_parallel_rank
     from nxd_core_parallel import parallel_state
-    from nxd_core_parallel.context_parallel import get_batch_on_this_context_parallel_rank
     from nxd_models_llama import LlamaConfig, LlamaForCausalLM
 
     torch.set_num_threads(1)

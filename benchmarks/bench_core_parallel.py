@@ -27,7 +27,7 @@ class Block(nn.Module):
     def __init__(self, parallel: bool) -> None:
         super().__init__()
         if parallel:
-            from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+            from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
             def col(i, o):
                 return ColumnParallelLinear(i, o, bias=False, gather_output=False)

@@ -47,7 +47,7 @@ def flops_per_token(shape: dict, seq: int) -> float:
 
 def nxd_model(shape: dict, compiled: bool, fused: tuple[str, ...] = (), fp8: str | None = None,
               dtype: str = "bfloat16") -> torch.nn.Module:
-    """``fused``: ops run by Liger-Kernel (nxd_core_parallel.fused_kernels); ``fp8``: nxd-fp8's recipe
+    """``fused``: ops run by Liger-Kernel (nxd_tensor_parallel.fused_kernels); ``fp8``: nxd-fp8's recipe
     (the model transform, emulated on the CPU)."""
     import nxd
     from nxd_models_llama.spec import build, config_from_dict

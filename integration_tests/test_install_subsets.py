@@ -27,7 +27,8 @@ def test_core_then_plugins_then_third_party(fresh_venv):
     assert plugins["tinylm"]["distribution"] == "nxd-example-tinylm"
     assert plugins["tinylm"]["components"] == {"model": ["tinylm"], "model_transform": ["tinylm_bf16"]}
 
-    fresh_venv.install("nxd-models-llama", "nxd-core-parallel", "nxd")
+    fresh_venv.install("nxd-models-llama", "nxd-modeling", "nxd-context-parallel", "nxd-tensor-parallel",
+                       "nxd-core-parallel", "nxd")
     plugins = _plugins(fresh_venv)
     assert {"nxd", "tinylm", "llama", "core_parallel"} <= set(plugins)
     assert not {"pipeline", "zero1", "lora", "ckpt", "data", "training"} & set(plugins)

@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap-tools.sh
 
-PACKAGES=(./registry ./packages/nxd-core-parallel ./packages/nxd-ckpt ./packages/nxd-data
+PACKAGES=(./registry ./packages/nxd-core-parallel ./packages/nxd-tensor-parallel
+          ./packages/nxd-context-parallel ./packages/nxd-modeling ./packages/nxd-ckpt ./packages/nxd-data
           ./packages/nxd-models-llama ./packages/nxd-training)
 if [ -x .venv/bin/python ] && .venv/bin/python -c "import nxd_training, nxd_data, nxd_models_llama, nxd_ckpt" 2>/dev/null; then
   VENV=.venv                      # the dev environment already has everything (editable)

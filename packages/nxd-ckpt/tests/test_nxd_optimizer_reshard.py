@@ -31,7 +31,7 @@ DIMS = {"up.weight": 0, "up.bias": 0, "down.weight": 1}
 
 
 def _model() -> torch.nn.Module:
-    from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+    from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
     torch.manual_seed(0)
     model = torch.nn.Module()

@@ -21,7 +21,7 @@ SHARD = "dp_rank_00_tp_rank_{:02d}_pp_rank_00.pt"
 
 
 def _model() -> torch.nn.Module:
-    from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+    from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
     torch.manual_seed(0)
     model = torch.nn.Module()

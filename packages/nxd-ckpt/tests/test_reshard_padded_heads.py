@@ -19,8 +19,8 @@ SAVE_SEED, OTHER_SEED = 0, 1
 
 def _model(tp: int, seed: int) -> nn.Module:
     from nxd_core_parallel import parallel_state
-    from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
-    from nxd_core_parallel.parallel_layers.pad import pad_model
+    from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+    from nxd_tensor_parallel.parallel_layers.pad import pad_model
 
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tp)

@@ -10,7 +10,7 @@ import torch
 from ckpt_helpers import TinyNet
 
 import nxd
-from nxd_core_parallel.parallel_layers.random import get_rng_tracker
+from nxd_core_parallel.random import get_rng_tracker
 
 DATA = torch.linspace(-1, 1, 64 * 4).reshape(64, 4)
 

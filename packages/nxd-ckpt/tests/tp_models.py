@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from nxd_core_parallel import parallel_state
-from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
-from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear
+from nxd_tensor_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
+from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear
 
 
 class Block(torch.nn.Module):

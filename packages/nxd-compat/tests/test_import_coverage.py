@@ -145,7 +145,7 @@ def test_head_padding_is_nxd_core_parallels():
     hardware_type=hardware(get_platform_target()))``: on nxd that is its own (NxD's trn2) KV layout."""
     from neuronx_distributed.parallel_layers.pad import generate_padding_mask, pad_model
     from neuronx_distributed.utils.utils import get_platform_target, hardware
-    from nxd_core_parallel.parallel_layers import pad
+    from nxd_tensor_parallel.parallel_layers import pad
 
     assert pad_model is pad.pad_model
     masks = [generate_padding_mask(48, 64, 8, 32, r, hardware_type=hardware(get_platform_target())) for r in range(4)]

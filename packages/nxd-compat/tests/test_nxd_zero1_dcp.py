@@ -177,7 +177,7 @@ def nxd_dcp_verified_load_body(root: str, shards: list[dict]) -> dict:
 def _zero1_model(tp: int, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     import nxd
     from nxd_core_parallel import parallel_state
-    from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+    from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
     parallel_state.destroy_model_parallel()
     cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp,

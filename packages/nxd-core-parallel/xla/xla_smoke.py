@@ -13,8 +13,8 @@ from torch import nn
 
 import nxd
 from nxd_core_parallel import backends
-from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
+from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear
 
 VOCAB, HID, STEPS = 32, 16, 10
 

@@ -12,9 +12,9 @@ from torchao.float8.float8_linear import Float8Linear
 
 import nxd
 from nxd import ConfigError
-from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
-from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 from nxd_fp8 import convert_to_fp8, fp8_refusal, parse_options
+from nxd_tensor_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])

@@ -53,8 +53,8 @@ def matmul_bound(a: torch.Tensor, b: torch.Tensor, ea: tuple[float, float], eb: 
 
 
 def tp_layer_body(recipe: str) -> dict[str, float]:
-    from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
     from nxd_fp8 import convert_to_fp8, parse_options
+    from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
     nxd.neuronx_distributed_config(tensor_parallel_size=2)
     ctx = nxd.get_parallel_context()

@@ -92,7 +92,7 @@ def fsdp_body(kind: str, cp: int, ep: int, state: dict) -> dict:
 
     import nxd
     import nxd_fsdp
-    from nxd_core_parallel.context_parallel import split_batch_for_context_parallel
+    from nxd_context_parallel import split_batch_for_context_parallel
 
     cfg = nxd.neuronx_distributed_config(context_parallel_size=cp, expert_parallel_size=ep, fsdp_config=True,
                                          optimizer_config={"grad_clipping": True, "max_grad_norm": MAX_NORM})

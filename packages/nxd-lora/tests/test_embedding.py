@@ -76,7 +76,7 @@ def nxd_side(base: dict, adapter_dir: str, tp: int) -> dict:
         model.load_state_dict(base)
     else:
         from nxd_core_parallel import parallel_state
-        from nxd_core_parallel.parallel_layers import ParallelEmbedding
+        from nxd_tensor_parallel.parallel_layers import ParallelEmbedding
 
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
         r, per = parallel_state.get_tensor_model_parallel_rank(), VOCAB // tp

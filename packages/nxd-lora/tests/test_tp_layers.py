@@ -27,7 +27,7 @@ class RefToy(nn.Module):
 
 
 def _tp_toy(gather: bool) -> nn.Module:
-    from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+    from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
     class TPToy(nn.Module):
         def __init__(self) -> None:
@@ -107,7 +107,7 @@ def test_rank_is_reported_and_params_frozen():
 
 def padded_target_body() -> str:
     from nxd_core_parallel import parallel_state
-    from nxd_core_parallel.parallel_layers import ColumnParallelLinear
+    from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     try:

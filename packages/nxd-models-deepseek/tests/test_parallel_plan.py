@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import nxd
-from nxd_core_parallel.parallel_plan import plan_mismatches
 from nxd_moe.experts import ExpertMLPs
+from nxd_tensor_parallel.parallel_plan import plan_mismatches
 
 
 @pytest.mark.parametrize("q_lora_rank", [32, None])

@@ -81,8 +81,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def odd_kv_body(root: str) -> dict:
     import nxd
-    from nxd_core_parallel.parallel_plan import plan_mismatches
     from nxd_models_gpt.megatron_ckpt import load_megatron_checkpoint, save_megatron_checkpoint
+    from nxd_tensor_parallel.parallel_plan import plan_mismatches
 
     data = _data()
     cases = (("gqa3_tp2", GQA3, 2, 2), ("mqa_tp2", MQA, 2, 2), ("gqa3_tp4", GQA3, 4, 4))

@@ -41,8 +41,8 @@ def reshard_body(hf_dir: str, root: str) -> dict:
     import nxd
     from nxd.transforms import parallelize_model
     from nxd_core_parallel import parallel_state
-    from nxd_core_parallel.parallel_plan import plan_mismatches
     from nxd_models_gpt import GPTConfig, GPTForCausalLM, gather_vocab_logits, load_hf_checkpoint
+    from nxd_tensor_parallel.parallel_plan import plan_mismatches
 
     config = GPTConfig.from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
     # Megatron's vocabulary padding depends on TP (128 x TP by default): keep it equal at TP=1 and 2

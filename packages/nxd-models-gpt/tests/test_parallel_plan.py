@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import nxd
-from nxd_core_parallel.parallel_plan import plan_mismatches
+from nxd_tensor_parallel.parallel_plan import plan_mismatches
 
 CONFIG = dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64, model_type="gpt2")
 

@@ -26,8 +26,8 @@ CONFIG_GQA = {k: v for k, v in CONFIGS["gqa"].items() if v is not None}
 def cp_body(tp: int, cp: int, hf_dir: str, data: dict, sequence_parallel: bool, loss_mask: bool) -> dict | None:
     import torch.distributed as dist
 
+    from nxd_context_parallel import local_indices, split_batch_for_context_parallel
     from nxd_core_parallel import parallel_state
-    from nxd_core_parallel.context_parallel import local_indices, split_batch_for_context_parallel
     from nxd_core_parallel.grads import allreduce_context_parallel_gradients, allreduce_sequence_parallel_gradients
     from nxd_models_llama import (
         LlamaConfig,
@@ -144,8 +144,8 @@ def train_body(cp: int, steps: int, overlap: bool) -> dict:
     import torch.distributed as dist
 
     from nxd.parallel import set_parallel_context
+    from nxd_context_parallel import split_batch_for_context_parallel
     from nxd_core_parallel import parallel_state
-    from nxd_core_parallel.context_parallel import split_batch_for_context_parallel
     from nxd_core_parallel.trainer import NxDOptimizer
     from nxd_models_llama import LlamaConfig, LlamaForCausalLM
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nxd.errors import ConfigError
-from nxd_core_parallel.fused_kernels import FUSED_KERNEL_OPS, liger_available, validate_fused_kernels
+from nxd_tensor_parallel.fused_kernels import FUSED_KERNEL_OPS, liger_available, validate_fused_kernels
 
 CONFIG = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, initializer_range=0.1)

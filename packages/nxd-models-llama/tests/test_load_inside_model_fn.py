@@ -22,7 +22,7 @@ def load_inside_model_fn_body(cases: list[tuple[str, str]], data: dict[str, dict
     import json
 
     import nxd
-    from nxd_core_parallel.generation import gather_vocab_logits
+    from nxd_modeling.generation import gather_vocab_logits
     from nxd_models_llama import LlamaConfig, LlamaForCausalLM, load_hf_checkpoint
 
     config_nxd = nxd.neuronx_distributed_config(tensor_parallel_size=2)

@@ -32,7 +32,7 @@ EXPORT = "nxd_models_llama:collect_hf_state_dict"
 
 
 def test_padded_layouts():
-    from nxd_core_parallel.modules.kv_heads import head_padding_for
+    from nxd_tensor_parallel.modules.kv_heads import head_padding_for
 
     gqa, mha, nxd_example = head_padding_for(6, 2, 4), head_padding_for(5, 5, 2), head_padding_for(48, 8, 32)
     assert (gqa.group_slots, gqa.kv_groups, gqa.kv_size_multiplier(4)) == (4, 2, 2)

@@ -5,7 +5,7 @@ model on every path (``nxd.build_parallel_model``, ``initialize_parallel_model``
 from __future__ import annotations
 
 import nxd
-from nxd_core_parallel.parallel_plan import plan_mismatches
+from nxd_tensor_parallel.parallel_plan import plan_mismatches
 
 CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2)
@@ -20,8 +20,8 @@ def test_parallel_plan_matches_the_built_model():
 
 def test_the_family_is_built_plain_and_its_plan_makes_it_parallel():
     """``spec.build``: one-device modules only (the plan's data is all that parallelises it)."""
-    from nxd_core_parallel.modules import plain
-    from nxd_core_parallel.parallel_plan import LAYER_STYLES
+    from nxd_tensor_parallel.modules import plain
+    from nxd_tensor_parallel.parallel_plan import LAYER_STYLES
 
     spec = nxd.get_model("llama")
     model = spec.build(spec.config_from_dict(CONFIG))

@@ -84,7 +84,7 @@ def test_llama31_preset_rope_matches_transformers():
 
 def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     """The shared RoPE's inverse frequencies for a Llama config."""
-    from nxd_core_parallel.modules.rotary import rope_frequencies
+    from nxd_modeling.rotary import rope_frequencies
 
     return rope_frequencies(config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings)[0]
 
@@ -102,7 +102,7 @@ YARN_CASES = {
 
 @pytest.mark.parametrize("case", list(YARN_CASES))
 def test_llama_yarn_rope_matches_transformers_bitwise(case):
-    """The shared RoPE (nxd_core_parallel.modules.rotary) that every family uses: YaRN's inverse
+    """The shared RoPE (nxd_modeling.rotary) that every family uses: YaRN's inverse
     frequencies equal transformers' bit for bit, and cos/sin carry its attention factor."""
     from transformers import LlamaConfig as HFConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS

@@ -51,7 +51,7 @@ def _check(result: dict, ref: dict, src: Path, out_dir: Path, padded: int) -> fl
     from safetensors.torch import load_file
 
     assert result["padded"] == padded and result["logits"].shape[-1] == padded
-    assert torch.all(result["logits"][..., VOCAB:] == float("-inf"))  # no probability (nxd_core_parallel.vocab_padding)
+    assert torch.all(result["logits"][..., VOCAB:] == float("-inf"))  # no probability (nxd_tensor_parallel.vocab_padding)
     errors = [rel_err(result["logits"][..., :VOCAB], ref["logits"]), rel_err(result["loss"], ref["loss"])]
     assert set(result["grads"]) == set(ref["grads"])
     errors += [rel_err(result["grads"][k], g) for k, g in ref["grads"].items()]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import nxd
-from nxd_core_parallel.parallel_plan import plan_mismatches
 from nxd_moe.experts import ExpertMLPs
+from nxd_tensor_parallel.parallel_plan import plan_mismatches
 
 CONFIG = dict(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)

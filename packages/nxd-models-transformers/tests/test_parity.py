@@ -44,7 +44,7 @@ def hf_reference(hf_dir: str, data: dict[str, torch.Tensor], shards: int) -> dic
 def whole_grads(module: torch.nn.Module, context) -> dict[str, torch.Tensor]:
     """Every parameter's whole gradient: FSDP shards gathered, then TP shards (collective)."""
     from nxd_core_parallel.dtensor import SHARD_GROUP, full_rows
-    from nxd_core_parallel.hf_interop import clean_param_name
+    from nxd_modeling.hf_interop import clean_param_name
 
     out = {}
     for raw, p in module.named_parameters():

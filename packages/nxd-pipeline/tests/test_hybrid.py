@@ -13,13 +13,13 @@ from torch import nn
 
 import nxd
 from nxd_core_parallel import parallel_state
-from nxd_core_parallel.parallel_layers import (
+from nxd_pipeline.toy import ToyLM, toy_batch
+from nxd_tensor_parallel.parallel_layers import (
     ColumnParallelLinear,
     ParallelEmbedding,
     RowParallelLinear,
     parallel_cross_entropy,
 )
-from nxd_pipeline.toy import ToyLM, toy_batch
 
 STEPS, LR, MAX_NORM = 10, 0.2, 0.5
 

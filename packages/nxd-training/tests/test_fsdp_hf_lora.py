@@ -73,7 +73,7 @@ def _hf_logits(hf_dir: Path, adapter: Path | None = None) -> torch.Tensor:
 
 
 def _logits(model: Any, vocab: int, context: Any) -> torch.Tensor:
-    from nxd_core_parallel.generation import gather_vocab_logits
+    from nxd_modeling.generation import gather_vocab_logits
 
     with torch.no_grad():
         logits = model.eval()(input_ids=PROMPT).logits  # no dropout (GPT-2's config has it)

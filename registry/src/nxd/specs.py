@@ -81,7 +81,7 @@ class ParallelPlan:
     #: the repeated blocks a pipeline may cut between (in model order)
     pipeline_blocks: tuple[str, ...] = ()
     #: context parallelism: attention modules whose ``attention_core`` (``(q, k, v, attention_mask)
-    #: -> out``, :mod:`nxd_core_parallel.context_parallel.transform`) the ``context_parallel`` transform
+    #: -> out``, :mod:`nxd_context_parallel.transform`) the ``context_parallel`` transform
     #: swaps for ring attention, exchanging K/V over ``cp``
     context_parallel: tuple[str, ...] = ()
     #: sharded modules whose sharded size is padded at its end to a multiple of the TP size when
@@ -113,7 +113,7 @@ class ModelSpec:
     """What a model plugin tells the rest of nxd about one model family.
 
     The model returned by ``build`` is an ``nn.Module`` for the parallel context it is given,
-    written for one device (``nn.Linear``/``nn.Embedding`` or ``nxd_core_parallel.modules.plain``);
+    written for one device (``nn.Linear``/``nn.Embedding`` or ``nxd_tensor_parallel.modules.plain``);
     the transform list parallelises it by its ``parallel_plan`` (a model built from nxd-core-parallel's
     parallel layers itself keeps working: the plan transform skips them). Its ``forward(input_ids,
     labels=None, position_ids=None, attention_mask=None, loss_mask=None)`` returns an object with

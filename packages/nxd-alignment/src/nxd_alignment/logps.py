@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nxd_core_parallel.parallel_layers.loss_functions import parallel_cross_entropy
+from nxd_tensor_parallel.parallel_layers.loss_functions import parallel_cross_entropy
 
 
 def per_token_logps(vocab_parallel_logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

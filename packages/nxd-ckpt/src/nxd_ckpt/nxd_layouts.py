@@ -42,7 +42,7 @@ def nxd_written_degrees(storage: Storage, tag: str) -> tuple[int, int]:
 
 def qkv_layers(module: torch.nn.Module) -> list[tuple[str, Any]]:
     """``(prefix, layer)`` of every GQA QKV projection of ``module`` (prefix ends with '.')."""
-    from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+    from nxd_tensor_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 
     return [(f"{name}." if name else "", m) for name, m in module.named_modules()
             if isinstance(m, GQAQKVColumnParallelLinear)]

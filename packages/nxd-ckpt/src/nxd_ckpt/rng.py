@@ -15,7 +15,7 @@ import torch
 
 def _tracker() -> Any:
     try:
-        from nxd_core_parallel.parallel_layers.random import get_rng_tracker
+        from nxd_core_parallel.random import get_rng_tracker
     except ImportError:
         return None
     return get_rng_tracker()

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from nxd_core_parallel.modules.kv_heads import HeadPadding, interleaved_to_fused
+from nxd_tensor_parallel.modules.kv_heads import HeadPadding, interleaved_to_fused
 
 
 @dataclass(frozen=True)

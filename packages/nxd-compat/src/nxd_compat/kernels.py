@@ -63,7 +63,7 @@ def nki_ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank_i
     from the CP group."""
     _check_dropout(dropout_p, seed)
     from neuronx_distributed.parallel_layers import parallel_state
-    from nxd_core_parallel.context_parallel import ring_attention
+    from nxd_context_parallel import ring_attention
 
     return ring_attention(q, k, v, parallel_state.get_context_model_parallel_group(), causal=causal,
                           load_balance=False, scale=softmax_scale)

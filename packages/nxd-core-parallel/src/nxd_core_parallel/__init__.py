@@ -1,3 +1,3 @@
-"""Backends (cpu/gloo, cuda/nccl, xla), parallel state, tensor/sequence/data parallel layers, grad clipping, activation checkpointing, and NxD's model/optimizer wrappers."""
+"""The parallel runtime: backends, the parallel context and NxD's parallel_state facade, grad sync and clipping, activation checkpointing, meta-device init, and NxD's model/optimizer wrappers."""
 
 __version__ = "0.1.0"

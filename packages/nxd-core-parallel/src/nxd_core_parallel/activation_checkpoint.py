@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from nxd_core_parallel.module_walk import outermost_instances
-from nxd_core_parallel.parallel_layers.random import get_rng_tracker
+from nxd_core_parallel.random import get_rng_tracker
 
 _MARK = "_nxd_activation_checkpointed"
 

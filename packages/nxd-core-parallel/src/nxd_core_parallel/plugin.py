@@ -1,5 +1,6 @@
 """nxd plugin entry point for nxd-core-parallel: backends, parallel state, model build, the
-``default`` optimizer wrapper and the model transforms of :mod:`nxd_core_parallel.transforms`."""
+``default`` optimizer wrapper and the model transforms of :mod:`nxd_core_parallel.transforms`
+(activation checkpointing, compile, ddp)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""nxd-core-parallel's model transforms (:mod:`nxd.transforms`): the tensor-parallel plan of a plain
-model, context parallelism (ring attention), NxD's attention-head padding (``pad_model``), activation
-checkpointing, compile and the ``ddp`` data-parallel strategy (``NxDModel`` + ``NxDOptimizer``)."""
+"""nxd-core-parallel's model transforms (:mod:`nxd.transforms`): activation checkpointing, compile
+and the ``ddp`` data-parallel strategy (``NxDModel`` + ``NxDOptimizer``). The layout transforms are
+registered by the packages that implement them (nxd-tensor-parallel, nxd-context-parallel)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,7 @@ import torch
 
 from nxd import ParallelContext
 from nxd.run_config import RunConfig
-from nxd.transforms import ALWAYS, ModelTransform, When
-from nxd_core_parallel.context_parallel.transform import apply_context_parallel
-from nxd_core_parallel.tensor_plan import apply_parallel_plan
-
-
-def _pad(model: torch.nn.Module, context: ParallelContext | None, config: RunConfig) -> torch.nn.Module:
-    # structural: after the TP layers exist, before adapters, checkpointing and the pipeline cut
-    from nxd_core_parallel.parallel_layers.pad import pad_model_from_config
-
-    return pad_model_from_config(model, context)
+from nxd.transforms import ModelTransform, When
 
 
 def _checkpoint(model: torch.nn.Module, context: ParallelContext | None, config: RunConfig) -> torch.nn.Module:
@@ -64,15 +55,6 @@ def ddp_optimizer(config: RunConfig, optimizer_class: type, parameters: Any, *, 
 
 
 TRANSFORMS = (
-    # at any TP: a model carrying a plan (nxd's families built plain) gets its layers at TP=1 too
-    ModelTransform("parallel_plan", "parallel_plan", apply_parallel_plan, ALWAYS,
-                   description="a model's nxd_parallel_plan (a family's, or a plain model's): nn.Linear/nn.Embedding/QKVLinear "
-                               "-> TP/SP layers with their shards"),
-    ModelTransform("context_parallel", "context_parallel", apply_context_parallel, When("context_parallel_size", above=1),
-                   description="ring attention over CP in the attention modules the plan names context_parallel; "
-                               "the forward takes this CP rank's chunks of each sequence"),
-    ModelTransform("pad_model", "pad_model", _pad, When("pad_model"),
-                   description="NxD's pad_model: attention heads padded with zero heads to a multiple of the TP size"),
     ModelTransform("activation_checkpointing", "activation_checkpointing", _checkpoint, When("activation_checkpoint_config"),
                    description="full, selective (module classes) or op-level activation checkpointing"),
     ModelTransform("compile", "compile", _compile, When("compile_config"), description="torch.compile per transformer block"),

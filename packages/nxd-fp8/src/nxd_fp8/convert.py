@@ -9,9 +9,9 @@ import torch
 from torchao.float8 import convert_to_float8_training
 from torchao.float8.float8_linear import Float8Linear
 
-from nxd_core_parallel.parallel_layers import LocalLinear
 from nxd_fp8.layers import FLOAT8_CLASSES, Float8LocalLinear, local_weights, to_float8, torchao_config
 from nxd_fp8.options import Fp8Options
+from nxd_tensor_parallel.parallel_layers import LocalLinear
 
 #: FP8 GEMMs (torch._scaled_mm) need both dimensions of each operand divisible by 16 (torchtitan's rule)
 GEMM_MULTIPLE = 16

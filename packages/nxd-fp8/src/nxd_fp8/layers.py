@@ -15,9 +15,9 @@ import torch
 from torchao.float8 import Float8LinearConfig
 from torchao.float8.float8_linear import Float8Linear, matmul_with_hp_or_float8_args
 
-from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
-from nxd_core_parallel.parallel_layers import ColumnParallelLinear, LocalLinear, RowParallelLinear
 from nxd_fp8.options import Fp8Options
+from nxd_tensor_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, LocalLinear, RowParallelLinear
 
 
 def torchao_config(options: Fp8Options) -> Float8LinearConfig:

@@ -34,8 +34,10 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd_core_parallel.dtensor import whole
-from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
-from nxd_core_parallel.parallel_layers import (
+from nxd_lora.config import LoraConfig
+from nxd_lora.naming import CONV_LAYERS, Slot
+from nxd_tensor_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_tensor_parallel.parallel_layers import (
     ColumnParallelLinear,
     ParallelEmbedding,
     RowParallelLinear,
@@ -45,10 +47,8 @@ from nxd_core_parallel.parallel_layers import (
     scatter_to_tensor_model_parallel_region,
     set_tensor_model_parallel_attributes,
 )
-from nxd_core_parallel.parallel_layers.layers import column_parallel_input, tensor_parallel_group_of
-from nxd_core_parallel.parallel_layers.mappings import reduce_grad_over_group
-from nxd_lora.config import LoraConfig
-from nxd_lora.naming import CONV_LAYERS, Slot
+from nxd_tensor_parallel.parallel_layers.layers import column_parallel_input, tensor_parallel_group_of
+from nxd_tensor_parallel.parallel_layers.mappings import reduce_grad_over_group
 
 _CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from nxd.parallel import ParallelContext, dim_rank, dim_size
-from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
-from nxd_core_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear
+from nxd_tensor_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, ParallelEmbedding, RowParallelLinear
 
 #: Convolutions LoRA adapts as PEFT does (never sharded over TP: replicated, like a plain nn.Linear).
 CONV_LAYERS: tuple[type, ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)

@@ -38,9 +38,9 @@ from nxd_core_parallel.file_checksums import (
     read_manifest,
     write_manifest,
 )
-from nxd_core_parallel.hf_interop import write_checked_file
 from nxd_lora.config import LoraConfig
 from nxd_lora.naming import EMBEDDING_LAYERS, bias_pieces, model_spec_for, slots_for, tp_size_rank
+from nxd_modeling.hf_interop import write_checked_file
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"

@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd_core_parallel.modules.plain import Linear as PlainLinear
-from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
-from nxd_core_parallel.parallel_layers.layers import ColumnParallelLinear, RowParallelLinear
-from nxd_core_parallel.parallel_layers.utils import STORED_BYTES_PER_ELEMENT
+from nxd_tensor_parallel.modules.plain import Linear as PlainLinear
+from nxd_tensor_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_tensor_parallel.parallel_layers.layers import ColumnParallelLinear, RowParallelLinear
+from nxd_tensor_parallel.parallel_layers.utils import STORED_BYTES_PER_ELEMENT
 
 QUANTIZE_MODES = ("nf4",)
 NF4_BLOCK_SIZE = 64

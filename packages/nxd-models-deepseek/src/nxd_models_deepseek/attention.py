@@ -22,16 +22,16 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_size
-from nxd_core_parallel.modules import plain
-from nxd_core_parallel.modules.plain import PlacedByPlan
-from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.modules.rotary import apply_rotary, yarn_softmax_scale
-from nxd_core_parallel.parallel_layers.mappings import (
+from nxd_modeling.rotary import apply_rotary, yarn_softmax_scale
+from nxd_models_deepseek.config import DeepseekV3Config
+from nxd_models_llama import KVCache, LlamaCoreAttention
+from nxd_tensor_parallel.modules import plain
+from nxd_tensor_parallel.modules.plain import PlacedByPlan
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
+from nxd_tensor_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
 )
-from nxd_models_deepseek.config import DeepseekV3Config
-from nxd_models_llama import KVCache, LlamaCoreAttention
 
 SEQUENCE_DIM = 1
 

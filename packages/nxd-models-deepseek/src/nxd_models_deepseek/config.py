@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nxd.errors import ConfigError
-from nxd_core_parallel.hf_pipeline import Piece
+from nxd_modeling.hf_pipeline import Piece
 from nxd_models_llama.hf_mapping import hf_shapes, plan_for
 from nxd_models_mixtral import MixtralConfig
 from nxd_moe import MoEConfig

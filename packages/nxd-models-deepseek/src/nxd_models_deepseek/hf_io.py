@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd_core_parallel.hf_interop import SafetensorsCheckpoint
-from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping, Piece
+from nxd_modeling.hf_interop import SafetensorsCheckpoint
+from nxd_modeling.hf_pipeline import HfFamilyIO, HfMapping, Piece
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_mixtral import hf_io as mixtral_hf_io
 

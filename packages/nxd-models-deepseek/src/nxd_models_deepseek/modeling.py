@@ -11,7 +11,7 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_size
-from nxd_core_parallel.lm_loss import causal_lm_loss
+from nxd_modeling.lm_loss import causal_lm_loss
 from nxd_models_deepseek.attention import DeepseekV3Attention
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_deepseek.mtp import mtp_hidden, mtp_module, shift_left

@@ -18,8 +18,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_deepseek.config import DeepseekV3Config
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
 
 
 def shift_left(t: torch.Tensor | None, fill: int) -> torch.Tensor | None:

@@ -1,5 +1,5 @@
 """DeepSeek-V3's parallel plan, as data (the model class carries it, the spec registers it; applied
-by :func:`nxd_core_parallel.tensor_plan.parallelize`, the ``parallel_plan`` transform's function)."""
+by :func:`nxd_tensor_parallel.tensor_plan.parallelize`, the ``parallel_plan`` transform's function)."""
 
 from __future__ import annotations
 

@@ -4,13 +4,13 @@ by the config's names and attention layout, ``generate``) for DeepSeek-V3's conf
 from __future__ import annotations
 
 from nxd.specs import config_reader, family_spec
-from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_deepseek.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_deepseek.modeling import DeepseekV3DecoderLayer, DeepseekV3ForCausalLM
 from nxd_models_deepseek.presets import PRESETS, preset
 from nxd_models_llama import LlamaCoreAttention
 from nxd_models_mixtral.spec import SPEC as MIXTRAL_SPEC
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
 
 config_from_dict = config_reader(DeepseekV3Config.from_dict, preset)
 

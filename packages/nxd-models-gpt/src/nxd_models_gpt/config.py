@@ -153,7 +153,7 @@ class GPTConfig:
 
     def padded_vocab_size(self, tp: int) -> int:
         """Megatron's padding: the vocabulary rounded up to a multiple of ``make_vocab_size_divisible_by * tp``."""
-        from nxd_core_parallel.vocab_padding import padded_vocab_size
+        from nxd_tensor_parallel.vocab_padding import padded_vocab_size
 
         return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
 

@@ -1,4 +1,4 @@
-"""GPT's ``generate``: the shared decoding loop (``nxd_core_parallel.generation``); no KV cache,
+"""GPT's ``generate``: the shared decoding loop (``nxd_modeling.generation``); no KV cache,
 each step re-runs the prefix (learned positions and RoPE both follow from the full sequence)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from nxd.parallel import dim_group
-from nxd_core_parallel import generation
+from nxd_modeling import generation
 from nxd_models_gpt.hf_io import unwrap_model
 
 
@@ -22,7 +22,7 @@ def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, do_
              temperature: float = 1.0, top_k: int | None = None, eos_token_id: int | list[int] | None = None,
              generator: torch.Generator | None = None) -> torch.Tensor:
     """``input_ids`` followed by up to ``max_new_tokens`` tokens, greedy or sampled (collective over
-    TP; see :func:`nxd_core_parallel.generation.decode`)."""
+    TP; see :func:`nxd_modeling.generation.decode`)."""
     module = unwrap_model(model)
 
     def next_logits(tokens: torch.Tensor, _new: torch.Tensor) -> torch.Tensor:

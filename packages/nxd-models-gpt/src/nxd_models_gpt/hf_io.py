@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nxd_core_parallel.hf_interop import tp_size_and_rank, unwrap_local_module
-from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping, mapping_context
+from nxd_modeling.hf_interop import tp_size_and_rank, unwrap_local_module
+from nxd_modeling.hf_pipeline import HfFamilyIO, HfMapping, mapping_context
 from nxd_models_gpt.config import GPTConfig
 from nxd_models_gpt.hf_mapping import (
     HF_KEY_ALIASES,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from nxd_core_parallel.hf_pipeline import Piece
+from nxd_modeling.hf_pipeline import Piece
 from nxd_models_gpt.config import GPTConfig
 
 LAYOUTS = ("gpt2", "gpt_neox")

@@ -31,10 +31,10 @@ from torch import nn
 
 from nxd.parallel import dim_rank, dim_size
 from nxd_core_parallel.dtensor import copy_whole_
-from nxd_core_parallel.hf_interop import clean_param_name as clean_name
-from nxd_core_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
+from nxd_modeling.hf_interop import clean_param_name as clean_name
 from nxd_models_gpt.hf_io import unwrap_model
 from nxd_models_gpt.safe_load import load_weights_only
+from nxd_tensor_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
 
 _RANK_DIR = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?$")
 _RANK_FILES = ("model_optim_rng.pt", "model_weights.ckpt", "model_rng.pt")

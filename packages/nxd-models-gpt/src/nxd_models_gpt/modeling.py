@@ -20,23 +20,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
-from nxd_core_parallel.lm_loss import causal_lm_loss
 from nxd_core_parallel.model_init import reset_parameters
-from nxd_core_parallel.modules import plain
-from nxd_core_parallel.modules.attention_mask import build_attention_mask
-from nxd_core_parallel.modules.kv_heads import kv_local_index
-from nxd_core_parallel.modules.plain import PlacedByPlan
-from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.modules.rotary import RotaryEmbedding, apply_rotary
-from nxd_core_parallel.parallel_layers import (
+from nxd_modeling.attention_mask import build_attention_mask
+from nxd_modeling.lm_loss import causal_lm_loss
+from nxd_modeling.rotary import RotaryEmbedding, apply_rotary
+from nxd_models_gpt.config import GPTConfig
+from nxd_models_gpt.plan import GPT_PLAN
+from nxd_tensor_parallel.modules import plain
+from nxd_tensor_parallel.modules.kv_heads import kv_local_index
+from nxd_tensor_parallel.modules.plain import PlacedByPlan
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
+from nxd_tensor_parallel.parallel_layers import (
     LayerNorm,
     get_rng_tracker,
     scatter_to_sequence_parallel_region,
     set_tensor_model_parallel_attributes,
 )
-from nxd_core_parallel.vocab_padding import mask_padded_vocab, vocab_rows
-from nxd_models_gpt.config import GPTConfig
-from nxd_models_gpt.plan import GPT_PLAN
+from nxd_tensor_parallel.vocab_padding import mask_padded_vocab, vocab_rows
 
 #: Batch-first activations: sequence parallelism splits dimension 1.
 SEQUENCE_DIM = 1

@@ -1,5 +1,5 @@
 """GPT's parallel plan, as data (the model class carries it, the spec registers it; applied by
-:func:`nxd_core_parallel.tensor_plan.parallelize`, the ``parallel_plan`` transform's function).
+:func:`nxd_tensor_parallel.tensor_plan.parallelize`, the ``parallel_plan`` transform's function).
 ``linear_qkv`` holds Megatron's per-group interleave, so a plain row shard is whole query groups;
 the word embeddings keep whole sequences (``GPTEmbedding`` scatters after adding positions).
 Query heads TP does not divide are padded with zero query groups (NxD's ``pad_model``)."""

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from nxd.errors import ConfigError
-from nxd_core_parallel.fused_kernels import validate_fused_kernels
-from nxd_core_parallel.modules.rotary import ROPE_TYPES, rope_type_of, validate_rope_scaling
+from nxd_modeling.rotary import ROPE_TYPES, rope_type_of, validate_rope_scaling
+from nxd_tensor_parallel.fused_kernels import validate_fused_kernels
 
 __all__ = ["ROPE_TYPES", "LlamaConfig", "config_from_dict"]
 
@@ -61,7 +61,7 @@ class LlamaConfig:
     pad_token_id: int | None = None
     #: parameter dtype name ("float32", "bfloat16", "float16")
     dtype: str = "float32"
-    #: ops run by fused GPU kernels (nxd_core_parallel.fused_kernels.FUSED_KERNEL_OPS); not part of
+    #: ops run by fused GPU kernels (nxd_tensor_parallel.fused_kernels.FUSED_KERNEL_OPS); not part of
     #: the model's function, so never written to config.json
     fused_kernels: tuple[str, ...] = ()
     #: RMSNorm of each query and key head before RoPE (Qwen3's ``q_norm``/``k_norm``; no HF Llama key)
@@ -108,7 +108,7 @@ class LlamaConfig:
     def padded_vocab_size(self, tp: int) -> int:
         """The vocabulary the TP-sharded embedding and LM head hold: padded at its end to a multiple
         of ``tp`` (``pad=True``); the padding never shows in logits, loss or exports."""
-        from nxd_core_parallel.parallel_layers import get_padding_length
+        from nxd_tensor_parallel.parallel_layers import get_padding_length
 
         return self.vocab_size + get_padding_length(self.vocab_size, tp)
 

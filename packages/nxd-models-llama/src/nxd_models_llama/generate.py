@@ -1,11 +1,11 @@
-"""Llama's ``generate``: the shared decoding loop (``nxd_core_parallel.generation``) with a KV cache."""
+"""Llama's ``generate``: the shared decoding loop (``nxd_modeling.generation``) with a KV cache."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from nxd_core_parallel.generation import gather_vocab_logits, model_device, sequence_parallel_off
+from nxd_modeling.generation import gather_vocab_logits, model_device, sequence_parallel_off
 from nxd_models_llama.hf_io import unwrap_model
 from nxd_models_llama.modeling import KVCache
 
@@ -16,9 +16,9 @@ def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, do_
              temperature: float = 1.0, top_k: int | None = None, eos_token_id: int | list[int] | None = None,
              use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
     """Append up to ``max_new_tokens`` tokens to ``input_ids`` ``[batch, prompt]`` (collective under
-    TP; see :func:`nxd_core_parallel.generation.decode`). ``use_cache``: feed only the new token and
+    TP; see :func:`nxd_modeling.generation.decode`). ``use_cache``: feed only the new token and
     keep keys/values, instead of re-running the whole prefix each step."""
-    from nxd_core_parallel.generation import decode
+    from nxd_modeling.generation import decode
 
     module = unwrap_model(model)
     cache = KVCache(module.config.num_hidden_layers) if use_cache else None

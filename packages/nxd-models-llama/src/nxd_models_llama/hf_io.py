@@ -7,8 +7,8 @@ import os
 import torch
 from torch import nn
 
-from nxd_core_parallel.hf_interop import tp_size_and_rank, unwrap_local_module
-from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping, mapping_context
+from nxd_modeling.hf_interop import tp_size_and_rank, unwrap_local_module
+from nxd_modeling.hf_pipeline import HfFamilyIO, HfMapping, mapping_context
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.hf_mapping import hf_shapes, plan_for
 

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import re
 
-from nxd_core_parallel.hf_pipeline import Piece
-from nxd_core_parallel.modules import kv_heads
-from nxd_core_parallel.parallel_layers import get_padding_length
+from nxd_modeling.hf_pipeline import Piece
 from nxd_models_llama.config import LlamaConfig
+from nxd_tensor_parallel.modules import kv_heads
+from nxd_tensor_parallel.parallel_layers import get_padding_length
 
 
 def _rows(key: str, start: int, stop: int, dim: int = 0) -> Piece:
@@ -55,8 +55,8 @@ def heads_of_rank(config: LlamaConfig, tp: int, rank: int, kv_size_multiplier: i
                   ) -> tuple[list[int | None], list[int | None]]:
     """``(query heads, kv heads)`` (HF head indices; None: a padded head) held by TP ``rank``, in
     local order: contiguous query heads, and KV piece ``rank // m`` of the ``tp / m`` distinct KV
-    pieces (:func:`nxd_core_parallel.modules.kv_heads.heads_of_rank`); when TP does not divide the
-    query heads, those of the padded layout (:func:`~nxd_core_parallel.modules.kv_heads.head_padding_for`)."""
+    pieces (:func:`nxd_tensor_parallel.modules.kv_heads.heads_of_rank`); when TP does not divide the
+    query heads, those of the padded layout (:func:`~nxd_tensor_parallel.modules.kv_heads.head_padding_for`)."""
     padding = kv_heads.head_padding_for(config.num_attention_heads, config.num_key_value_heads, tp)
     if padding.padded:
         return padding.heads_of_rank(tp, rank)

@@ -1,5 +1,5 @@
 """The Llama decoder (batch-first ``[batch, seq, hidden]``), built from one-device modules
-(:mod:`nxd_core_parallel.modules.plain`) and parallelised by its plan (:mod:`nxd_models_llama.plan`):
+(:mod:`nxd_tensor_parallel.modules.plain`) and parallelised by its plan (:mod:`nxd_models_llama.plan`):
 the model holds no code path of its own for tensor or sequence parallelism.
 
 Module names follow Hugging Face's ``LlamaForCausalLM`` except where TP fuses projections:
@@ -20,18 +20,18 @@ from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext
 from nxd.parallel import dim_rank as _rank
 from nxd.parallel import dim_size as _size
-from nxd_core_parallel import fused_kernels
-from nxd_core_parallel.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
 from nxd_core_parallel.model_init import reset_parameters
-from nxd_core_parallel.modules import kv_heads, plain
-from nxd_core_parallel.modules.attention_mask import build_attention_mask, sliding_window_mask
-from nxd_core_parallel.modules.plain import PlacedByPlan
-from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.modules.rotary import RotaryEmbedding, apply_rotary
-from nxd_core_parallel.parallel_layers.mappings import copy_to_tensor_model_parallel_region
-from nxd_core_parallel.vocab_padding import mask_padded_vocab, vocab_rows
+from nxd_modeling.attention_mask import build_attention_mask, sliding_window_mask
+from nxd_modeling.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
+from nxd_modeling.rotary import RotaryEmbedding, apply_rotary
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.plan import LLAMA_PLAN
+from nxd_tensor_parallel import fused_kernels
+from nxd_tensor_parallel.modules import kv_heads, plain
+from nxd_tensor_parallel.modules.plain import PlacedByPlan
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
+from nxd_tensor_parallel.parallel_layers.mappings import copy_to_tensor_model_parallel_region
+from nxd_tensor_parallel.vocab_padding import mask_padded_vocab, vocab_rows
 
 #: Batch-first layout: the sequence dimension that sequence parallelism splits.
 SEQUENCE_DIM = 1
@@ -50,7 +50,7 @@ class CausalLMOutput:
 def head_padding(config: LlamaConfig, tp: int) -> kv_heads.HeadPadding:
     """The attention heads' layout at TP size ``tp``: query heads TP does not divide are padded
     inside their KV groups (or by zero groups) as NxD's ``pad_model`` does
-    (:func:`nxd_core_parallel.modules.kv_heads.head_padding_for`; unpadded when TP divides them)."""
+    (:func:`nxd_tensor_parallel.modules.kv_heads.head_padding_for`; unpadded when TP divides them)."""
     try:
         return kv_heads.head_padding_for(config.num_attention_heads, config.num_key_value_heads, tp)
     except ValueError as err:
@@ -59,7 +59,7 @@ def head_padding(config: LlamaConfig, tp: int) -> kv_heads.HeadPadding:
 
 def kv_size_multiplier_for(config: LlamaConfig, tp: int) -> int:
     """How many times K/V heads are replicated over TP (NxD's ``kv_size_multiplier``; the rule is
-    :func:`nxd_core_parallel.modules.kv_heads.kv_size_multiplier_for`, on the padded heads when TP
+    :func:`nxd_tensor_parallel.modules.kv_heads.kv_size_multiplier_for`, on the padded heads when TP
     does not divide the query heads): 1 when TP divides the KV heads, ``tp / kv`` when the KV heads
     divide TP, and for odd counts (3 KV heads at TP=2) up to ``tp``."""
     nq, nkv = config.num_attention_heads, config.num_key_value_heads
@@ -94,7 +94,7 @@ class KVCache:
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The one-device ``attention_core`` (the contract: :mod:`nxd_core_parallel.context_parallel.transform`)
+    """The one-device ``attention_core`` (the contract: :mod:`nxd_context_parallel.transform`)
     through SDPA; without a mask causal when ``s_q == s_k`` and unmasked for single-token decoding."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:  # each KV head serves `groups` consecutive query heads
@@ -119,7 +119,7 @@ class LlamaCoreAttention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        #: ``(q, k, v, attention_mask) -> out`` (the contract: :mod:`nxd_core_parallel.context_parallel.transform`)
+        #: ``(q, k, v, attention_mask) -> out`` (the contract: :mod:`nxd_context_parallel.transform`)
         self.attention_core = sdpa_attention
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -6,7 +6,6 @@ from typing import Any
 
 from nxd.errors import ConfigError
 from nxd.specs import config_reader, family_spec
-from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.generate import generate
 from nxd_models_llama.hf_io import load_hf_checkpoint, save_hf_checkpoint
@@ -23,6 +22,7 @@ from nxd_models_llama.modeling import (
     kv_size_multiplier_for,
 )
 from nxd_models_llama.presets import PRESETS
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
 
 #: NxD Training's selective-recompute names (its HF Llama module classes) -> ours
 RECOMPUTE_MODULES: dict[str, tuple[type, ...]] = {

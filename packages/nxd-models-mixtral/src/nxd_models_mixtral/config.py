@@ -104,7 +104,7 @@ class MixtralConfig(LlamaConfig):
         """Rows of the embedding and LM head at TP degree ``tp`` (the vocabulary when not padded)."""
         if self.make_vocab_size_divisible_by is None:
             return self.vocab_size
-        from nxd_core_parallel.vocab_padding import padded_vocab_size
+        from nxd_tensor_parallel.vocab_padding import padded_vocab_size
 
         return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
 

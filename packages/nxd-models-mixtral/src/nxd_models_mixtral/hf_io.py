@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from nxd_core_parallel.hf_interop import (
+from nxd_modeling.hf_interop import (
     SafetensorsCheckpoint,
     clean_param_name,
     exported_parameters,
@@ -29,12 +29,12 @@ from nxd_core_parallel.hf_interop import (
     tp_size_and_rank,
     unwrap_local_module,
 )
-from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping, Part, Piece, mapping_context
-from nxd_core_parallel.vocab_padding import real_vocab_rows
+from nxd_modeling.hf_pipeline import HfFamilyIO, HfMapping, Part, Piece, mapping_context
 from nxd_models_llama.hf_io import kv_size_multiplier
 from nxd_models_llama.hf_mapping import tied_hf_key
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_moe import expert_parallel_groups
+from nxd_tensor_parallel.vocab_padding import real_vocab_rows
 
 
 def _expert_re(config: MixtralConfig) -> re.Pattern:

@@ -13,8 +13,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from nxd_core_parallel.lm_loss import causal_lm_loss, sequence_mean
-from nxd_core_parallel.modules.rms_norm import RMSNorm
+from nxd_modeling.lm_loss import causal_lm_loss, sequence_mean
 from nxd_models_llama import KVCache, LlamaAttention, LlamaCoreAttention, LlamaMLP
 from nxd_models_llama.modeling import LlamaForCausalLM, LlamaModel
 from nxd_models_mixtral.config import MixtralConfig
@@ -27,6 +26,7 @@ from nxd_moe import (
     router_statistics_size,
     unpack_router_statistics,
 )
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
 
 SEQUENCE_DIM = 1
 

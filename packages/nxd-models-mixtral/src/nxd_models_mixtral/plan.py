@@ -1,5 +1,5 @@
 """Mixtral's parallel plan, as data (the model class carries it, the spec registers it; applied by
-:func:`nxd_core_parallel.tensor_plan.parallelize`, the ``parallel_plan`` transform's function).
+:func:`nxd_tensor_parallel.tensor_plan.parallelize`, the ``parallel_plan`` transform's function).
 The experts are nxd-moe's ``ExpertMLPs``: split over EP, each expert's MLP over TP."""
 
 from __future__ import annotations

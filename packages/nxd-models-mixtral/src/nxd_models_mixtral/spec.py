@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from nxd.specs import config_reader, family_spec
-from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention, generate
 from nxd_models_mixtral.config import MixtralConfig
 from nxd_models_mixtral.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_mixtral.modeling import MixtralDecoderLayer, MixtralForCausalLM
 from nxd_models_mixtral.presets import PRESETS, preset
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
 
 #: NxD Training config keys that change the model and that this plugin builds (the ``moe`` section,
 #: HF's sliding window, expert parallelism, and the Megatron options of NxDT's megatron_mixtral

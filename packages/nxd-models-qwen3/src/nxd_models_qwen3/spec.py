@@ -7,7 +7,6 @@ from __future__ import annotations
 from functools import partial
 
 from nxd.specs import config_reader, family_spec
-from nxd_core_parallel.modules.rms_norm import RMSNorm
 from nxd_models_llama import LlamaCoreAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from nxd_models_llama import flops_per_token as llama_flops_per_token
 from nxd_models_llama.spec import SPEC as LLAMA_SPEC
@@ -16,6 +15,7 @@ from nxd_models_mixtral.spec import flops_per_token as mixtral_flops_per_token
 from nxd_models_qwen3.config import Qwen3Config, Qwen3MoeConfig
 from nxd_models_qwen3.modeling import Qwen3MoeDecoderLayer, Qwen3MoeForCausalLM
 from nxd_models_qwen3.presets import QWEN3_MOE_PRESETS, QWEN3_PRESETS, preset
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
 
 #: HF ``config.json`` keys -> :class:`Qwen3Config`; ``{"preset": name, ...}`` starts from a preset
 qwen3_config = config_reader(Qwen3Config.from_dict, partial(preset, QWEN3_PRESETS))

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
-from nxd_core_parallel.hf_interop import clean_param_name, tp_size_and_rank
-from nxd_core_parallel.hf_pipeline import HfFamilyIO, HfMapping, Piece, mapping_context
+from nxd_modeling.hf_interop import clean_param_name, tp_size_and_rank
+from nxd_modeling.hf_pipeline import HfFamilyIO, HfMapping, Piece, mapping_context
 from nxd_models_transformers.model import NxdCausalLMMixin
 
 #: config.json fields a folder must agree on with the model it is loaded into (when both have them)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from nxd.errors import ConfigError
-from nxd_core_parallel.tensor_plan import HF_STYLES as NXD_STYLES_OF_HF
+from nxd_tensor_parallel.tensor_plan import HF_STYLES as NXD_STYLES_OF_HF
 
 
 def hf_tp_plan(config: Any, hf_class: type) -> dict[str, str]:

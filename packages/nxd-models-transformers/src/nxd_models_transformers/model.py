@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nxd_core_parallel.lm_loss import causal_lm_loss
+from nxd_modeling.lm_loss import causal_lm_loss
 
 #: transformers class -> its nxd subclass (one per class, so ``isinstance`` and FSDP's wrapping see one type)
 _SUBCLASSES: dict[type, type] = {}

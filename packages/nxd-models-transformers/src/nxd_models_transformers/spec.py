@@ -16,10 +16,10 @@ from nxd.errors import ConfigError
 from nxd.parallel import dim_size
 from nxd.run_config import RunConfig
 from nxd.specs import ModelSpec
-from nxd_core_parallel.tensor_plan import PLAN_ATTRIBUTE, transformers_plan
 from nxd_models_transformers.hf_io import load_hf_checkpoint, save_hf_checkpoint
 from nxd_models_transformers.layout import check_layout
 from nxd_models_transformers.model import decoder_layer_classes, nxd_class
+from nxd_tensor_parallel.tensor_plan import PLAN_ATTRIBUTE, transformers_plan
 
 NAME = "transformers"
 _DTYPES = ("float32", "bfloat16", "float16")

@@ -61,7 +61,7 @@ def split_experts(experts: ExpertMLPs, context: ParallelContext | None) -> Exper
 def apply_expert_plan(model: nn.Module, context: ParallelContext | None, config: Any) -> nn.Module | None:
     """The ``expert_parallel`` transform: every module the model's plan names ``experts`` split by
     :func:`split_experts` (nothing for a model without a plan or experts)."""
-    from nxd_core_parallel.tensor_plan import plan_of
+    from nxd_tensor_parallel.tensor_plan import plan_of
 
     plan = plan_of(model)
     if plan is None or not plan.experts:

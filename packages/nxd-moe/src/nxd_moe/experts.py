@@ -13,7 +13,7 @@ from torch import nn
 
 from nxd.errors import ConfigError
 from nxd_core_parallel.dtensor import full_rows, shard_like
-from nxd_core_parallel.parallel_layers.layers import shard_of
+from nxd_tensor_parallel.parallel_layers.layers import shard_of
 
 
 @dataclass(frozen=True)

@@ -16,19 +16,19 @@ import torch
 from torch import nn
 
 from nxd.parallel import ParallelContext, dim_group, dim_size, resolve_context
-from nxd_core_parallel.modules.plain import PlacedByPlan
-from nxd_core_parallel.parallel_layers.mappings import (
-    copy_to_tensor_model_parallel_region,
-    gather_from_sequence_parallel_region,
-    reduce_from_tensor_model_parallel_region,
-    reduce_scatter_to_sequence_parallel_region,
-)
 from nxd_moe.capacity import expert_capacity, kept_assignments, max_routed_rows
 from nxd_moe.config import MoEConfig
 from nxd_moe.dispatch import combine, dispatch
 from nxd_moe.experts import ExpertMLPs
 from nxd_moe.losses import sequence_balance_loss
 from nxd_moe.routing import make_router
+from nxd_tensor_parallel.modules.plain import PlacedByPlan
+from nxd_tensor_parallel.parallel_layers.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+)
 
 
 class MoELayer(PlacedByPlan, nn.Module):
@@ -53,7 +53,7 @@ class MoELayer(PlacedByPlan, nn.Module):
         self.config = MoEConfig.from_dict(config)
         self.sequence_parallel = sequence_parallel
         #: the parallel context the layer is built for (``None``: the current one; a family's plan
-        #: sets it, :class:`~nxd_core_parallel.modules.plain.PlacedByPlan`); its TP group sums the
+        #: sets it, :class:`~nxd_tensor_parallel.modules.plain.PlacedByPlan`); its TP group sums the
         #: experts' partial outputs once the plan has split them over TP
         self.parallel_context = resolve_context(context)
         self.router = make_router(self.config.routing_algorithm, self.config.num_experts, self.config.top_k,

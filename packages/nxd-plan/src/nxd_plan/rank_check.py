@@ -31,7 +31,7 @@ class RankBuildError(ConfigError):
 def build_rank(config: Any, run: Any, rank: int) -> tuple[torch.nn.Module, Any, Any]:
     """Inside :func:`nxd_plan.fake_world.fake_rank`: rank ``rank``'s model (returned with its context
     and NxD config) and the rest of its build path; a :class:`RankBuildError` when a step fails."""
-    from nxd_core_parallel.hf_interop import headers_only
+    from nxd_modeling.hf_interop import headers_only
     from nxd_plan.fake_world import build_rank_model
     from nxd_plan.layout import layout_of
     from nxd_training import build

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from nxd_core_parallel.parallel_layers.utils import STORED_BYTES_PER_ELEMENT
 from nxd_plan.fake_world import fake_rank
 from nxd_plan.rank_check import build_rank
+from nxd_tensor_parallel.parallel_layers.utils import STORED_BYTES_PER_ELEMENT
 
 
 @dataclass

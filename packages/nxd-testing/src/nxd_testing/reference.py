@@ -348,7 +348,6 @@ def parallel_grads_body(tp: int, ep: int, spec_name: str, export: str, hf_dir: s
     the full checkpoint-named ``grads`` (``export``, ``"module:function"``, gathers them; names
     ending in one of ``drop``, e.g. buffers, left out) and the global gradient ``norm``."""
     from nxd_core_parallel import parallel_state
-    from nxd_core_parallel.context_parallel import split_batch_for_context_parallel
     from nxd_core_parallel.grads import get_grad_norm
     from nxd_core_parallel.trainer import NxDOptimizer
 
@@ -358,6 +357,8 @@ def parallel_grads_body(tp: int, ep: int, spec_name: str, export: str, hf_dir: s
     per = data["input_ids"].shape[0] // dp
     shard = {k: v[d * per:(d + 1) * per] for k, v in data.items()}
     if cp > 1:  # this CP rank's two chunks of every sequence, with their positions
+        from nxd_context_parallel import split_batch_for_context_parallel
+
         shard = split_batch_for_context_parallel(shard, context.cp.rank, cp)
     spec, model = build_from_hf(spec_name, hf_dir, sequence_parallel)
     if checkpointing:

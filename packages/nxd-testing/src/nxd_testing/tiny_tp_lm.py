@@ -3,7 +3,7 @@ model (FSDP, FP8, ...): column/row-sharded weights, TP-replicated row biases and
 (also under sequence parallelism), and a fused GQA QKV weight whose K/V piece is replicated across TP
 ranks. The parallel layers initialise the full tensor from the global RNG and keep their shard, so
 one seed gives the same full model at every TP size (one process at TP=1 is the oracle).
-Needs nxd-core-parallel (imported here only)."""
+Needs nxd-tensor-parallel (imported here only)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from nxd.parallel import ParallelContext, dim_size, resolve_context
-from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
-from nxd_core_parallel.modules.rms_norm import RMSNorm
-from nxd_core_parallel.parallel_layers import (
+from nxd_tensor_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_tensor_parallel.modules.rms_norm import RMSNorm
+from nxd_tensor_parallel.parallel_layers import (
     ColumnParallelLinear,
     ParallelEmbedding,
     RowParallelLinear,

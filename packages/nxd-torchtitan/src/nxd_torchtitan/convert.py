@@ -79,7 +79,7 @@ def _args(request: ConvertRequest, folder: str, recorded: dict | None = None) ->
 def _nxd_state(args: TitanArgs, hf: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
     """nxd's full state of the model ``args`` from its Hugging Face-named tensors (the family's own import)."""
     import nxd
-    from nxd_core_parallel.hf_interop import write_hf_dir
+    from nxd_modeling.hf_interop import write_hf_dir
 
     spec, config = nxd.get_model(args.family), to_nxd_config(args)
     with tempfile.TemporaryDirectory() as tmp, single_rank() as context:

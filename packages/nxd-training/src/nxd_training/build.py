@@ -68,7 +68,7 @@ def model_builder(config: TrainingConfig, spec: Any, context: nxd.ParallelContex
     folder = config.model.pretrained_checkpoint
 
     def build_and_load(*args: Any, **kwargs: Any) -> torch.nn.Module:
-        from nxd_core_parallel.hf_interop import headers_only
+        from nxd_modeling.hf_interop import headers_only
 
         model = build_fn(*args, **kwargs)
         on_meta = any(p.is_meta for p in model.parameters())
@@ -87,7 +87,7 @@ def loads_pretrained_late(config: TrainingConfig) -> bool:
 
 def load_pretrained(spec: Any, model: torch.nn.Module, lora: bool, folder: str) -> None:
     """``model.pretrained_checkpoint``: the Hugging Face folder's weights into the base model (under
-    the LoRA adapters, if any). Under ``nxd_core_parallel.hf_interop.headers_only()`` (the dry run
+    the LoRA adapters, if any). Under ``nxd_modeling.hf_interop.headers_only()`` (the dry run
     before launch) only names and shapes are checked against the files' headers."""
     spec.load_hf(base_module(model) if lora else model, folder)
 

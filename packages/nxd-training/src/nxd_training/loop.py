@@ -107,7 +107,7 @@ class Trainer:
         self.rank = dist.get_rank()
         self.log_dir = Path(log_dir) if log_dir is not None else resolve_log_dir(config)
         self.ckpt_dir = checkpoint_dir(config.exp_manager, self.log_dir)
-        from nxd_core_parallel.parallel_layers.random import model_parallel_manual_seed
+        from nxd_core_parallel.random import model_parallel_manual_seed
 
         self.device = self.context.device
         model_parallel_manual_seed(config.seed, self.context)
@@ -220,7 +220,7 @@ class Trainer:
     def _model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The keys the model (or the workflow) takes, on the device; under context parallelism
         this CP rank's chunks of every sequence (with their positions)."""
-        from nxd_core_parallel.context_parallel import split_batch_for_context_parallel
+        from nxd_context_parallel import split_batch_for_context_parallel
 
         moved = {k: v.to(self.device) for k, v in batch.items() if self.workflow is not None or k in MODEL_INPUTS}
         cp = self.context.cp

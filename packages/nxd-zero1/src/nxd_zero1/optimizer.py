@@ -12,10 +12,10 @@ import torch.distributed as dist
 
 from nxd.parallel import ParallelContext, resolve_context
 from nxd_core_parallel.grads import allreduce_coalesced, allreduce_sequence_parallel_gradients, release_buffer
-from nxd_core_parallel.optim import run_closure
 from nxd_zero1 import checkpoint as _ckpt
 from nxd_zero1.groups import GroupComm, backend_name, group_rank, group_size, resolve_group
 from nxd_zero1.layout import FlatLayout, flatten_into
+from nxd_zero1.optim import run_closure
 from nxd_zero1.rounding import stochastic_round_to_bf16
 from nxd_zero1.xla_layout import is_xla_state, xla_state_dict
 

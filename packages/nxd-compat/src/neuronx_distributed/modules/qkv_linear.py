@@ -1,8 +1,8 @@
 """``neuronx_distributed.modules.qkv_linear``: GQAQKVColumnParallelLinear."""
 
 from nxd_compat.surface import not_provided
-from nxd_core_parallel.modules.qkv_linear import *  # noqa: F403
-from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_tensor_parallel.modules.qkv_linear import *  # noqa: F403
+from nxd_tensor_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 
 __all__ = ["GQAQKVColumnParallelLinear"]
 

@@ -1,3 +1,3 @@
 """``neuronx_distributed.modules.rms_norm``: RMSNorm with sequence-parallel tagging."""
 
-from nxd_core_parallel.modules.rms_norm import *  # noqa: F403
+from nxd_tensor_parallel.modules.rms_norm import *  # noqa: F403

@@ -1,5 +1,5 @@
 """``neuronx_distributed.overrides.transformer_overrides``: NxD's RoPE helpers."""
 
-from nxd_core_parallel.modules.rotary import apply_rotary_pos_emb, rotate_half
+from nxd_modeling.rotary import apply_rotary_pos_emb, rotate_half
 
 __all__ = ["apply_rotary_pos_emb", "rotate_half"]

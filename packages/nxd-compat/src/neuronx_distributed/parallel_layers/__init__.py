@@ -18,7 +18,7 @@ from neuronx_distributed.parallel_layers import (  # noqa: F401
 )
 from neuronx_distributed.parallel_layers.checkpointing import load, save  # noqa: F401
 from neuronx_distributed.utils.model_utils import move_model_to_device  # noqa: F401
-from nxd_core_parallel.parallel_layers import (  # noqa: F401
+from nxd_tensor_parallel.parallel_layers import (  # noqa: F401
     ColumnParallelLinear,
     LayerNorm,
     ParallelEmbedding,

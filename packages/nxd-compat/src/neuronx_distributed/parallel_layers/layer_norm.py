@@ -1,3 +1,3 @@
 """``neuronx_distributed.parallel_layers.layer_norm``: LayerNorm with sequence-parallel tagging."""
 
-from nxd_core_parallel.parallel_layers.layer_norm import *  # noqa: F403
+from nxd_tensor_parallel.parallel_layers.layer_norm import *  # noqa: F403

@@ -1,3 +1,3 @@
 """``neuronx_distributed.parallel_layers.loss_functions``: vocab-parallel cross entropy."""
 
-from nxd_core_parallel.parallel_layers.loss_functions import *  # noqa: F403
+from nxd_tensor_parallel.parallel_layers.loss_functions import *  # noqa: F403

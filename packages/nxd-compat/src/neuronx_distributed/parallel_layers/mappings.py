@@ -16,9 +16,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from nxd_core_parallel.parallel_layers import comm
-from nxd_core_parallel.parallel_layers.mappings import *  # noqa: F403
-from nxd_core_parallel.parallel_layers.mappings import (
+from nxd_tensor_parallel.parallel_layers import comm
+from nxd_tensor_parallel.parallel_layers.mappings import *  # noqa: F403
+from nxd_tensor_parallel.parallel_layers.mappings import (
     _tp_group,
     _trivial,
     copy_to_tensor_model_parallel_region,

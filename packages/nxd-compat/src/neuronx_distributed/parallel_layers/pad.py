@@ -6,8 +6,8 @@ from typing import Any
 import torch
 
 from neuronx_distributed.utils.utils import hardware
-from nxd_core_parallel.parallel_layers import pad as _pad
-from nxd_core_parallel.parallel_layers.pad import get_number_of_extra_heads, pad_model
+from nxd_tensor_parallel.parallel_layers import pad as _pad
+from nxd_tensor_parallel.parallel_layers.pad import get_number_of_extra_heads, pad_model
 
 __all__ = ["generate_padding_mask", "get_number_of_extra_heads", "pad_model"]
 

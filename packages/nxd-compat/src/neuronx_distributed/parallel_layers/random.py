@@ -1,3 +1,3 @@
 """``neuronx_distributed.parallel_layers.random``: model-parallel seeding and the RNG tracker."""
 
-from nxd_core_parallel.parallel_layers.random import *  # noqa: F403
+from nxd_core_parallel.random import *  # noqa: F403

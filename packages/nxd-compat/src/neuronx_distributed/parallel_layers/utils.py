@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 from neuronx_distributed.utils.logger import get_logger
 from nxd_compat.surface import NotProvidedError
-from nxd_core_parallel.parallel_layers import utils as _core
-from nxd_core_parallel.parallel_layers.utils import *  # noqa: F403
-from nxd_core_parallel.parallel_layers.utils import divide
+from nxd_tensor_parallel.parallel_layers import utils as _core
+from nxd_tensor_parallel.parallel_layers.utils import *  # noqa: F403
+from nxd_tensor_parallel.parallel_layers.utils import divide
 
 logger = get_logger()
 

@@ -1,5 +1,5 @@
 """``neuronx_distributed.utils.adamw_fp32_optim_params``: AdamW with fp32 optimizer states."""
 
-from nxd_core_parallel.optim import AdamW_FP32OptimParams
+from nxd_zero1.optim import AdamW_FP32OptimParams
 
 __all__ = ["AdamW_FP32OptimParams"]

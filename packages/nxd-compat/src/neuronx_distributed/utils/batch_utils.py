@@ -5,7 +5,7 @@ from typing import Any
 import torch
 
 from neuronx_distributed.parallel_layers import parallel_state
-from nxd_core_parallel.context_parallel import split_batch_for_context_parallel
+from nxd_context_parallel import split_batch_for_context_parallel
 
 LABEL_PAD_TOKEN_ID = -100
 

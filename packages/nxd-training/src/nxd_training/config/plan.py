@@ -21,7 +21,7 @@ from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
 from nxd.paths import check_name, name_problem
 from nxd.run_config import Derived, pipeline_schedule
-from nxd_core_parallel.modules.kv_heads import kv_size_multiplier_for
+from nxd_tensor_parallel.modules.kv_heads import kv_size_multiplier_for
 from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
 from nxd_training.config.nxdt import MODEL_KEY_MAP, key_notes, lora_config, run_config
 from nxd_training.config.nxdt.precision import check_precision

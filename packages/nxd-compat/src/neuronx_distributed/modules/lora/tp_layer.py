@@ -6,8 +6,8 @@ row-parallel one; GQA's q/k/v get one A/B pair each.
 """
 
 from neuronx_distributed.modules.lora.layer import LoraLayer
-from nxd_core_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
-from nxd_core_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
+from nxd_tensor_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
+from nxd_tensor_parallel.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["LoraGQAQKVParallelLinear", "LoraParallelLinear"]
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.distributed import ProcessGroup
 
 from nxd_core_parallel import parallel_state
-from nxd_core_parallel.parallel_layers.mappings import gather_from_sequence_parallel_region
+from nxd_tensor_parallel.parallel_layers.mappings import gather_from_sequence_parallel_region
 
 _CPU = torch.device("cpu")  # NxD's default device
 

@@ -25,8 +25,8 @@ from neuronx_distributed.modules.moe.model_utils import GLUType  # noqa: E402
 from nxd.parallel import current_parallel_context  # noqa: E402
 from nxd_compat.surface import NotProvidedError  # noqa: E402
 from nxd_core_parallel import parallel_state  # noqa: E402
-from nxd_core_parallel.parallel_layers.layers import shard_of  # noqa: E402
 from nxd_moe.groups import expert_parallel_groups  # noqa: E402
+from nxd_tensor_parallel.parallel_layers.layers import shard_of  # noqa: E402
 
 __all__ = ["ExpertMLPs"]
 

@@ -14,11 +14,11 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 
 from nxd_core_parallel import parallel_state
-from nxd_core_parallel.parallel_layers.mappings import (
+from nxd_tensor_parallel.parallel_layers.mappings import (
     copy_to_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region,
 )
-from nxd_core_parallel.parallel_layers.utils import divide, set_tensor_model_parallel_attributes
+from nxd_tensor_parallel.parallel_layers.utils import divide, set_tensor_model_parallel_attributes
 
 __all__ = ["ExpertFusedColumnParallelLinear", "ExpertFusedLinear", "ExpertFusedLinearWithAsyncCommunication",
            "ExpertFusedRowParallelLinear"]

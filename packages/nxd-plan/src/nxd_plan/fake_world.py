@@ -60,12 +60,12 @@ def build_rank_model(config: Any, run: Any) -> tuple[torch.nn.Module, nxd.Parall
     the fake group, so the shards are FSDP's own DTensors."""
     from nxd_core_parallel.context import start_parallel_context
     from nxd_training import build
-    from nxd_training.config.resolved import model_spec_of
+    from nxd_training.config.resolved import model_config_of, model_spec_of
 
     nxd_cfg, spec = run, model_spec_of(run)  # as nxd train: the one RunConfig the resolution recorded, then its groups
     context = start_parallel_context(**nxd_cfg.sizes(),
                                      timeout=timedelta(seconds=config.distributed_strategy.collective_timeout))
-    model_config = build.model_config_for_rank(run, spec)
+    model_config = model_config_of(run, spec)
     build_fn = build.model_builder(config, spec, context)
     later = _mesh_transforms(context, nxd_cfg)
     # built first with no data-parallel strategy (a name none registers), then that strategy runs

@@ -11,16 +11,10 @@ import torch
 import nxd
 from nxd.run_config import Derived, RunConfig
 from nxd_training.config.plan import qlora_mode
-from nxd_training.config.resolved import model_config_of
 from nxd_training.config.schema import DataConfig, OptimConfig, TrainingConfig
 from nxd_training.lora_export import base_module
 from nxd_training.optimizers import OPTIMIZERS
 from nxd_training.schedules import make_lr_fn, make_scheduler
-
-
-def model_config_for_rank(run: RunConfig, spec: Any) -> Any:
-    """The recorded model config, in the parameter dtype the run's precision asks for (``run.param_dtype``)."""
-    return model_config_of(run, spec) if run.param_dtype is None else model_config_of(run, spec, dtype=run.param_dtype)
 
 
 def param_groups(model: torch.nn.Module, decay_norms_and_biases: bool) -> list[dict]:

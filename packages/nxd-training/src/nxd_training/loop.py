@@ -20,7 +20,7 @@ from nxd.dtypes import torch_dtype
 from nxd_ckpt.run_dir import MODEL_RECORD_KEY, checkpoint_has_adapters, model_record
 from nxd_training import build, lora_export, metrics, rank_status
 from nxd_training.config.plan import build_workflow, resolve_config, tokenizer_path
-from nxd_training.config.resolved import model_spec_of
+from nxd_training.config.resolved import model_config_of, model_spec_of
 from nxd_training.config.schema import TrainingConfig
 from nxd_training.exp_manager import (
     MetricsLogger,
@@ -92,7 +92,7 @@ class Trainer:
         self.run = run = config.run
         derived = run.derived  # the model, batch numbers, data section: recorded by the resolution, not derived again
         self.spec = model_spec_of(run)
-        self.model_config = build.model_config_for_rank(run, self.spec)
+        self.model_config = model_config_of(run, self.spec)
         self.backend = select_backend(config.trainer)
         seed_everything(config.seed)
         # distributed_strategy.collective_timeout bounds the default group's and every parallel group's collectives

@@ -50,8 +50,10 @@ def model_spec_of(run: RunConfig) -> Any:
 
 
 def model_config_of(run: RunConfig, spec: Any, **changes: Any) -> Any:
-    """The model plugin's config object from the recorded model dict (``changes`` applied)."""
-    return spec.config_from_dict({**run.derived.model, **changes})
+    """The model plugin's config object the run trains: the recorded model dict, in the run's
+    parameter dtype (``run.param_dtype``, when the precision asks for one), ``changes`` applied."""
+    dtype = {"dtype": run.param_dtype} if run.param_dtype is not None else {}
+    return spec.config_from_dict({**run.derived.model, **dtype, **changes})
 
 
 def load_resolved(path: str | Path) -> TrainingConfig:

@@ -6,8 +6,9 @@ bit, converted with ``nxd ckpt convert --to hf``, and transformers' logits on th
 The run itself is one process (one device: in-process, no torchrun). The same journey for every other
 family (Gemma 3: tied, scaled embedding and sliding layers; Phi-3: fused projections; Granite:
 multipliers; StarCoder 2: biases, tied head; GPT-OSS: MoE with its router loss, no TP plan) runs at
-FSDP=2 on the rank pool: the ranks do what ``nxd train``'s workers do (``prepare_run`` +
-``write_run_config``, then ``Trainer(config).fit()``), with no launch per family."""
+FSDP=2 on the rank pool, and Gemma 3's and OLMo 2's at PP=2 (nxd-pipeline's split of transformers'
+forward): the ranks do what ``nxd train``'s workers do (``prepare_run`` + ``write_run_config``, then
+``Trainer(config).fit()``), with no launch per family."""
 
 from __future__ import annotations
 
@@ -75,8 +76,16 @@ def test_validated_by_the_ranks_build_and_refused_before_launch(setup, capsys) -
     assert main(["train", cfg, *tp2, "--validate"]) == 0
     assert "model 'transformers' (model.model_config (model_type 'olmo2', which no nxd family lists" in \
         capsys.readouterr().out
-    assert "pipeline_model_parallel_size=2: Olmo2ForCausalLM (model_type 'olmo2') is transformers' own class" in \
-        _refusal(capsys, cfg, "trainer.devices=2", "distributed_strategy.pipeline_model_parallel_size=2")
+    assert main(["train", cfg, "trainer.devices=4", "distributed_strategy.tensor_model_parallel_size=2",
+                 "distributed_strategy.pipeline_model_parallel_size=2", "data.global_batch_size=4", "--validate"]) == 0
+    capsys.readouterr()
+    router_loss = setup["root"] / "gpt_oss_router_loss.json"
+    router_loss.write_text(json.dumps({**json.loads((setup["gpt_oss"] / "config.json").read_text()),
+                                       "output_router_logits": True}))
+    assert ("pipeline_model_parallel_size=2: GptOssForCausalLM (model_type 'gpt_oss') adds a router load-balancing "
+            "loss over all its layers") in _refusal(capsys, cfg, "trainer.devices=2", "model.pretrained_checkpoint=null",
+                                                     f"model.model_config={router_loss}",
+                                                     "distributed_strategy.pipeline_model_parallel_size=2")
     assert "sequence_parallel: Olmo2ForCausalLM (model_type 'olmo2')'s norms and residuals run on whole sequences" in \
         _refusal(capsys, cfg, *tp2, "distributed_strategy.sequence_parallel=true")
     assert "tensor_model_parallel_size=2: GptOssForCausalLM (model_type 'gpt_oss') has no tensor-parallel plan" in \
@@ -143,17 +152,23 @@ def fit_on_pool(pool, cfg: str, overrides: list[str]) -> dict[int, float]:
     return pool.run(trainer_fit, str(write_run_config(run.config, run.log_dir)), timeout=300)[0]["losses"]
 
 
-#: every family but OLMo 2 (whose journey is the one-process ``nxd train`` above) -> its transformers class
-JOURNEY_CLASSES = {"gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
-                   "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+#: family -> its transformers class
+HF_CLASSES = {"gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+              "granite": "GraniteForCausalLM", "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+#: layout -> its overrides on 2 ranks (4 samples a step: 2 per DP rank, or 2 micro-batches of 2 under PP)
+LAYOUTS = {"FSDP=2": ["trainer.devices=2", "distributed_strategy.fsdp=true", "data.global_batch_size=4"],
+           "PP=2": ["trainer.devices=2", "distributed_strategy.pipeline_model_parallel_size=2",
+                    "data.global_batch_size=4"]}
+#: FSDP=2 for every family but OLMo 2 (whose journey is the one-process ``nxd train`` above); PP=2 for
+#: a tied one (the head's copy of the embedding on the last stage) and an untied one
+JOURNEYS = [(f, "FSDP=2") for f in HF_CLASSES if f != "olmo2"] + [("gemma3_text", "PP=2"), ("olmo2", "PP=2")]
 
 
-@pytest.mark.parametrize("family,hf_class", list(JOURNEY_CLASSES.items()))
-def test_family_fsdp2_trains_resumes_bitwise_and_exports(setup, rank_pool, tmp_path, family, hf_class) -> None:
+@pytest.mark.parametrize("family,layout_name", JOURNEYS)
+def test_family_trains_resumes_bitwise_and_exports(setup, rank_pool, tmp_path, family, layout_name) -> None:
     from nxd_ckpt.consolidate import full_model_state
 
-    cfg = str(setup["cfg"])
-    layout = ["trainer.devices=2", "distributed_strategy.fsdp=true", "data.global_batch_size=4"]
+    cfg, layout, hf_class = str(setup["cfg"]), LAYOUTS[layout_name], HF_CLASSES[family]
     run, resumed = tmp_path / "run", tmp_path / "resumed"
     first = fit_on_pool(rank_pool(2), cfg, [*layout, f"model.pretrained_checkpoint={setup[family]}",
                                             f"exp_manager.explicit_log_dir={run}"])

@@ -18,6 +18,7 @@ from nxd_testing.reference import random_lm_batch, rel_err
 
 TOL = 1e-5
 BATCH, SEQ, VOCAB = 4, 8, 64
+MICROBATCHES = 2  # under PP
 #: (family, layout) -> worst relative error, max abs gradient difference (printed as the report's table)
 MEASURED: dict[tuple[str, str], tuple[float, float]] = {}
 
@@ -42,12 +43,15 @@ def hf_reference(hf_dir: str, data: dict[str, torch.Tensor], shards: int) -> dic
 
 
 def whole_grads(module: torch.nn.Module, context) -> dict[str, torch.Tensor]:
-    """Every parameter's whole gradient: FSDP shards gathered, then TP shards (collective)."""
+    """Every local parameter's whole gradient: FSDP shards gathered, then TP shards (collective); a
+    later pipeline stage's copy of a tied weight left out (its first owner holds the summed one)."""
     from nxd_core_parallel.dtensor import SHARD_GROUP, full_rows
     from nxd_modeling.hf_interop import clean_param_name
 
     out = {}
     for raw, p in module.named_parameters():
+        if getattr(p, "pipeline_shared_duplicate", False):
+            continue
         g = full_rows(p.grad, getattr(p, SHARD_GROUP, None))
         if context.tp.size > 1 and getattr(p, "tensor_model_parallel", False):
             parts = [torch.empty_like(g) for _ in range(context.tp.size)]
@@ -57,15 +61,21 @@ def whole_grads(module: torch.nn.Module, context) -> dict[str, torch.Tensor]:
     return out
 
 
-def recipe_body(hf_dir: str, data: dict[str, torch.Tensor], tp: int, fsdp: bool) -> dict | None:
-    """One rank: the trainer's build of the ``transformers`` spec for TP ``tp`` (FSDP2 over the DP
-    ranks when ``fsdp``, else DDP), the folder's weights, one step on this rank's rows of ``data``."""
+def recipe_body(hf_dir: str, data: dict[str, torch.Tensor], tp: int, fsdp: bool, pp: int = 1,
+                export_dir: str | None = None) -> dict | None:
+    """One rank: the trainer's build of the ``transformers`` spec for TP ``tp`` and PP ``pp``
+    (FSDP2 over the DP ranks when ``fsdp``, else DDP), the folder's weights, one step on this rank's
+    rows of ``data`` (under PP: 2 micro-batches through the 1F1B schedule). Each pipeline stage's
+    first rank returns its stage's gradients, rank 0 the loss and norm too. ``export_dir``: the
+    model's HF export after the step (learning rate 0: the folder's weights) written there."""
     import json
 
     import nxd
 
     spec = nxd.get_model("transformers")
-    cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp, fsdp_config=True if fsdp else None,
+    cfg = nxd.neuronx_distributed_config(tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                         pipeline_config={"num_microbatches": MICROBATCHES} if pp > 1 else None,
+                                         fsdp_config=True if fsdp else None,
                                          optimizer_config={"grad_clipping": True, "max_grad_norm": 1e9})
     context = nxd.get_parallel_context()
     model_config = spec.config_from_dict(json.loads((Path(hf_dir) / "config.json").read_text()))
@@ -74,11 +84,30 @@ def recipe_body(hf_dir: str, data: dict[str, torch.Tensor], tp: int, fsdp: bool)
     opt = nxd.initialize_parallel_optimizer(cfg, torch.optim.SGD, model.parameters(), lr=0.0)
     per = data["input_ids"].shape[0] // context.dp.size
     rows = {k: v[context.dp.rank * per:(context.dp.rank + 1) * per] for k, v in data.items()}
-    loss = model.run_train(rows).detach().clone()
+    if pp > 1:  # the step contract: the micro-batches the trainer hands a pipelined model
+        half = per // MICROBATCHES
+        loss = model.run_train(*({k: v[i * half:(i + 1) * half] for k, v in rows.items()}
+                                 for i in range(MICROBATCHES))).detach().clone()
+    else:
+        loss = model.run_train(rows).detach().clone()
     opt.step()  # gradient sync, the clipping norm (max_norm far above it: nothing clipped), lr 0
     dist.all_reduce(loss, group=context.dp.group)
     grads = whole_grads(model.module if hasattr(model, "module") else model, context)
-    return {"loss": loss / context.dp.size, "norm": opt.grad_norm, "grads": grads} if dist.get_rank() == 0 else None
+    if export_dir is not None:
+        spec.save_hf(model, export_dir)
+    if context.tp.rank or context.dp.rank:
+        return None
+    return {"loss": loss / context.dp.size, "norm": opt.grad_norm, "grads": grads}
+
+
+def merged(per_rank: list[dict | None]) -> dict:
+    """Rank 0's loss and norm with every pipeline stage's gradients (each parameter on one stage)."""
+    results = [r for r in per_rank if r is not None]
+    grads: dict[str, torch.Tensor] = {}
+    for result in results:
+        assert not set(grads) & set(result["grads"]), set(grads) & set(result["grads"])
+        grads.update(result["grads"])
+    return {**results[0], "grads": grads}
 
 
 def check(family: str, layout: str, result: dict, ref: dict) -> None:
@@ -111,3 +140,31 @@ def test_fsdp_dp2_matches_transformers(rank_pool, folders, family):
     data = random_lm_batch(8, BATCH, SEQ, VOCAB)
     result = rank_pool(2).run(recipe_body, folders[family], data, 1, True)[0]
     check(family, "FSDP=2", result, hf_reference(folders[family], data, 2))
+
+
+def assert_same_tensors(exported: Path, original: str) -> None:
+    """The export holds the folder's tensors exactly (a tied head stored in neither)."""
+    from safetensors.torch import load_file
+
+    ours, theirs = load_file(str(exported / "model.safetensors")), load_file(str(Path(original) / "model.safetensors"))
+    assert sorted(ours) == sorted(theirs) and [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_pp2_matches_transformers(rank_pool, folders, family, tmp_path):
+    """PP=2: nxd-pipeline's split of transformers' forward (nxd_pipeline.hf_decoder), one layer
+    per stage, 1F1B over 2 micro-batches; the reference is their mean loss in one process. The HF
+    export from the stages (learning rate 0) is the folder's tensors."""
+    data = random_lm_batch(11, BATCH, SEQ, VOCAB)
+    result = merged(rank_pool(2).run(recipe_body, folders[family], data, 1, False, 2, str(tmp_path / "export")))
+    check(family, "PP=2", result, hf_reference(folders[family], data, MICROBATCHES))
+    assert_same_tensors(tmp_path / "export", folders[family])
+
+
+@pytest.mark.four_ranks
+@pytest.mark.parametrize("family", TP_FAMILIES)
+def test_pp2_tp2_matches_transformers(rank_pool, folders, family, tmp_path):
+    data = random_lm_batch(12, BATCH, SEQ, VOCAB)
+    result = merged(rank_pool(4).run(recipe_body, folders[family], data, 2, False, 2, str(tmp_path / "export")))
+    check(family, "PP=2 x TP=2", result, hf_reference(folders[family], data, MICROBATCHES))
+    assert_same_tensors(tmp_path / "export", folders[family])

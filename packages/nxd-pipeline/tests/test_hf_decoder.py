@@ -1,4 +1,4 @@
-"""Hugging Face decoder-only LMs (transformers' Llama, Mistral, Qwen2) pipeline-split with no
+"""Hugging Face decoder-only LMs (transformers' Llama, Mistral, Qwen2, Gemma 3) pipeline-split with no
 adapter methods of their own, on two real gloo ranks, against the unsplit model in one process
 (fp32 loss and every gradient; auto and manual cuts, tied embeddings across stages)."""
 
@@ -21,7 +21,15 @@ CASES = [
     ("llama", {"pipeline_cuts": ["model.layers.0"]}, True),  # manual cut: stages of 1 and 3 layers
     ("mistral", {"auto_partition": True}, False),
     ("qwen2", {"pipeline_cuts": [2], "schedule": "gpipe"}, False),
+    # sliding and full layers, whose mask and rotary embeddings Gemma 3's forward picks by the loop's
+    # index (config.layer_types[i]): each stage's layers need their own kind's arguments
+    ("gemma3", {"pipeline_cuts": [1]}, True),
 ]
+#: family -> (config class, causal-LM class, extra config keys)
+CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}), "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+           "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+           "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                      {"sliding_window": 4, "head_dim": 8, "layer_types": ["sliding_attention", "full_attention"] * 2})}
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -31,10 +39,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _hf_model(family: str, tied: bool) -> torch.nn.Module:
     import transformers
 
-    name = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[family]
-    config = getattr(transformers, f"{name}Config")(**TINY, tie_word_embeddings=tied)
+    config_class, model_class, extra = CLASSES[family]
+    config = getattr(transformers, config_class)(**TINY, **extra, tie_word_embeddings=tied)
     torch.manual_seed(0)
-    return getattr(transformers, f"{name}ForCausalLM")(config).float()
+    return getattr(transformers, model_class)(config).float()
 
 
 def hf_pp_body(pp: int, microbatches: int) -> dict[str, tuple[float, float, int]]:

@@ -18,9 +18,10 @@ import torch
 from torch import nn
 
 from nxd.errors import ConfigError
+from nxd.parallel import dim_size
 from nxd_modeling.hf_interop import clean_param_name, tp_size_and_rank
 from nxd_modeling.hf_pipeline import HfFamilyIO, HfMapping, Piece, mapping_context
-from nxd_models_transformers.model import NxdCausalLMMixin
+from nxd_models_transformers.model import NxdCausalLMMixin, whole_on_meta
 
 #: config.json fields a folder must agree on with the model it is loaded into (when both have them)
 SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -45,10 +46,21 @@ def hf_config_dict(module: nn.Module) -> dict[str, Any]:
 
 
 def hf_mapping(module: nn.Module) -> HfMapping:
-    """The identity mapping at the model's TP size (shapes from the parameters: whole under FSDP)."""
+    """The identity mapping at the model's TP size (shapes from the parameters: whole under FSDP).
+    A pipeline stage holds only its own layers: the other stages' shapes, and whether the head is
+    tied, come from the whole model built on the meta device; the copy of a tied weight a later
+    stage keeps as ``lm_head.weight`` is read from (and assembled into) the embedding's tensor."""
     context = mapping_context(module)
     tp, _ = tp_size_and_rank(context)
-    shapes: dict[str, tuple[int, ...]] = {}
+    whole = whole_on_meta(module) if dim_size(context, "pp") > 1 else module
+    head, embed = whole.get_output_embeddings(), whole.get_input_embeddings()
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    embed_key = next(clean_param_name(n) for n, p in whole.named_parameters() if p is embed.weight) if tied else ""
+
+    def hf_key(name: str) -> str:
+        return embed_key if tied and name == "lm_head.weight" else name
+
+    shapes = {clean_param_name(n): tuple(p.shape) for n, p in whole.named_parameters()} if whole is not module else {}
     sharded: dict[str, tuple[int, int]] = {}
     for raw, param in module.named_parameters():
         name, shape = clean_param_name(raw), list(param.shape)
@@ -56,16 +68,14 @@ def hf_mapping(module: nn.Module) -> HfMapping:
             dim = param.partition_dim
             sharded[name] = (dim, shape[dim])
             shape[dim] *= tp
-        shapes[name] = tuple(shape)
+        shapes[hf_key(name)] = tuple(shape)
 
     def pieces(name: str, rank: int) -> list[Piece]:
         if name not in sharded:
-            return [Piece(name, None)]
+            return [Piece(hf_key(name), None)]
         dim, local = sharded[name]
-        return [Piece(name, dim, tuple(range(rank * local, (rank + 1) * local)))]
+        return [Piece(hf_key(name), dim, tuple(range(rank * local, (rank + 1) * local)))]
 
-    head, embed = module.get_output_embeddings(), module.get_input_embeddings()
-    tied = head is not None and embed is not None and head.weight is embed.weight
     return HfMapping(pieces=pieces, shapes=shapes, hf_config=lambda: hf_config_dict(module), context=context,
                      tied=tied, buffers=())
 

@@ -6,6 +6,7 @@ validated and then refused on a rank."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from nxd.errors import ConfigError
@@ -27,9 +28,7 @@ def check_layout(config: Any, hf_class: type, *, tp: int = 1, pp: int = 1, cp: i
     """Refuse, naming the key and the reason, a layout the transformers path cannot honour."""
     name = f"{hf_class.__name__} (model_type {config.model_type!r})"
     if pp > 1:
-        raise ConfigError(f"distributed_strategy.pipeline_model_parallel_size={pp}: {name} is transformers' own class, "
-                          "whose forward runs every layer in one call; nxd's pipeline cuts models implementing its "
-                          "pipeline contract (nxd_pipeline_layout: nxd's families). Use tensor/data parallelism")
+        check_pipeline(config, hf_class, name, pp)
     if cp > 1:
         raise ConfigError(f"distributed_strategy.context_parallel_size={cp}: {name} computes attention inside "
                           "transformers' attention modules, which hold no attention_core for ring attention to "
@@ -58,3 +57,47 @@ def check_layout(config: Any, hf_class: type, *, tp: int = 1, pp: int = 1, cp: i
                    "head counts from the projection widths)" if field == "num_key_value_heads" else "")
             raise ConfigError(f"distributed_strategy.tensor_model_parallel_size={tp} must divide {name}'s {field}="
                               f"{value}: attention is sharded by whole heads{why}")
+
+
+#: decoder-layer arguments that differ from layer to layer (sliced by the loop's index, or the previous
+#: layer's output): nxd-pipeline's split of transformers' forward computes one set of arguments per
+#: kind of layer, so it cannot pass them -> what each one is
+PER_LAYER_ARGUMENTS = {
+    "per_layer_input": "an input the base model's loop slices per layer index (Gemma 3n, Gemma 4)",
+    "shared_kv_states": "K/V states an earlier layer hands to later ones",
+    "prev_topk_indices": "the previous layer's top-k indices",
+    "prev_router_hidden_states": "the previous layer's router state",
+    "layer_idx": "the layer's index, passed by the base model's loop",
+    "original_hidden_states": "the embedding output, passed beside the hidden state (hybrid blocks)",
+    "transformer_hidden_states": "a shared block's output, passed beside the hidden state (hybrid blocks)",
+}
+
+
+def decoder_layer_parameters(hf_class: type) -> dict[str, str]:
+    """``forward`` parameter -> decoder-layer class name, for the classes in ``hf_class``'s
+    ``_no_split_modules`` that its module defines (found without building the model)."""
+    module = inspect.getmodule(hf_class)
+    out: dict[str, str] = {}
+    for layer_name in getattr(hf_class, "_no_split_modules", None) or ():
+        layer_class = getattr(module, layer_name, None)
+        if isinstance(layer_class, type):
+            out.update(dict.fromkeys(inspect.signature(layer_class.forward).parameters, layer_name))
+    return out
+
+
+def check_pipeline(config: Any, hf_class: type, name: str, pp: int) -> None:
+    """Refuse what nxd-pipeline's split of a transformers decoder LM (embeddings / layers / norm +
+    head, each stage through the model's own forward: ``nxd_pipeline.hf_decoder``) cannot run."""
+    key = f"distributed_strategy.pipeline_model_parallel_size={pp}"
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, int) and layers < pp:
+        raise ConfigError(f"{key}: {name} has num_hidden_layers={layers}; every pipeline stage needs a layer")
+    if getattr(config, "output_router_logits", False):
+        raise ConfigError(f"{key}: {name} adds a router load-balancing loss over all its layers "
+                          "(config.output_router_logits=True); each pipeline stage sees only its own layers' router "
+                          "logits. Set output_router_logits: false in config.json, or use pipeline_model_parallel_size=1")
+    for argument, layer_name in decoder_layer_parameters(hf_class).items():
+        if argument in PER_LAYER_ARGUMENTS:
+            raise ConfigError(f"{key}: {name}'s decoder layer {layer_name} takes {argument!r} "
+                              f"({PER_LAYER_ARGUMENTS[argument]}); the pipeline split computes one set of layer "
+                              "arguments per kind of layer and cannot pass it. Use tensor/data parallelism")

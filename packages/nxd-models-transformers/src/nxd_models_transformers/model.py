@@ -70,3 +70,10 @@ def decoder_layer_classes(model: nn.Module) -> tuple[type, ...]:
         if type(module).__name__ in names:
             found[type(module)] = None
     return tuple(found)
+
+
+def whole_on_meta(model: nn.Module) -> nn.Module:
+    """``model``'s class at its config on the meta device: the whole model's parameter names and
+    shapes, which a pipeline stage (holding only its own layers) no longer has."""
+    with torch.device("meta"):
+        return type(model)._from_config(model.config)

@@ -12,7 +12,10 @@ the unsplit model computes them, whatever the transformers version:
   embedded input (embedding scaling or dropout included);
 * every stage: the same stopped ``forward``, with the embedding replaced by the incoming hidden
   state, yields the arguments ``forward`` passes to a decoder layer (mask, positions, rotary
-  ``position_embeddings``); the stage's own layers then run with them;
+  ``position_embeddings``); the stage's own layers then run with them. A layer's arguments may
+  depend on its kind (its ``attention_type``, or ``config.layer_types[i]`` that Gemma 3 and GPT-OSS
+  read by the loop's index): the stopping stand-in sits at the first index of that kind, after
+  pass-through stand-ins, and the arguments are computed once per kind and micro-batch;
 * last stage: ``forward`` with one stand-in layer that returns the incoming hidden state runs
   the final norm, the LM head and the model's loss.
 """
@@ -51,17 +54,27 @@ def _unwrap(layer: nn.Module | None) -> nn.Module | None:
     return getattr(layer, "_checkpoint_wrapped_module", layer)  # activation checkpointing's wrapper
 
 
-def _like(stand_in: nn.Module, layer: nn.Module | None) -> nn.Module:
+def _attributes(layer: nn.Module | None) -> dict[str, Any]:
     layer = _unwrap(layer)
-    for name in _LAYER_ATTRIBUTES:
-        if layer is not None and hasattr(layer, name):
-            setattr(stand_in, name, getattr(layer, name))
+    return {n: getattr(layer, n) for n in _LAYER_ATTRIBUTES if layer is not None and hasattr(layer, n)}
+
+
+def _like(stand_in: nn.Module, attributes: dict[str, Any]) -> nn.Module:
+    for name, value in attributes.items():
+        setattr(stand_in, name, value)
     return stand_in
 
 
 class _StopLayer(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise _Stop(args, kwargs)
+
+
+class _PassThrough(nn.Module):
+    """Stands in for a layer before the stopping one: hands its hidden state on unchanged."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return args[0] if args else kwargs["hidden_states"]
 
 
 class _Constant(nn.Module):
@@ -117,6 +130,13 @@ class HFDecoderPipeline:
         self.embed_name, self.layers_name, self.norm_name = _base_names(getattr(model, base))
         #: router logits travel with the hidden state (module doc); stage outputs are then packed
         self.carries_router_logits = threads_router_logits(model, base)
+        #: per global layer index, before pruning: the attributes the forward reads off a layer, and
+        #: its kind (those attributes and ``config.layer_types[i]``; one kind: the same arguments)
+        layers = getattr(getattr(model, base), self.layers_name)
+        self._attributes = [_attributes(layer) for layer in layers]
+        types = getattr(getattr(model, "config", None), "layer_types", None) or ()
+        self._kinds = [(tuple(sorted(a.items())), types[i] if i < len(types) else None)
+                       for i, a in enumerate(self._attributes)]
         #: layer arguments of the current micro-batch (its input_ids) per layer kind
         self._layer_inputs: tuple[Any, dict[Any, tuple[tuple, dict]]] = (None, {})
         self._tuple_outputs = False  # whether this transformers version's decoder layers return tuples
@@ -128,7 +148,7 @@ class HFDecoderPipeline:
 
     # -- the stages
     def nxd_pipeline_embed(self, **batch: Any) -> torch.Tensor:
-        args, kwargs = self._stopped_forward(batch, None, self._first_layer())
+        args, kwargs = self._stopped_forward(batch, None, 0)
         hidden = args[0] if args else kwargs["hidden_states"]
         return pack([hidden, None]) if self.carries_router_logits else hidden
 
@@ -152,28 +172,37 @@ class HFDecoderPipeline:
         if self.carries_router_logits:
             hidden, router_logits = unpack(hidden)
             outputs = (hidden,) if router_logits is None else (hidden, router_logits)
-            layer = _like(_Constant(outputs), self._first_layer())
+            layer = _like(_Constant(outputs), (self._attributes or [{}])[0])
         else:
-            layer = _like(_Constant(hidden, as_tuple=self._tuple_outputs), self._first_layer())
+            layer = _like(_Constant(hidden, as_tuple=self._tuple_outputs), (self._attributes or [{}])[0])
         with self._swapped(embedding=_Constant(hidden.detach()), layers=nn.ModuleList([layer])):
             return self.model(**self._forward_kwargs(batch))
 
     # -- helpers
-    def _first_layer(self) -> nn.Module | None:
-        return next(iter(getattr(getattr(self.model, self.base), self.layers_name)), None)
+    def _index_of(self, layer: nn.Module) -> int:
+        """``layer``'s global index (the layer container, pruned or not, is keyed by it)."""
+        layers = getattr(getattr(self.model, self.base), self.layers_name)
+        for key, module in layers._modules.items():
+            if module is layer:
+                return int(key)
+        raise ValueError(f"{type(layer).__name__} is not one of {type(self.model).__name__}'s decoder layers")
 
     def _layer_args(self, layer: nn.Module, hidden: torch.Tensor, batch: dict) -> tuple[tuple, dict]:
         ids = batch.get("input_ids")
         if self._layer_inputs[0] is not ids:  # a new micro-batch
             self._layer_inputs = (ids, {})
-        kind = tuple(getattr(_unwrap(layer), n, None) for n in _LAYER_ATTRIBUTES)
+        kind = self._kinds[self._index_of(layer)]
         cache = self._layer_inputs[1]
         if kind not in cache:
-            cache[kind] = _without_hidden(*self._stopped_forward(batch, _Constant(hidden.detach()), layer))
+            first = self._kinds.index(kind)  # where the forward's loop gives this kind's arguments
+            cache[kind] = _without_hidden(*self._stopped_forward(batch, _Constant(hidden.detach()), first))
         return cache[kind]
 
-    def _stopped_forward(self, batch: dict, embedding: nn.Module | None, layer: nn.Module | None) -> tuple[tuple, dict]:
-        with self._swapped(embedding=embedding, layers=nn.ModuleList([_like(_StopLayer(), layer)])):
+    def _stopped_forward(self, batch: dict, embedding: nn.Module | None, index: int) -> tuple[tuple, dict]:
+        """The arguments ``forward`` passes to its layer ``index`` (pass-through layers before it)."""
+        stand_ins = [_like(_PassThrough(), a) for a in self._attributes[:index]]
+        stand_ins.append(_like(_StopLayer(), self._attributes[index] if self._attributes else {}))
+        with self._swapped(embedding=embedding, layers=nn.ModuleList(stand_ins)):
             try:
                 self.model(**self._forward_kwargs(batch))
             except _Stop as stop:

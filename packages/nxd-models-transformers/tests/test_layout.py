@@ -1,0 +1,37 @@
+"""What the transformers path refuses under pipeline parallelism, decided from the config and the
+class alone (before launch): layers that need per-layer inputs the split cannot pass, a router loss
+over every layer, fewer layers than stages."""
+
+from __future__ import annotations
+
+import pytest
+
+from nxd.errors import ConfigError
+from nxd_models_transformers.layout import check_layout
+from nxd_models_transformers.spec import causal_lm_class, config_from_dict
+
+
+def _config(model_type: str, **keys: object):
+    return config_from_dict({"model_type": model_type, "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
+                             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, **keys})
+
+
+def test_pp_runs_for_a_decoder_lm_whose_layers_take_shared_arguments():
+    config = _config("gemma3_text", layer_types=["sliding_attention", "full_attention"])
+    check_layout(config, causal_lm_class(config), pp=2)
+
+
+def test_pp_refuses_layers_taking_a_per_layer_input():
+    config = _config("gemma3n_text", intermediate_size=[48, 48], layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(ConfigError, match=r"pipeline_model_parallel_size=2: Gemma3nForCausalLM .* decoder layer "
+                                          r"Gemma3nTextDecoderLayer takes 'per_layer_input'"):
+        check_layout(config, causal_lm_class(config), pp=2)
+
+
+def test_pp_refuses_a_router_loss_over_all_layers_and_fewer_layers_than_stages():
+    config = _config("gpt_oss", num_local_experts=4, num_experts_per_tok=2, output_router_logits=True)
+    with pytest.raises(ConfigError, match="adds a router load-balancing loss over all its layers"):
+        check_layout(config, causal_lm_class(config), pp=2)
+    config = _config("olmo2")
+    with pytest.raises(ConfigError, match="num_hidden_layers=2; every pipeline stage needs a layer"):
+        check_layout(config, causal_lm_class(config), pp=4)

@@ -114,7 +114,7 @@ class ModelSpec:
 
     The model returned by ``build`` is an ``nn.Module`` for the parallel context it is given,
     written for one device (``nn.Linear``/``nn.Embedding`` or ``nxd_tensor_parallel.modules.plain``);
-    the transform list parallelises it by its ``parallel_plan`` (a model built from nxd-core-parallel's
+    the transform list parallelises it by its ``parallel_plan`` (a model built from nxd-tensor-parallel's
     parallel layers itself keeps working: the plan transform skips them). Its ``forward(input_ids,
     labels=None, position_ids=None, attention_mask=None, loss_mask=None)`` returns an object with
     ``.loss`` (mean over tokens whose ``loss_mask`` is 1, computed with vocab-parallel cross-entropy;

@@ -1,7 +1,7 @@
 """Per-token and per-sequence log-probabilities from (vocabulary-sharded) logits.
 
 The model's ``.logits`` are this tensor-parallel rank's slice of the vocabulary (the ModelSpec
-contract); nxd-core-parallel's vocab-parallel cross-entropy gives ``-log p(label)`` without
+contract); nxd-tensor-parallel's vocab-parallel cross-entropy gives ``-log p(label)`` without
 gathering the vocabulary, with its backward, so ``log p = -cross_entropy``.
 """
 

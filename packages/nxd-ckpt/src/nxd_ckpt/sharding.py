@@ -1,13 +1,13 @@
 """How a tensor-parallel tensor is cut across TP ranks, and how to re-cut it for another TP size.
 
-The description comes from nxd-core-parallel's parameter attributes: ``tensor_model_parallel``,
+The description comes from nxd-tensor-parallel's parameter attributes: ``tensor_model_parallel``,
 ``partition_dim``, ``partition_stride`` (Megatron stride: the full tensor is split into
 ``tp * stride`` chunks and rank ``r`` holds chunks ``r, r + tp, ...``), ``fused_splits`` (the local
 shard concatenates independently sharded pieces of these local sizes, each piece sharded
 contiguously: ``fused_splits`` alone describes the layout, and a stride recorded beside it, as
 older checkpoints did for Llama's ``gate_up_proj``, is ignored rather than applied a second time
 inside each piece) and ``kv_size_multiplier`` (GQA K/V
-replicated over TP, nxd-core-parallel's Megatron layout: TP rank ``r`` holds piece ``r // m`` of
+replicated over TP, nxd-tensor-parallel's Megatron layout: TP rank ``r`` holds piece ``r // m`` of
 the real tensor, so the real tensor is the shards of ranks ``0, m, 2m, ...``). For a fused QKV
 parameter the multiplier applies to the K and V pieces (all pieces but the first).
 
@@ -16,12 +16,12 @@ to a multiple of ``tp x pad_alignment_size_per_rank``: checkpoints record the re
 drops the padding and splitting re-pads for the target TP size.
 
 A fused QKV tensor in Megatron's interleaved row order (``qkv_interleave`` = ``(groups, q heads
-per group, head_dim)``, nxd-core-parallel's ``GroupedQKVColumnParallelLinear``) is sharded as the
+per group, head_dim)``, nxd-tensor-parallel's ``GroupedQKVColumnParallelLinear``) is sharded as the
 fused ``[q; k; v]`` tensor above; merging re-interleaves it and splitting de-interleaves first, so
 the checkpoint holds the one-device model's tensor.
 
 A tensor of attention heads padded so TP divides them (``head_padding`` = ``(query heads, KV heads,
-query slots per KV group, KV groups, head_dim)``, nxd-core-parallel's ``HeadPadding``: Llama's
+query slots per KV group, KV groups, head_dim)``, nxd-tensor-parallel's ``HeadPadding``: Llama's
 ``qkv_proj`` fused ``[q; k; v]``, its ``o_proj`` input columns) is sharded as the padded tensor above;
 merging drops the padded heads and splitting puts zero heads back, so the checkpoint holds the
 real heads and loads at any TP.

@@ -10,7 +10,7 @@ Layout notes (also published as ``spec.extras["hf_key_mapping"]``):
 * ``self_attn.qkv_proj.weight_qkv`` = this rank's ``[q; k; v]`` rows (HF ``q_proj``/``k_proj``/
   ``v_proj``), heads contiguous per rank.
 * With KV replication (``kv_size_multiplier`` m > 1, when TP does not divide the KV-head count)
-  TP rank r holds KV piece ``r // m`` of the ``tp / m`` pieces (nxd-core-parallel's Megatron
+  TP rank r holds KV piece ``r // m`` of the ``tp / m`` pieces (nxd-tensor-parallel's Megatron
   layout: replicas on neighbouring ranks). The piece holds every KV head its contiguous query
   heads ``[r*Lq, (r+1)*Lq)`` attend to (for odd counts, e.g. 3 KV heads at TP=2, that is all of
   them, and the attention picks each query head's KV head), so q/k/v and ``o_proj`` shards are

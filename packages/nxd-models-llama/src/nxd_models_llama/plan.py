@@ -1,6 +1,6 @@
 """Llama's parallel plan, as data: which modules of the one-device model are column, row or
 vocabulary parallel, which run on sequence shards, where a pipeline may cut. The model class
-carries it (``LlamaForCausalLM.nxd_parallel_plan``) and the spec registers it; nxd-core-parallel's
+carries it (``LlamaForCausalLM.nxd_parallel_plan``) and the spec registers it; nxd-tensor-parallel's
 ``parallel_plan`` transform (:func:`nxd_tensor_parallel.tensor_plan.parallelize`) applies it."""
 
 from __future__ import annotations

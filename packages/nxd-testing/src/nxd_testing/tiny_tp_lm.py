@@ -1,4 +1,4 @@
-"""A tiny transformer LM built from nxd-core-parallel's TP layers, for parity tests of what wraps a
+"""A tiny transformer LM built from nxd-tensor-parallel's TP layers, for parity tests of what wraps a
 model (FSDP, FP8, ...): column/row-sharded weights, TP-replicated row biases and RMSNorm weights
 (also under sequence parallelism), and a fused GQA QKV weight whose K/V piece is replicated across TP
 ranks. The parallel layers initialise the full tensor from the global RNG and keep their shard, so

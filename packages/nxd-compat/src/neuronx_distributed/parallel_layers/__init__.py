@@ -1,4 +1,4 @@
-"""``neuronx_distributed.parallel_layers``: nxd-core-parallel's TP/SP layers and helpers.
+"""``neuronx_distributed.parallel_layers``: nxd-tensor-parallel's TP/SP layers and helpers.
 
 The names are imported one by one (no star import): ``parallel_state`` here must be this package's
 submodule, which adds NxD's extra getters to nxd-core-parallel's.

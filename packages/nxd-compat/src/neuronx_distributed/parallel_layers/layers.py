@@ -8,7 +8,7 @@ __all__ = ["ColumnParallelLinear", "ParallelEmbedding", "RowParallelLinear"]
 
 
 _AUTOGRAD = ("an internal piece of NxD's own parallel-linear autograd; nxd's ColumnParallelLinear/RowParallelLinear "
-             "compute their gradients with torch autograd over nxd-core-parallel's regions")
+             "compute their gradients with torch autograd over nxd-tensor-parallel's regions")
 __getattr__ = not_provided(__name__, {
     "BaseParallelLinear": _AUTOGRAD, "LinearWithAsyncCommunication": _AUTOGRAD,
     "SPMDRank": "NxD's rank holder for SPMD-traced Neuron inference models; nxd does not trace"})

@@ -1,6 +1,6 @@
 """``neuronx_distributed.parallel_layers.mappings``: autograd-aware TP/SP collectives.
 
-The public regions are nxd-core-parallel's. NxD's raw helpers that its examples call directly
+The public regions are nxd-tensor-parallel's. NxD's raw helpers that its examples call directly
 (``_split_along_first_dim``, ``_gather_along_first_dim``, ``_reduce``, ``_reduce_scatter_along_*``,
 ...) are here with NxD's signatures: plain collectives over the TP group (or ``process_group``),
 no autograd, as in NxD; so are its region autograd classes (``_CopyToModelParallelRegion.apply``

@@ -1,6 +1,6 @@
 """``neuronx_distributed.parallel_layers.utils``: sharding attributes and small helpers.
 
-nxd-core-parallel's helpers, with NxD's signatures where they differ, and NxD's other public
+nxd-tensor-parallel's helpers, with NxD's signatures where they differ, and NxD's other public
 helpers of this module (casts, splits, ``EmbeddingUtility``, ...) as NxD defines them."""
 
 from __future__ import annotations

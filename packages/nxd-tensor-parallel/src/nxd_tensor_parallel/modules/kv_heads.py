@@ -4,7 +4,7 @@ HF/Megatron import and checkpoint resharding.
 
 Query heads are sharded contiguously (rank ``r`` holds heads ``[r*Lq, (r+1)*Lq)``). With
 ``m = kv_size_multiplier`` the KV heads are cut into ``tp / m`` pieces and piece ``r // m`` sits on
-rank ``r`` (replicas on neighbouring ranks, nxd-core-parallel's Megatron layout). ``m`` is the
+rank ``r`` (replicas on neighbouring ranks, nxd-tensor-parallel's Megatron layout). ``m`` is the
 smallest divisor of ``tp`` for which every rank's piece holds every KV head its query heads attend
 to (HF grouping: query head ``i`` uses KV head ``i // (heads / kv_heads)``): 1 when TP divides the
 KV heads, ``tp / kv`` when the KV heads divide TP, and for odd counts (3 KV heads at TP=2) up to

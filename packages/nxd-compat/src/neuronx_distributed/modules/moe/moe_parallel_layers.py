@@ -1,6 +1,6 @@
 """``neuronx_distributed.modules.moe.moe_parallel_layers``: NxD's expert-fused parallel linear layers
 with NxD's constructor arguments and layouts (weight ``[E_local, H, I/tp]`` column-parallel,
-``[E_local, I/tp, H]`` row-parallel; input ``(E, ..., H)``), on torch einsum and nxd-core-parallel's
+``[E_local, I/tp, H]`` row-parallel; input ``(E, ..., H)``), on torch einsum and nxd-tensor-parallel's
 TP regions (``copy_to`` / ``reduce_from_tensor_model_parallel_region``)."""
 
 from __future__ import annotations

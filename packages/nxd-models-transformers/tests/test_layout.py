@@ -1,6 +1,6 @@
 """What the transformers path refuses under pipeline parallelism, decided from the config and the
 class alone (before launch): layers that need per-layer inputs the split cannot pass, a router loss
-over every layer, fewer layers than stages."""
+over every layer, fewer layers than stages; under tensor parallelism, heads TP does not divide."""
 
 from __future__ import annotations
 
@@ -35,3 +35,14 @@ def test_pp_refuses_a_router_loss_over_all_layers_and_fewer_layers_than_stages()
     config = _config("olmo2")
     with pytest.raises(ConfigError, match="num_hidden_layers=2; every pipeline stage needs a layer"):
         check_layout(config, causal_lm_class(config), pp=4)
+
+
+def test_tp_refuses_heads_it_does_not_divide_naming_the_key_and_the_count():
+    config = _config("olmo2")
+    check_layout(config, causal_lm_class(config), tp=2)
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=3 must divide Olmo2ForCausalLM .*'s "
+                                          r"num_attention_heads=4: attention is sharded by whole heads"):
+        check_layout(config, causal_lm_class(config), tp=3)
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=4 must divide .*num_key_value_heads=2: .* "
+                                          "does not replicate K/V heads"):
+        check_layout(config, causal_lm_class(config), tp=4)

@@ -20,11 +20,11 @@ from functools import partial
 import torch
 from torch import nn
 
-from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_size
 from nxd_modeling.rotary import apply_rotary, yarn_softmax_scale
 from nxd_models_deepseek.config import DeepseekV3Config
 from nxd_models_llama import KVCache, LlamaCoreAttention
+from nxd_tensor_parallel.layout_rules import head_layout
 from nxd_tensor_parallel.modules import plain
 from nxd_tensor_parallel.modules.plain import PlacedByPlan
 from nxd_tensor_parallel.modules.rms_norm import RMSNorm
@@ -83,9 +83,8 @@ class DeepseekV3Attention(PlacedByPlan, nn.Module):
     def nxd_parallelized(self, context: ParallelContext | None) -> None:
         """This rank's heads once the plan has sharded the projections over ``context``'s TP."""
         tp = dim_size(context, "tp")
-        if self.config.num_attention_heads % tp:
-            raise ConfigError(f"num_attention_heads ({self.config.num_attention_heads}) must be divisible by "
-                              f"tensor_parallel_size ({tp})")
+        # MLA: each query head has its own K/V (no replication, no padding)
+        head_layout(self.config.num_attention_heads, None, tp, replicate_kv=False)
         self.num_heads = self.config.num_attention_heads // tp
 
     def reset_parameters(self) -> None:

@@ -26,7 +26,8 @@ from nxd_modeling.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
 from nxd_modeling.rotary import RotaryEmbedding, apply_rotary
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.plan import LLAMA_PLAN
-from nxd_tensor_parallel import fused_kernels
+from nxd_tensor_parallel import fused_kernels, layout_rules
+from nxd_tensor_parallel.layout_rules import HeadLayout
 from nxd_tensor_parallel.modules import kv_heads, plain
 from nxd_tensor_parallel.modules.plain import PlacedByPlan
 from nxd_tensor_parallel.modules.rms_norm import RMSNorm
@@ -47,29 +48,23 @@ class CausalLMOutput:
     logits: torch.Tensor | None
 
 
+def head_layout(config: LlamaConfig, tp: int) -> HeadLayout:
+    """The attention heads' layout at TP size ``tp`` (:func:`nxd_tensor_parallel.layout_rules.head_layout`):
+    K/V heads TP does not divide are replicated (NxD's ``kv_size_multiplier``), query heads TP does
+    not divide are padded inside their KV groups (or by zero groups) as NxD's ``pad_model`` does."""
+    return layout_rules.head_layout(config.num_attention_heads, config.num_key_value_heads, tp, pad=True,
+                                    hint=" (HF GQA groups query heads evenly over the KV heads)")
+
+
 def head_padding(config: LlamaConfig, tp: int) -> kv_heads.HeadPadding:
-    """The attention heads' layout at TP size ``tp``: query heads TP does not divide are padded
-    inside their KV groups (or by zero groups) as NxD's ``pad_model`` does
-    (:func:`nxd_tensor_parallel.modules.kv_heads.head_padding_for`; unpadded when TP divides them)."""
-    try:
-        return kv_heads.head_padding_for(config.num_attention_heads, config.num_key_value_heads, tp)
-    except ValueError as err:
-        raise ConfigError(f"{err} (HF GQA groups query heads evenly over the KV heads)") from None
+    """The (padded when TP does not divide the query heads) head layout's :class:`~nxd_tensor_parallel.modules.kv_heads.HeadPadding`."""
+    return head_layout(config, tp).padding
 
 
 def kv_size_multiplier_for(config: LlamaConfig, tp: int) -> int:
-    """How many times K/V heads are replicated over TP (NxD's ``kv_size_multiplier``; the rule is
-    :func:`nxd_tensor_parallel.modules.kv_heads.kv_size_multiplier_for`, on the padded heads when TP
-    does not divide the query heads): 1 when TP divides the KV heads, ``tp / kv`` when the KV heads
-    divide TP, and for odd counts (3 KV heads at TP=2) up to ``tp``."""
-    nq, nkv = config.num_attention_heads, config.num_key_value_heads
-    if nq % tp:
-        return head_padding(config, tp).kv_size_multiplier(tp)
-    m = kv_heads.kv_size_multiplier_for(nq, nkv, tp)
-    if m is None:
-        raise ConfigError(f"num_key_value_heads={nkv} and num_attention_heads={nq} are not grouped evenly "
-                          "(HF GQA needs num_attention_heads divisible by num_key_value_heads)")
-    return m
+    """How many times K/V heads are replicated over TP (NxD's ``kv_size_multiplier``, on the padded
+    heads when TP does not divide the query heads; :func:`head_layout`)."""
+    return head_layout(config, tp).kv_size_multiplier
 
 
 class KVCache:
@@ -185,9 +180,10 @@ class LlamaAttention(nn.Module):
         """This rank's heads once the plan has sharded the projections over ``context``'s TP
         (padded ones included when TP does not divide the query heads)."""
         config, tp, rank = self.config, _size(context, "tp"), _rank(context, "tp")
-        self.kv_size_multiplier = m = kv_size_multiplier_for(config, tp)
-        if config.num_attention_heads % tp:  # padded heads (NxD's pad_model)
-            padding = head_padding(config, tp)
+        layout = head_layout(config, tp)
+        self.kv_size_multiplier = m = layout.kv_size_multiplier
+        if layout.padded:  # NxD's pad_model
+            padding = layout.padding
             self.num_heads, self.num_kv_heads = padding.padded_heads // tp, padding.kv_groups * m // tp
             self.core_attention.kv_index = padding.local_kv_index(tp, rank)
             self.real_heads = padding.query_mask(tp, rank)

@@ -10,6 +10,7 @@ import inspect
 from typing import Any
 
 from nxd.errors import ConfigError
+from nxd_tensor_parallel.layout_rules import SizeNames, head_layout
 from nxd_tensor_parallel.tensor_plan import HF_STYLES as NXD_STYLES_OF_HF
 
 
@@ -49,14 +50,12 @@ def check_layout(config: Any, hf_class: type, *, tp: int = 1, pp: int = 1, cp: i
         raise ConfigError(f"distributed_strategy.tensor_model_parallel_size={tp}: {name}'s TP plan has styles nxd does "
                           f"not implement ({listed}; nxd: {', '.join(NXD_STYLES_OF_HF)}); use "
                           "tensor_model_parallel_size: 1 with FSDP/ZeRO-1/DDP")
-    heads = getattr(config, "num_attention_heads", None)
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    for field, value in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
-        if isinstance(value, int) and value % tp:
-            why = (" (K/V heads are not replicated for transformers' classes: their attention derives its "
-                   "head counts from the projection widths)" if field == "num_key_value_heads" else "")
-            raise ConfigError(f"distributed_strategy.tensor_model_parallel_size={tp} must divide {name}'s {field}="
-                              f"{value}: attention is sharded by whole heads{why}")
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if isinstance(heads, int):
+        head_layout(heads, kv if isinstance(kv, int) else None, tp, replicate_kv=False, names=SizeNames(
+            tp="distributed_strategy.tensor_model_parallel_size", heads=f"{name}'s num_attention_heads",
+            kv_heads=f"{name}'s num_key_value_heads"),
+            hint=" (transformers' attention derives its head counts from the projection widths)")
 
 
 #: decoder-layer arguments that differ from layer to layer (sliced by the loop's index, or the previous

@@ -43,8 +43,9 @@ from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
 from nxd.run_config import RunConfig, sequence_parallel_built_for
 from nxd.specs import ParallelPlan
+from nxd_tensor_parallel.layout_rules import SizeNames, head_layout
 from nxd_tensor_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
-from nxd_tensor_parallel.modules.kv_heads import HeadPadding, head_padding_for, kv_size_multiplier_for
+from nxd_tensor_parallel.modules.kv_heads import HeadPadding
 from nxd_tensor_parallel.modules.plain import GroupedQKVLinear, PlacedByPlan, QKVLinear
 from nxd_tensor_parallel.modules.qkv_linear import GQAQKVColumnParallelLinear
 from nxd_tensor_parallel.parallel_layers import comm
@@ -109,9 +110,10 @@ def _head_padding(module: nn.Module, options: dict, tp: int) -> tuple[HeadPaddin
     heads, KV heads, head_dim)`` (Llama's ``qkv_proj``/``o_proj``) whose query heads TP does not
     divide; else None."""
     heads = getattr(module, "attention_heads", None)
-    if not options.get("pad") or heads is None or heads[0] % tp == 0:
+    if not options.get("pad") or heads is None:
         return None
-    return head_padding_for(heads[0], heads[1], tp), heads[2]
+    layout = head_layout(heads[0], heads[1], tp, pad=True)
+    return (layout.padding, heads[2]) if layout.padded else None
 
 
 def _tag_head_padding(layer: nn.Module, params: list, padding: HeadPadding, head_dim: int) -> None:
@@ -254,14 +256,11 @@ def _grouped_qkv(name: str, module: GroupedQKVLinear, context: ParallelContext |
     """Megatron's interleaved QKV: whole query groups per rank when TP divides them, else K/V
     replicated over TP (``kv_size_multiplier``, :mod:`nxd_tensor_parallel.modules.grouped_qkv`)."""
     tp = dim_size(context, "tp")
-    m = kv_size_multiplier_for(module.num_heads, module.num_kv_heads, tp)
-    if m is None and options.get("pad") and module.num_heads % tp:
+    if options.get("pad") and module.num_heads % tp:
         return _linear(name, module, "column", context, options)  # whole zero groups appended (pad_heads)
-    if m is None:
-        raise ConfigError(f"parallel plan: {name} has {module.num_heads} query heads in {module.num_kv_heads} groups, "
-                          f"which tensor_parallel_size {tp} cannot split into whole heads (the query heads must be "
-                          "divisible by it; pad them with pad_model, or choose a tensor_parallel_size dividing "
-                          f"{module.num_heads})")
+    m = head_layout(module.num_heads, module.num_kv_heads, tp, prefix=f"parallel plan: {name}: ",
+                    names=SizeNames(heads="query heads", kv_heads="query groups"),
+                    hint="; pad them with pad_model, or choose a tensor_parallel_size dividing them").kv_size_multiplier
     if m == 1:
         return _linear(name, module, "column", context, options)
     weight, bias = module.weight, module.bias
@@ -303,13 +302,13 @@ def _sum_grad_over_tp(module: nn.Module, context: ParallelContext | None) -> Non
 
 
 def _check_heads(model: nn.Module, tp: int) -> None:
+    """A plain model's heads split over TP as they are (no K/V replication, no padding)."""
     config = getattr(model, "config", None)
-    for field in ("num_attention_heads", "num_key_value_heads"):
-        heads = getattr(config, field, None)
-        if isinstance(heads, int) and heads % tp:
-            raise ConfigError(f"parallel plan: config.{field} ({heads}) is not divisible by tensor_parallel_size "
-                              f"({tp}): attention is sharded by whole heads (nxd's families replicate KV heads; "
-                              "a plain model does not)")
+    heads, kv = (getattr(config, field, None) for field in ("num_attention_heads", "num_key_value_heads"))
+    if isinstance(heads, int):
+        head_layout(heads, kv if isinstance(kv, int) else None, tp, replicate_kv=False, prefix="parallel plan: ",
+                    names=SizeNames(heads="config.num_attention_heads", kv_heads="config.num_key_value_heads"),
+                    hint=" (nxd's families replicate KV heads; a plain model does not)")
 
 
 def _layer_options(name: str, style: str, plan: ParallelPlan, sequence_parallel: bool,

@@ -21,7 +21,7 @@ from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
 from nxd.paths import check_name, name_problem
 from nxd.run_config import Derived, pipeline_schedule
-from nxd_tensor_parallel.modules.kv_heads import kv_size_multiplier_for
+from nxd_tensor_parallel.layout_rules import SizeNames, head_layout
 from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
 from nxd_training.config.nxdt import MODEL_KEY_MAP, key_notes, lora_config, run_config
 from nxd_training.config.nxdt.precision import check_precision
@@ -244,45 +244,44 @@ def _layout_fits_model(ds: DistributedStrategyConfig, spec: Any, model_config: A
 
 
 def _heads(ds: DistributedStrategyConfig, model_config: Any, tp: int, pads_heads: bool = False) -> None:
-    """TP must shard whole query heads; K/V heads TP does not divide are replicated by the model
-    (NxD's ``kv_size_multiplier``), and ``kv_replicator``, when given, must be that replication.
-    ``pads_heads``: the model pads query heads TP does not divide itself (NxD's ``pad_model``; GPT,
-    Llama, Qwen3, Mixtral)."""
+    """The head rule (:func:`nxd_tensor_parallel.layout_rules.head_layout`, the one the ranks' build
+    applies) under the YAML's names; NxDT's ``kv_replicator``, when given, must be the replication it
+    decides, and is needed when that is not one KV head per rank. ``pads_heads``: the model pads
+    query heads TP does not divide itself (NxD's ``pad_model``; GPT, Llama, Qwen3, Mixtral)."""
     heads = getattr(model_config, "num_attention_heads", None)
     kv = getattr(model_config, "num_key_value_heads", None) or getattr(model_config, "num_query_groups", None) or heads
-    if heads is None:
+    if heads is None or tp == 1:
         return
-    if heads % tp and pads_heads:
-        return  # padded with zero heads (inside KV groups, or zero groups) by the model's plan
-    if heads % tp:
-        raise ConfigError(
-            f"distributed_strategy.tensor_model_parallel_size={tp} must divide model num_attention_heads={heads} "
-            "(this model does not pad attention heads; nxd's GPT, Llama, Qwen3 and Mixtral do, and NxD's pad_model "
-            "covers scripts whose model is built from ColumnParallelLinear/RowParallelLinear projections)"
-        )
-    if kv % tp == 0:
-        return
-    rep = ds.kv_replicator
-    multiplier = kv_size_multiplier_for(heads, kv, tp)
+    layout = head_layout(heads, kv, tp, pad=pads_heads, names=_YAML_HEAD_NAMES, hint=(
+        "" if pads_heads else " (this model does not pad attention heads; nxd's GPT, Llama, Qwen3 and Mixtral do, "
+        "and NxD's pad_model covers scripts whose model is built from ColumnParallelLinear/RowParallelLinear "
+        "projections)"))
+    multiplier, rep = layout.kv_size_multiplier, ds.kv_replicator
+    if layout.padded or multiplier == 1:
+        return  # padded by the model's plan, or TP divides the K/V heads
     if rep is None:
-        if tp % kv == 0:
-            return  # the model replicates K/V heads (kv_size_multiplier = TP / kv heads)
+        if kv * multiplier == tp:
+            return  # one K/V head per rank (kv_size_multiplier = TP / kv heads)
         raise ConfigError(
             f"distributed_strategy.tensor_model_parallel_size={tp} must divide num_kv_heads={kv}, or be a multiple "
-            f"of it so K/V heads can be replicated (set distributed_strategy.kv_replicator"
-            + (f": {multiplier} places these heads)" if multiplier else ")")
-        )
+            f"of it so K/V heads can be replicated (set distributed_strategy.kv_replicator: {multiplier} places "
+            "these heads)")
     if (kv * rep) % tp:
         raise ConfigError(
             f"distributed_strategy.kv_replicator={rep}: num_kv_heads x kv_replicator = {kv * rep} must be divisible "
             f"by tensor_model_parallel_size={tp}"
         )
-    if multiplier is not None and rep != multiplier:
+    if rep != multiplier:
         raise ConfigError(
             f"distributed_strategy.kv_replicator={rep}: nxd's models replicate {kv} K/V heads over "
             f"tensor_model_parallel_size={tp} {multiplier} times (each rank then holds the KV heads its query heads "
             f"use); set kv_replicator: {multiplier}"
         )
+
+
+#: the head rule's sizes as the YAML names them
+_YAML_HEAD_NAMES = SizeNames(tp="distributed_strategy.tensor_model_parallel_size", heads="model num_attention_heads",
+                             kv_heads="num_kv_heads")
 
 
 def _need(kind: str, name: str, key: str, install: str) -> None:

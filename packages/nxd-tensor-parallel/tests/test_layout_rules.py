@@ -1,0 +1,57 @@
+"""The head rule, decided once (:func:`nxd_tensor_parallel.layout_rules.head_layout`): which TP sizes
+a model's query/KV heads allow, with and without K/V replication and padding."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from nxd.errors import ConfigError
+from nxd_tensor_parallel.layout_rules import LayoutError, SizeNames, head_layout
+from nxd_tensor_parallel.modules.kv_heads import head_padding_for, kv_size_multiplier_for
+
+GRID = list(itertools.product(range(1, 13), range(1, 13), (1, 2, 3, 4, 6, 8)))
+
+
+def _decision(**mode):
+    out = {}
+    for heads, kv, tp in GRID:
+        try:
+            out[heads, kv, tp] = head_layout(heads, kv, tp, **mode)
+        except LayoutError:
+            out[heads, kv, tp] = None
+    return out
+
+
+def test_plain_models_split_whole_query_and_kv_heads() -> None:
+    for (heads, kv, tp), layout in _decision(replicate_kv=False).items():
+        assert (layout is not None) == (heads % tp == 0 and kv % tp == 0), (heads, kv, tp)
+        assert layout is None or (layout.kv_size_multiplier, layout.padding) == (1, None)
+
+
+def test_replicated_kv_is_the_smallest_multiplier_placing_whole_heads() -> None:
+    for (heads, kv, tp), layout in _decision().items():
+        assert (layout is not None) == (heads % kv == 0 and heads % tp == 0), (heads, kv, tp)
+        if layout is not None:
+            assert layout.kv_size_multiplier == kv_size_multiplier_for(heads, kv, tp) and not layout.padded
+
+
+def test_padding_covers_query_heads_tp_does_not_divide() -> None:
+    for (heads, kv, tp), layout in _decision(pad=True).items():
+        assert (layout is not None) == (heads % kv == 0), (heads, kv, tp)
+        if layout is not None:
+            assert layout.padding == head_padding_for(heads, kv, tp) and layout.padded == bool(heads % tp)
+            assert layout.kv_size_multiplier == layout.padding.kv_size_multiplier(tp)
+
+
+def test_refusals_name_the_sizes_under_the_callers_names() -> None:
+    yaml = SizeNames(tp="distributed_strategy.tensor_model_parallel_size", heads="model num_attention_heads",
+                     kv_heads="num_kv_heads")
+    with pytest.raises(ConfigError, match=r"^distributed_strategy.tensor_model_parallel_size=2 must divide "
+                                          r"model num_attention_heads=3: .* \(why\)$"):
+        head_layout(3, 3, 2, names=yaml, hint=" (why)")
+    with pytest.raises(LayoutError, match=r"^plan: tensor_parallel_size=4 must divide num_key_value_heads=2"):
+        head_layout(8, 2, 4, replicate_kv=False, prefix="plan: ")
+    with pytest.raises(LayoutError, match="num_attention_heads=6 must be a multiple of num_key_value_heads=4"):
+        head_layout(6, 4, 2, pad=True)

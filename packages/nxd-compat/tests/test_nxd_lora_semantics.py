@@ -194,17 +194,14 @@ def test_trainer_modules_and_messages():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA host autocast('cuda') is real")
-def test_cuda_autocast_disables_itself_on_a_cpu_host_under_the_runner(monkeypatch):
-    import torch.cuda.amp.common as amp_common
+def test_cuda_autocast_disables_itself_on_a_cpu_host_under_the_runner(xla_stand_in):
+    from nxd_compat import xla_emulation
 
-    from nxd_compat import run, xla_emulation
-
-    monkeypatch.syspath_prepend(str(run.STAND_IN))  # what nxd-compat-run does: torch now finds a torch_xla
+    # xla_stand_in does what nxd-compat-run does: torch now finds a torch_xla
     assert importlib.util.find_spec("torch_xla") is not None
     with pytest.raises(RuntimeError, match="bfloat16"), torch.autocast("cuda", dtype=torch.bfloat16):
         pass  # torch's own check takes the stand-in for torch-xla: the bug
-    monkeypatch.setattr(amp_common, "amp_definitely_not_available", amp_common.amp_definitely_not_available)
-    xla_emulation.count_only_real_torch_xla()
+    xla_emulation.count_only_real_torch_xla()  # undone by xla_stand_in
     with pytest.warns(UserWarning, match="Disabling autocast"), torch.autocast("cuda", dtype=torch.bfloat16):
         assert not torch.is_autocast_enabled("cuda")
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 
 import pytest
 import torch
-
-from nxd_compat.run import STAND_IN
 
 #: module -> names, from aws-neuron/neuronx-distributed src/ at commit fbac349 (for parallel_layers.mappings
 #: / utils / comm / layers_utils, modules.qkv_linear_utils / lora.*, trainer.checkpoint_storage: every name the
@@ -91,10 +88,7 @@ def test_nxd_name_resolves_or_says_why(module, name):
     assert not hasattr(mod, "no_such_nxd_name")  # unknown names stay AttributeErrors (hasattr works)
 
 
-def test_torch_neuronx_stand_in_names_the_platform_and_refuses_the_rest(monkeypatch):
-    monkeypatch.syspath_prepend(str(STAND_IN))
-    for name in [m for m in sys.modules if m.startswith("torch_neuronx")]:
-        monkeypatch.delitem(sys.modules, name)
+def test_torch_neuronx_stand_in_names_the_platform_and_refuses_the_rest(xla_stand_in):
     from torch_neuronx.utils import get_platform_target
 
     from neuronx_distributed.utils.utils import hardware
@@ -104,24 +98,17 @@ def test_torch_neuronx_stand_in_names_the_platform_and_refuses_the_rest(monkeypa
 
     with pytest.raises(RuntimeError, match="needs Neuron hardware"):
         torch_neuronx.trace  # noqa: B018
-    for name in [m for m in sys.modules if m.startswith("torch_neuronx")]:
-        monkeypatch.delitem(sys.modules, name)
 
 
-def test_torch_xla_stand_in_has_the_modules_older_nxd_examples_import(monkeypatch):
+def test_torch_xla_stand_in_has_the_modules_older_nxd_examples_import(xla_stand_in):
     # NxD's examples up to Release 2.18 import torch_xla.distributed.xla_backend (and BERT's
     # torch_xla.debug.metrics) before init_process_group("xla")
-    monkeypatch.syspath_prepend(str(STAND_IN))
-    for name in [m for m in sys.modules if m.startswith("torch_xla")]:
-        monkeypatch.delitem(sys.modules, name)
     importlib.import_module("torch_xla.distributed.xla_backend")
     import torch_xla.debug.metrics as met
 
     assert "no XLA metrics" in met.metrics_report() and met.counter_names() == []
     with pytest.raises(RuntimeError, match="reads XLA's compiler metrics"):
         met.metric_data  # noqa: B018
-    for name in [m for m in sys.modules if m.startswith("torch_xla")]:
-        monkeypatch.delitem(sys.modules, name)
 
 
 def both_signatures_body() -> dict:

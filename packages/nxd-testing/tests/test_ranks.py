@@ -50,3 +50,18 @@ def test_local_functions_are_refused(rank_pool):
 
     with pytest.raises(ValueError, match="module-level"):
         rank_pool(2).run(local)
+
+
+def _env(name: str) -> str | None:
+    import os
+
+    return os.environ.get(name)
+
+
+def test_a_tests_environment_does_not_reach_the_session_pools_ranks(rank_pool, monkeypatch):
+    """The pool outlives the test that starts it: its ranks get the session's environment, never
+    this test's monkeypatched one (it would reach every later test's ranks)."""
+    pool = rank_pool(2)
+    pool.close()  # the next get() starts the ranks inside this test
+    monkeypatch.setenv("NXD_TEST_LEAK", "1")
+    assert rank_pool(2).run(_env, "NXD_TEST_LEAK") == [None, None]

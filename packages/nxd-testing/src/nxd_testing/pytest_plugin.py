@@ -15,6 +15,7 @@ Every collected test gets exactly one tier marker, from what it uses (:func:`tie
 
 from __future__ import annotations
 
+import os
 import types
 from collections.abc import Callable, Iterator
 
@@ -67,8 +68,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 class _Pools:
+    """The session's one pool. Its ranks outlive the test that started them, so they start with the
+    environment the session had, never that test's (a test's ``monkeypatch.setenv`` such as the
+    core's ``NXD_LOAD_PLUGINS=""`` would otherwise reach every later test's ranks)."""
+
     def __init__(self) -> None:
         self.current: RankPool | None = None
+        self.environ = dict(os.environ)
 
     def get(self, world_size: int) -> RankPool:
         if self.current is not None and self.current.world_size != world_size:
@@ -76,6 +82,15 @@ class _Pools:
             self.current = None
         if self.current is None:
             self.current = RankPool(world_size)
+        if not self.current.started:  # also after a failure stopped the ranks
+            test_environ = dict(os.environ)
+            os.environ.clear()
+            os.environ.update(self.environ)
+            try:
+                self.current.start()
+            finally:
+                os.environ.clear()
+                os.environ.update(test_environ)
         return self.current
 
     def close(self) -> None:

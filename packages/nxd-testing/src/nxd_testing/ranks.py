@@ -108,6 +108,16 @@ class RankPool:
         self._next_id = 0
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def started(self) -> bool:
+        return bool(self._procs)
+
+    def start(self) -> None:
+        """Start the ranks now (``run`` starts them on first use): they inherit this process's
+        environment as it is at this moment, for their whole life."""
+        if not self._procs:
+            self._start()
+
     def _start(self) -> None:
         import torch.distributed as dist
 

@@ -1,5 +1,6 @@
-"""The head rule, decided once (:func:`nxd_tensor_parallel.layout_rules.head_layout`): which TP sizes
-a model's query/KV heads allow, with and without K/V replication and padding."""
+"""The layout rules, each decided once (:mod:`nxd_tensor_parallel.layout_rules`): which TP sizes a
+model's query/KV heads allow (with and without K/V replication and padding), its vocabulary, and
+its sequence under SP (and CP)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import itertools
 import pytest
 
 from nxd.errors import ConfigError
-from nxd_tensor_parallel.layout_rules import LayoutError, SizeNames, head_layout
+from nxd_tensor_parallel.layout_rules import LayoutError, SizeNames, check_vocab, head_layout, sequence_shard
 from nxd_tensor_parallel.modules.kv_heads import head_padding_for, kv_size_multiplier_for
 
 GRID = list(itertools.product(range(1, 13), range(1, 13), (1, 2, 3, 4, 6, 8)))
@@ -55,3 +56,19 @@ def test_refusals_name_the_sizes_under_the_callers_names() -> None:
         head_layout(8, 2, 4, replicate_kv=False, prefix="plan: ")
     with pytest.raises(LayoutError, match="num_attention_heads=6 must be a multiple of num_key_value_heads=4"):
         head_layout(6, 4, 2, pad=True)
+
+
+def test_vocab_needs_tp_to_divide_it_unless_the_model_pads_it() -> None:
+    check_vocab(64, 4, padded=False)
+    check_vocab(63, 4, padded=True)
+    with pytest.raises(LayoutError, match=r"^tensor_model_parallel_size=4 must divide model vocab_size=63: "):
+        check_vocab(63, 4, padded=False, names=SizeNames(tp="tensor_model_parallel_size", vocab="model vocab_size"))
+
+
+def test_sequence_parallel_cuts_each_cp_ranks_tokens_over_tp() -> None:
+    assert sequence_shard(32, 4) == 8 and sequence_shard(48, 2, cp=4) == 6
+    with pytest.raises(LayoutError, match=r"^sp: seq_length=30 must be divisible by tensor_parallel_size=4$"):
+        sequence_shard(30, 4, prefix="sp: ")
+    with pytest.raises(LayoutError, match=r"context_parallel_size=2 CP ranks' 12 tokens \(of seq_length=24\) must "
+                                          r"be divisible by tensor_parallel_size=8"):
+        sequence_shard(24, 8, cp=2)

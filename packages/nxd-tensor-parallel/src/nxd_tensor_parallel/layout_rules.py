@@ -1,8 +1,10 @@
-"""Which tensor-parallel sizes a model's attention heads allow, decided in one function.
+"""Which tensor-parallel sizes a model allows, each rule decided in one function: the attention
+heads (:func:`head_layout`), the vocabulary (:func:`check_vocab`), the sequence under SP
+(:func:`sequence_shard`).
 
 The pre-launch check (nxd-training's plan), the plan on each rank (:mod:`nxd_tensor_parallel.tensor_plan`)
 and the families (Llama's K/V replication and padding, DeepSeek's MLA heads, the transformers
-path's layout check) all call :func:`head_layout`, so a layout accepted before launch is the one the
+path's layout check) all call :func:`head_layout` (and the pre-launch check and the plan :func:`check_vocab`), so a layout accepted before launch is the one the
 ranks build. A refusal is a :class:`LayoutError` whose message names the sizes under the names the
 caller passes (:class:`SizeNames`: the model's fields on a rank, the YAML keys before launch).
 The arithmetic of where heads sit is :mod:`nxd_tensor_parallel.modules.kv_heads`.
@@ -28,6 +30,9 @@ class SizeNames:
     tp: str = "tensor_parallel_size"
     heads: str = "num_attention_heads"
     kv_heads: str = "num_key_value_heads"
+    vocab: str = "vocab_size"
+    seq: str = "seq_length"
+    cp: str = "context_parallel_size"
 
 
 @dataclass(frozen=True)
@@ -83,3 +88,24 @@ def head_layout(num_heads: int, num_kv_heads: int | None, tp: int, *, replicate_
     m = kv_size_multiplier_for(num_heads, kv, tp)
     assert m is not None  # TP divides the query heads, grouped evenly: m = tp always places them
     return HeadLayout(num_heads, kv, tp, m, head_padding_for(num_heads, kv, tp))
+
+
+def check_vocab(vocab_size: int, tp: int, *, padded: bool, names: SizeNames = SizeNames(), prefix: str = "",
+                hint: str = "") -> None:
+    """The vocabulary-parallel embedding and LM head shard the vocabulary by rows: TP must divide
+    it, unless the model pads it (:mod:`nxd_tensor_parallel.vocab_padding`, ``pad=True``);
+    :class:`LayoutError` otherwise."""
+    if not padded and vocab_size % tp:
+        raise LayoutError(f"{prefix}{names.tp}={tp} must divide {names.vocab}={vocab_size}: the vocabulary-parallel "
+                          f"embedding shards it by rows{hint}")
+
+
+def sequence_shard(seq_length: int, tp: int, cp: int = 1, *, names: SizeNames = SizeNames(), prefix: str = "") -> int:
+    """Tokens each rank holds under sequence parallelism: each CP rank's ``seq_length / cp`` tokens
+    are cut over TP, so TP must divide them; :class:`LayoutError` otherwise."""
+    tokens = seq_length // cp
+    if tokens % tp:
+        where = (f"each of the {names.cp}={cp} CP ranks' {tokens} tokens (of {names.seq}={seq_length})" if cp > 1
+                 else f"{names.seq}={seq_length}")
+        raise LayoutError(f"{prefix}{where} must be divisible by {names.tp}={tp}")
+    return tokens // tp

@@ -43,7 +43,7 @@ from nxd.errors import ConfigError
 from nxd.parallel import ParallelContext, dim_group, dim_rank, dim_size
 from nxd.run_config import RunConfig, sequence_parallel_built_for
 from nxd.specs import ParallelPlan
-from nxd_tensor_parallel.layout_rules import SizeNames, head_layout
+from nxd_tensor_parallel.layout_rules import SizeNames, check_vocab, head_layout
 from nxd_tensor_parallel.modules.grouped_qkv import GroupedQKVColumnParallelLinear
 from nxd_tensor_parallel.modules.kv_heads import HeadPadding
 from nxd_tensor_parallel.modules.plain import GroupedQKVLinear, PlacedByPlan, QKVLinear
@@ -283,8 +283,8 @@ def _embedding(name: str, module: nn.Module, context: ParallelContext | None, op
                           "nn.Embedding (an LM head is 'gathered')")
     if module.max_norm is not None or module.sparse:
         raise ConfigError(f"parallel plan: {name} uses max_norm or sparse gradients, which ParallelEmbedding refuses")
-    if not options.get("pad"):
-        _check_divisible(name, "num_embeddings", module.num_embeddings, dim_size(context, "tp"))
+    check_vocab(module.num_embeddings, dim_size(context, "tp"), padded=bool(options.get("pad")), prefix="parallel plan: ",
+                names=SizeNames(vocab=f"{name}'s num_embeddings"), hint="; choose a tensor_parallel_size that divides it")
     options = {**options, **_pad_alignment(module, options)}
     layer = ParallelEmbedding(module.num_embeddings, module.embedding_dim, padding_idx=module.padding_idx,
                               scale_grad_by_freq=module.scale_grad_by_freq, init_method=_skip_init,

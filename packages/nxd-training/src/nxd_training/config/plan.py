@@ -21,7 +21,7 @@ from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
 from nxd.paths import check_name, name_problem
 from nxd.run_config import Derived, pipeline_schedule
-from nxd_tensor_parallel.layout_rules import SizeNames, head_layout
+from nxd_tensor_parallel.layout_rules import SizeNames, check_vocab, head_layout, sequence_shard
 from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
 from nxd_training.config.nxdt import MODEL_KEY_MAP, key_notes, lora_config, run_config
 from nxd_training.config.nxdt.precision import check_precision
@@ -218,22 +218,15 @@ def _layout_fits_model(ds: DistributedStrategyConfig, spec: Any, model_config: A
             f"distributed_strategy.context_parallel_size={cp}: seq_length={seq} must be divisible by "
             f"2 x context_parallel_size = {2 * cp} (each CP rank holds two equal chunks of every sequence)"
         )
-    if cp > 1 and ds.sequence_parallel and (seq // cp) % tp:
-        raise ConfigError(
-            f"distributed_strategy.sequence_parallel with context_parallel_size={cp}: each CP rank's "
-            f"{seq // cp} tokens must be divisible by tensor_model_parallel_size={tp}"
-        )
     max_pos = getattr(model_config, "max_position_embeddings", None)
     if max_pos is not None and seq > max_pos:
         raise ConfigError(f"data.seq_length={seq} exceeds the model's max_position_embeddings={max_pos}")
-    if ds.sequence_parallel and seq % tp:
-        raise ConfigError(f"distributed_strategy.sequence_parallel: seq_length={seq} must be divisible by "
-                          f"tensor_model_parallel_size={tp}")
+    if ds.sequence_parallel:  # the rule nxd_tensor_parallel.layout_rules owns, under the YAML's names
+        sequence_shard(seq, tp, cp, prefix="distributed_strategy.sequence_parallel: ", names=_YAML_SP_NAMES)
     vocab = getattr(model_config, "vocab_size", None)
-    pads_vocab = callable(getattr(model_config, "padded_vocab_size", None))  # Megatron-style padding in the model
-    if vocab is not None and tp > 1 and vocab % tp and not pads_vocab:
-        raise ConfigError(f"model vocab_size={vocab} must be divisible by tensor_model_parallel_size={tp} "
-                          "(vocab-parallel embedding)")
+    if vocab is not None:  # padded_vocab_size: the model pads its vocabulary (vocab_padding)
+        check_vocab(vocab, tp, padded=callable(getattr(model_config, "padded_vocab_size", None)), names=SizeNames(
+            tp="tensor_model_parallel_size", vocab="model vocab_size"))
     model_class = (getattr(spec, "extras", None) or {}).get("model_class")
     if pp > 1 and model_class is not None and not hasattr(model_class, "nxd_pipeline_layout"):
         raise ConfigError(f"distributed_strategy.pipeline_model_parallel_size={pp}: the {spec.name!r} model "
@@ -278,6 +271,9 @@ def _heads(ds: DistributedStrategyConfig, model_config: Any, tp: int, pads_heads
             f"use); set kv_replicator: {multiplier}"
         )
 
+
+#: the SP rule's sizes as the YAML names them
+_YAML_SP_NAMES = SizeNames(tp="tensor_model_parallel_size", seq="seq_length", cp="context_parallel_size")
 
 #: the head rule's sizes as the YAML names them
 _YAML_HEAD_NAMES = SizeNames(tp="distributed_strategy.tensor_model_parallel_size", heads="model num_attention_heads",

@@ -1,13 +1,13 @@
-"""What the transformers path refuses under pipeline parallelism, decided from the config and the
-class alone (before launch): layers that need per-layer inputs the split cannot pass, a router loss
-over every layer, fewer layers than stages; under tensor parallelism, heads TP does not divide."""
+"""What the transformers path refuses, decided from the config and the class alone (before launch):
+under pipeline parallelism, layers that need per-layer inputs the split cannot pass, a router loss
+over every layer, fewer layers than stages; under TP, K/V heads that cannot be replicated."""
 
 from __future__ import annotations
 
 import pytest
 
 from nxd.errors import ConfigError
-from nxd_models_transformers.layout import check_layout
+from nxd_models_transformers.layout import check_layout, kv_size_multiplier
 from nxd_models_transformers.spec import causal_lm_class, config_from_dict
 
 
@@ -43,6 +43,19 @@ def test_tp_refuses_heads_it_does_not_divide_naming_the_key_and_the_count():
     with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=3 must divide Olmo2ForCausalLM .*'s "
                                           r"num_attention_heads=4: attention is sharded by whole heads"):
         check_layout(config, causal_lm_class(config), tp=3)
-    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=4 must divide .*num_key_value_heads=2: .* "
-                                          "does not replicate K/V heads"):
-        check_layout(config, causal_lm_class(config), tp=4)
+
+
+def test_kv_heads_fewer_than_tp_are_replicated_where_the_plan_shards_k_and_v_columnwise():
+    config = _config("granite", num_key_value_heads=1)
+    assert kv_size_multiplier(config, causal_lm_class(config), 2) == 2
+    assert kv_size_multiplier(_config("granite"), causal_lm_class(config), 4) == 2
+    assert kv_size_multiplier(_config("granite"), causal_lm_class(config), 2) == 1
+    config = _config("olmo2", num_key_value_heads=1)  # q/k/v gathered whole (q/k norms over all heads)
+    with pytest.raises(ConfigError, match=r"replicated over TP only where the model's TP plan shards separate "
+                                          r"k_proj and v_proj 'colwise'; its plan has k_proj: 'colwise_gather_output'"):
+        check_layout(config, causal_lm_class(config), tp=2)
+    config = _config("granite", num_attention_heads=6, num_key_value_heads=3)  # 3 q heads per rank, 1.5 K/V
+    with pytest.raises(ConfigError, match="num_key_value_heads=3 cannot be replicated over TP"):
+        check_layout(config, causal_lm_class(config), tp=2)
+    with pytest.raises(ConfigError, match="must divide .*num_attention_heads=4"):
+        check_layout(_config("granite"), causal_lm_class(config), tp=8)

@@ -159,3 +159,13 @@ def check(family: str, layout: str, result: dict, ref: dict) -> None:
     import test_parity
 
     test_parity.check(family, f"{layout} vs PEFT", result, ref)
+
+
+def test_lora_on_replicated_kv_projections_is_refused(rank_pool, tmp_path):
+    """1 K/V head at TP=2 (replicated on both ranks): LoRA on k_proj/v_proj is refused, naming why."""
+    from nxd_testing.lora_reference import make_peft_adapter
+
+    hf = str(save_family("granite", tmp_path / "granite", num_key_value_heads=1))
+    adapter = str(make_peft_adapter(hf, tmp_path / "peft", ["k_proj", "v_proj"]))
+    with pytest.raises(Exception, match="a K/V projection whose heads are replicated over TP"):
+        rank_pool(2).run(lora_body, hf, adapter, random_lm_batch(9, BATCH, SEQ, VOCAB), 2)

@@ -43,8 +43,9 @@ def hf_reference(hf_dir: str, data: dict[str, torch.Tensor], shards: int) -> dic
 
 
 def whole_grads(module: torch.nn.Module, context) -> dict[str, torch.Tensor]:
-    """Every local parameter's whole gradient: FSDP shards gathered, then TP shards (collective); a
-    later pipeline stage's copy of a tied weight left out (its first owner holds the summed one)."""
+    """Every local parameter's whole gradient: FSDP shards gathered, then TP shards (collective; a
+    replicated K/V piece once); a later pipeline stage's copy of a tied weight left out (its first
+    owner holds the summed one)."""
     from nxd_core_parallel.dtensor import SHARD_GROUP, full_rows
     from nxd_modeling.hf_interop import clean_param_name
 
@@ -56,7 +57,8 @@ def whole_grads(module: torch.nn.Module, context) -> dict[str, torch.Tensor]:
         if context.tp.size > 1 and getattr(p, "tensor_model_parallel", False):
             parts = [torch.empty_like(g) for _ in range(context.tp.size)]
             dist.all_gather(parts, g.contiguous(), group=context.tp.group)
-            g = torch.cat(parts, dim=p.partition_dim)
+            m = int(getattr(p, "kv_size_multiplier", 1) or 1)  # K/V replicated: one copy of each piece
+            g = torch.cat(parts[::m], dim=p.partition_dim)
         out[clean_param_name(raw)] = g.detach().clone()
     return out
 
@@ -168,3 +170,28 @@ def test_pp2_tp2_matches_transformers(rank_pool, folders, family, tmp_path):
     result = merged(rank_pool(4).run(recipe_body, folders[family], data, 2, False, 2, str(tmp_path / "export")))
     check(family, "PP=2 x TP=2", result, hf_reference(folders[family], data, MICROBATCHES))
     assert_same_tensors(tmp_path / "export", folders[family])
+
+
+#: families whose TP plan shards separate k_proj / v_proj column-wise (K/V heads replicable over TP)
+KV_REPLICABLE = ("gemma3_text", "granite", "starcoder2")
+
+
+@pytest.mark.parametrize("family", KV_REPLICABLE)
+def test_tp2_with_one_kv_head_replicates_it(rank_pool, family, tmp_path):
+    """1 K/V head at TP=2: both ranks hold it (kv_size_multiplier 2), each with 2 of the 4 query
+    heads; its gradient is summed over the two."""
+    hf = str(save_family(family, tmp_path / family, num_key_value_heads=1))
+    data = random_lm_batch(13, BATCH, SEQ, VOCAB)
+    result = rank_pool(2).run(recipe_body, hf, data, 2, False, 1, str(tmp_path / "export"))[0]
+    check(family, "TP=2, 1 KV head", result, hf_reference(hf, data, 1))
+    assert_same_tensors(tmp_path / "export", hf)
+
+
+@pytest.mark.four_ranks
+def test_tp4_with_two_kv_heads_replicates_them(rank_pool, tmp_path):
+    """2 K/V heads at TP=4: each on 2 neighbouring ranks, one query head per rank."""
+    hf = str(save_family("granite", tmp_path / "granite"))
+    data = random_lm_batch(14, BATCH, SEQ, VOCAB)
+    result = rank_pool(4).run(recipe_body, hf, data, 4, False, 1, str(tmp_path / "export"))[0]
+    check("granite", "TP=4, 2 KV heads", result, hf_reference(hf, data, 1))
+    assert_same_tensors(tmp_path / "export", hf)

@@ -17,6 +17,7 @@ from nxd_lora.config import LoraConfig
 from nxd_lora.layers import LoraAdapter
 from nxd_lora.naming import SUPPORTED_LAYERS, Plan, model_plan, model_spec_for, slots_for, tp_size_rank
 from nxd_lora.quantize import check_nf4_target, quantize_nf4
+from nxd_tensor_parallel.parallel_layers.layers import ColumnParallelLinear
 
 
 def _matches(targets: list[str] | str, names: list[str]) -> bool:
@@ -115,6 +116,12 @@ class LoRAModel(ForwardsToModule, nn.Module):
                 raise ConfigError(f"LoraConfig.target_modules matches {name}, Megatron's interleaved QKV with K/V heads "
                                   "replicated over TP (kv_size_multiplier); LoRA on it is not supported: leave it out "
                                   "of target_modules or use a tensor_parallel_size dividing num_query_groups")
+            if isinstance(sub, ColumnParallelLinear) and getattr(sub, "kv_size_multiplier", 1) > 1:
+                # its B gradient would need the sum over the ranks sharing the K/V piece, as the base's has
+                raise ConfigError(f"LoraConfig.target_modules matches {name}, a K/V projection whose heads are "
+                                  "replicated over TP (the model has fewer K/V heads than TP ranks); LoRA on it is not "
+                                  "supported: leave it out of target_modules or use a tensor_parallel_size dividing "
+                                  "num_key_value_heads")
             if self.lora_config.quantize_base == "nf4":
                 check_nf4_target(name, sub, tp)  # every target checked before any is quantised
                 to_quantize.append((name, sub))

@@ -65,16 +65,17 @@ def hf_mapping(module: nn.Module) -> HfMapping:
     for raw, param in module.named_parameters():
         name, shape = clean_param_name(raw), list(param.shape)
         if tp > 1 and getattr(param, "tensor_model_parallel", False):
-            dim = param.partition_dim
-            sharded[name] = (dim, shape[dim])
-            shape[dim] *= tp
+            dim, m = param.partition_dim, int(getattr(param, "kv_size_multiplier", 1) or 1)
+            sharded[name] = (dim, shape[dim], m)
+            shape[dim] = shape[dim] * tp // m  # K/V replicated: piece rank // m of tp // m
         shapes[hf_key(name)] = tuple(shape)
 
     def pieces(name: str, rank: int) -> list[Piece]:
         if name not in sharded:
             return [Piece(hf_key(name), None)]
-        dim, local = sharded[name]
-        return [Piece(hf_key(name), dim, tuple(range(rank * local, (rank + 1) * local)))]
+        dim, local, m = sharded[name]
+        start = rank // m * local
+        return [Piece(hf_key(name), dim, tuple(range(start, start + local)))]
 
     return HfMapping(pieces=pieces, shapes=shapes, hf_config=lambda: hf_config_dict(module), context=context,
                      tied=tied, buffers=())

@@ -11,6 +11,7 @@ from typing import Any
 
 from nxd.errors import ConfigError
 from nxd_tensor_parallel.layout_rules import SizeNames, head_layout
+from nxd_tensor_parallel.modules.kv_heads import local_kv_index
 from nxd_tensor_parallel.tensor_plan import HF_STYLES as NXD_STYLES_OF_HF
 
 
@@ -50,12 +51,7 @@ def check_layout(config: Any, hf_class: type, *, tp: int = 1, pp: int = 1, cp: i
         raise ConfigError(f"distributed_strategy.tensor_model_parallel_size={tp}: {name}'s TP plan has styles nxd does "
                           f"not implement ({listed}; nxd: {', '.join(NXD_STYLES_OF_HF)}); use "
                           "tensor_model_parallel_size: 1 with FSDP/ZeRO-1/DDP")
-    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
-    if isinstance(heads, int):
-        head_layout(heads, kv if isinstance(kv, int) else None, tp, replicate_kv=False, names=SizeNames(
-            tp="distributed_strategy.tensor_model_parallel_size", heads=f"{name}'s num_attention_heads",
-            kv_heads=f"{name}'s num_key_value_heads"),
-            hint=" (transformers' attention derives its head counts from the projection widths)")
+    kv_size_multiplier(config, hf_class, tp)
 
 
 #: decoder-layer arguments that differ from layer to layer (sliced by the loop's index, or the previous
@@ -100,3 +96,37 @@ def check_pipeline(config: Any, hf_class: type, name: str, pp: int) -> None:
             raise ConfigError(f"{key}: {name}'s decoder layer {layer_name} takes {argument!r} "
                               f"({PER_LAYER_ARGUMENTS[argument]}); the pipeline split computes one set of layer "
                               "arguments per kind of layer and cannot pass it. Use tensor/data parallelism")
+
+
+#: the module names of transformers' separate K and V projections (every family with a Llama-shaped
+#: attention); K/V heads are replicated only where the TP plan shards these column-wise
+KV_PROJECTIONS = ("k_proj", "v_proj")
+
+
+def kv_size_multiplier(config: Any, hf_class: type, tp: int) -> int:
+    """How many TP ranks hold each K/V head (nxd's ``kv_size_multiplier``, by the rule nxd's families
+    use: ``layout_rules.head_layout``): 1 when TP divides the K/V heads; else the K/V projections
+    (``colwise`` ``k_proj``/``v_proj`` in the plan) hold their piece on m neighbouring ranks.
+    Refused, naming why, where heads cannot be placed that way."""
+    name = f"{hf_class.__name__} (model_type {config.model_type!r})"
+    key = f"distributed_strategy.tensor_model_parallel_size={tp}"
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if not isinstance(heads, int):
+        return 1
+    kv = kv if isinstance(kv, int) else heads
+    m = head_layout(heads, kv, tp, replicate_kv=True, names=SizeNames(
+        tp="distributed_strategy.tensor_model_parallel_size", heads=f"{name}'s num_attention_heads",
+        kv_heads=f"{name}'s num_key_value_heads")).kv_size_multiplier
+    if m == 1:
+        return 1
+    if any(local_kv_index(heads, kv, tp, r, m) is not None for r in range(tp)):
+        raise ConfigError(f"{key}: {name}'s num_key_value_heads={kv} cannot be replicated over TP so that each rank's "
+                          f"{heads // tp} query heads use its K/V heads in transformers' order (repeat_kv); use a TP "
+                          "size dividing the K/V heads, or one the K/V heads divide")
+    styles = {pattern.rsplit(".", 1)[-1]: style for pattern, style in hf_tp_plan(config, hf_class).items()}
+    if any(styles.get(p) != "colwise" for p in KV_PROJECTIONS):
+        raise ConfigError(f"{key} exceeds {name}'s num_key_value_heads={kv}: K/V heads are replicated over TP only "
+                          f"where the model's TP plan shards separate {' and '.join(KV_PROJECTIONS)} 'colwise'; its "
+                          f"plan has {', '.join(f'{p}: {styles.get(p)!r}' for p in KV_PROJECTIONS)}. Use a TP size "
+                          "dividing the K/V heads")
+    return m

@@ -44,6 +44,16 @@ class NxdCausalLMMixin:
         return out
 
 
+    def nxd_parallelized(self, context: Any) -> None:
+        """Called by the TP plan's ``parallelize`` after its swap: an attention whose K/V projections
+        hold their heads replicated on m ranks (``kv_size_multiplier``) has m times fewer query heads
+        per local K/V head (transformers' ``repeat_kv`` reads ``num_key_value_groups``)."""
+        for module in self.modules():
+            m = max((int(getattr(c, "kv_size_multiplier", 1) or 1) for c in module.children()), default=1)
+            if m > 1 and isinstance(getattr(module, "num_key_value_groups", None), int):
+                module.num_key_value_groups //= m
+
+
 def sliding_layers(config: Any) -> bool:
     """Whether some layer of ``config``'s model attends through a sliding window."""
     types = getattr(config, "layer_types", None) or ()

@@ -17,7 +17,7 @@ from nxd.parallel import dim_size
 from nxd.run_config import RunConfig
 from nxd.specs import ModelSpec
 from nxd_models_transformers.hf_io import load_hf_checkpoint, save_hf_checkpoint
-from nxd_models_transformers.layout import check_layout
+from nxd_models_transformers.layout import KV_PROJECTIONS, check_layout, kv_size_multiplier
 from nxd_models_transformers.model import decoder_layer_classes, nxd_class
 from nxd_tensor_parallel.tensor_plan import PLAN_ATTRIBUTE, transformers_plan
 
@@ -83,9 +83,23 @@ def build(config: Any, nxd_config: dict | None = None, context: Any = None) -> t
     model = cls._from_config(config, dtype=param_dtype(config))
     cls.nxd_transformer_layer_classes = decoder_layer_classes(model)
     if tp > 1:
-        setattr(model, PLAN_ATTRIBUTE, transformers_plan(model))
+        plan = transformers_plan(model)
+        setattr(model, PLAN_ATTRIBUTE, plan)
+        mark_kv_replication(model, plan, kv_size_multiplier(config, hf_class, tp))
     model.parallel_context = context
     return model
+
+
+def mark_kv_replication(model: torch.nn.Module, plan: Any, m: int) -> None:
+    """The plan's column-parallel K/V projections declare ``kv_size_multiplier`` m (the
+    ``parallel_plan`` transform then holds each K/V piece on m ranks); their attention's
+    ``num_key_value_groups`` is divided by m when the plan has been applied
+    (:meth:`~nxd_models_transformers.model.NxdCausalLMMixin.nxd_parallelized`)."""
+    if m == 1:
+        return
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in KV_PROJECTIONS and plan.style_of(name) == "column":
+            module.kv_size_multiplier = m
 
 
 def flops_per_token(config: Any, seq_length: int | None = None) -> float:

@@ -17,6 +17,9 @@ one did. Styles:
 * ``partial_grad``: replicated modules fed TP-sharded activations (Qwen3's per-head q/k norms): each
   rank's weight gradient is partial, so it is summed over TP in backward.
 
+A ``column`` ``nn.Linear`` declaring ``kv_size_multiplier`` m (a transformers K/V projection of a
+model with fewer K/V heads than TP ranks) holds its K/V piece replicated on m ranks (``_kv_replicated``).
+
 Attention reshapes whose head count follows the projection width (``view(..., -1, head_dim)``, as in
 transformers) see this rank's heads; integer head-count attributes of a module whose projections
 were sharded (``num_heads``, ``num_key_value_heads``) are divided by the TP size. Sharding by heads
@@ -182,6 +185,31 @@ def _padded_heads(name: str, module: nn.Linear, style: str, context: ParallelCon
     return _keep_init(layer, module)
 
 
+def _kv_replicated(name: str, module: nn.Linear, m: int, context: ParallelContext | None, common: dict) -> nn.Module:
+    """A plain K or V projection declaring ``kv_size_multiplier`` m (its model has fewer K/V heads
+    than TP ranks) -> ``ColumnParallelLinear`` holding piece ``rank // m`` of ``tp // m``, the same
+    piece on m neighbouring ranks (:mod:`~nxd_tensor_parallel.modules.kv_heads`' layout, as
+    ``GQAQKVColumnParallelLinear`` holds it). Weight and bias are tagged ``kv_size_multiplier`` (the
+    checkpoint, the gradient norm and ``nxd plan`` count one copy) and their gradients are summed
+    over the ranks sharing the piece (each computes only its own query heads' part)."""
+    tp, rank = dim_size(context, "tp"), dim_rank(context, "tp")
+    if tp % m or (module.out_features * m) % tp:
+        raise ConfigError(f"parallel plan: {name} declares kv_size_multiplier={m}, which does not place its "
+                          f"{module.out_features} output rows over tensor_parallel_size {tp}")
+    layer = ColumnParallelLinear(module.in_features, module.out_features * m, gather_output=False, **common)
+    local, group = layer.output_size_per_partition, context.kv_shared_dim(m).group
+    for param, full in ((layer.weight, module.weight), (layer.bias, module.bias)):
+        if full is None:
+            continue
+        if not (param.is_meta or full.is_meta):
+            with torch.no_grad():
+                param.copy_(full.detach().narrow(0, (rank // m) * local, local))
+        param.kv_size_multiplier = m
+        param.register_hook(lambda grad: comm.all_reduce(grad.clone(), group))
+    layer.kv_size_multiplier = m
+    return _keep_init(layer, module)
+
+
 def _linear(name: str, module: nn.Module, style: str, context: ParallelContext | None, options: dict) -> nn.Module:
     padded = _padded_heads(name, module, style, context, options) if isinstance(module, nn.Linear) and \
         style != "scattered" else None
@@ -203,6 +231,9 @@ def _linear(name: str, module: nn.Module, style: str, context: ParallelContext |
             with torch.no_grad():
                 layer.bias.copy_(bias)
         return _keep_init(layer, module)
+    replicas = int(getattr(module, "kv_size_multiplier", 1) or 1)
+    if replicas > 1 and style == "column":
+        return _kv_replicated(name, module, replicas, context, common)
     pieces = getattr(module, "fused_pieces", 1)
     if not options.get("pad"):
         _check_divisible(name, "out_features" if pieces == 1 else f"out_features / {pieces} fused pieces",

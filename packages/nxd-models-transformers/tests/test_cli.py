@@ -92,6 +92,9 @@ def test_validated_by_the_ranks_build_and_refused_before_launch(setup, capsys) -
         _refusal(capsys, cfg, *tp2, f"model.pretrained_checkpoint={setup['gpt_oss']}")
     assert "model.hidden_size=64 disagrees with the model's config.json (hidden_size=32)" in \
         _refusal(capsys, cfg, "model.hidden_size=64")
+    assert "model.meta_device_init: Olmo2ForCausalLM is built with transformers' own initialisation" in \
+        _refusal(capsys, cfg, "trainer.devices=2", "distributed_strategy.fsdp=true", "data.global_batch_size=4",
+                 "model.meta_device_init=true")
 
 
 @pytest.mark.launch

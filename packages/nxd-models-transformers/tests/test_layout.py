@@ -59,3 +59,13 @@ def test_kv_heads_fewer_than_tp_are_replicated_where_the_plan_shards_k_and_v_col
         check_layout(config, causal_lm_class(config), tp=2)
     with pytest.raises(ConfigError, match="must divide .*num_attention_heads=4"):
         check_layout(_config("granite"), causal_lm_class(config), tp=8)
+
+
+def test_meta_device_init_is_refused_by_the_build():
+    """Materialised by reset_parameters, Gemma 3 at FSDP=2 trained with a zero gradient norm: refused."""
+    import nxd
+    from nxd_core_parallel.model_init import reset_parameters
+
+    cfg = nxd.neuronx_distributed_config(model_init_config={"meta_device_init": True, "param_init_fn": reset_parameters})
+    with pytest.raises(ConfigError, match="model.meta_device_init: Olmo2ForCausalLM is built with transformers' own"):
+        nxd.get_model("transformers").build({**_config("olmo2").to_dict(), "model_type": "olmo2"}, cfg)

@@ -35,15 +35,16 @@ def test_replicated_kv_is_the_smallest_multiplier_placing_whole_heads() -> None:
     for (heads, kv, tp), layout in _decision().items():
         assert (layout is not None) == (heads % kv == 0 and heads % tp == 0), (heads, kv, tp)
         if layout is not None:
-            assert layout.kv_size_multiplier == kv_size_multiplier_for(heads, kv, tp) and not layout.padded
+            assert layout.kv_size_multiplier == kv_size_multiplier_for(heads, kv, tp) and layout.padding is None
 
 
 def test_padding_covers_query_heads_tp_does_not_divide() -> None:
     for (heads, kv, tp), layout in _decision(pad=True).items():
         assert (layout is not None) == (heads % kv == 0), (heads, kv, tp)
         if layout is not None:
-            assert layout.padding == head_padding_for(heads, kv, tp) and layout.padded == bool(heads % tp)
-            assert layout.kv_size_multiplier == layout.padding.kv_size_multiplier(tp)
+            padding = head_padding_for(heads, kv, tp)
+            assert layout.padding == (padding if heads % tp else None)
+            assert layout.kv_size_multiplier == padding.kv_size_multiplier(tp)
 
 
 def test_refusals_name_the_sizes_under_the_callers_names() -> None:

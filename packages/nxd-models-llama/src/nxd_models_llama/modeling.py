@@ -26,8 +26,8 @@ from nxd_modeling.lm_loss import causal_lm_loss, fused_linear_causal_lm_loss
 from nxd_modeling.rotary import RotaryEmbedding, apply_rotary
 from nxd_models_llama.config import LlamaConfig
 from nxd_models_llama.plan import LLAMA_PLAN
-from nxd_tensor_parallel import fused_kernels, layout_rules
-from nxd_tensor_parallel.layout_rules import HeadLayout
+from nxd_tensor_parallel import fused_kernels
+from nxd_tensor_parallel.layout_rules import head_layout
 from nxd_tensor_parallel.modules import kv_heads, plain
 from nxd_tensor_parallel.modules.plain import PlacedByPlan
 from nxd_tensor_parallel.modules.rms_norm import RMSNorm
@@ -48,23 +48,16 @@ class CausalLMOutput:
     logits: torch.Tensor | None
 
 
-def head_layout(config: LlamaConfig, tp: int) -> HeadLayout:
-    """The attention heads' layout at TP size ``tp`` (:func:`nxd_tensor_parallel.layout_rules.head_layout`):
-    K/V heads TP does not divide are replicated (NxD's ``kv_size_multiplier``), query heads TP does
-    not divide are padded inside their KV groups (or by zero groups) as NxD's ``pad_model`` does."""
-    return layout_rules.head_layout(config.num_attention_heads, config.num_key_value_heads, tp, pad=True,
-                                    hint=" (HF GQA groups query heads evenly over the KV heads)")
-
-
-def head_padding(config: LlamaConfig, tp: int) -> kv_heads.HeadPadding:
-    """The (padded when TP does not divide the query heads) head layout's :class:`~nxd_tensor_parallel.modules.kv_heads.HeadPadding`."""
-    return head_layout(config, tp).padding
+#: Llama's attention heads over TP (:func:`nxd_tensor_parallel.layout_rules.head_layout`): K/V heads TP
+#: does not divide are replicated (NxD's ``kv_size_multiplier``), query heads TP does not divide are
+#: padded inside their KV groups (or by zero groups) as NxD's ``pad_model`` does
+HEAD_RULE = dict(pad=True, hint=" (HF GQA groups query heads evenly over the KV heads)")
 
 
 def kv_size_multiplier_for(config: LlamaConfig, tp: int) -> int:
     """How many times K/V heads are replicated over TP (NxD's ``kv_size_multiplier``, on the padded
-    heads when TP does not divide the query heads; :func:`head_layout`)."""
-    return head_layout(config, tp).kv_size_multiplier
+    heads when TP does not divide the query heads; :data:`HEAD_RULE`)."""
+    return head_layout(config.num_attention_heads, config.num_key_value_heads, tp, **HEAD_RULE).kv_size_multiplier
 
 
 class KVCache:
@@ -180,10 +173,10 @@ class LlamaAttention(nn.Module):
         """This rank's heads once the plan has sharded the projections over ``context``'s TP
         (padded ones included when TP does not divide the query heads)."""
         config, tp, rank = self.config, _size(context, "tp"), _rank(context, "tp")
-        layout = head_layout(config, tp)
+        layout = head_layout(config.num_attention_heads, config.num_key_value_heads, tp, **HEAD_RULE)
         self.kv_size_multiplier = m = layout.kv_size_multiplier
-        if layout.padded:  # NxD's pad_model
-            padding = layout.padding
+        padding = layout.padding
+        if padding is not None:  # NxD's pad_model
             self.num_heads, self.num_kv_heads = padding.padded_heads // tp, padding.kv_groups * m // tp
             self.core_attention.kv_index = padding.local_kv_index(tp, rank)
             self.real_heads = padding.query_mask(tp, rank)

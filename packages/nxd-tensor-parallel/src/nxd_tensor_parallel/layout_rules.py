@@ -38,18 +38,13 @@ class SizeNames:
 @dataclass(frozen=True)
 class HeadLayout:
     """How attention heads sit over TP: ``kv_size_multiplier`` (NxD's K/V replication; 1 without
-    it) and ``padding`` (the padded heads when TP does not divide the query heads; the unpadded
-    layout when it does; None for a model that neither replicates nor pads)."""
+    it) and ``padding`` (the padded heads when TP does not divide the query heads, else None)."""
 
     num_heads: int
     num_kv_heads: int
     tp: int
     kv_size_multiplier: int
     padding: HeadPadding | None
-
-    @property
-    def padded(self) -> bool:
-        return self.padding is not None and self.padding.padded
 
 
 def head_layout(num_heads: int, num_kv_heads: int | None, tp: int, *, replicate_kv: bool = True,
@@ -87,7 +82,7 @@ def head_layout(num_heads: int, num_kv_heads: int | None, tp: int, *, replicate_
         return HeadLayout(num_heads, kv, tp, 1, None)
     m = kv_size_multiplier_for(num_heads, kv, tp)
     assert m is not None  # TP divides the query heads, grouped evenly: m = tp always places them
-    return HeadLayout(num_heads, kv, tp, m, head_padding_for(num_heads, kv, tp))
+    return HeadLayout(num_heads, kv, tp, m, None)
 
 
 def check_vocab(vocab_size: int, tp: int, *, padded: bool, names: SizeNames = SizeNames(), prefix: str = "",

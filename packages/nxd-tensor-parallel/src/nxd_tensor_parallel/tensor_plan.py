@@ -116,7 +116,7 @@ def _head_padding(module: nn.Module, options: dict, tp: int) -> tuple[HeadPaddin
     if not options.get("pad") or heads is None:
         return None
     layout = head_layout(heads[0], heads[1], tp, pad=True)
-    return (layout.padding, heads[2]) if layout.padded else None
+    return None if layout.padding is None else (layout.padding, heads[2])
 
 
 def _tag_head_padding(layer: nn.Module, params: list, padding: HeadPadding, head_dim: int) -> None:

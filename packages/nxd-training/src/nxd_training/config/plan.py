@@ -250,7 +250,7 @@ def _heads(ds: DistributedStrategyConfig, model_config: Any, tp: int, pads_heads
         "and NxD's pad_model covers scripts whose model is built from ColumnParallelLinear/RowParallelLinear "
         "projections)"))
     multiplier, rep = layout.kv_size_multiplier, ds.kv_replicator
-    if layout.padded or multiplier == 1:
+    if layout.padding is not None or multiplier == 1:
         return  # padded by the model's plan, or TP divides the K/V heads
     if rep is None:
         if kv * multiplier == tp:

@@ -125,22 +125,30 @@ def interop(session: nox.Session) -> None:
     session.run("pytest", str(INTEROP), *session.posargs)
 
 
-#: the quick loop's selection: in-process and rank-pool tests, no launches, nothing marked slow
-QUICK_MARKERS = "not slow"  # launch tests are marked slow too (nxd-testing)
+def _dev_pytest(session: nox.Session, *args: str) -> None:
+    """pytest in the one editable ``.venv`` of scripts/dev-env.sh (made on first use), one process over
+    every package's tests; paths among the arguments after ``--`` narrow it to them."""
+    python = ROOT / ".venv" / "bin" / "python"
+    if not python.exists():
+        session.run("bash", str(ROOT / "scripts" / "dev-env.sh"), external=True)
+    paths = [arg for arg in session.posargs if not arg.startswith("-")]
+    tests = [] if paths else [str(PACKAGES[d] / "tests") for d in PACKAGES if (PACKAGES[d] / "tests").is_dir()]
+    session.run(str(python), "-m", "pytest", *args, *tests, *session.posargs, external=True)
 
 
 @nox.session(default=False, venv_backend="none")
 def quick(session: nox.Session) -> None:
-    """The development loop: the unit and fast rank-pool tests of every package (``-m "not slow"``;
-    tiers are marked by nxd-testing's pytest plugin, launches are slow) in the one editable ``.venv`` of
-    scripts/dev-env.sh (made on first use). Not CI: ``bash scripts/test.sh`` still runs everything."""
-    python = ROOT / ".venv" / "bin" / "python"
-    if not python.exists():
-        session.run("bash", str(ROOT / "scripts" / "dev-env.sh"), external=True)
-    # paths among the arguments after ``--`` narrow the run to them; options alone keep every package
-    paths = [arg for arg in session.posargs if not arg.startswith("-")]
-    tests = [] if paths else [str(PACKAGES[d] / "tests") for d in PACKAGES if (PACKAGES[d] / "tests").is_dir()]
-    session.run(str(python), "-m", "pytest", "-m", QUICK_MARKERS, "-q", *tests, *session.posargs, external=True)
+    """The development loop (under 2 minutes on 2 cores): the ``quick`` tests of every package, unit
+    and rank-pool tests measured at most 0.5 s each (nxd-testing's pytest plugin marks them from
+    test-durations.json; docs/contributing.md). Not CI: ``bash scripts/test.sh`` still runs everything."""
+    _dev_pytest(session, "-m", "quick", "-q")
+
+
+@nox.session(default=False, venv_backend="none")
+def durations(session: nox.Session) -> None:
+    """Re-measure test-durations.json (what ``quick`` selects by): every unit and rank-pool test not
+    marked slow, timed in one process (measured: 320 s CPU, 9 min wall at load 5-13)."""
+    _dev_pytest(session, "-m", "not slow", "-q", "--store-durations")
 
 
 @nox.session(default=False)

@@ -195,3 +195,13 @@ def test_tp4_with_two_kv_heads_replicates_them(rank_pool, tmp_path):
     result = rank_pool(4).run(recipe_body, hf, data, 4, False, 1, str(tmp_path / "export"))[0]
     check("granite", "TP=4, 2 KV heads", result, hf_reference(hf, data, 1))
     assert_same_tensors(tmp_path / "export", hf)
+
+
+@pytest.mark.parametrize("family", ["olmo2", "phi3"])
+def test_tp2_with_one_kv_head_gathered_needs_no_replication(rank_pool, family, tmp_path):
+    """A plan gathering K/V whole (OLMo 2's q/k/v, Phi-3's fused qkv_proj): 1 K/V head at TP=2
+    needs no placement, every rank attends over all heads."""
+    hf = str(save_family(family, tmp_path / family, num_key_value_heads=1))
+    data = random_lm_batch(15, BATCH, SEQ, VOCAB)
+    result = rank_pool(2).run(recipe_body, hf, data, 2, False)[0]
+    check(family, "TP=2, 1 KV head (gathered)", result, hf_reference(hf, data, 1))

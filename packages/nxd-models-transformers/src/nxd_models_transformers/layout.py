@@ -101,12 +101,15 @@ def check_pipeline(config: Any, hf_class: type, name: str, pp: int) -> None:
 #: the module names of transformers' separate K and V projections (every family with a Llama-shaped
 #: attention); K/V heads are replicated only where the TP plan shards these column-wise
 KV_PROJECTIONS = ("k_proj", "v_proj")
+#: a fused Q/K/V projection's name (Phi-3)
+FUSED_QKV_PROJECTION = "qkv_proj"
 
 
 def kv_size_multiplier(config: Any, hf_class: type, tp: int) -> int:
     """How many TP ranks hold each K/V head (nxd's ``kv_size_multiplier``, by the rule nxd's families
-    use: ``layout_rules.head_layout``): 1 when TP divides the K/V heads; else the K/V projections
-    (``colwise`` ``k_proj``/``v_proj`` in the plan) hold their piece on m neighbouring ranks.
+    use: ``layout_rules.head_layout``): 1 when TP divides the K/V heads, or when the plan gathers the
+    K/V projections whole (``colwise_gather_output``: every rank attends over all heads); else the K/V
+    projections (``colwise`` ``k_proj``/``v_proj`` in the plan) hold their piece on m neighbouring ranks.
     Refused, naming why, where heads cannot be placed that way."""
     name = f"{hf_class.__name__} (model_type {config.model_type!r})"
     key = f"distributed_strategy.tensor_model_parallel_size={tp}"
@@ -124,6 +127,9 @@ def kv_size_multiplier(config: Any, hf_class: type, tp: int) -> int:
                           f"{heads // tp} query heads use its K/V heads in transformers' order (repeat_kv); use a TP "
                           "size dividing the K/V heads, or one the K/V heads divide")
     styles = {pattern.rsplit(".", 1)[-1]: style for pattern, style in hf_tp_plan(config, hf_class).items()}
+    kv_styles = {styles[p] for p in (*KV_PROJECTIONS, FUSED_QKV_PROJECTION) if p in styles}
+    if kv_styles == {"colwise_gather_output"}:
+        return 1  # K/V gathered whole on every rank (OLMo 2, Phi-3): attention runs on all heads, nothing to place
     if any(styles.get(p) != "colwise" for p in KV_PROJECTIONS):
         raise ConfigError(f"{key} exceeds {name}'s num_key_value_heads={kv}: K/V heads are replicated over TP only "
                           f"where the model's TP plan shards separate {' and '.join(KV_PROJECTIONS)} 'colwise'; its "

@@ -17,18 +17,27 @@ class _GroupMaker:
 
     ``new_group`` is collective over the world: every rank creates every group, in the same order;
     a dimension of size 1 re-uses the singleton groups another dimension already made.
+
+    In a world of torch's ``fake`` backend (nxd-plan's dry run of one rank of a large world) a rank
+    creates only its own groups (``use_local_synchronization``): the rest are never used there, and
+    creating a 1024-rank world's every group took most of a plan's time. Real backends keep the
+    collective creation: a local group's name is a hash of its ranks and the number of groups alive,
+    which repeats when a context is destroyed and built again (as rank pools do), and its
+    rendezvous would then read the previous group's store keys.
     """
 
     def __init__(self, rank: int, timeout: timedelta) -> None:
         self.rank, self.timeout = rank, timeout
         self._made: dict[tuple[int, ...], Any] = {}
+        self._local = dist.get_backend() == "fake"
 
     def dim(self, name: str, all_ranks: list[list[int]]) -> ParallelDim:
         mine: ParallelDim | None = None
         frozen = tuple(tuple(ranks) for ranks in all_ranks)
         for ranks in frozen:
-            if ranks not in self._made:
-                self._made[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
+            if ranks not in self._made and (self.rank in ranks or not self._local):
+                self._made[ranks] = dist.new_group(list(ranks), timeout=self.timeout,
+                                                   use_local_synchronization=self._local)
             if self.rank in ranks:
                 mine = ParallelDim(name, len(ranks), ranks.index(self.rank), ranks, self._made[ranks], frozen)
         if mine is None:

@@ -6,8 +6,8 @@ bit, converted with ``nxd ckpt convert --to hf``, and transformers' logits on th
 The run itself is one process (one device: in-process, no torchrun). The same journey for every other
 family (Gemma 3: tied, scaled embedding and sliding layers; Phi-3: fused projections; Granite:
 multipliers; StarCoder 2: biases, tied head; GPT-OSS: MoE with its router loss, no TP plan) runs at
-FSDP=2 on the rank pool, and Gemma 3's and OLMo 2's at PP=2 (nxd-pipeline's split of transformers'
-forward): the ranks do what ``nxd train``'s workers do (``prepare_run`` + ``write_run_config``, then
+FSDP=2 on the rank pool, Gemma 3's and OLMo 2's at PP=2 (nxd-pipeline's split of transformers'
+forward), and Granite's with one K/V head at TP=2 (replicated on both ranks): the ranks do what ``nxd train``'s workers do (``prepare_run`` + ``write_run_config``, then
 ``Trainer(config).fit()``), with no launch per family."""
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ def setup(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("cli")
     corpus = small_corpus(root / "corpus")
     folders = {t: save_family(t, root / t, vocab_size=VOCAB, max_position_embeddings=64) for t in FAMILIES}
+    # one K/V head: replicated over TP=2 (kv_size_multiplier 2)
+    folders["granite_1kv"] = save_family("granite", root / "granite_1kv", vocab_size=VOCAB, max_position_embeddings=64,
+                                         num_key_value_heads=1)
     config = {
         "name": "tiny", "seed": 7,
         "trainer": {"devices": 1, "max_steps": 2, "log_every_n_steps": 1, "val_check_interval": 0,
@@ -157,14 +160,18 @@ def fit_on_pool(pool, cfg: str, overrides: list[str]) -> dict[int, float]:
 
 #: family -> its transformers class
 HF_CLASSES = {"gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-              "granite": "GraniteForCausalLM", "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+              "granite": "GraniteForCausalLM", "starcoder2": "Starcoder2ForCausalLM", "gpt_oss": "GptOssForCausalLM",
+              "granite_1kv": "GraniteForCausalLM"}
 #: layout -> its overrides on 2 ranks (4 samples a step: 2 per DP rank, or 2 micro-batches of 2 under PP)
 LAYOUTS = {"FSDP=2": ["trainer.devices=2", "distributed_strategy.fsdp=true", "data.global_batch_size=4"],
            "PP=2": ["trainer.devices=2", "distributed_strategy.pipeline_model_parallel_size=2",
-                    "data.global_batch_size=4"]}
+                    "data.global_batch_size=4"],
+           "TP=2": ["trainer.devices=2", "distributed_strategy.tensor_model_parallel_size=2"]}
 #: FSDP=2 for every family but OLMo 2 (whose journey is the one-process ``nxd train`` above); PP=2 for
-#: a tied one (the head's copy of the embedding on the last stage) and an untied one
-JOURNEYS = [(f, "FSDP=2") for f in HF_CLASSES if f != "olmo2"] + [("gemma3_text", "PP=2"), ("olmo2", "PP=2")]
+#: a tied one (the head's copy of the embedding on the last stage) and an untied one; TP=2 for Granite
+#: with one K/V head (its K/V projections replicated: checkpoint, consolidation and export count one copy)
+JOURNEYS = ([(f, "FSDP=2") for f in FAMILIES if f != "olmo2"] + [("gemma3_text", "PP=2"), ("olmo2", "PP=2")]
+            + [("granite_1kv", "TP=2")])
 
 
 @pytest.mark.parametrize("family,layout_name", JOURNEYS)

@@ -37,3 +37,17 @@ def test_buffers_keep_their_values_without_include_buffers():
 def test_include_buffers_puts_buffers_on_meta_too():
     model = build(True)
     assert torch.equal(model.table, torch.full((4,), 7.0))  # re-initialised by param_init_fn after meta
+
+
+class ScaledEmbedding(nn.Embedding):
+    """A parameter and a real buffer in one module (transformers' Gemma 3 scaled embedding)."""
+
+    def __init__(self) -> None:
+        super().__init__(8, 4)
+        self.register_buffer("scale", torch.tensor(2.0), persistent=False)
+
+
+def test_a_real_buffer_beside_a_meta_parameter_keeps_its_value():
+    config = nxd.neuronx_distributed_config(model_init_config={"meta_device_init": True, "param_init_fn": _init})
+    model = nxd.initialize_parallel_model(config, ScaledEmbedding, False).module
+    assert not model.weight.is_meta and float(model.scale) == 2.0  # to_empty had emptied it

@@ -60,7 +60,7 @@ def test_kv_heads_fewer_than_tp_are_replicated_where_the_plan_shards_k_and_v_col
 
 
 def test_meta_device_init_is_refused_by_the_build():
-    """Materialised by reset_parameters, Gemma 3 at FSDP=2 trained with a zero gradient norm: refused."""
+    """Materialised by reset_parameters (not transformers' _init_weights): refused."""
     import nxd
     from nxd_core_parallel.model_init import reset_parameters
 

@@ -98,8 +98,13 @@ def materialize(model: nn.Module, device: torch.device, param_init_fn: Callable[
         if not any(id(t) in pending for t in local):
             continue  # nothing of its own on the meta device (a tied weight is initialised once)
         pending.difference_update(id(t) for t in local)
+        # to_empty empties every tensor of the module: a buffer made for real beside a meta parameter
+        # (include_buffers=False; Gemma 3's embed_scale beside its embedding weight) keeps its value
+        real = {name: b for name, b in module._buffers.items() if b is not None and not _is_meta(b)}
         with _keeping_tied_parameters():
             _keep_param_attributes(module, lambda m: m.to_empty(device=device, recurse=False))
+        for name, buffer in real.items():
+            module._buffers[name] = buffer.to(device)
         if param_init_fn is not None:
             with torch.no_grad(), _whole_parameters(module, device):
                 if _takes_device(param_init_fn):

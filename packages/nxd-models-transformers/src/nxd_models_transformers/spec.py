@@ -79,9 +79,9 @@ def build(config: Any, nxd_config: dict | None = None, context: Any = None) -> t
     tp, run = dim_size(context, "tp"), RunConfig.of(nxd_config)
     if run.model_init.meta_device_init:
         raise ConfigError(f"model.meta_device_init: {hf_class.__name__} is built with transformers' own initialisation "
-                          "on every rank; materialising it from the meta device (each module's reset_parameters) is "
-                          "not implemented for it (measured: Gemma 3 at FSDP=2 then trained with a zero gradient "
-                          "norm). Set meta_device_init: false")
+                          "on every rank; materialising it from the meta device runs each module's reset_parameters, "
+                          "not transformers' _init_weights, so a run from scratch would not start from the weights "
+                          "it starts from without meta_device_init. Set meta_device_init: false")
     check_layout(config, hf_class, tp=tp, pp=dim_size(context, "pp"), cp=dim_size(context, "cp"),
                  sequence_parallel=run.sequence_parallel)
     cls = nxd_class(hf_class)

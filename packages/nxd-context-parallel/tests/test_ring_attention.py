@@ -102,5 +102,5 @@ def test_layout_and_refusals() -> None:
     part = split_batch_for_context_parallel(batch, 0, 2)
     assert part["input_ids"].tolist() == [[0, 1, 6, 7]] and part["labels"].tolist() == [[1, 2, 7, 8]]
     assert part["position_ids"].tolist() == [[0, 1, 6, 7]]
-    with pytest.raises(ValueError, match=r"sequence length \(input_ids dim 1\) 6 must be divisible"):
+    with pytest.raises(ValueError, match=r"sequence length \(input_ids dim 1\)=6 must be divisible"):
         split_batch_for_context_parallel({"input_ids": torch.zeros(1, 6)}, 0, 2)

@@ -9,7 +9,14 @@ import itertools
 import pytest
 
 from nxd.errors import ConfigError
-from nxd_tensor_parallel.layout_rules import LayoutError, SizeNames, check_vocab, head_layout, sequence_shard
+from nxd_tensor_parallel.layout_rules import (
+    LayoutError,
+    SizeNames,
+    check_vocab,
+    context_chunks,
+    head_layout,
+    sequence_shard,
+)
 from nxd_tensor_parallel.modules.kv_heads import head_padding_for, kv_size_multiplier_for
 
 GRID = list(itertools.product(range(1, 13), range(1, 13), (1, 2, 3, 4, 6, 8)))
@@ -73,3 +80,17 @@ def test_sequence_parallel_cuts_each_cp_ranks_tokens_over_tp() -> None:
     with pytest.raises(LayoutError, match=r"context_parallel_size=2 CP ranks' 12 tokens \(of seq_length=24\) must "
                                           r"be divisible by tensor_parallel_size=8"):
         sequence_shard(24, 8, cp=2)
+
+
+def test_context_parallel_cuts_the_sequence_into_equal_chunks() -> None:
+    # every (seq, cp) of a small grid: accepted exactly when 2 x cp (load-balanced) or cp divides seq
+    for seq, cp, balanced in itertools.product(range(1, 33), (1, 2, 3, 4, 8), (True, False)):
+        parts = cp * (2 if balanced else 1)
+        if seq % parts:
+            with pytest.raises(LayoutError, match=rf"seq_length={seq} must be divisible by "):
+                context_chunks(seq, cp, load_balance=balanced)
+        else:
+            assert context_chunks(seq, cp, load_balance=balanced) == seq // parts
+    with pytest.raises(LayoutError, match=r"^cp: seq_length=30 must be divisible by 2 x context_parallel_size = 4 "
+                                          r"\(each CP rank holds two equal chunks of every sequence\)$"):
+        context_chunks(30, 2, prefix="cp: ")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from nxd_tensor_parallel.layout_rules import SizeNames, context_chunks
+
 
 def chunks_per_rank(load_balance: bool) -> int:
     return 2 if load_balance else 1
@@ -24,15 +26,10 @@ def chunk_ids(cp_rank: int, cp_size: int, load_balance: bool = True) -> tuple[in
 
 
 def check_divisible(seq_length: int, cp_size: int, load_balance: bool = True, what: str = "sequence length") -> None:
-    """Refuse a sequence that cannot be cut into equal chunks, naming the rule."""
-    parts = cp_size * chunks_per_rank(load_balance)
-    if seq_length % parts:
-        rule = f"2 x context_parallel_size = {parts}" if load_balance else f"context_parallel_size = {parts}"
-        raise ValueError(
-            f"{what} {seq_length} must be divisible by {rule} under context parallelism "
-            f"(each CP rank holds {chunks_per_rank(load_balance)} equal chunk(s) of the sequence); "
-            f"pad or choose a seq_length that is a multiple of {parts}"
-        )
+    """Refuse a sequence that cannot be cut into equal chunks (the rule is
+    :func:`nxd_tensor_parallel.layout_rules.context_chunks`), naming ``what`` was cut."""
+    context_chunks(seq_length, cp_size, load_balance=load_balance, names=SizeNames(seq=what),
+                   hint=f"; pad it or choose a seq_length that is a multiple of {cp_size * chunks_per_rank(load_balance)}")
 
 
 def local_indices(seq_length: int, cp_rank: int, cp_size: int, load_balance: bool = True,

@@ -1,6 +1,6 @@
 """Which tensor-parallel sizes a model allows, each rule decided in one function: the attention
 heads (:func:`head_layout`), the vocabulary (:func:`check_vocab`), the sequence under SP
-(:func:`sequence_shard`).
+(:func:`sequence_shard`) and under CP (:func:`context_chunks`).
 
 The pre-launch check (nxd-training's plan), the plan on each rank (:mod:`nxd_tensor_parallel.tensor_plan`)
 and the families (Llama's K/V replication and padding, DeepSeek's MLA heads, the transformers
@@ -104,3 +104,17 @@ def sequence_shard(seq_length: int, tp: int, cp: int = 1, *, names: SizeNames = 
                  else f"{names.seq}={seq_length}")
         raise LayoutError(f"{prefix}{where} must be divisible by {names.tp}={tp}")
     return tokens // tp
+
+
+def context_chunks(seq_length: int, cp: int, *, load_balance: bool = True, names: SizeNames = SizeNames(),
+                   prefix: str = "", hint: str = "") -> int:
+    """Tokens in each of the equal chunks context parallelism cuts a sequence into: ``2 x cp`` chunks
+    with ``load_balance`` (each CP rank holds two), else ``cp``; :class:`LayoutError` when they do not
+    divide the sequence. The pre-launch check and nxd-context-parallel's batch split both ask here."""
+    per_rank = 2 if load_balance else 1
+    parts = cp * per_rank
+    if seq_length % parts:
+        rule = f"2 x {names.cp} = {parts}" if load_balance else f"{names.cp} = {parts}"
+        raise LayoutError(f"{prefix}{names.seq}={seq_length} must be divisible by {rule} (each CP rank holds "
+                          f"{'two equal chunks' if load_balance else 'one equal chunk'} of every sequence){hint}")
+    return seq_length // parts

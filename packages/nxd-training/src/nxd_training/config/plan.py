@@ -21,7 +21,7 @@ from nxd import ComponentNotFound, ConfigError
 from nxd.parallel import check_divisible
 from nxd.paths import check_name, name_problem
 from nxd.run_config import Derived, pipeline_schedule
-from nxd_tensor_parallel.layout_rules import SizeNames, check_vocab, head_layout, sequence_shard
+from nxd_tensor_parallel.layout_rules import SizeNames, check_vocab, context_chunks, head_layout, sequence_shard
 from nxd_training.config.features import check_features, hf_config_file, model_spec, recompute_classes, value_at
 from nxd_training.config.nxdt import MODEL_KEY_MAP, key_notes, lora_config, run_config
 from nxd_training.config.nxdt.precision import check_precision
@@ -213,11 +213,8 @@ def _layout_fits_model(ds: DistributedStrategyConfig, spec: Any, model_config: A
             "context_parallel transform swaps for ring attention across CP ranks); use context_parallel_size=1 or "
             "a model that declares them (llama, qwen3, qwen3_moe, deepseek_v3)"
         )
-    if cp > 1 and seq % (2 * cp):
-        raise ConfigError(
-            f"distributed_strategy.context_parallel_size={cp}: seq_length={seq} must be divisible by "
-            f"2 x context_parallel_size = {2 * cp} (each CP rank holds two equal chunks of every sequence)"
-        )
+    if cp > 1:  # the rule nxd_tensor_parallel.layout_rules owns, under the YAML's names
+        context_chunks(seq, cp, prefix=f"distributed_strategy.context_parallel_size={cp}: ", names=_YAML_SP_NAMES)
     max_pos = getattr(model_config, "max_position_embeddings", None)
     if max_pos is not None and seq > max_pos:
         raise ConfigError(f"data.seq_length={seq} exceeds the model's max_position_embeddings={max_pos}")

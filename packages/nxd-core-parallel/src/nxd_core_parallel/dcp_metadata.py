@@ -15,7 +15,7 @@ import io
 import logging
 import pickle
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -61,20 +61,30 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it names {module}.{name}, which DCP metadata never holds")
 
 
+def _restricted_load(data: bytes, where: str, what: str, expected: Callable[[Any], bool], unreadable: str,
+                     wrong: str) -> Any:
+    """The object pickled in the bytes of the file ``where``, built with DCP's classes only; a
+    :class:`DcpMetadataError` naming the file (``unreadable`` / ``wrong``: what to do) when it cannot
+    be read so or does not hold ``what`` (``expected``)."""
+    try:
+        value = _MetadataUnpickler(io.BytesIO(data), where).load()
+    except Exception as exc:  # noqa: BLE001 - any failure of a damaged file: named, never torch's advice
+        raise DcpMetadataError(f"{where}: not a {what} ({type(exc).__name__}: {exc}); {unreadable}") from None
+    if not expected(value):
+        raise DcpMetadataError(f"{where}: not a {what} (it holds {type(value).__name__}); {wrong}")
+    return value
+
+
 def load_dcp_metadata(data: bytes, where: str) -> Any:
     """DCP's ``Metadata`` from the bytes of the file ``where``; :class:`DcpMetadataError` naming it
     for anything else (a pickle that would run code included)."""
     from torch.distributed.checkpoint.metadata import Metadata
 
-    try:
-        meta = _MetadataUnpickler(io.BytesIO(data), where).load()
-    except Exception as exc:  # noqa: BLE001 - any failure of a damaged file: named, never torch's advice
-        raise DcpMetadataError(f"{where}: not a DCP metadata file ({type(exc).__name__}: {exc}); the checkpoint is "
-                               "damaged or was not written by DCP: restore that file or the folder") from None
-    if not isinstance(meta, Metadata) or not isinstance(getattr(meta, "storage_data", None), dict):
-        raise DcpMetadataError(f"{where}: not a DCP metadata file (it holds {type(meta).__name__}); the checkpoint "
-                               "is damaged: restore that file or the folder")
-    return meta
+    return _restricted_load(
+        data, where, "DCP metadata file",
+        lambda meta: isinstance(meta, Metadata) and isinstance(getattr(meta, "storage_data", None), dict),
+        "the checkpoint is damaged or was not written by DCP: restore that file or the folder",
+        "the checkpoint is damaged: restore that file or the folder")
 
 
 def load_dcp_write_results(data: bytes, where: str) -> list[Any]:
@@ -82,15 +92,10 @@ def load_dcp_write_results(data: bytes, where: str) -> list[Any]:
     save pickles them for rank 0); :class:`DcpMetadataError` naming it for anything else."""
     from torch.distributed.checkpoint.storage import WriteResult
 
-    try:
-        results = _MetadataUnpickler(io.BytesIO(data), where).load()
-    except Exception as exc:  # noqa: BLE001 - any failure of a damaged file: named, never torch's advice
-        raise DcpMetadataError(f"{where}: not a DCP write-results file ({type(exc).__name__}: {exc}); the save "
-                               "was interrupted or the folder damaged: save again") from None
-    if not isinstance(results, list) or not all(isinstance(r, WriteResult) for r in results):
-        raise DcpMetadataError(f"{where}: not a DCP write-results file (it holds {type(results).__name__}); "
-                               "the folder is damaged: save again")
-    return results
+    return _restricted_load(
+        data, where, "DCP write-results file",
+        lambda results: isinstance(results, list) and all(isinstance(r, WriteResult) for r in results),
+        "the save was interrupted or the folder damaged: save again", "the folder is damaged: save again")
 
 
 #: what DCP's loader logs (on the root logger, with a traceback each) when ``.metadata`` cannot be read

@@ -25,18 +25,17 @@ def chunk_ids(cp_rank: int, cp_size: int, load_balance: bool = True) -> tuple[in
     return (cp_rank, 2 * cp_size - 1 - cp_rank) if load_balance else (cp_rank,)
 
 
-def check_divisible(seq_length: int, cp_size: int, load_balance: bool = True, what: str = "sequence length") -> None:
-    """Refuse a sequence that cannot be cut into equal chunks (the rule is
-    :func:`nxd_tensor_parallel.layout_rules.context_chunks`), naming ``what`` was cut."""
-    context_chunks(seq_length, cp_size, load_balance=load_balance, names=SizeNames(seq=what),
+def check_divisible(seq_length: int, cp_size: int, load_balance: bool = True, what: str = "sequence length") -> int:
+    """The length of each equal chunk of the sequence; refused, naming ``what`` was cut, when it
+    cannot be cut so (the rule is :func:`nxd_tensor_parallel.layout_rules.context_chunks`)."""
+    return context_chunks(seq_length, cp_size, load_balance=load_balance, names=SizeNames(seq=what),
                    hint=f"; pad it or choose a seq_length that is a multiple of {cp_size * chunks_per_rank(load_balance)}")
 
 
 def local_indices(seq_length: int, cp_rank: int, cp_size: int, load_balance: bool = True,
                   device: torch.device | str | None = None) -> torch.Tensor:
     """Positions ``[0, seq_length)`` of the full sequence that CP rank ``cp_rank`` holds, in local order."""
-    check_divisible(seq_length, cp_size, load_balance)
-    chunk = seq_length // (cp_size * chunks_per_rank(load_balance))
+    chunk = check_divisible(seq_length, cp_size, load_balance)
     return torch.cat([torch.arange(c * chunk, (c + 1) * chunk, device=device)
                       for c in chunk_ids(cp_rank, cp_size, load_balance)])
 
